@@ -1,0 +1,119 @@
+//! Rank, size and a small key-value exchange with the process manager.
+//!
+//! A process started by `polyrail run`, MPICH's Hydra (`mpiexec.hydra`) or Slurm talks PMI-1 or
+//! PMI-2 over the socket named by `PMI_FD` (or `PMI_PORT`); a process started alone is a job of
+//! size 1 ([`Singleton`]). The server side used by `polyrail run` lives in [`server`].
+
+use crate::config::{Config, PmiVersion};
+use crate::error::{Rank, Result};
+
+mod pmi1;
+mod pmi2;
+pub mod server;
+pub mod wire;
+
+pub use pmi1::Pmi1Client;
+pub use pmi2::Pmi2Client;
+
+/// What every process manager offers: who am I, how many are we, and a fenced key-value space.
+///
+/// Values are printable ASCII without spaces, `=`, `;` or `\` (use [`encode_hex`] for bytes), at most
+/// [`Bootstrap::max_value_len`] bytes.
+pub trait Bootstrap: Send {
+    /// This process's rank.
+    fn rank(&self) -> Rank;
+    /// Number of processes in the job.
+    fn size(&self) -> u32;
+    /// A name unique to this job on this machine (the PMI KVS name).
+    fn job_id(&self) -> &str;
+    /// Longest value `put` accepts.
+    fn max_value_len(&self) -> usize;
+    /// Publishes `key = value`; visible to others after the next [`Bootstrap::fence`].
+    fn put(&mut self, key: &str, value: &str) -> Result<()>;
+    /// Waits until every process has called `fence`; makes earlier puts visible.
+    fn fence(&mut self) -> Result<()>;
+    /// Reads a key published before the last fence.
+    fn get(&mut self, key: &str) -> Result<String>;
+    /// Tells the process manager that this process ends normally.
+    fn finalize(&mut self) -> Result<()>;
+    /// Asks the process manager to abort the whole job.
+    fn abort(&mut self, code: i32, msg: &str);
+}
+
+/// A job of one process: no process manager.
+#[derive(Debug, Default)]
+pub struct Singleton {
+    kvs: std::collections::HashMap<String, String>,
+    job: String,
+}
+
+impl Singleton {
+    /// A job of size 1, named after this process.
+    pub fn new() -> Self {
+        Singleton { kvs: Default::default(), job: format!("single{}", std::process::id()) }
+    }
+}
+
+impl Bootstrap for Singleton {
+    fn rank(&self) -> Rank {
+        0
+    }
+    fn size(&self) -> u32 {
+        1
+    }
+    fn job_id(&self) -> &str {
+        &self.job
+    }
+    fn max_value_len(&self) -> usize {
+        usize::MAX
+    }
+    fn put(&mut self, key: &str, value: &str) -> Result<()> {
+        self.kvs.insert(key.to_owned(), value.to_owned());
+        Ok(())
+    }
+    fn fence(&mut self) -> Result<()> {
+        Ok(())
+    }
+    fn get(&mut self, key: &str) -> Result<String> {
+        self.kvs.get(key).cloned().ok_or_else(|| crate::Error::Bootstrap(format!("key {key:?} was never put")))
+    }
+    fn finalize(&mut self) -> Result<()> {
+        Ok(())
+    }
+    fn abort(&mut self, code: i32, msg: &str) {
+        eprintln!("polyrail: abort({code}): {msg}");
+        std::process::exit(code);
+    }
+}
+
+/// Connects to the process manager named by the environment (`PMI_FD`, `PMI_PORT`), speaking
+/// the protocol chosen by `cfg.pmi`; without one, a [`Singleton`].
+pub fn from_env(cfg: &Config) -> Result<Box<dyn Bootstrap>> {
+    if std::env::var_os("PMI_FD").is_none() && std::env::var_os("PMI_PORT").is_none() {
+        return Ok(Box::new(Singleton::new()));
+    }
+    Ok(match cfg.pmi {
+        PmiVersion::Pmi1 => Box::new(Pmi1Client::from_env()?),
+        PmiVersion::Pmi2 => Box::new(Pmi2Client::from_env()?),
+    })
+}
+
+/// Encodes bytes as lowercase hex, a form every PMI value accepts.
+pub fn encode_hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
+}
+
+/// Decodes [`encode_hex`]'s output; `None` on anything else.
+pub fn decode_hex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    s.as_bytes().chunks(2).map(|p| Some(digit(p[0])? << 4 | digit(p[1])?)).collect()
+}

@@ -1,0 +1,313 @@
+//! Configuration, read once from `POLYRAIL_*` environment variables.
+//!
+//! Every field names its variable and its default. An unknown `POLYRAIL_*` variable or a value
+//! that does not parse is an [`Error::Config`] naming the variable, the value and what is accepted.
+
+use crate::error::{Error, Result};
+use crate::policy::topology::TopoClass;
+use crate::size::{format_size, parse_size};
+use crate::transport::TransportKind;
+
+/// Which transports may be used (`POLYRAIL_TRANSPORTS`).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum TransportFilter {
+    /// Every transport that works here (the default; also `all`).
+    #[default]
+    All,
+    /// Only these (`shm,cma`).
+    Only(Vec<TransportKind>),
+    /// All but these (`^cma`).
+    Except(Vec<TransportKind>),
+}
+
+impl TransportFilter {
+    /// Whether `kind` may be used. The loopback channel to oneself is always allowed.
+    pub fn allows(&self, kind: TransportKind) -> bool {
+        match self {
+            _ if kind == TransportKind::Loopback => true,
+            TransportFilter::All => true,
+            TransportFilter::Only(list) => list.contains(&kind),
+            TransportFilter::Except(list) => !list.contains(&kind),
+        }
+    }
+}
+
+/// A size that may differ by topology class (`16k` or `shared-l3:16k,socket:4k`).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct ClassSizes {
+    /// Size for every class not listed.
+    pub all: Option<usize>,
+    /// Sizes for named classes.
+    pub per_class: Vec<(TopoClass, usize)>,
+}
+
+impl ClassSizes {
+    /// The configured size for `class`, if any.
+    pub fn get(&self, class: TopoClass) -> Option<usize> {
+        self.per_class.iter().find(|(c, _)| *c == class).map(|&(_, s)| s).or(self.all)
+    }
+}
+
+/// Log verbosity (`POLYRAIL_LOG`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum LogLevel {
+    /// Errors only.
+    Error,
+    /// Warnings, e.g. a channel that failed its probe (the default).
+    #[default]
+    Warn,
+    /// Channel choices per peer.
+    Info,
+    /// Every route decision.
+    Debug,
+    /// Everything.
+    Trace,
+}
+
+impl LogLevel {
+    /// The level's name as `POLYRAIL_LOG` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+/// Which PMI wire protocol to speak to the process manager (`POLYRAIL_PMI`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PmiVersion {
+    /// PMI-1 text protocol (the default; every launcher serves it).
+    #[default]
+    Pmi1,
+    /// PMI-2 length-prefixed protocol.
+    Pmi2,
+}
+
+/// polyrail's settings. `Default` is what polyrail does without any variable set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// `POLYRAIL_TRANSPORTS`: allow-list (`shm,cma`), deny-list (`^cma`) or `all` (default).
+    pub transports: TransportFilter,
+    /// `POLYRAIL_CMA_THRESHOLD`: smallest message sent by single copy, overall or per topology
+    /// class. Default: from the transports' cost models and the class (see `polyrail info`).
+    pub cma_threshold: ClassSizes,
+    /// `POLYRAIL_SPLIT_THRESHOLD`: smallest single-copy message that both processes copy (the
+    /// receiver pulls the front, the sender pushes the back). Default 256k; `off` disables.
+    pub split_threshold: Option<usize>,
+    /// `POLYRAIL_EAGER_LIMIT`: largest message sent eagerly through send cells when single copy
+    /// is not used; larger ones wait for the receiver (rendezvous) and stream through cells.
+    /// Default 64k.
+    pub eager_limit: usize,
+    /// `POLYRAIL_SHM_SLOTS`: slots of 64 bytes in each shared-memory ring (power of two,
+    /// 16..=65536). Default 256.
+    pub shm_slots: usize,
+    /// `POLYRAIL_SHM_CELL_SIZE`: bytes per send cell (4k..=1m). Default 16k.
+    pub shm_cell_size: usize,
+    /// `POLYRAIL_SHM_CELLS`: send cells per process (4..=65536). Default 128.
+    pub shm_cells: usize,
+    /// `POLYRAIL_LOG`: `error`, `warn` (default), `info`, `debug` or `trace`.
+    pub log: LogLevel,
+    /// `POLYRAIL_PMI`: `1` (default) or `2`.
+    pub pmi: PmiVersion,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            transports: TransportFilter::All,
+            cma_threshold: ClassSizes::default(),
+            split_threshold: Some(256 << 10),
+            eager_limit: 64 << 10,
+            shm_slots: 256,
+            shm_cell_size: 16 << 10,
+            shm_cells: 128,
+            log: LogLevel::Warn,
+            pmi: PmiVersion::Pmi1,
+        }
+    }
+}
+
+/// Every variable polyrail reads, with a one-line description (for `--help` and errors).
+pub const VARIABLES: &[(&str, &str)] = &[
+    ("POLYRAIL_TRANSPORTS", "channels to use: `all`, a list such as `shm,cma`, or `^cma` to deny"),
+    ("POLYRAIL_CMA_THRESHOLD", "smallest single-copy message: `32k` or `shared-l3:16k,socket:4k`"),
+    ("POLYRAIL_SPLIT_THRESHOLD", "smallest single-copy message both processes copy, or `off`"),
+    ("POLYRAIL_EAGER_LIMIT", "largest eager message through send cells (default 64k)"),
+    ("POLYRAIL_SHM_SLOTS", "64-byte slots per shared-memory ring (power of two, default 256)"),
+    ("POLYRAIL_SHM_CELL_SIZE", "bytes per send cell (default 16k)"),
+    ("POLYRAIL_SHM_CELLS", "send cells per process (default 128)"),
+    ("POLYRAIL_LOG", "log level: error, warn, info, debug, trace"),
+    ("POLYRAIL_PMI", "PMI protocol spoken to the launcher: 1 or 2"),
+];
+
+impl Config {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Config> {
+        Self::from_vars(std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))))
+    }
+
+    /// Reads `(name, value)` pairs; names not starting with `POLYRAIL_` are ignored.
+    pub fn from_vars<I, K, V>(vars: I) -> Result<Config>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<str>,
+        V: AsRef<str>,
+    {
+        let mut c = Config::default();
+        for (k, v) in vars {
+            let (k, v) = (k.as_ref(), v.as_ref());
+            if !k.starts_with("POLYRAIL_") {
+                continue;
+            }
+            c.set(k, v)?;
+        }
+        Ok(c)
+    }
+
+    /// Sets one variable.
+    pub fn set(&mut self, var: &str, value: &str) -> Result<()> {
+        let bad = |accepted: &str| Error::config(var, value, accepted);
+        let size_in = |lo: usize, hi: usize| -> Result<usize> {
+            match parse_size(value) {
+                Some(n) if (lo..=hi).contains(&n) => Ok(n),
+                _ => Err(bad(&format!("a size from {} to {} such as 16k", format_size(lo), format_size(hi)))),
+            }
+        };
+        match var {
+            "POLYRAIL_TRANSPORTS" => self.transports = parse_transports(var, value)?,
+            "POLYRAIL_CMA_THRESHOLD" => self.cma_threshold = parse_class_sizes(var, value)?,
+            "POLYRAIL_SPLIT_THRESHOLD" => {
+                self.split_threshold =
+                    if value == "off" { None } else { Some(size_in(4096, 1 << 40).map_err(|_| bad("`off` or a size of at least 4k"))?) }
+            }
+            "POLYRAIL_EAGER_LIMIT" => self.eager_limit = size_in(0, 1 << 30)?,
+            "POLYRAIL_SHM_SLOTS" => {
+                let n = size_in(16, 65536)?;
+                if !n.is_power_of_two() {
+                    return Err(bad("a power of two from 16 to 65536"));
+                }
+                self.shm_slots = n;
+            }
+            "POLYRAIL_SHM_CELL_SIZE" => self.shm_cell_size = size_in(4096, 1 << 20)?,
+            "POLYRAIL_SHM_CELLS" => self.shm_cells = size_in(4, 65536)?,
+            "POLYRAIL_LOG" => {
+                self.log = match value.to_ascii_lowercase().as_str() {
+                    "error" => LogLevel::Error,
+                    "warn" => LogLevel::Warn,
+                    "info" => LogLevel::Info,
+                    "debug" => LogLevel::Debug,
+                    "trace" => LogLevel::Trace,
+                    _ => return Err(bad("error, warn, info, debug or trace")),
+                }
+            }
+            "POLYRAIL_PMI" => {
+                self.pmi = match value {
+                    "1" | "pmi1" => PmiVersion::Pmi1,
+                    "2" | "pmi2" => PmiVersion::Pmi2,
+                    _ => return Err(bad("1 or 2")),
+                }
+            }
+            _ => {
+                let known: Vec<&str> = VARIABLES.iter().map(|(n, _)| *n).collect();
+                return Err(Error::config(var, value, format!("no such variable; polyrail reads {}", known.join(", "))));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn kind_names() -> String {
+    TransportKind::ALL.iter().map(|k| k.name()).collect::<Vec<_>>().join(", ")
+}
+
+fn parse_transports(var: &str, value: &str) -> Result<TransportFilter> {
+    let accepted = || format!("`all`, or a comma-separated list of {} (prefix `^` to deny them)", kind_names());
+    let v = value.trim();
+    if v == "all" {
+        return Ok(TransportFilter::All);
+    }
+    let (deny, list) = match v.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, v),
+    };
+    let mut kinds = Vec::new();
+    for name in list.split(',') {
+        let name = name.trim();
+        match TransportKind::from_name(name) {
+            Some(k) => kinds.push(k),
+            None => return Err(Error::config(var, value, format!("{} (`{name}` is not a transport)", accepted()))),
+        }
+    }
+    Ok(if deny { TransportFilter::Except(kinds) } else { TransportFilter::Only(kinds) })
+}
+
+fn parse_class_sizes(var: &str, value: &str) -> Result<ClassSizes> {
+    let classes: Vec<&str> = TopoClass::NAMED.iter().map(|c| c.name()).collect();
+    let accepted = || format!("a size (`32k`) or a list of CLASS:SIZE (`shared-l3:16k,socket:4k`) with CLASS one of {}", classes.join(", "));
+    let mut out = ClassSizes::default();
+    for item in value.split(',') {
+        let item = item.trim();
+        match item.split_once(':') {
+            None => out.all = Some(parse_size(item).ok_or_else(|| Error::config(var, value, accepted()))?),
+            Some((class, size)) => {
+                let class = TopoClass::from_name(class.trim())
+                    .ok_or_else(|| Error::config(var, value, format!("{} (`{class}` is not a class)", accepted())))?;
+                let size = parse_size(size).ok_or_else(|| Error::config(var, value, accepted()))?;
+                out.per_class.push((class, size));
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(pairs: &[(&str, &str)]) -> Result<Config> {
+        Config::from_vars(pairs.iter().copied())
+    }
+
+    #[test]
+    fn defaults_without_variables() {
+        assert_eq!(cfg(&[("PATH", "/bin")]).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn transports() {
+        let c = cfg(&[("POLYRAIL_TRANSPORTS", "shm")]).unwrap();
+        assert!(c.transports.allows(TransportKind::Shm));
+        assert!(!c.transports.allows(TransportKind::Cma));
+        assert!(c.transports.allows(TransportKind::Loopback));
+        let c = cfg(&[("POLYRAIL_TRANSPORTS", "^cma")]).unwrap();
+        assert!(c.transports.allows(TransportKind::Shm) && !c.transports.allows(TransportKind::Cma));
+        let e = cfg(&[("POLYRAIL_TRANSPORTS", "shm,tcp")]).unwrap_err().to_string();
+        assert!(e.contains("POLYRAIL_TRANSPORTS") && e.contains("tcp") && e.contains("cma"), "{e}");
+    }
+
+    #[test]
+    fn thresholds() {
+        let c = cfg(&[("POLYRAIL_CMA_THRESHOLD", "8k,shared-l3:16k,socket:4k")]).unwrap();
+        assert_eq!(c.cma_threshold.get(TopoClass::SharedL3), Some(16384));
+        assert_eq!(c.cma_threshold.get(TopoClass::Socket), Some(4096));
+        assert_eq!(c.cma_threshold.get(TopoClass::CrossSocket), Some(8192));
+        let e = cfg(&[("POLYRAIL_CMA_THRESHOLD", "l9:4k")]).unwrap_err().to_string();
+        assert!(e.contains("l9") && e.contains("shared-l3"), "{e}");
+        assert!(cfg(&[("POLYRAIL_CMA_THRESHOLD", "socket:lots")]).is_err());
+        assert_eq!(cfg(&[("POLYRAIL_SPLIT_THRESHOLD", "off")]).unwrap().split_threshold, None);
+    }
+
+    #[test]
+    fn bad_values_name_variable_value_and_choices() {
+        let e = cfg(&[("POLYRAIL_SHM_SLOTS", "100")]).unwrap_err().to_string();
+        assert!(e.contains("POLYRAIL_SHM_SLOTS") && e.contains("100") && e.contains("power of two"), "{e}");
+        let e = cfg(&[("POLYRAIL_LOG", "loud")]).unwrap_err().to_string();
+        assert!(e.contains("loud") && e.contains("debug"), "{e}");
+        let e = cfg(&[("POLYRAIL_FROBNICATE", "1")]).unwrap_err().to_string();
+        assert!(e.contains("POLYRAIL_FROBNICATE") && e.contains("POLYRAIL_TRANSPORTS"), "{e}");
+    }
+}

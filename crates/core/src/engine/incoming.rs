@@ -1,0 +1,441 @@
+//! The receiving half of the engine: packets from peers, matching, unexpected messages.
+
+use super::requests::{Dir, ExposeFor};
+use super::types::{op_id, OpKind};
+use super::{
+    am_of, split_point, Action, Engine, FragTarget, Incoming, Payload, ReqId, Rtr, Source, TagMatch, Unexpected, UxBody,
+    MAX_EAGER_LEN, SEND_HISTORY,
+};
+use crate::error::{Error, Rank, Result};
+use crate::header::{Header, PacketKind};
+use crate::policy::Protocol;
+use crate::transport::{Region, RemoteKey};
+
+impl Engine {
+    /// A packet arrived from `from`. A malformed or unexpected packet is an error naming the
+    /// peer; the caller then treats the peer as lost.
+    pub fn handle_message(&mut self, from: Rank, raw: &[u8; Header::WIRE_LEN], payload: &[u8]) -> Result<()> {
+        let peer = self.peers.get(from as usize).ok_or_else(|| Error::protocol(from, "packet from a rank outside the job"))?;
+        if peer.gone.is_some() {
+            return Ok(());
+        }
+        let hdr = Header::decode(from, raw)?;
+        match hdr.kind {
+            PacketKind::Eager | PacketKind::Rts => {
+                let p = &mut self.peers[from as usize];
+                if hdr.seq != p.expected_seq {
+                    return Err(Error::protocol(from, format!("message seq {} out of order (expected {})", hdr.seq, p.expected_seq)));
+                }
+                p.expected_seq = p.expected_seq.wrapping_add(1);
+                if hdr.kind == PacketKind::Eager {
+                    self.on_eager(from, hdr, payload)
+                } else {
+                    self.on_rts(from, hdr, payload)
+                }
+            }
+            PacketKind::Frag => self.on_frag(from, hdr, payload),
+            PacketKind::Cts => self.on_cts(from, hdr, payload),
+            PacketKind::Data => self.on_data(from, hdr, payload),
+            PacketKind::Fin => self.on_fin(from, hdr),
+            PacketKind::Rtr => self.on_rtr(from, hdr, payload),
+        }
+    }
+
+    fn on_eager(&mut self, from: Rank, hdr: Header, payload: &[u8]) -> Result<()> {
+        if hdr.len > MAX_EAGER_LEN || payload.len() as u64 > hdr.len {
+            return Err(Error::protocol(from, format!("eager message of {} bytes with a {}-byte first packet", hdr.len, payload.len())));
+        }
+        let len = hdr.len as usize;
+        if let Some(id) = self.match_posted(from, hdr.tag, hdr.ctx) {
+            let req = self.reqs.get_mut(id).expect("posted request is live");
+            req.len = len;
+            if len > req.cap {
+                let e = Error::Truncated { from, tag: hdr.tag, len, capacity: req.cap };
+                self.fail(id, e);
+                self.track_fragments(from, hdr.seq, len, payload.len(), FragTarget::Discard);
+                return Ok(());
+            }
+            // SAFETY: payload.len() <= len <= cap; the poster guaranteed the buffer.
+            unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), req.ptr, payload.len()) };
+            req.received = payload.len();
+            if req.received == len {
+                req.finish_ok();
+            } else {
+                self.track_fragments(from, hdr.seq, len, payload.len(), FragTarget::Req(id));
+            }
+            return Ok(());
+        }
+        let mut data = Vec::new();
+        data.try_reserve_exact(len).map_err(|_| Error::protocol(from, format!("cannot buffer an unexpected {len}-byte message")))?;
+        data.extend_from_slice(payload);
+        data.resize(len, 0);
+        let received = payload.len();
+        self.push_unexpected(from, &hdr, UxBody::Eager { data, received });
+        if received < len {
+            self.track_fragments(from, hdr.seq, len, received, FragTarget::Unexpected);
+        }
+        Ok(())
+    }
+
+    fn track_fragments(&mut self, from: Rank, seq: u32, len: usize, received: usize, target: FragTarget) {
+        if received < len {
+            self.peers[from as usize].incoming.push(Incoming { seq, len, received, target });
+        }
+    }
+
+    fn push_unexpected(&mut self, from: Rank, hdr: &Header, body: UxBody) {
+        let order = self.arrival_counter;
+        self.arrival_counter += 1;
+        let ux = Unexpected { tag: hdr.tag, ctx: hdr.ctx, seq: hdr.seq, len: hdr.len as usize, order, body };
+        self.peers[from as usize].unexpected.push_back(ux);
+    }
+
+    fn on_frag(&mut self, from: Rank, hdr: Header, payload: &[u8]) -> Result<()> {
+        let p = &mut self.peers[from as usize];
+        let i = p
+            .incoming
+            .iter()
+            .position(|inc| inc.seq == hdr.seq)
+            .ok_or_else(|| Error::protocol(from, format!("fragment of unknown message seq {}", hdr.seq)))?;
+        let inc = &mut p.incoming[i];
+        if hdr.offset != inc.received as u64 || inc.received + payload.len() > inc.len {
+            return Err(Error::protocol(
+                from,
+                format!("fragment at {} (+{}) of a {}-byte message, expected offset {}", hdr.offset, payload.len(), inc.len, inc.received),
+            ));
+        }
+        let off = inc.received;
+        inc.received += payload.len();
+        let (target, done) = (inc.target, inc.received == inc.len);
+        if done {
+            p.incoming.swap_remove(i);
+        }
+        match target {
+            FragTarget::Req(id) => {
+                let req = self.reqs.get_mut(id).expect("fragment target is live");
+                // SAFETY: off + payload.len() <= len <= cap (checked at match time).
+                unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), req.ptr.add(off), payload.len()) };
+                req.received += payload.len();
+                if done {
+                    req.finish_ok();
+                }
+            }
+            FragTarget::Unexpected => {
+                let ux = p.unexpected.iter_mut().find(|u| u.seq == hdr.seq).expect("unexpected message tracked");
+                if let UxBody::Eager { data, received } = &mut ux.body {
+                    data[off..off + payload.len()].copy_from_slice(payload);
+                    *received += payload.len();
+                }
+            }
+            FragTarget::Discard => {}
+        }
+        Ok(())
+    }
+
+    fn on_rts(&mut self, from: Rank, hdr: Header, payload: &[u8]) -> Result<()> {
+        let key = if payload.is_empty() {
+            None
+        } else {
+            Some(RemoteKey::new(payload).ok_or_else(|| Error::protocol(from, format!("{}-byte remote key", payload.len())))?)
+        };
+        let matched = self.match_posted(from, hdr.tag, hdr.ctx);
+        if hdr.rreq != 0 {
+            // Receiver first: the sender used our RTR; that receive must be the one matching.
+            let named = ReqId::from_wire(hdr.rreq);
+            if matched.is_none() || matched != named {
+                return Err(Error::protocol(from, "RTS answers a ready-to-receive that is not the matching receive"));
+            }
+        }
+        match matched {
+            Some(id) => self.deliver_rts(id, from, hdr, key),
+            None => {
+                self.push_unexpected(from, &hdr, UxBody::Rts { hdr, key });
+                Ok(())
+            }
+        }
+    }
+
+    /// A rendezvous message met its receive `id`.
+    pub(super) fn deliver_rts(&mut self, id: ReqId, from: Rank, hdr: Header, key: Option<RemoteKey>) -> Result<()> {
+        let len = usize::try_from(hdr.len).map_err(|_| Error::protocol(from, "message length overflows"))?;
+        let route_entry = self.route(from).map(|r| r.lookup(len).clone());
+        let req = self.reqs.get_mut(id).expect("matched request is live");
+        req.len = len;
+        req.peer_req = hdr.sreq;
+        let am = am_of(&self.peers, from);
+        if len > req.cap {
+            let e = Error::Truncated { from, tag: hdr.tag, len, capacity: req.cap };
+            self.fail(id, e);
+            let mut fin = Header::new(PacketKind::Fin);
+            (fin.flags, fin.sreq) = (Header::TRUNCATED, hdr.sreq);
+            self.actions.push_back(Action::Send { channel: am, to: from, hdr: fin, payload: Payload::Empty, op: None });
+            return Ok(());
+        }
+        let one_sided = route_entry.as_ref().filter(|e| e.protocol.is_one_sided());
+        if hdr.flags & Header::STREAM != 0 || (hdr.rreq == 0 && one_sided.is_none()) || key.is_none() && hdr.rreq == 0 {
+            // Stream through active messages: ask the sender for the data.
+            req.protocol = Protocol::RndvStream;
+            req.received = 0;
+            let mut cts = Header::new(PacketKind::Cts);
+            (cts.flags, cts.sreq, cts.rreq) = (Header::STREAM, hdr.sreq, id.wire());
+            self.actions.push_back(Action::Send { channel: am, to: from, hdr: cts, payload: Payload::Empty, op: None });
+            return Ok(());
+        }
+        if hdr.rreq != 0 {
+            // Receiver first: the sender writes [split, len) and tells us with FIN; we read
+            // [0, split) with its key.
+            let split = hdr.offset;
+            if split > hdr.len || split > 0 && key.is_none() {
+                return Err(Error::protocol(from, format!("split point {split} of a {len}-byte message")));
+            }
+            let split = split as usize;
+            req.split = split;
+            req.peer_key = key;
+            req.pending = (split > 0) as u32 + (split < len) as u32;
+            if split > 0 {
+                self.start_own_copy(id);
+            }
+            return Ok(());
+        }
+        let entry = one_sided.expect("checked above");
+        req.channel = entry.channel;
+        req.peer_key = key;
+        req.protocol = entry.protocol;
+        let split = if entry.protocol == Protocol::RndvSplit { split_point(len) } else { len };
+        if split == len || split == 0 {
+            req.split = len;
+            req.pending = 1;
+            self.start_own_copy(id);
+            return Ok(());
+        }
+        req.split = split;
+        req.pending = 2; // our get and the sender's FIN after its put
+        match req.own_key {
+            Some(k) => self.send_cts(id, k),
+            None => {
+                req.expose_for = Some(ExposeFor::Cts);
+                let region = Region { ptr: req.ptr, len: req.cap };
+                self.actions.push_back(Action::Expose { channel: entry.channel, region, op: op_id(id, OpKind::Exposed) });
+            }
+        }
+        Ok(())
+    }
+
+    /// Split rendezvous, receiver side: tell the sender where to write, then read the front.
+    pub(super) fn send_cts(&mut self, id: ReqId, key: RemoteKey) {
+        let req = self.reqs.get(id).expect("live request");
+        let mut cts = Header::new(PacketKind::Cts);
+        (cts.sreq, cts.rreq, cts.offset, cts.len) = (req.peer_req, id.wire(), req.split as u64, req.len as u64);
+        let (to, am) = (req.peer, am_of(&self.peers, req.peer));
+        self.actions.push_back(Action::Send { channel: am, to, hdr: cts, payload: Payload::Key(key), op: None });
+        self.start_own_copy(id);
+    }
+
+    /// Looks up the live request a peer's packet names, checking direction and owner.
+    fn named_request(&self, from: Rank, wire: u32, dir: Dir, what: &str) -> Result<ReqId> {
+        let id = ReqId::from_wire(wire).ok_or_else(|| Error::protocol(from, format!("{what} names no request")))?;
+        match self.reqs.get(id) {
+            Some(r) if r.dir == dir && r.peer == from && r.result.is_none() => Ok(id),
+            _ => Err(Error::protocol(from, format!("{what} names request {wire:#x}, which is not waiting for it"))),
+        }
+    }
+
+    fn on_cts(&mut self, from: Rank, hdr: Header, payload: &[u8]) -> Result<()> {
+        let id = self.named_request(from, hdr.sreq, Dir::Send, "CTS")?;
+        let frag = self.frag(from);
+        let am = am_of(&self.peers, from);
+        let req = self.reqs.get_mut(id).expect("checked live");
+        if req.protocol == Protocol::Eager || req.peer_req != 0 {
+            return Err(Error::protocol(from, "CTS for a send that does not wait for one"));
+        }
+        req.peer_req = hdr.rreq;
+        if hdr.flags & Header::STREAM != 0 {
+            let mut data = Header::new(PacketKind::Data);
+            data.rreq = hdr.rreq;
+            let buf = Region { ptr: req.ptr, len: req.len };
+            let n = Self::push_chunks(&mut self.actions, am, from, data, buf, 0, frag, id);
+            // The FIN or CTS we waited for is this CTS; now wait for the packets to leave.
+            req.pending = n;
+            return Ok(());
+        }
+        let key = RemoteKey::new(payload).ok_or_else(|| Error::protocol(from, "CTS without a valid key"))?;
+        if hdr.offset > req.len as u64 {
+            return Err(Error::protocol(from, format!("CTS split point {} beyond the {}-byte message", hdr.offset, req.len)));
+        }
+        let split = hdr.offset as usize;
+        req.split = split;
+        req.peer_key = Some(key);
+        req.pending = (split > 0) as u32 + (split < req.len) as u32;
+        if split < req.len {
+            self.start_own_copy(id);
+        } else if req.pending == 0 {
+            req.finish_ok();
+        }
+        Ok(())
+    }
+
+    fn on_data(&mut self, from: Rank, hdr: Header, payload: &[u8]) -> Result<()> {
+        let id = self.named_request(from, hdr.rreq, Dir::Recv, "DATA")?;
+        let req = self.reqs.get_mut(id).expect("checked live");
+        if req.protocol != Protocol::RndvStream || hdr.offset != req.received as u64 || req.received + payload.len() > req.len {
+            return Err(Error::protocol(
+                from,
+                format!("data at {} (+{}) for a {}-byte message at {}", hdr.offset, payload.len(), req.len, req.received),
+            ));
+        }
+        // SAFETY: received + payload.len() <= len <= cap.
+        unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), req.ptr.add(req.received), payload.len()) };
+        req.received += payload.len();
+        if req.received == req.len {
+            req.finish_ok();
+            self.release_key(id);
+        }
+        Ok(())
+    }
+
+    fn on_fin(&mut self, from: Rank, hdr: Header) -> Result<()> {
+        if hdr.sreq != 0 {
+            let id = self.named_request(from, hdr.sreq, Dir::Send, "FIN")?;
+            if hdr.flags & Header::TRUNCATED != 0 {
+                let req = self.reqs.get_mut(id).expect("checked live");
+                req.finish_ok();
+                self.release_key(id);
+            } else {
+                self.count_down(id);
+            }
+            Ok(())
+        } else {
+            let id = self.named_request(from, hdr.rreq, Dir::Recv, "FIN")?;
+            self.count_down(id);
+            Ok(())
+        }
+    }
+
+    fn on_rtr(&mut self, from: Rank, hdr: Header, payload: &[u8]) -> Result<()> {
+        let key = RemoteKey::new(payload).ok_or_else(|| Error::protocol(from, "RTR without a valid key"))?;
+        if ReqId::from_wire(hdr.rreq).is_none() {
+            return Err(Error::protocol(from, "RTR names no request"));
+        }
+        let tag = if hdr.flags & Header::ANY_TAG != 0 { TagMatch::Any } else { TagMatch::Tag(hdr.tag) };
+        let p = &mut self.peers[from as usize];
+        let seen = hdr.offset as u32;
+        let in_flight = p.next_send_seq.wrapping_sub(seen);
+        if hdr.offset > u32::MAX as u64 || in_flight > i32::MAX as u32 {
+            return Err(Error::protocol(from, format!("RTR claims {seen} messages seen, only {} were sent", p.next_send_seq)));
+        }
+        // Stale when a send the receiver had not seen yet matches it: that send takes the
+        // receive (RTS wins; an eager one is a misprediction the receiver copies as usual).
+        let stale = in_flight as usize > SEND_HISTORY
+            || (0..in_flight).any(|k| {
+                let (t, c) = p.history[seen.wrapping_add(k) as usize % SEND_HISTORY];
+                c == hdr.ctx && tag.matches(t)
+            });
+        if !stale {
+            let cap = usize::try_from(hdr.len).unwrap_or(usize::MAX);
+            p.rtrs.push_back(Rtr { tag, ctx: hdr.ctx, rreq: hdr.rreq, cap, key });
+        }
+        Ok(())
+    }
+
+    // ---- matching -------------------------------------------------------------------------
+
+    /// Removes and returns the receive a message `(from, tag, ctx)` matches: the earliest
+    /// posted among those naming `from` and the ANY_SOURCE ones.
+    fn match_posted(&mut self, from: Rank, tag: u32, ctx: u16) -> Option<ReqId> {
+        let reqs = &self.reqs;
+        let fits = |id: &ReqId| reqs.get(*id).is_some_and(|r| r.ctx == ctx && r.tag.matches(tag));
+        let p = &self.peers[from as usize];
+        let specific = p.posted.iter().position(fits);
+        let wild = if self.wild.is_empty() { None } else { self.wild.iter().position(fits) };
+        let order = |q: Option<usize>, list: &std::collections::VecDeque<ReqId>| {
+            q.map(|i| reqs.get(list[i]).map_or(u64::MAX, |r| r.order))
+        };
+        let use_wild = match (order(specific, &p.posted), order(wild, &self.wild)) {
+            (Some(a), Some(b)) => b < a,
+            (None, Some(_)) => true,
+            _ => false,
+        };
+        let id = if use_wild {
+            self.wild.remove(wild?)?
+        } else {
+            self.peers[from as usize].posted.remove(specific?)?
+        };
+        let req = self.reqs.get_mut(id).expect("posted request is live");
+        req.matched = true;
+        req.any_source = false;
+        req.peer = from;
+        req.tag = TagMatch::Tag(tag);
+        Some(id)
+    }
+
+    /// The first unexpected message matching `(src, tag, ctx)`: its sender and index.
+    pub(super) fn find_unexpected(&self, src: Source, tag: TagMatch, ctx: u16) -> Option<(Rank, usize)> {
+        let first = |r: Rank| {
+            self.peers[r as usize].unexpected.iter().position(|u| u.ctx == ctx && tag.matches(u.tag)).map(|i| (r, i))
+        };
+        match src {
+            Source::Rank(r) => first(r),
+            Source::Any => (0..self.peers.len() as Rank)
+                .filter_map(first)
+                .min_by_key(|&(r, i)| self.peers[r as usize].unexpected[i].order),
+        }
+    }
+
+    /// Whether a receive posted earlier could take a message that `(r, tag, ctx)` takes.
+    pub(super) fn has_overlapping_posted(&self, r: Rank, tag: TagMatch, ctx: u16) -> bool {
+        let overlaps = |id: &ReqId| self.reqs.get(*id).is_some_and(|q| q.ctx == ctx && q.tag.overlaps(tag));
+        self.peers[r as usize].posted.iter().any(overlaps) || self.wild.iter().any(overlaps)
+    }
+
+    /// Receive `id` met an unexpected message.
+    pub(super) fn match_unexpected(&mut self, id: ReqId, from: Rank, ux: Unexpected) {
+        let req = self.reqs.get_mut(id).expect("live request");
+        req.matched = true;
+        req.peer = from;
+        req.tag = TagMatch::Tag(ux.tag);
+        req.len = ux.len;
+        match ux.body {
+            UxBody::Eager { data, received } => {
+                let target = if ux.len > req.cap {
+                    let e = Error::Truncated { from, tag: ux.tag, len: ux.len, capacity: req.cap };
+                    self.fail(id, e);
+                    FragTarget::Discard
+                } else {
+                    // SAFETY: received <= len <= cap.
+                    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), req.ptr, received) };
+                    req.received = received;
+                    if received == ux.len {
+                        req.finish_ok();
+                    }
+                    FragTarget::Req(id)
+                };
+                if received < ux.len {
+                    if let Some(inc) = self.peers[from as usize].incoming.iter_mut().find(|i| i.seq == ux.seq) {
+                        inc.target = target;
+                    }
+                }
+            }
+            UxBody::Rts { hdr, key } => {
+                if let Err(e) = self.deliver_rts(id, from, hdr, key) {
+                    self.handle_peer_lost(from, e);
+                }
+            }
+        }
+    }
+
+    /// Receive-first hint: when this receive is the first that can take `r`'s message and its
+    /// size goes by one-sided copy, expose the buffer and send an RTR.
+    pub(super) fn maybe_send_rtr(&mut self, id: ReqId, r: Rank, cap: usize) {
+        let Some(entry) = self.route(r).map(|rt| rt.lookup(cap).clone()) else { return };
+        if !entry.protocol.is_one_sided() {
+            return;
+        }
+        let seen = self.peers[r as usize].expected_seq;
+        let req = self.reqs.get_mut(id).expect("live request");
+        req.channel = entry.channel;
+        req.rtr_seq = seen;
+        req.expose_for = Some(ExposeFor::Rtr);
+        let region = Region { ptr: req.ptr, len: cap };
+        self.actions.push_back(Action::Expose { channel: entry.channel, region, op: op_id(id, OpKind::Exposed) });
+    }
+}

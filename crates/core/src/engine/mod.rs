@@ -1,0 +1,612 @@
+//! The sans-IO protocol engine.
+//!
+//! The engine matches messages to receives and runs the eager and rendezvous protocols. It does
+//! no I/O and reads no clock: the driver (the `polyrail` facade) feeds it with
+//! - `post_send` / `post_recv` (mutators),
+//! - `handle_message` (through [`crate::Sink`]), `handle_sent`, `handle_exposed`,
+//!   `handle_completion`, `handle_peer_lost` (events),
+//!
+//! and reads it with `poll_action` (work to do on a channel) and `take_result` (finished
+//! requests). Call `poll_action` until it returns `None` after every mutator or event.
+//!
+//! Protocols (DCFA-MPI and Chai):
+//! - eager: `Eager` (+ `Frag`s) on the peer's active-message channel; the send ends when the
+//!   packets left;
+//! - sender-first rendezvous: `Rts` with the sender's key → the receiver reads (`get`) → `Fin`;
+//!   for the split protocol the receiver also sends `Cts` with its key and the split point, the
+//!   sender writes the back (`put`) and sends `Fin`;
+//! - receiver-first rendezvous: `Rtr` with the receive buffer's key → the sender's matching send
+//!   writes (`put`) → `Fin` (with an `Rts` in front that orders the message and, for the split
+//!   protocol, lets the receiver pull the front);
+//! - simultaneous: an `Rtr` that crossed the sender's `Rts` is dropped (RTS wins);
+//! - mispredictions: an eager message meeting a receive that sent an `Rtr` is copied as usual
+//!   (the sender drops the stale `Rtr`); an `Rts` too large for its receive is a truncation;
+//! - no one-sided channel: `Rts` → `Cts` → `Data` packets through active messages.
+//!
+//! Every per-pair message carries a sequence id; packets from a peer must arrive in order on
+//! its one active-message channel, and anything out of order is a protocol error.
+
+mod incoming;
+mod requests;
+mod types;
+
+pub use types::{Action, Payload, ReqId, Source, Status, TagMatch};
+
+use crate::error::{Error, Rank, Result};
+use crate::header::{Header, PacketKind};
+use crate::policy::{ChannelId, PeerRoute, Protocol};
+use crate::transport::{OpId, Region, RegionMut, RemoteKey, Sink};
+use requests::{Dir, ExposeFor, Req, Requests};
+use std::collections::VecDeque;
+use types::{op_id, split_op, OpKind};
+
+/// How many past sends per peer are remembered to tell a stale `Rtr`.
+const SEND_HISTORY: usize = 64;
+/// Largest eager message accepted from a peer (a bigger claimed length is a protocol error).
+const MAX_EAGER_LEN: u64 = 256 << 20;
+
+/// Why a peer can no longer take part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Gone {
+    /// Finalized and exited.
+    Finished,
+    /// Crashed, killed or sent garbage.
+    Lost,
+}
+
+/// A receive-first hint from a peer: its receive buffer, waiting for a matching send.
+#[derive(Debug)]
+struct Rtr {
+    tag: TagMatch,
+    ctx: u16,
+    rreq: u32,
+    cap: usize,
+    key: RemoteKey,
+}
+
+/// A message that arrived before its receive was posted.
+#[derive(Debug)]
+struct Unexpected {
+    tag: u32,
+    ctx: u16,
+    seq: u32,
+    len: usize,
+    order: u64,
+    body: UxBody,
+}
+
+#[derive(Debug)]
+enum UxBody {
+    /// Eager data; `received` bytes of `len` arrived so far.
+    Eager { data: Vec<u8>, received: usize },
+    /// A rendezvous announcement.
+    Rts { hdr: Header, key: Option<RemoteKey> },
+}
+
+/// Where the later fragments of an eager message go.
+#[derive(Debug, Clone, Copy)]
+enum FragTarget {
+    Req(ReqId),
+    Unexpected,
+    Discard,
+}
+
+#[derive(Debug)]
+struct Incoming {
+    seq: u32,
+    len: usize,
+    received: usize,
+    target: FragTarget,
+}
+
+/// The engine's state for one peer.
+struct Peer {
+    route: Option<PeerRoute>,
+    next_send_seq: u32,
+    expected_seq: u32,
+    /// Receives naming this peer as source, in post order.
+    posted: VecDeque<ReqId>,
+    unexpected: VecDeque<Unexpected>,
+    /// Eager messages still receiving fragments.
+    incoming: Vec<Incoming>,
+    /// (tag, ctx) of the last sends, by `seq % SEND_HISTORY`.
+    history: [(u32, u16); SEND_HISTORY],
+    rtrs: VecDeque<Rtr>,
+    gone: Option<Gone>,
+}
+
+impl Peer {
+    fn new() -> Self {
+        Peer {
+            route: None,
+            next_send_seq: 0,
+            expected_seq: 0,
+            posted: VecDeque::new(),
+            unexpected: VecDeque::new(),
+            incoming: Vec::new(),
+            history: [(0, 0); SEND_HISTORY],
+            rtrs: VecDeque::new(),
+            gone: None,
+        }
+    }
+}
+
+/// The protocol engine of one process. See the module documentation.
+pub struct Engine {
+    me: Rank,
+    peers: Vec<Peer>,
+    reqs: Requests,
+    actions: VecDeque<Action>,
+    /// ANY_SOURCE receives, in post order.
+    wild: VecDeque<ReqId>,
+    post_counter: u64,
+    arrival_counter: u64,
+}
+
+impl Engine {
+    /// An engine for rank `me` of a job of `size` ranks. Routes are set per peer with
+    /// [`Engine::set_route`]; a peer without a route is unreachable.
+    pub fn new(me: Rank, size: u32) -> Self {
+        Engine {
+            me,
+            peers: (0..size).map(|_| Peer::new()).collect(),
+            reqs: Requests::default(),
+            actions: VecDeque::new(),
+            wild: VecDeque::new(),
+            post_counter: 0,
+            arrival_counter: 0,
+        }
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> Rank {
+        self.me
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> u32 {
+        self.peers.len() as u32
+    }
+
+    /// Sets the route table to `peer`.
+    pub fn set_route(&mut self, peer: Rank, route: PeerRoute) {
+        if let Some(p) = self.peers.get_mut(peer as usize) {
+            p.route = Some(route);
+        }
+    }
+
+    /// The route table to `peer`, if any.
+    pub fn route(&self, peer: Rank) -> Option<&PeerRoute> {
+        self.peers.get(peer as usize)?.route.as_ref()
+    }
+
+    // ---- getters ------------------------------------------------------------------------
+
+    /// Whether the request finished (successfully or not).
+    pub fn is_done(&self, req: ReqId) -> bool {
+        self.reqs.get(req).is_none_or(|r| r.result.is_some())
+    }
+
+    /// Takes the result of a finished request and forgets it; `None` while it runs.
+    pub fn take_result(&mut self, req: ReqId) -> Option<Result<Status>> {
+        let r = self.reqs.get_mut(req)?;
+        r.result.as_ref()?;
+        let r = self.reqs.remove(req)?;
+        r.result
+    }
+
+    /// The status of the first unexpected message matching `(src, tag, ctx)`, without
+    /// receiving it (`MPI_Iprobe`).
+    pub fn probe(&self, src: Source, tag: TagMatch, ctx: u16) -> Option<Status> {
+        self.find_unexpected(src, tag, ctx).map(|(from, i)| {
+            let u = &self.peers[from as usize].unexpected[i];
+            Status { source: from, tag: u.tag, len: u.len }
+        })
+    }
+
+    /// Why `peer` can no longer be used, if it cannot.
+    pub fn peer_error(&self, peer: Rank) -> Option<Error> {
+        match self.peers.get(peer as usize)?.gone? {
+            Gone::Finished => Some(Error::PeerFinished { rank: peer }),
+            Gone::Lost => Some(Error::PeerLost { rank: peer, why: "reported lost earlier".into() }),
+        }
+    }
+
+    /// Requests still running.
+    pub fn active_requests(&self) -> usize {
+        self.reqs.live()
+    }
+
+    // ---- mutators -----------------------------------------------------------------------
+
+    /// Starts sending `buf` to `to` with `tag` in context `ctx`.
+    ///
+    /// # Safety
+    /// `buf` must stay valid and unmodified until the request's result was taken (or the
+    /// request failed).
+    pub unsafe fn post_send(&mut self, to: Rank, tag: u32, ctx: u16, buf: Region) -> Result<ReqId> {
+        let peer = self.usable_peer(to)?;
+        let route = peer.route.as_ref().ok_or_else(|| Error::Unreachable { rank: to, why: "no route".into() })?;
+        let entry = route.lookup(buf.len);
+        let (protocol, data_ch, am, frag) = (entry.protocol, entry.channel, route.am, route.frag);
+        let seq = peer.next_send_seq;
+        peer.next_send_seq = seq.wrapping_add(1);
+        peer.history[seq as usize % SEND_HISTORY] = (tag, ctx);
+        let rtr = Self::take_rtr(peer, tag, ctx);
+        let id = self.reqs.insert(Req::new(Dir::Send, to, TagMatch::Tag(tag), ctx, buf.ptr as *mut u8, buf.len));
+        let req = self.reqs.get_mut(id).expect("just inserted");
+        req.seq = seq;
+        req.len = buf.len;
+        req.protocol = protocol;
+        req.channel = data_ch;
+        match protocol {
+            Protocol::Eager => {
+                let mut hdr = Header::new(PacketKind::Eager);
+                (hdr.tag, hdr.ctx, hdr.seq, hdr.len) = (tag, ctx, seq, buf.len as u64);
+                req.pending = Self::push_chunks(&mut self.actions, am, to, hdr, buf, 0, frag, id);
+                if req.pending == 0 {
+                    req.finish_ok();
+                }
+            }
+            Protocol::RndvStream => {
+                req.pending = 1; // the receiver's CTS
+                let mut hdr = Header::new(PacketKind::Rts);
+                (hdr.flags, hdr.tag, hdr.ctx, hdr.seq, hdr.len, hdr.sreq) =
+                    (Header::STREAM, tag, ctx, seq, buf.len as u64, id.wire());
+                self.actions.push_back(Action::Send { channel: am, to, hdr, payload: Payload::Empty, op: None });
+            }
+            Protocol::RndvGet | Protocol::RndvSplit => match rtr {
+                Some(rtr) if rtr.cap >= buf.len => {
+                    // Receiver first: we write (all, or the back half when splitting).
+                    let split = if protocol == Protocol::RndvSplit { split_point(buf.len) } else { 0 };
+                    req.split = split;
+                    req.peer_key = Some(rtr.key);
+                    req.peer_req = rtr.rreq;
+                    req.pending = 1 + (split > 0) as u32; // own put, then the receiver's FIN
+                    if split > 0 {
+                        req.expose_for = Some(ExposeFor::RtsAfterRtr);
+                        self.actions.push_back(Action::Expose { channel: data_ch, region: buf, op: op_id(id, OpKind::Exposed) });
+                    } else {
+                        self.send_rts_after_rtr(id, None);
+                    }
+                }
+                _ => {
+                    // Sender first: expose, then RTS; the receiver's FIN ends it.
+                    req.pending = 1;
+                    req.expose_for = Some(ExposeFor::Rts);
+                    self.actions.push_back(Action::Expose { channel: data_ch, region: buf, op: op_id(id, OpKind::Exposed) });
+                }
+            },
+        }
+        Ok(id)
+    }
+
+    /// Starts receiving into `buf` a message from `src` with a tag matching `tag` in `ctx`.
+    ///
+    /// # Safety
+    /// `buf` must stay valid and not be accessed otherwise until the request's result was
+    /// taken (or the request failed).
+    pub unsafe fn post_recv(&mut self, src: Source, tag: TagMatch, ctx: u16, buf: RegionMut) -> Result<ReqId> {
+        if let Source::Rank(r) = src {
+            self.usable_peer(r)?;
+        } else if self.peers.iter().enumerate().all(|(i, p)| p.gone.is_some() && i as Rank != self.me) && self.peers.len() > 1 {
+            return Err(self.all_gone_error());
+        }
+        let from = match src {
+            Source::Rank(r) => r,
+            Source::Any => self.me,
+        };
+        let id = self.reqs.insert(Req::new(Dir::Recv, from, tag, ctx, buf.ptr, buf.len));
+        if let Some((from, i)) = self.find_unexpected(src, tag, ctx) {
+            let ux = self.peers[from as usize].unexpected.remove(i).expect("index from find_unexpected");
+            self.match_unexpected(id, from, ux);
+            return Ok(id);
+        }
+        let order = self.post_counter;
+        self.post_counter += 1;
+        let req = self.reqs.get_mut(id).expect("just inserted");
+        req.order = order;
+        req.any_source = src == Source::Any;
+        match src {
+            Source::Any => self.wild.push_back(id),
+            Source::Rank(r) => {
+                let first = !self.has_overlapping_posted(r, tag, ctx);
+                self.peers[r as usize].posted.push_back(id);
+                if first && r != self.me {
+                    self.maybe_send_rtr(id, r, buf.len);
+                }
+            }
+        }
+        Ok(id)
+    }
+
+    /// Forgets a request whose result will never be taken (e.g. its handle was dropped after
+    /// an error). A running receive is withdrawn from matching.
+    pub fn discard(&mut self, req: ReqId) {
+        if self.reqs.get(req).is_some_and(|r| r.result.is_none()) {
+            self.fail(req, Error::InvalidArgument("request discarded".into()));
+        }
+        self.reqs.remove(req);
+    }
+
+    // ---- events -------------------------------------------------------------------------
+
+    /// A send action with `op` left the process.
+    pub fn handle_sent(&mut self, op: OpId) {
+        if let Some((id, OpKind::Sent)) = split_op(op) {
+            self.count_down(id);
+        }
+    }
+
+    /// An `Expose` action finished. Call it before polling the next action: what follows from
+    /// the key takes the exposure's place in the action order (so an RTS keeps its message's
+    /// place among the sends to its peer).
+    pub fn handle_exposed(&mut self, op: OpId, key: Result<RemoteKey>) {
+        let before = self.actions.len();
+        self.exposed(op, key);
+        let added = self.actions.len() - before;
+        self.actions.rotate_right(added);
+    }
+
+    fn exposed(&mut self, op: OpId, key: Result<RemoteKey>) {
+        let Some((id, OpKind::Exposed)) = split_op(op) else { return };
+        let Some(req) = self.reqs.get_mut(id) else { return };
+        if req.result.is_some() {
+            return;
+        }
+        let key = match key {
+            Ok(k) => k,
+            Err(e) => return self.fail(id, e),
+        };
+        req.own_key = Some(key);
+        match req.expose_for.take() {
+            Some(ExposeFor::Rts) => {
+                let mut hdr = Header::new(PacketKind::Rts);
+                (hdr.tag, hdr.ctx, hdr.seq, hdr.len, hdr.sreq) =
+                    (req.tag_value(), req.ctx, req.seq, req.len as u64, id.wire());
+                let (to, am) = (req.peer, am_of(&self.peers, req.peer));
+                self.actions.push_back(Action::Send { channel: am, to, hdr, payload: Payload::Key(key), op: None });
+            }
+            Some(ExposeFor::RtsAfterRtr) => self.send_rts_after_rtr(id, Some(key)),
+            Some(ExposeFor::Cts) => self.send_cts(id, key),
+            Some(ExposeFor::Rtr) if !req.matched => {
+                let mut hdr = Header::new(PacketKind::Rtr);
+                hdr.flags = if req.tag == TagMatch::Any { Header::ANY_TAG } else { 0 };
+                (hdr.tag, hdr.ctx, hdr.len, hdr.rreq, hdr.offset) =
+                    (req.tag_value(), req.ctx, req.cap as u64, id.wire(), req.rtr_seq as u64);
+                let (to, am) = (req.peer, am_of(&self.peers, req.peer));
+                self.actions.push_back(Action::Send { channel: am, to, hdr, payload: Payload::Key(key), op: None });
+            }
+            Some(ExposeFor::Rtr) | None => {}
+        }
+    }
+
+    /// A `Get` or `Put` finished.
+    pub fn handle_completion(&mut self, op: OpId, result: Result<()>) {
+        let Some((id, OpKind::Copy)) = split_op(op) else { return };
+        let Some(req) = self.reqs.get_mut(id) else { return };
+        if req.result.is_some() {
+            return;
+        }
+        if let Err(e) = result {
+            return self.fail(id, e);
+        }
+        // Tell the peer our part is done: the receiver releases the sender's buffer, the
+        // sender completes the receiver's buffer.
+        let mut hdr = Header::new(PacketKind::Fin);
+        match req.dir {
+            Dir::Send => hdr.rreq = req.peer_req,
+            Dir::Recv => hdr.sreq = req.peer_req,
+        }
+        let (to, am) = (req.peer, am_of(&self.peers, req.peer));
+        self.actions.push_back(Action::Send { channel: am, to, hdr, payload: Payload::Empty, op: None });
+        self.count_down(id);
+    }
+
+    /// `peer` is gone: fail every request that needs it.
+    pub fn handle_peer_lost(&mut self, peer: Rank, why: Error) {
+        let Some(p) = self.peers.get_mut(peer as usize) else { return };
+        if p.gone.is_some() {
+            return;
+        }
+        let gone = if matches!(why, Error::PeerFinished { .. }) { Gone::Finished } else { Gone::Lost };
+        p.gone = Some(gone);
+        p.rtrs.clear();
+        let victims: Vec<ReqId> = self.reqs.ids().filter(|&id| self.reqs.get(id).is_some_and(|r| r.needs(peer))).collect();
+        for id in victims {
+            self.fail(id, why.duplicate());
+        }
+        let others_gone = self.peers.iter().enumerate().all(|(i, p)| p.gone.is_some() || i as Rank == self.me);
+        if gone == Gone::Lost || others_gone {
+            let wild: Vec<ReqId> = self.wild.iter().copied().collect();
+            for id in wild {
+                self.fail(id, why.duplicate());
+            }
+        }
+    }
+
+    // ---- poll ---------------------------------------------------------------------------
+
+    /// The next thing to do on a channel.
+    #[inline]
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    // ---- internals ----------------------------------------------------------------------
+
+    fn usable_peer(&mut self, r: Rank) -> Result<&mut Peer> {
+        let size = self.peers.len();
+        let p = self
+            .peers
+            .get_mut(r as usize)
+            .ok_or_else(|| Error::InvalidArgument(format!("rank {r} is out of range (job size {size})")))?;
+        match p.gone {
+            Some(Gone::Finished) => Err(Error::PeerFinished { rank: r }),
+            Some(Gone::Lost) => Err(Error::PeerLost { rank: r, why: "reported lost earlier".into() }),
+            None => Ok(p),
+        }
+    }
+
+    fn all_gone_error(&self) -> Error {
+        Error::PeerFinished { rank: if self.me == 0 { 1 } else { 0 } }
+    }
+
+    fn frag(&self, peer: Rank) -> usize {
+        self.peers[peer as usize].route.as_ref().map_or(1, |r| r.frag)
+    }
+
+    /// Queues `hdr` + `buf[from..]` split into packets of at most `frag` bytes: the first with
+    /// `hdr`, the others as `Frag`/`Data` with their offset. Returns the number of packets.
+    fn push_chunks(
+        actions: &mut VecDeque<Action>,
+        channel: ChannelId,
+        to: Rank,
+        hdr: Header,
+        buf: Region,
+        from: usize,
+        frag: usize,
+        id: ReqId,
+    ) -> u32 {
+        let op = Some(op_id(id, OpKind::Sent));
+        let mut off = from;
+        let mut n = 0;
+        loop {
+            let chunk = (buf.len - off).min(frag);
+            let mut h = hdr;
+            if n > 0 && hdr.kind == PacketKind::Eager {
+                h = Header::new(PacketKind::Frag);
+                h.seq = hdr.seq;
+            }
+            h.offset = off as u64;
+            // SAFETY: off + chunk <= buf.len; the caller promised buf is valid.
+            let region = Region { ptr: unsafe { buf.ptr.add(off) }, len: chunk };
+            actions.push_back(Action::Send { channel, to, hdr: h, payload: Payload::User(region), op });
+            n += 1;
+            off += chunk;
+            if off >= buf.len {
+                return n;
+            }
+        }
+    }
+
+    /// Removes and returns the first receive-first hint matching a send of `(tag, ctx)`: the
+    /// send will match that receive, whatever protocol it uses.
+    fn take_rtr(peer: &mut Peer, tag: u32, ctx: u16) -> Option<Rtr> {
+        if peer.rtrs.is_empty() {
+            return None;
+        }
+        let i = peer.rtrs.iter().position(|r| r.ctx == ctx && r.tag.matches(tag))?;
+        peer.rtrs.remove(i)
+    }
+
+    /// Receiver-first send: RTS naming the receiver's request (and our key when it pulls the
+    /// front), then our put of the back.
+    fn send_rts_after_rtr(&mut self, id: ReqId, key: Option<RemoteKey>) {
+        let req = self.reqs.get(id).expect("live request");
+        let mut hdr = Header::new(PacketKind::Rts);
+        (hdr.tag, hdr.ctx, hdr.seq, hdr.len, hdr.sreq, hdr.rreq, hdr.offset) =
+            (req.tag_value(), req.ctx, req.seq, req.len as u64, id.wire(), req.peer_req, req.split as u64);
+        let (to, am) = (req.peer, am_of(&self.peers, req.peer));
+        let payload = key.map_or(Payload::Empty, Payload::Key);
+        self.actions.push_back(Action::Send { channel: am, to, hdr, payload, op: None });
+        self.start_own_copy(id);
+    }
+
+    /// Issues this request's one-sided copy: the receiver gets `[0, split)`, the sender puts
+    /// `[split, len)`. An empty part counts as done at once.
+    fn start_own_copy(&mut self, id: ReqId) {
+        let req = self.reqs.get(id).expect("live request");
+        let (range, key) = match req.dir {
+            Dir::Recv => (0..req.split, req.peer_key),
+            Dir::Send => (req.split..req.len, req.peer_key),
+        };
+        let op = op_id(id, OpKind::Copy);
+        if range.is_empty() {
+            // Nothing to copy on our side: no FIN either.
+            return self.count_down(id);
+        }
+        let Some(key) = key else { return self.fail(id, Error::protocol(req.peer, "rendezvous without a key")) };
+        // SAFETY: range lies within the request's buffer, valid while the request lives.
+        let ptr = unsafe { req.ptr.add(range.start) };
+        let len = range.len();
+        let (channel, peer, offset) = (req.channel, req.peer, range.start);
+        self.actions.push_back(match req.dir {
+            Dir::Recv => Action::Get { channel, peer, key, offset, into: RegionMut { ptr, len }, op },
+            Dir::Send => Action::Put { channel, peer, from: Region { ptr, len }, key, offset, op },
+        });
+    }
+
+    fn count_down(&mut self, id: ReqId) {
+        let Some(req) = self.reqs.get_mut(id) else { return };
+        if req.result.is_some() {
+            return;
+        }
+        req.pending = req.pending.saturating_sub(1);
+        if req.pending == 0 {
+            req.finish_ok();
+            self.release_key(id);
+        }
+    }
+
+    fn release_key(&mut self, id: ReqId) {
+        let Some(req) = self.reqs.get_mut(id) else { return };
+        if let Some(key) = req.own_key.take() {
+            self.actions.push_back(Action::Unexpose { channel: req.channel, key });
+        }
+    }
+
+    /// Ends a request with an error and withdraws it from every queue.
+    fn fail(&mut self, id: ReqId, e: Error) {
+        let Some(req) = self.reqs.get_mut(id) else { return };
+        if req.result.is_some() {
+            return;
+        }
+        req.result = Some(Err(e));
+        let (dir, peer, matched) = (req.dir, req.peer, req.matched);
+        if dir == Dir::Recv && !matched {
+            self.wild.retain(|&r| r != id);
+            if let Some(p) = self.peers.get_mut(peer as usize) {
+                p.posted.retain(|&r| r != id);
+            }
+        }
+        for p in &mut self.peers {
+            for inc in &mut p.incoming {
+                if matches!(inc.target, FragTarget::Req(r) if r == id) {
+                    inc.target = FragTarget::Discard;
+                }
+            }
+        }
+        self.release_key(id);
+    }
+}
+
+/// The active-message channel to `peer`.
+fn am_of(peers: &[Peer], peer: Rank) -> ChannelId {
+    peers[peer as usize].route.as_ref().map_or(0, |r| r.am)
+}
+
+/// Where the split protocol divides a message: the receiver pulls the front half (page
+/// aligned), the sender pushes the rest.
+fn split_point(len: usize) -> usize {
+    (len / 2) & !4095
+}
+
+impl Sink for Engine {
+    fn message(&mut self, from: Rank, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) {
+        if let Err(e) = self.handle_message(from, hdr, payload) {
+            self.handle_peer_lost(from, e);
+        }
+    }
+
+    fn completed(&mut self, op: OpId, result: Result<()>) {
+        self.handle_completion(op, result);
+    }
+
+    fn peer_lost(&mut self, peer: Rank, why: Error) {
+        self.handle_peer_lost(peer, why);
+    }
+}
+
+#[cfg(test)]
+mod tests;

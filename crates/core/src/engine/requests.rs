@@ -1,0 +1,186 @@
+//! Request records and the slab that holds them.
+
+use super::types::{ReqId, Status, TagMatch};
+use crate::error::{Rank, Result};
+use crate::policy::{ChannelId, Protocol};
+use crate::transport::RemoteKey;
+
+/// What a pending `Expose` is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ExposeFor {
+    /// Sender first: send the RTS with the key.
+    Rts,
+    /// Receiver first, split: send the RTS naming the receiver's request, then put.
+    RtsAfterRtr,
+    /// Receiver matched an RTS and splits: send the CTS with the key, then get.
+    Cts,
+    /// Receive posted first: send an RTR with the key.
+    Rtr,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Dir {
+    Send,
+    Recv,
+}
+
+/// One send or receive in flight.
+#[derive(Debug)]
+pub(super) struct Req {
+    pub dir: Dir,
+    /// Send: destination. Receive: the source named, or the matched one.
+    pub peer: Rank,
+    /// Receive posted with ANY_SOURCE (until matched).
+    pub any_source: bool,
+    /// Send: `Tag(tag)`. Receive: the pattern, then `Tag(tag)` once matched.
+    pub tag: TagMatch,
+    pub ctx: u16,
+    /// The user buffer (read for sends, written for receives).
+    pub ptr: *mut u8,
+    pub cap: usize,
+    /// Message length (known for sends; for receives once matched).
+    pub len: usize,
+    /// Sequence id of the message (sends).
+    pub seq: u32,
+    /// Post order (receives), for ANY_SOURCE ordering.
+    pub order: u64,
+    pub matched: bool,
+    pub protocol: Protocol,
+    /// Channel of the one-sided copy.
+    pub channel: ChannelId,
+    /// Things still to happen before completion (packets to leave, copies, peer FINs).
+    pub pending: u32,
+    /// Bytes arrived (eager fragments, streamed data).
+    pub received: usize,
+    /// Split point of a rendezvous: the receiver copies `[0, split)`, the sender the rest.
+    pub split: usize,
+    /// Key of our exposed buffer, released at completion.
+    pub own_key: Option<RemoteKey>,
+    /// Key of the peer's buffer.
+    pub peer_key: Option<RemoteKey>,
+    /// The peer's request id (wire form), once known.
+    pub peer_req: u32,
+    /// Receives: the sender's next sequence id when a receive-first hint was sent.
+    pub rtr_seq: u32,
+    pub expose_for: Option<ExposeFor>,
+    pub result: Option<Result<Status>>,
+}
+
+// SAFETY: the raw buffer pointer is owned by the request's poster, who promised (post_send /
+// post_recv safety contracts) that it stays valid; moving the engine to another thread does not
+// change that.
+unsafe impl Send for Req {}
+
+impl Req {
+    pub fn new(dir: Dir, peer: Rank, tag: TagMatch, ctx: u16, ptr: *mut u8, cap: usize) -> Self {
+        Req {
+            dir,
+            peer,
+            any_source: false,
+            tag,
+            ctx,
+            ptr,
+            cap,
+            len: 0,
+            seq: 0,
+            order: 0,
+            matched: false,
+            protocol: Protocol::Eager,
+            channel: 0,
+            pending: 0,
+            received: 0,
+            split: 0,
+            own_key: None,
+            peer_key: None,
+            peer_req: 0,
+            rtr_seq: 0,
+            expose_for: None,
+            result: None,
+        }
+    }
+
+    /// The tag as it goes on the wire (0 for ANY_TAG).
+    pub fn tag_value(&self) -> u32 {
+        match self.tag {
+            TagMatch::Tag(t) => t,
+            TagMatch::Any => 0,
+        }
+    }
+
+    pub fn finish_ok(&mut self) {
+        let status = Status { source: self.peer, tag: self.tag_value(), len: self.len };
+        self.result = Some(Ok(status));
+    }
+
+    /// Whether the request cannot finish without `peer`.
+    pub fn needs(&self, peer: Rank) -> bool {
+        self.result.is_none() && self.peer == peer && !self.any_source
+    }
+}
+
+struct Slot {
+    gen: u16,
+    req: Option<Req>,
+}
+
+/// A slab of requests addressed by [`ReqId`] (index + generation).
+#[derive(Default)]
+pub(super) struct Requests {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    live: usize,
+}
+
+impl Requests {
+    pub fn insert(&mut self, req: Req) -> ReqId {
+        self.live += 1;
+        if let Some(i) = self.free.pop() {
+            let slot = &mut self.slots[i as usize];
+            slot.gen = slot.gen.wrapping_add(1) & 0xfff;
+            slot.req = Some(req);
+            return ReqId::new(i, slot.gen);
+        }
+        let i = self.slots.len() as u32;
+        assert!(i <= ReqId::INDEX_MASK, "more than 2^20 requests in flight");
+        self.slots.push(Slot { gen: 0, req: Some(req) });
+        ReqId::new(i, 0)
+    }
+
+    #[inline]
+    pub fn get(&self, id: ReqId) -> Option<&Req> {
+        let s = self.slots.get(id.index())?;
+        if s.gen != id.gen() {
+            return None;
+        }
+        s.req.as_ref()
+    }
+
+    #[inline]
+    pub fn get_mut(&mut self, id: ReqId) -> Option<&mut Req> {
+        let s = self.slots.get_mut(id.index())?;
+        if s.gen != id.gen() {
+            return None;
+        }
+        s.req.as_mut()
+    }
+
+    pub fn remove(&mut self, id: ReqId) -> Option<Req> {
+        let s = self.slots.get_mut(id.index())?;
+        if s.gen != id.gen() {
+            return None;
+        }
+        let r = s.req.take()?;
+        self.free.push(id.index() as u32);
+        self.live -= 1;
+        Some(r)
+    }
+
+    /// Ids of every live request.
+    pub fn ids(&self) -> impl Iterator<Item = ReqId> + '_ {
+        self.slots.iter().enumerate().filter(|(_, s)| s.req.is_some()).map(|(i, s)| ReqId::new(i as u32, s.gen))
+    }
+
+    pub fn live(&self) -> usize {
+        self.live
+    }
+}

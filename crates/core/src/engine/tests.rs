@@ -1,0 +1,536 @@
+//! Scenario tests of the engine over a simulated job: engines joined by in-memory packet
+//! queues (channel 0, active messages) and memcpy one-sided copies (channel 1).
+
+use super::*;
+use crate::policy::{PeerRoute, RouteEntry};
+use proptest::prelude::*;
+use std::collections::VecDeque;
+
+const AM: ChannelId = 0;
+const RMA: ChannelId = 1;
+
+/// A packet in flight.
+struct Packet {
+    from: Rank,
+    hdr: [u8; Header::WIRE_LEN],
+    payload: Vec<u8>,
+}
+
+/// A job of engines in one process; keys are (address, length) of the exposing engine's memory.
+struct Sim {
+    engines: Vec<Engine>,
+    /// Packets to each rank, in order.
+    wires: Vec<VecDeque<Packet>>,
+    /// Ordered packets delivered (to, from, seq), for the reference model.
+    delivered: Vec<(Rank, Rank, u32)>,
+}
+
+fn route(frag: usize, protocols: &[(usize, Protocol)]) -> PeerRoute {
+    let entries = protocols
+        .iter()
+        .map(|&(upto, protocol)| RouteEntry {
+            upto,
+            protocol,
+            channel: if protocol.is_one_sided() { RMA } else { AM },
+            reason: String::new(),
+        })
+        .collect();
+    PeerRoute { am: AM, frag, entries }
+}
+
+/// Eager below 1k (fragments of 100 bytes), get up to 4k, split above.
+fn one_sided_route() -> PeerRoute {
+    route(100, &[(1023, Protocol::Eager), (4095, Protocol::RndvGet), (usize::MAX, Protocol::RndvSplit)])
+}
+
+/// Eager up to 1k, streamed above.
+fn stream_route() -> PeerRoute {
+    route(100, &[(1024, Protocol::Eager), (usize::MAX, Protocol::RndvStream)])
+}
+
+impl Sim {
+    fn new(n: u32, r: impl Fn() -> PeerRoute) -> Sim {
+        let mut engines: Vec<Engine> = (0..n).map(|i| Engine::new(i, n)).collect();
+        for e in &mut engines {
+            for p in 0..n {
+                e.set_route(p, r());
+            }
+        }
+        Sim { engines, wires: (0..n).map(|_| VecDeque::new()).collect(), delivered: Vec::new() }
+    }
+
+    /// Runs every queued action of every engine (not delivering packets).
+    fn run_actions(&mut self) {
+        loop {
+            let mut any = false;
+            for i in 0..self.engines.len() {
+                while let Some(a) = self.engines[i].poll_action() {
+                    any = true;
+                    self.execute(i as Rank, a);
+                }
+            }
+            if !any {
+                return;
+            }
+        }
+    }
+
+    fn execute(&mut self, me: Rank, a: Action) {
+        let e = &mut self.engines[me as usize];
+        match a {
+            Action::Send { channel, to, hdr, payload, op } => {
+                assert_eq!(channel, AM);
+                let mut raw = [0u8; Header::WIRE_LEN];
+                hdr.encode(&mut raw);
+                let payload = match payload {
+                    Payload::Empty => Vec::new(),
+                    // SAFETY: the engine promises user payloads are valid until handle_sent.
+                    Payload::User(r) => unsafe { std::slice::from_raw_parts(r.ptr, r.len) }.to_vec(),
+                    Payload::Key(k) => k.as_bytes().to_vec(),
+                };
+                self.wires[to as usize].push_back(Packet { from: me, hdr: raw, payload });
+                if let Some(op) = op {
+                    e.handle_sent(op);
+                }
+            }
+            Action::Expose { channel, region, op } => {
+                assert_eq!(channel, RMA);
+                let mut k = Vec::new();
+                k.extend_from_slice(&(region.ptr as u64).to_le_bytes());
+                k.extend_from_slice(&(region.len as u64).to_le_bytes());
+                e.handle_exposed(op, Ok(RemoteKey::new(&k).unwrap()));
+            }
+            Action::Unexpose { .. } => {}
+            Action::Get { key, offset, into, op, .. } => {
+                let (addr, len) = decode_key(&key);
+                assert!(offset + into.len <= len, "get out of the exposed region");
+                // SAFETY: test keys name live buffers of this process, bounds checked above.
+                unsafe { std::ptr::copy_nonoverlapping((addr + offset) as *const u8, into.ptr, into.len) };
+                e.handle_completion(op, Ok(()));
+            }
+            Action::Put { from, key, offset, op, .. } => {
+                let (addr, len) = decode_key(&key);
+                assert!(offset + from.len <= len, "put out of the exposed region");
+                // SAFETY: as for Get.
+                unsafe { std::ptr::copy_nonoverlapping(from.ptr, (addr + offset) as *mut u8, from.len) };
+                e.handle_completion(op, Ok(()));
+            }
+        }
+    }
+
+    /// Delivers the next packet to `to`; false when none is queued.
+    fn deliver_one(&mut self, to: Rank) -> bool {
+        let Some(p) = self.wires[to as usize].pop_front() else { return false };
+        let hdr = Header::decode(p.from, &p.hdr).unwrap();
+        if hdr.kind.is_ordered() {
+            self.delivered.push((to, p.from, hdr.seq));
+        }
+        if let Err(e) = self.engines[to as usize].handle_message(p.from, &p.hdr, &p.payload) {
+            panic!("rank {to} refused {hdr:?} from {}: {e}", p.from);
+        }
+        true
+    }
+
+    /// Runs until nothing moves.
+    fn settle(&mut self) {
+        loop {
+            self.run_actions();
+            let mut any = false;
+            for to in 0..self.engines.len() as Rank {
+                while self.deliver_one(to) {
+                    any = true;
+                    self.run_actions();
+                }
+            }
+            if !any {
+                return;
+            }
+        }
+    }
+}
+
+fn decode_key(k: &RemoteKey) -> (usize, usize) {
+    let b = k.as_bytes();
+    (u64::from_le_bytes(b[0..8].try_into().unwrap()) as usize, u64::from_le_bytes(b[8..16].try_into().unwrap()) as usize)
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+fn send(sim: &mut Sim, from: Rank, to: Rank, tag: u32, buf: &[u8]) -> ReqId {
+    // SAFETY: tests keep `buf` alive until settle() finished the request.
+    unsafe { sim.engines[from as usize].post_send(to, tag, 0, Region { ptr: buf.as_ptr(), len: buf.len() }) }.unwrap()
+}
+
+fn recv(sim: &mut Sim, me: Rank, src: Source, tag: TagMatch, buf: &mut [u8]) -> ReqId {
+    // SAFETY: as for send.
+    unsafe { sim.engines[me as usize].post_recv(src, tag, 0, RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() }) }
+        .unwrap()
+}
+
+fn result(sim: &mut Sim, me: Rank, id: ReqId) -> Result<Status> {
+    sim.engines[me as usize].take_result(id).expect("request finished")
+}
+
+/// Sends `len` bytes 0 -> 1 with the receive posted before or after, checks data and status.
+fn transfer(r: fn() -> PeerRoute, len: usize, recv_first: bool) {
+    let mut sim = Sim::new(2, r);
+    let data = pattern(len as u8, len);
+    let mut out = vec![0u8; len + 7];
+    let (s, q);
+    if recv_first {
+        q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(5), &mut out);
+        sim.settle();
+        s = send(&mut sim, 0, 1, 5, &data);
+    } else {
+        s = send(&mut sim, 0, 1, 5, &data);
+        sim.settle();
+        q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(5), &mut out);
+    }
+    sim.settle();
+    assert_eq!(result(&mut sim, 0, s).unwrap().len, len);
+    assert_eq!(result(&mut sim, 1, q).unwrap(), Status { source: 0, tag: 5, len });
+    assert_eq!(&out[..len], &data[..], "len {len} recv_first {recv_first}");
+    assert_eq!(sim.engines[0].active_requests() + sim.engines[1].active_requests(), 0);
+}
+
+#[test]
+fn every_protocol_both_orders() {
+    for len in [0, 1, 99, 100, 101, 1023, 1024, 1025, 4095, 4096, 8191, 8192, 20000, 100_003] {
+        for recv_first in [false, true] {
+            transfer(one_sided_route, len, recv_first);
+            transfer(stream_route, len, recv_first);
+        }
+    }
+}
+
+#[test]
+fn receiver_first_uses_rtr_and_put() {
+    let mut sim = Sim::new(2, one_sided_route);
+    let data = pattern(1, 2000);
+    let mut out = vec![0u8; 2000];
+    let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
+    sim.run_actions();
+    // The receiver announced its buffer.
+    let rtr = Header::decode(1, &sim.wires[0][0].hdr).unwrap();
+    assert_eq!(rtr.kind, PacketKind::Rtr);
+    sim.settle();
+    let s = send(&mut sim, 0, 1, 1, &data);
+    sim.run_actions();
+    // The data was written before any packet reached the receiver.
+    assert_eq!(out, data);
+    sim.settle();
+    assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
+}
+
+#[test]
+fn simultaneous_rts_wins_over_rtr() {
+    let mut sim = Sim::new(2, one_sided_route);
+    let data = pattern(2, 3000);
+    let mut out = vec![0u8; 3000];
+    let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
+    let s = send(&mut sim, 0, 1, 1, &data);
+    sim.run_actions(); // RTR and RTS cross
+    sim.settle();
+    assert!(result(&mut sim, 0, s).is_ok());
+    assert_eq!(result(&mut sim, 1, q).unwrap().len, 3000);
+    assert_eq!(out, data);
+    assert!(sim.engines[0].peers[1].rtrs.is_empty(), "the crossed RTR was dropped as stale");
+}
+
+#[test]
+fn eager_meets_a_receive_that_expected_rendezvous() {
+    let mut sim = Sim::new(2, one_sided_route);
+    let mut big = vec![0u8; 8000];
+    let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut big);
+    sim.settle();
+    let small = pattern(3, 10);
+    let s = send(&mut sim, 0, 1, 1, &small);
+    sim.settle();
+    assert!(result(&mut sim, 0, s).is_ok());
+    assert_eq!(result(&mut sim, 1, q).unwrap().len, 10);
+    assert_eq!(&big[..10], &small[..]);
+    // A later large send must not use the consumed RTR.
+    let data = pattern(4, 6000);
+    let mut out = vec![0u8; 6000];
+    let s = send(&mut sim, 0, 1, 1, &data);
+    let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
+    sim.settle();
+    assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
+    assert_eq!(out, data);
+}
+
+#[test]
+fn truncation_is_an_error_and_the_sender_still_ends() {
+    for (r, len) in [(one_sided_route as fn() -> PeerRoute, 50), (one_sided_route, 500), (one_sided_route, 9000), (stream_route, 9000)] {
+        for recv_first in [false, true] {
+            let mut sim = Sim::new(2, r);
+            let data = pattern(5, len);
+            let mut out = vec![0u8; len / 2];
+            let (s, q);
+            if recv_first {
+                q = recv(&mut sim, 1, Source::Any, TagMatch::Any, &mut out);
+                s = send(&mut sim, 0, 1, 9, &data);
+            } else {
+                s = send(&mut sim, 0, 1, 9, &data);
+                sim.settle();
+                q = recv(&mut sim, 1, Source::Any, TagMatch::Any, &mut out);
+            }
+            sim.settle();
+            assert!(result(&mut sim, 0, s).is_ok());
+            match result(&mut sim, 1, q) {
+                Err(Error::Truncated { from: 0, tag: 9, len: l, capacity }) => assert_eq!((l, capacity), (len, len / 2)),
+                other => panic!("expected truncation, got {other:?}"),
+            }
+            // The pair still works afterwards.
+            let mut ok = [0u8; 4];
+            let s = send(&mut sim, 0, 1, 1, b"next");
+            let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut ok);
+            sim.settle();
+            assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
+            assert_eq!(&ok, b"next");
+        }
+    }
+}
+
+#[test]
+fn any_source_and_any_tag_meet_rendezvous() {
+    let mut sim = Sim::new(3, one_sided_route);
+    let a = pattern(6, 5000);
+    let b = pattern(7, 70);
+    let mut o1 = vec![0u8; 6000];
+    let mut o2 = vec![0u8; 6000];
+    let q1 = recv(&mut sim, 2, Source::Any, TagMatch::Any, &mut o1);
+    let q2 = recv(&mut sim, 2, Source::Any, TagMatch::Tag(8), &mut o2);
+    let s1 = send(&mut sim, 0, 2, 7, &a);
+    sim.settle();
+    let s2 = send(&mut sim, 1, 2, 8, &b);
+    sim.settle();
+    assert!(result(&mut sim, 0, s1).is_ok() && result(&mut sim, 1, s2).is_ok());
+    assert_eq!(result(&mut sim, 2, q1).unwrap(), Status { source: 0, tag: 7, len: 5000 });
+    assert_eq!(result(&mut sim, 2, q2).unwrap(), Status { source: 1, tag: 8, len: 70 });
+    assert_eq!(&o1[..5000], &a[..]);
+    assert_eq!(&o2[..70], &b[..]);
+}
+
+#[test]
+fn probe_sees_unexpected_messages() {
+    let mut sim = Sim::new(2, one_sided_route);
+    assert_eq!(sim.engines[1].probe(Source::Any, TagMatch::Any, 0), None);
+    let data = pattern(8, 3000);
+    let s = send(&mut sim, 0, 1, 4, &data);
+    sim.settle();
+    assert_eq!(sim.engines[1].probe(Source::Any, TagMatch::Any, 0), Some(Status { source: 0, tag: 4, len: 3000 }));
+    assert_eq!(sim.engines[1].probe(Source::Rank(0), TagMatch::Tag(5), 0), None);
+    let mut out = vec![0u8; 3000];
+    let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(4), &mut out);
+    sim.settle();
+    assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
+    assert_eq!(sim.engines[1].probe(Source::Any, TagMatch::Any, 0), None);
+}
+
+#[test]
+fn hundreds_outstanding_keep_pair_order() {
+    for r in [one_sided_route as fn() -> PeerRoute, stream_route] {
+        let mut sim = Sim::new(2, r);
+        let sizes: Vec<usize> = (0..300).map(|i| [3, 700, 1500, 5000, 50][i % 5]).collect();
+        let bufs: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| pattern(i as u8, n)).collect();
+        let mut outs: Vec<Vec<u8>> = (0..300).map(|_| vec![0u8; 5000]).collect();
+        let (first, second) = outs.split_at_mut(150);
+        // 150 receives before the sends, 150 wildcard receives after them.
+        let mut qs: Vec<ReqId> = first.iter_mut().map(|o| recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), o)).collect();
+        let ss: Vec<ReqId> = bufs.iter().map(|b| send(&mut sim, 0, 1, 1, b)).collect();
+        qs.extend(second.iter_mut().map(|o| recv(&mut sim, 1, Source::Any, TagMatch::Any, o)));
+        sim.settle();
+        for s in ss {
+            assert!(result(&mut sim, 0, s).is_ok());
+        }
+        // The k-th receive posted takes the k-th message sent.
+        for (k, q) in qs.into_iter().enumerate() {
+            assert_eq!(result(&mut sim, 1, q).unwrap().len, sizes[k], "receive {k}");
+            assert_eq!(&outs[k][..sizes[k]], &bufs[k][..], "receive {k}");
+        }
+    }
+}
+
+#[test]
+fn garbage_from_a_peer_fails_its_requests() {
+    let mut sim = Sim::new(2, one_sided_route);
+    let mut out = [0u8; 8];
+    let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Any, &mut out);
+    sim.settle();
+    let mut raw = [0u8; Header::WIRE_LEN];
+    raw[0] = 77;
+    sim.engines[1].message(0, &raw, &[]);
+    assert!(matches!(result(&mut sim, 1, q), Err(Error::Protocol { peer: 0, .. })));
+    // A FIN naming a request that does not exist is refused too.
+    let mut sim = Sim::new(2, one_sided_route);
+    let mut fin = Header::new(PacketKind::Fin);
+    fin.sreq = 12345;
+    fin.encode(&mut raw);
+    assert!(sim.engines[1].handle_message(0, &raw, &[]).is_err());
+    // An eager message claiming more data than it carries, then a wrong fragment offset.
+    let mut eager = Header::new(PacketKind::Eager);
+    eager.len = 100;
+    eager.encode(&mut raw);
+    assert!(sim.engines[1].handle_message(0, &raw, &[1, 2, 3]).is_ok());
+    let mut frag = Header::new(PacketKind::Frag);
+    frag.offset = 50;
+    frag.encode(&mut raw);
+    assert!(sim.engines[1].handle_message(0, &raw, &[0; 10]).is_err());
+    // Out-of-order sequence ids.
+    let mut sim = Sim::new(2, one_sided_route);
+    eager.seq = 3;
+    eager.len = 1;
+    eager.encode(&mut raw);
+    assert!(sim.engines[1].handle_message(0, &raw, &[1]).is_err());
+}
+
+#[test]
+fn lost_peer_fails_its_requests_and_wildcards() {
+    let mut sim = Sim::new(3, one_sided_route);
+    let mut a = [0u8; 4];
+    let mut b = [0u8; 4];
+    let mut c = [0u8; 4];
+    let q1 = recv(&mut sim, 0, Source::Rank(1), TagMatch::Any, &mut a);
+    let q2 = recv(&mut sim, 0, Source::Rank(2), TagMatch::Any, &mut b);
+    let q3 = recv(&mut sim, 0, Source::Any, TagMatch::Any, &mut c);
+    sim.engines[0].handle_peer_lost(1, Error::PeerFinished { rank: 1 });
+    assert!(matches!(result(&mut sim, 0, q1), Err(Error::PeerFinished { rank: 1 })));
+    assert!(!sim.engines[0].is_done(q2) && !sim.engines[0].is_done(q3), "a finished peer leaves the others alone");
+    sim.engines[0].handle_peer_lost(2, Error::PeerLost { rank: 2, why: "killed".into() });
+    assert!(matches!(result(&mut sim, 0, q2), Err(Error::PeerLost { rank: 2, .. })));
+    assert!(matches!(result(&mut sim, 0, q3), Err(Error::PeerLost { rank: 2, .. })));
+    assert!(unsafe { sim.engines[0].post_send(2, 0, 0, Region { ptr: a.as_ptr(), len: 4 }) }.is_err());
+}
+
+// ---- property test against a reference model ---------------------------------------------
+
+#[derive(Clone, Debug)]
+enum Op {
+    Send { from: Rank, tag: u32, len: usize },
+    Recv { any_source: Option<Rank>, tag: Option<u32> },
+    Deliver(u8),
+    Settle,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let len = prop_oneof![0usize..200, 900usize..1200, 3000usize..5000, 8000usize..9000];
+    prop_oneof![
+        (0u32..2, 0u32..3, len).prop_map(|(from, tag, len)| Op::Send { from, tag, len }),
+        (prop::option::of(0u32..2), prop::option::of(0u32..3)).prop_map(|(s, t)| Op::Recv { any_source: s, tag: t }),
+        any::<u8>().prop_map(Op::Deliver),
+        Just(Op::Settle),
+    ]
+}
+
+/// MPI matching over the order in which messages actually reached the receiver.
+fn reference(arrivals: &[(Rank, u32, u32, usize)], recvs: &[(usize, Source, TagMatch)]) -> Vec<Option<(Rank, u32)>> {
+    // events: a receive posted after `k` arrivals is (k, receive index)
+    let mut posted: Vec<usize> = Vec::new();
+    let mut unexpected: Vec<(Rank, u32, u32)> = Vec::new();
+    let mut out = vec![None; recvs.len()];
+    let fits = |src: Source, tag: TagMatch, from: Rank, t: u32| {
+        (src == Source::Any || src == Source::Rank(from)) && tag.matches(t)
+    };
+    let mut ri = 0;
+    for k in 0..=arrivals.len() {
+        while ri < recvs.len() && recvs[ri].0 == k {
+            let (_, src, tag) = recvs[ri];
+            if let Some(i) = unexpected.iter().position(|&(f, t, _)| fits(src, tag, f, t)) {
+                let (f, _, seq) = unexpected.remove(i);
+                out[ri] = Some((f, seq));
+            } else {
+                posted.push(ri);
+            }
+            ri += 1;
+        }
+        if k < arrivals.len() {
+            let (from, tag, seq, _) = arrivals[k];
+            if let Some(i) = posted.iter().position(|&r| fits(recvs[r].1, recvs[r].2, from, tag)) {
+                out[posted.remove(i)] = Some((from, seq));
+            } else {
+                unexpected.push((from, tag, seq));
+            }
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: if cfg!(miri) { 4 } else { 200 }, ..ProptestConfig::default() })]
+
+    /// Senders 0 and 1 send to rank 2 (payload = seq and sender stamped in), rank 2 receives
+    /// with every mix of wildcards; what each receive got must be what MPI matching over the
+    /// actual arrival order gives.
+    #[test]
+    fn matches_reference_model(ops in prop::collection::vec(op(), 1..60), stream in any::<bool>()) {
+        let mut sim = Sim::new(3, if stream { stream_route } else { one_sided_route });
+        let mut send_bufs: Vec<Vec<u8>> = Vec::new();
+        let mut sends = Vec::new();
+        let mut seqs = [0u32; 2];
+        let mut recv_bufs: Vec<Box<[u8]>> = Vec::new();
+        let mut recvs = Vec::new(); // (arrivals so far, src, tag, id)
+        let mut meta = Vec::new(); // (from, tag, seq, len) by (from, seq)
+        for op in ops {
+            match op {
+                Op::Send { from, tag, len } => {
+                    let seq = seqs[from as usize];
+                    seqs[from as usize] += 1;
+                    let mut b = pattern(seq as u8 ^ (from as u8 * 128), len.max(8));
+                    b.truncate(len);
+                    if len >= 8 {
+                        b[..4].copy_from_slice(&from.to_le_bytes());
+                        b[4..8].copy_from_slice(&seq.to_le_bytes());
+                    }
+                    send_bufs.push(b);
+                    let b = send_bufs.last().unwrap();
+                    meta.push((from, tag, seq, len));
+                    sends.push((from, send(&mut sim, from, 2, tag, b)));
+                }
+                Op::Recv { any_source, tag } => {
+                    let src = any_source.map_or(Source::Any, Source::Rank);
+                    let tag = tag.map_or(TagMatch::Any, TagMatch::Tag);
+                    recv_bufs.push(vec![0u8; 9000].into_boxed_slice());
+                    let b = recv_bufs.last_mut().unwrap();
+                    let n = sim.delivered.iter().filter(|d| d.0 == 2).count();
+                    recvs.push((n, src, tag, recv(&mut sim, 2, src, tag, b)));
+                }
+                Op::Deliver(k) => {
+                    sim.run_actions();
+                    let to = (k % 3) as Rank;
+                    sim.deliver_one(to);
+                }
+                Op::Settle => sim.settle(),
+            }
+        }
+        sim.settle();
+        // Every send finishes once settled, unless its receive was never posted.
+        let arrivals: Vec<(Rank, u32, u32, usize)> = sim.delivered.iter().filter(|d| d.0 == 2).map(|&(_, from, seq)| {
+            let m = meta.iter().find(|m| m.0 == from && m.2 == seq).unwrap();
+            (from, m.1, seq, m.3)
+        }).collect();
+        let model = reference(&arrivals, &recvs.iter().map(|&(k, s, t, _)| (k, s, t)).collect::<Vec<_>>());
+        for (i, &(_, _, _, id)) in recvs.iter().enumerate() {
+            match model[i] {
+                None => prop_assert!(!sim.engines[2].is_done(id), "receive {} finished without a match in the model", i),
+                Some((from, seq)) => {
+                    let st = result(&mut sim, 2, id).unwrap();
+                    let m = meta.iter().find(|m| m.0 == from && m.2 == seq).unwrap();
+                    prop_assert_eq!(st, Status { source: from, tag: m.1, len: m.3 });
+                    if m.3 >= 8 {
+                        let b = &recv_bufs[i];
+                        prop_assert_eq!(&b[..4], &from.to_le_bytes());
+                        prop_assert_eq!(&b[4..8], &seq.to_le_bytes());
+                    }
+                }
+            }
+        }
+        for (from, id) in sends {
+            if sim.engines[from as usize].is_done(id) {
+                prop_assert!(result(&mut sim, from, id).is_ok());
+            }
+        }
+    }
+}

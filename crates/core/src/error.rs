@@ -1,0 +1,130 @@
+//! The one error type of polyrail.
+
+use std::fmt;
+
+/// A rank in the job, from 0 to `size - 1`.
+pub type Rank = u32;
+
+/// Everything that can go wrong in polyrail, with enough detail to name the fix.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A `POLYRAIL_*` variable (or a command-line value) is unknown or has a bad value.
+    #[error("{var}={value:?} is not accepted: {accepted}")]
+    Config {
+        /// The variable (or option) name.
+        var: String,
+        /// The value that was given.
+        value: String,
+        /// What would have been accepted.
+        accepted: String,
+    },
+    /// A message was longer than the receive buffer that matched it.
+    #[error("message truncated: {len} bytes from rank {from} (tag {tag}) do not fit the {capacity}-byte receive buffer")]
+    Truncated {
+        /// Sender of the message.
+        from: Rank,
+        /// Tag of the message.
+        tag: u32,
+        /// Length of the message.
+        len: usize,
+        /// Size of the receive buffer.
+        capacity: usize,
+    },
+    /// A peer exited, was killed or stopped answering.
+    #[error("rank {rank} was lost: {why}")]
+    PeerLost {
+        /// The lost peer.
+        rank: Rank,
+        /// What was observed.
+        why: String,
+    },
+    /// A peer finished normally (finalized and exited) while something still needed it.
+    #[error("rank {rank} has finished (finalized and exited); nothing more can come from it or go to it")]
+    PeerFinished {
+        /// The finished peer.
+        rank: Rank,
+    },
+    /// A peer sent bytes that break the protocol (corrupted slot, bad key, bad length).
+    #[error("protocol violation from rank {peer}: {what}")]
+    Protocol {
+        /// The peer whose bytes were rejected.
+        peer: Rank,
+        /// What was wrong.
+        what: String,
+    },
+    /// A transport failed to do what it advertised.
+    #[error("{kind} transport: {what}")]
+    Transport {
+        /// Short name of the transport (`shm`, `cma`, ...).
+        kind: &'static str,
+        /// What went wrong.
+        what: String,
+    },
+    /// Talking to the process manager (PMI) failed.
+    #[error("bootstrap: {0}")]
+    Bootstrap(String),
+    /// A rank is out of range or a request is unknown.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// No enabled transport can reach a peer.
+    #[error("no channel reaches rank {rank}: {why}")]
+    Unreachable {
+        /// The peer.
+        rank: Rank,
+        /// Why every transport declined.
+        why: String,
+    },
+    /// An operating-system call failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What polyrail was doing.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// Builds an [`Error::Io`] from the last OS error.
+    pub fn last_os(context: impl fmt::Display) -> Self {
+        Error::Io { context: context.to_string(), source: std::io::Error::last_os_error() }
+    }
+
+    /// Builds an [`Error::Io`] from an I/O error.
+    pub fn io(context: impl fmt::Display, source: std::io::Error) -> Self {
+        Error::Io { context: context.to_string(), source }
+    }
+
+    /// Builds an [`Error::Protocol`].
+    pub fn protocol(peer: Rank, what: impl fmt::Display) -> Self {
+        Error::Protocol { peer, what: what.to_string() }
+    }
+
+    /// Builds an [`Error::Config`].
+    pub fn config(var: impl Into<String>, value: impl Into<String>, accepted: impl Into<String>) -> Self {
+        Error::Config { var: var.into(), value: value.into(), accepted: accepted.into() }
+    }
+
+    /// A copy of this error, for reporting one failure to several requests.
+    ///
+    /// I/O errors keep their kind and message.
+    pub fn duplicate(&self) -> Self {
+        match self {
+            Error::Config { var, value, accepted } => Error::Config { var: var.clone(), value: value.clone(), accepted: accepted.clone() },
+            Error::Truncated { from, tag, len, capacity } => Error::Truncated { from: *from, tag: *tag, len: *len, capacity: *capacity },
+            Error::PeerLost { rank, why } => Error::PeerLost { rank: *rank, why: why.clone() },
+            Error::PeerFinished { rank } => Error::PeerFinished { rank: *rank },
+            Error::Protocol { peer, what } => Error::Protocol { peer: *peer, what: what.clone() },
+            Error::Transport { kind, what } => Error::Transport { kind, what: what.clone() },
+            Error::Bootstrap(s) => Error::Bootstrap(s.clone()),
+            Error::InvalidArgument(s) => Error::InvalidArgument(s.clone()),
+            Error::Unreachable { rank, why } => Error::Unreachable { rank: *rank, why: why.clone() },
+            Error::Io { context, source } => Error::Io { context: context.clone(), source: std::io::Error::new(source.kind(), source.to_string()) },
+        }
+    }
+}
+
+/// polyrail's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,31 @@
+//! polyrail-core: the channel-independent heart of polyrail.
+//!
+//! - [`Transport`]: the one trait every channel implements, with its attributes and cost model;
+//! - [`engine`]: the sans-IO protocol engine (tag matching, per-pair ordering, eager and
+//!   rendezvous state machines), driven by `handle_*` calls and read through `poll_*` calls;
+//! - [`policy`]: topology classes and per-peer route tables (size range -> channel, protocol);
+//! - [`bootstrap`]: PMI-1 / PMI-2 clients and the PMI server behind `polyrail run`;
+//! - [`Config`]: every `POLYRAIL_*` setting, parsed once.
+//!
+//! It contains no channel: those live in `polyrail-shm`, `polyrail-ib`, ...
+#![deny(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+pub mod bootstrap;
+pub mod config;
+pub mod engine;
+mod error;
+mod header;
+pub mod policy;
+mod size;
+mod transport;
+
+pub use config::Config;
+pub use error::{Error, Rank, Result};
+pub use header::{Header, PacketKind};
+pub use size::{format_size, parse_size};
+pub use transport::{
+    Address, Caps, Cost, Issued, OpId, PeerInfo, Reach, Region, RegionMut, RemoteKey, Sink, Transport, TransportAttr,
+    TransportKind,
+};

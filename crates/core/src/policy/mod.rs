@@ -1,0 +1,263 @@
+//! Where each message goes: topology classes and per-peer route tables.
+//!
+//! A [`PeerRoute`] maps message sizes to a protocol and a channel. It is built once per peer
+//! by [`build_route`] from the channels that reach the peer, their cost models
+//! ([`crate::TransportAttr`]), the pair's topology class and the `POLYRAIL_*` overrides, and
+//! every entry carries the reason it was chosen, for `polyrail info`.
+
+pub mod topology;
+
+use crate::config::Config;
+use crate::size::format_size;
+use crate::transport::{Caps, TransportAttr, TransportKind};
+use topology::TopoClass;
+
+/// Index of a channel (transport) in the process's channel list.
+pub type ChannelId = u8;
+
+/// How a message of some size travels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// Copied through the active-message channel (inline slots or send cells), fragmented to
+    /// the channel's limit; completes without the receiver.
+    Eager,
+    /// Rendezvous: the receiver reads the sender's buffer one-sided (single copy).
+    RndvGet,
+    /// Rendezvous where both processes copy: the receiver reads the front of the message, the
+    /// sender writes the back into the receive buffer.
+    RndvSplit,
+    /// Rendezvous with the data streamed through active messages once the receiver matched.
+    RndvStream,
+}
+
+impl Protocol {
+    /// Short name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Eager => "eager",
+            Protocol::RndvGet => "rndv-get",
+            Protocol::RndvSplit => "rndv-split",
+            Protocol::RndvStream => "rndv-stream",
+        }
+    }
+
+    /// Whether the data moves by one-sided copy on the entry's channel.
+    pub fn is_one_sided(self) -> bool {
+        matches!(self, Protocol::RndvGet | Protocol::RndvSplit)
+    }
+}
+
+/// One size range of a route: messages of at most `upto` bytes (and above the previous entry).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteEntry {
+    /// Largest message size of this range (inclusive).
+    pub upto: usize,
+    /// Protocol used.
+    pub protocol: Protocol,
+    /// Channel moving the data (the active-message channel for eager and stream).
+    pub channel: ChannelId,
+    /// Why, for `polyrail info`.
+    pub reason: String,
+}
+
+/// The route table to one peer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PeerRoute {
+    /// Channel carrying every active message (eager data and control) to the peer; one channel
+    /// per peer keeps the per-pair order of packets.
+    pub am: ChannelId,
+    /// Largest payload of one active message on `am`.
+    pub frag: usize,
+    /// Size ranges in increasing order; the last one ends at `usize::MAX`.
+    pub entries: Vec<RouteEntry>,
+}
+
+impl PeerRoute {
+    /// The entry for a message of `size` bytes.
+    #[inline]
+    pub fn lookup(&self, size: usize) -> &RouteEntry {
+        // The last entry ends at usize::MAX, so the search always finds one.
+        let i = self.entries.iter().position(|e| size <= e.upto).unwrap_or(self.entries.len() - 1);
+        &self.entries[i]
+    }
+
+    /// Smallest size sent by rendezvous, if any.
+    pub fn rndv_threshold(&self) -> Option<usize> {
+        let mut lo = 0;
+        for e in &self.entries {
+            if e.protocol != Protocol::Eager {
+                return Some(lo);
+            }
+            lo = e.upto.saturating_add(1);
+        }
+        None
+    }
+}
+
+/// A channel that can reach the peer, as the route builder sees it.
+#[derive(Clone, Debug)]
+pub struct Candidate<'a> {
+    /// Its index in the process's channel list.
+    pub id: ChannelId,
+    /// Its attributes and cost model.
+    pub attr: &'a TransportAttr,
+}
+
+/// Default shared-memory/single-copy switch point per class (Chai, Fig. 6.2): in a shared
+/// cache the two copies through shared memory stay cheap longer.
+fn class_default_threshold(class: TopoClass) -> usize {
+    match class {
+        TopoClass::SameCore | TopoClass::SharedL2 | TopoClass::SharedL3 => 32 << 10,
+        TopoClass::Socket => 2 << 10,
+        TopoClass::CrossSocket => 1 << 10,
+        TopoClass::SameProcess | TopoClass::Unknown | TopoClass::RemoteNode => 8 << 10,
+    }
+}
+
+/// Smallest size at which `rma` (one copy, plus two control messages on `am`) is modelled
+/// faster than two copies through `am`.
+fn model_crossover(am: &TransportAttr, rma: &TransportAttr) -> Option<usize> {
+    let eager = |s: usize| am.am_cost.time_ns(s) + s as f64 * 1e9 / am.am_cost.bandwidth;
+    let rndv = |s: usize| 2.0 * am.am_cost.time_ns(0) + rma.rma_cost.time_ns(s);
+    (6..=30).map(|p| 1usize << p).find(|&s| rndv(s) < eager(s))
+}
+
+/// Builds the route to one peer of class `class` from the channels that reach it.
+///
+/// `am` must have [`Caps::AM`]. Returns `None` when no channel can carry active messages.
+pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config) -> Option<PeerRoute> {
+    let am = candidates.iter().find(|c| c.attr.caps.contains(Caps::AM))?;
+    let frag = am.attr.max_eager.max(1);
+    let rma = candidates
+        .iter()
+        .find(|c| c.id != am.id && c.attr.caps.contains(Caps::GET))
+        .or_else(|| candidates.iter().find(|c| c.attr.caps.contains(Caps::GET)));
+    let mut entries = Vec::new();
+    let kind = |c: &Candidate<'_>| c.attr.kind;
+    match rma {
+        Some(rma) => {
+            let (threshold, why) = match cfg.cma_threshold.get(class) {
+                Some(t) if rma.attr.kind == TransportKind::Cma => (t, "POLYRAIL_CMA_THRESHOLD".to_string()),
+                _ => {
+                    let class_t = class_default_threshold(class);
+                    match model_crossover(am.attr, rma.attr) {
+                        Some(m) if m > class_t => {
+                            (m, format!("cost-model crossover of {} and {} (above the {class} default)", kind(am), kind(rma)))
+                        }
+                        _ => (class_t, format!("default for class {class} (Chai Fig. 6.2)")),
+                    }
+                }
+            };
+            let threshold = threshold.max(1);
+            entries.push(RouteEntry {
+                upto: threshold - 1,
+                protocol: Protocol::Eager,
+                channel: am.id,
+                reason: format!("below the single-copy threshold {} ({why})", format_size(threshold)),
+            });
+            let split = cfg.split_threshold.filter(|_| rma.attr.caps.contains(Caps::PUT));
+            match split {
+                Some(s) if s > threshold => {
+                    entries.push(RouteEntry {
+                        upto: s - 1,
+                        protocol: Protocol::RndvGet,
+                        channel: rma.id,
+                        reason: format!("receiver pulls with {} from {} ({why})", kind(rma), format_size(threshold)),
+                    });
+                    entries.push(RouteEntry {
+                        upto: usize::MAX,
+                        protocol: Protocol::RndvSplit,
+                        channel: rma.id,
+                        reason: format!(
+                            "both processes copy with {} from {} (POLYRAIL_SPLIT_THRESHOLD)",
+                            kind(rma),
+                            format_size(s)
+                        ),
+                    });
+                }
+                _ => entries.push(RouteEntry {
+                    upto: usize::MAX,
+                    protocol: if split.is_some() { Protocol::RndvSplit } else { Protocol::RndvGet },
+                    channel: rma.id,
+                    reason: format!("single copy with {} from {} ({why})", kind(rma), format_size(threshold)),
+                }),
+            }
+        }
+        None => {
+            let limit = cfg.eager_limit;
+            entries.push(RouteEntry {
+                upto: limit,
+                protocol: Protocol::Eager,
+                channel: am.id,
+                reason: format!("no single-copy channel; eager up to POLYRAIL_EAGER_LIMIT={}", format_size(limit)),
+            });
+            entries.push(RouteEntry {
+                upto: usize::MAX,
+                protocol: Protocol::RndvStream,
+                channel: am.id,
+                reason: format!("no single-copy channel; pipelined through {} after the receiver matched", kind(am)),
+            });
+        }
+    }
+    // Drop empty ranges (a threshold of 0 or 1).
+    let mut lo = 0usize;
+    entries.retain(|e| {
+        let keep = e.upto >= lo;
+        if keep {
+            lo = e.upto.saturating_add(1);
+        }
+        keep
+    });
+    Some(PeerRoute { am: am.id, frag, entries })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::Cost;
+
+    fn attr(kind: TransportKind, caps: Caps, max_eager: usize) -> TransportAttr {
+        let cost = Cost { latency_ns: 200.0, overhead_ns: 50.0, bandwidth: 5e9 };
+        let rma_cost = Cost { latency_ns: 1200.0, overhead_ns: 0.0, bandwidth: 10e9 };
+        TransportAttr { kind, max_inline: 16, max_eager, max_rma: usize::MAX, caps, am_cost: cost, rma_cost }
+    }
+
+    #[test]
+    fn shm_and_cma_use_class_thresholds_and_overrides() {
+        let shm = attr(TransportKind::Shm, Caps::AM, 16384);
+        let cma = attr(TransportKind::Cma, Caps::GET | Caps::PUT, 0);
+        let c = [Candidate { id: 1, attr: &shm }, Candidate { id: 2, attr: &cma }];
+        let r = build_route(TopoClass::SharedL3, &c, &Config::default()).unwrap();
+        assert_eq!(r.am, 1);
+        assert_eq!(r.lookup(100).protocol, Protocol::Eager);
+        assert_eq!(r.rndv_threshold(), Some(32 << 10));
+        assert_eq!(r.lookup(64 << 10).protocol, Protocol::RndvGet);
+        assert_eq!(r.lookup(64 << 10).channel, 2);
+        assert_eq!(r.lookup(4 << 20).protocol, Protocol::RndvSplit);
+        let r = build_route(TopoClass::CrossSocket, &c, &Config::default()).unwrap();
+        // The model crossover is above the 1k class default here.
+        assert!(r.rndv_threshold().unwrap() >= 1024);
+        let mut cfg = Config::default();
+        cfg.set("POLYRAIL_CMA_THRESHOLD", "shared-l3:4k").unwrap();
+        let r = build_route(TopoClass::SharedL3, &c, &cfg).unwrap();
+        assert_eq!(r.rndv_threshold(), Some(4096));
+        assert!(r.lookup(4096).reason.contains("POLYRAIL_CMA_THRESHOLD"));
+        cfg.set("POLYRAIL_SPLIT_THRESHOLD", "off").unwrap();
+        let r = build_route(TopoClass::SharedL3, &c, &cfg).unwrap();
+        assert_eq!(r.lookup(usize::MAX).protocol, Protocol::RndvGet);
+    }
+
+    #[test]
+    fn shm_only_streams_above_eager_limit() {
+        let shm = attr(TransportKind::Shm, Caps::AM, 16384);
+        let r = build_route(TopoClass::SharedL3, &[Candidate { id: 0, attr: &shm }], &Config::default()).unwrap();
+        assert_eq!(r.lookup(64 << 10).protocol, Protocol::Eager);
+        assert_eq!(r.lookup((64 << 10) + 1).protocol, Protocol::RndvStream);
+    }
+
+    #[test]
+    fn no_am_channel_no_route() {
+        let cma = attr(TransportKind::Cma, Caps::GET | Caps::PUT, 0);
+        assert!(build_route(TopoClass::SharedL3, &[Candidate { id: 0, attr: &cma }], &Config::default()).is_none());
+    }
+}

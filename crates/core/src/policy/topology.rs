@@ -1,0 +1,226 @@
+//! Where two ranks sit relative to each other, from the hardware topology (hwloc).
+
+use std::fmt;
+
+/// The closest level of the machine two ranks share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TopoClass {
+    /// The same process.
+    SameProcess,
+    /// Hardware threads of one core.
+    SameCore,
+    /// Different cores sharing an L2 cache.
+    SharedL2,
+    /// Different cores sharing an L3 cache.
+    SharedL3,
+    /// The same package or NUMA node, no shared cache.
+    Socket,
+    /// Different packages of one machine.
+    CrossSocket,
+    /// Not bound, or the topology could not tell.
+    Unknown,
+    /// Another node.
+    RemoteNode,
+}
+
+impl TopoClass {
+    /// Classes a user can name in `POLYRAIL_*_THRESHOLD` lists.
+    pub const NAMED: [TopoClass; 6] = [
+        Self::SameCore,
+        Self::SharedL2,
+        Self::SharedL3,
+        Self::Socket,
+        Self::CrossSocket,
+        Self::Unknown,
+    ];
+
+    /// The class's name in configuration and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SameProcess => "self",
+            Self::SameCore => "smt",
+            Self::SharedL2 => "shared-l2",
+            Self::SharedL3 => "shared-l3",
+            Self::Socket => "socket",
+            Self::CrossSocket => "cross-socket",
+            Self::Unknown => "unbound",
+            Self::RemoteNode => "remote",
+        }
+    }
+
+    /// The class named `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::NAMED.into_iter().find(|c| c.name() == name)
+    }
+
+    /// Whether the two ranks share a cache (where a copy through shared memory stays in cache).
+    pub fn shares_cache(self) -> bool {
+        matches!(self, Self::SameCore | Self::SharedL2 | Self::SharedL3)
+    }
+}
+
+impl fmt::Display for TopoClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The machine's topology as far as pair classification needs it: for every logical CPU, the
+/// ids of its core, L2, L3, package and NUMA node (`None` where hwloc reports no such object).
+#[derive(Clone, Debug, Default)]
+pub struct Topology {
+    cpus: Vec<CpuPlace>,
+    /// One line per level, for `polyrail info`.
+    pub summary: String,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct CpuPlace {
+    core: Option<usize>,
+    l2: Option<usize>,
+    l3: Option<usize>,
+    package: Option<usize>,
+    numa: Option<usize>,
+}
+
+impl Topology {
+    /// Reads the topology with hwloc. Never fails: without hwloc data every pair is `unbound`.
+    pub fn detect() -> Topology {
+        match detect_hwloc() {
+            Some(t) => t,
+            None => Topology { cpus: Vec::new(), summary: "hwloc gave no topology".into() },
+        }
+    }
+
+    /// A synthetic topology for tests: `places[cpu] = (core, l2, l3, package)`.
+    pub fn synthetic(places: &[(usize, usize, usize, usize)]) -> Topology {
+        let cpus = places
+            .iter()
+            .map(|&(core, l2, l3, package)| CpuPlace {
+                core: Some(core),
+                l2: Some(l2),
+                l3: Some(l3),
+                package: Some(package),
+                numa: Some(package),
+            })
+            .collect();
+        Topology { cpus, summary: format!("synthetic, {} cpus", places.len()) }
+    }
+
+    /// Number of logical CPUs known.
+    pub fn num_cpus(&self) -> usize {
+        self.cpus.len()
+    }
+
+    /// The closest shared level between two processes bound to `a` and `b` (CPU lists).
+    /// Two processes not bound to a single place each are classed by the farthest pair of
+    /// their CPUs; an empty list means "not bound" and gives [`TopoClass::Unknown`].
+    pub fn classify(&self, a: &[usize], b: &[usize]) -> TopoClass {
+        if a.is_empty() || b.is_empty() {
+            return TopoClass::Unknown;
+        }
+        let mut worst = TopoClass::SameCore;
+        for &x in a {
+            for &y in b {
+                let c = self.classify_cpus(x, y);
+                if c > worst {
+                    worst = c;
+                }
+            }
+        }
+        worst
+    }
+
+    fn classify_cpus(&self, x: usize, y: usize) -> TopoClass {
+        let (Some(p), Some(q)) = (self.cpus.get(x), self.cpus.get(y)) else {
+            return TopoClass::Unknown;
+        };
+        let same = |a: Option<usize>, b: Option<usize>| a.is_some() && a == b;
+        if same(p.core, q.core) {
+            TopoClass::SameCore
+        } else if same(p.l2, q.l2) {
+            TopoClass::SharedL2
+        } else if same(p.l3, q.l3) {
+            TopoClass::SharedL3
+        } else if same(p.package, q.package) || same(p.numa, q.numa) {
+            TopoClass::Socket
+        } else if p.package.is_some() && q.package.is_some() {
+            TopoClass::CrossSocket
+        } else {
+            TopoClass::Unknown
+        }
+    }
+}
+
+fn detect_hwloc() -> Option<Topology> {
+    use hwloc2::{ObjectType, Topology as Hw};
+    let topo = Hw::new()?;
+    let n = topo.objects_with_type(&ObjectType::PU).ok()?.len();
+    let mut cpus = vec![CpuPlace::default(); n];
+    let mut summary = Vec::new();
+    // NUMA nodes are not queried by type (hwloc2 2.2 panics on that, see ARCHITECTURE.md);
+    // the package (or machine) carries the locality this classification needs.
+    let levels: [(ObjectType, &str, fn(&mut CpuPlace) -> &mut Option<usize>); 4] = [
+        (ObjectType::Core, "cores", |p| &mut p.core),
+        (ObjectType::L2Cache, "L2", |p| &mut p.l2),
+        (ObjectType::L3Cache, "L3", |p| &mut p.l3),
+        (ObjectType::Package, "packages", |p| &mut p.package),
+    ];
+    for (ty, label, field) in levels {
+        let Ok(objs) = topo.objects_with_type(&ty) else { continue };
+        summary.push(format!("{} {label}", objs.len()));
+        for (i, obj) in objs.iter().enumerate() {
+            let Some(set) = obj.cpuset() else { continue };
+            for cpu in set {
+                if let Some(place) = cpus.get_mut(cpu as usize) {
+                    *field(place) = Some(i);
+                }
+            }
+        }
+    }
+    for p in &mut cpus {
+        p.numa = p.package;
+    }
+    Some(Topology { cpus, summary: format!("{n} cpus: {}", summary.join(", ")) })
+}
+
+/// The logical CPUs this process may run on (its binding).
+pub fn current_binding() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most its size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes() {
+        // 2 packages x 2 L3 each? No: package p has one L3; cores 0-3 in package 0 with L2 per
+        // pair of cpus (SMT siblings share a core and L2).
+        let t = Topology::synthetic(&[
+            (0, 0, 0, 0),
+            (0, 0, 0, 0),
+            (1, 1, 0, 0),
+            (2, 2, 1, 1),
+        ]);
+        assert_eq!(t.classify(&[0], &[1]), TopoClass::SameCore);
+        assert_eq!(t.classify(&[0], &[2]), TopoClass::SharedL3);
+        assert_eq!(t.classify(&[0], &[3]), TopoClass::CrossSocket);
+        assert_eq!(t.classify(&[0, 2], &[1]), TopoClass::SharedL3);
+        assert_eq!(t.classify(&[], &[1]), TopoClass::Unknown);
+        assert_eq!(t.classify(&[9], &[1]), TopoClass::Unknown);
+    }
+
+    #[test]
+    fn detects_this_machine() {
+        let t = Topology::detect();
+        assert!(t.num_cpus() >= 1, "{}", t.summary);
+    }
+}

@@ -1,0 +1,316 @@
+//! The one trait every channel implements, and the vocabulary around it.
+//!
+//! A transport is a mechanism: it says what it can do and what that costs ([`TransportAttr`]),
+//! moves bytes, and reports arrivals and completions through a [`Sink`]. It never matches tags
+//! and never chooses a protocol; the engine and the policy do that.
+
+use crate::error::{Error, Rank, Result};
+use crate::header::Header;
+use std::fmt;
+
+/// Stable short names of the channels, as used in `POLYRAIL_TRANSPORTS` and reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum TransportKind {
+    /// Messages to oneself, through process memory.
+    Loopback,
+    /// Shared-memory rings and send cells (`shm`).
+    Shm,
+    /// Kernel single copy with `process_vm_readv/writev` (`cma`).
+    Cma,
+    /// InfiniBand verbs issued by the process (`ib`).
+    Ib,
+    /// Staging through host memory over SCIF (`scif`).
+    Scif,
+    /// Passive proxy (`proxy-passive`).
+    ProxyPassive,
+    /// Active one-hop proxy (`proxy-1hop`).
+    Proxy1Hop,
+    /// Active two-hop proxy (`proxy-2hop`).
+    Proxy2Hop,
+}
+
+impl TransportKind {
+    /// Every kind, in the order reports list them.
+    pub const ALL: [TransportKind; 8] = [
+        Self::Loopback,
+        Self::Shm,
+        Self::Cma,
+        Self::Ib,
+        Self::Scif,
+        Self::ProxyPassive,
+        Self::Proxy1Hop,
+        Self::Proxy2Hop,
+    ];
+
+    /// The short name (`self`, `shm`, `cma`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Loopback => "self",
+            Self::Shm => "shm",
+            Self::Cma => "cma",
+            Self::Ib => "ib",
+            Self::Scif => "scif",
+            Self::ProxyPassive => "proxy-passive",
+            Self::Proxy1Hop => "proxy-1hop",
+            Self::Proxy2Hop => "proxy-2hop",
+        }
+    }
+
+    /// The kind with this short name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
+impl fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Capability flags of a transport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Caps(u32);
+
+impl Caps {
+    /// Active messages: `try_send` and arrivals through `progress`.
+    pub const AM: Caps = Caps(1);
+    /// One-sided read of a peer's exposed memory.
+    pub const GET: Caps = Caps(2);
+    /// One-sided write into a peer's exposed memory.
+    pub const PUT: Caps = Caps(4);
+    /// `get`/`put` finish before they return (no completion through `progress`).
+    pub const RMA_INLINE_COMPLETION: Caps = Caps(8);
+    /// Polling costs a system call: poll only when an arrival is expected.
+    pub const POLL_IS_SYSCALL: Caps = Caps(16);
+
+    /// No capability.
+    pub const fn empty() -> Caps {
+        Caps(0)
+    }
+
+    /// Whether all flags of `other` are set.
+    pub const fn contains(self, other: Caps) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl std::ops::BitOr for Caps {
+    type Output = Caps;
+    fn bitor(self, rhs: Caps) -> Caps {
+        Caps(self.0 | rhs.0)
+    }
+}
+
+/// A linear cost model: `time(size) = latency + overhead + size / bandwidth`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Cost {
+    /// Time for the first byte to reach the peer, in nanoseconds.
+    pub latency_ns: f64,
+    /// CPU time per operation on the issuing side, in nanoseconds.
+    pub overhead_ns: f64,
+    /// Sustained bandwidth in bytes per second.
+    pub bandwidth: f64,
+}
+
+impl Cost {
+    /// Modelled one-way time in nanoseconds for a message of `size` bytes.
+    pub fn time_ns(&self, size: usize) -> f64 {
+        self.latency_ns + self.overhead_ns + size as f64 * 1e9 / self.bandwidth
+    }
+}
+
+/// What a transport can do and what it costs (the `perf()` of the issues; UCX's `uct_iface_attr`).
+#[derive(Clone, Debug)]
+pub struct TransportAttr {
+    /// Which channel this is.
+    pub kind: TransportKind,
+    /// Payload bytes that travel inline with the header in the smallest unit (slot, packet).
+    pub max_inline: usize,
+    /// Largest payload a single `try_send` accepts (0 without [`Caps::AM`]).
+    pub max_eager: usize,
+    /// Largest `get`/`put` a single call accepts (0 without [`Caps::GET`]/[`Caps::PUT`]).
+    pub max_rma: usize,
+    /// Capability flags.
+    pub caps: Caps,
+    /// Cost of an active message.
+    pub am_cost: Cost,
+    /// Cost of a one-sided `get` or `put`.
+    pub rma_cost: Cost,
+}
+
+/// What the job knows of a peer when transports connect to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// The peer's rank.
+    pub rank: Rank,
+    /// The peer's process id.
+    pub pid: u32,
+    /// Identity of the peer's machine (host name and boot id).
+    pub host: String,
+    /// Virtual node of the peer within the job layout (equal to this rank's when on the same node).
+    pub node: u32,
+    /// Logical CPUs the peer is bound to.
+    pub cpus: Vec<usize>,
+}
+
+/// Whether a transport can carry traffic to a peer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reach {
+    /// Yes; the string says what was checked (shown by `polyrail info`).
+    Yes(String),
+    /// No, and why (shown by `polyrail info`).
+    No(String),
+}
+
+/// Bytes a transport publishes at bootstrap so that peers can reach it.
+pub type Address = Vec<u8>;
+
+/// Identifies a one-sided operation so its completion can be reported.
+pub type OpId = u64;
+
+/// A serialized description of exposed memory (pid + address, rkey, SCIF offset...).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct RemoteKey {
+    len: u8,
+    bytes: [u8; RemoteKey::MAX],
+}
+
+impl RemoteKey {
+    /// Largest key in bytes.
+    pub const MAX: usize = 40;
+
+    /// A key holding `bytes`; `None` when longer than [`RemoteKey::MAX`].
+    pub fn new(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() > Self::MAX {
+            return None;
+        }
+        let mut k = RemoteKey { len: bytes.len() as u8, bytes: [0; Self::MAX] };
+        k.bytes[..bytes.len()].copy_from_slice(bytes);
+        Some(k)
+    }
+
+    /// The key's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+}
+
+impl fmt::Debug for RemoteKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RemoteKey(")?;
+        for b in self.as_bytes() {
+            write!(f, "{b:02x}")?;
+        }
+        write!(f, ")")
+    }
+}
+
+/// Local memory handed to a transport for a one-sided operation.
+///
+/// Holds a raw pointer: whoever builds one promises the memory stays valid (and, for
+/// [`RegionMut`], unaliased) until the operation completes.
+#[derive(Clone, Copy, Debug)]
+pub struct Region {
+    /// Start of the memory.
+    pub ptr: *const u8,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+/// Writable local memory for a one-sided `get`; see [`Region`].
+#[derive(Clone, Copy, Debug)]
+pub struct RegionMut {
+    /// Start of the memory.
+    pub ptr: *mut u8,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+// SAFETY: a Region is a plain description of memory; the promise that the memory is valid comes
+// from whoever constructed it, not from the thread that holds it.
+unsafe impl Send for Region {}
+// SAFETY: as for Region.
+unsafe impl Send for RegionMut {}
+
+/// Outcome of a non-blocking operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Issued {
+    /// Finished: the buffer may be reused.
+    Done,
+    /// Started; completion comes through [`Sink::completed`].
+    Pending,
+    /// No resources now (ring full, no free cell); try again after `progress`.
+    WouldBlock,
+}
+
+/// How arrivals and completions come up from a transport.
+pub trait Sink {
+    /// A packet from `from`: its encoded engine header and its payload, borrowed from the
+    /// transport's buffer for the duration of the call.
+    fn message(&mut self, from: Rank, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]);
+    /// A `get` or `put` that returned [`Issued::Pending`] finished.
+    fn completed(&mut self, op: OpId, result: Result<()>);
+    /// The peer is gone (exited, killed, corrupt): every operation involving it must fail.
+    fn peer_lost(&mut self, peer: Rank, why: Error);
+}
+
+/// A channel. See the module documentation.
+///
+/// Implementations must not block, and must not allocate on `try_send` or `progress`.
+/// They may refuse any optional operation with [`Error::Transport`].
+pub trait Transport: Send {
+    /// What the transport can do and what it costs.
+    fn attr(&self) -> &TransportAttr;
+
+    /// Bytes published at bootstrap so peers can reach this process.
+    fn address(&self) -> Address;
+
+    /// Called once per peer after the addresses were exchanged (and before the bootstrap's
+    /// closing fence): attach, probe, or decline with a reason.
+    fn add_peer(&mut self, peer: &PeerInfo, address: &[u8]) -> Reach;
+
+    /// Called once every peer was added and every process passed a fence: release what only
+    /// had to live until peers attached (e.g. unlink shared-memory names).
+    fn connected(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Sends an active message: header bytes and payload (at most `attr().max_eager` bytes).
+    /// Returns [`Issued::Done`] (the payload was copied or sent) or [`Issued::WouldBlock`].
+    fn try_send(&mut self, peer: Rank, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) -> Result<Issued>;
+
+    /// Delivers up to `budget` arrivals and completions to `sink`; returns how many.
+    fn progress(&mut self, budget: usize, sink: &mut dyn Sink) -> Result<usize>;
+
+    /// Makes local memory accessible to peers' `get`/`put`; returns its key.
+    fn expose(&mut self, _region: Region) -> Result<RemoteKey> {
+        Err(Error::Transport { kind: self.attr().kind.name(), what: "cannot expose memory".into() })
+    }
+
+    /// Ends the exposure of memory exposed with `expose`.
+    fn unexpose(&mut self, _key: &RemoteKey) {}
+
+    /// Reads `into.len` bytes at `offset` of a peer's exposed memory.
+    fn get(&mut self, peer: Rank, _key: &RemoteKey, _offset: usize, _into: RegionMut, _op: OpId) -> Result<Issued> {
+        Err(Error::Transport { kind: self.attr().kind.name(), what: format!("cannot read memory of rank {peer}") })
+    }
+
+    /// Writes `from.len` bytes at `offset` of a peer's exposed memory.
+    fn put(&mut self, peer: Rank, _from: Region, _key: &RemoteKey, _offset: usize, _op: OpId) -> Result<Issued> {
+        Err(Error::Transport { kind: self.attr().kind.name(), what: format!("cannot write memory of rank {peer}") })
+    }
+
+    /// Checks that connected peers are alive; reports lost ones through `sink`. Called from
+    /// waits that made no progress for a while, never on the hot path.
+    fn check_peers(&mut self, _sink: &mut dyn Sink) {}
+
+    /// This process is finishing cleanly; peers may tell its exit from a crash.
+    fn finalize(&mut self) {}
+
+    /// One line about this transport's state for `polyrail info` (probe results, sizes).
+    fn describe(&self) -> String {
+        String::new()
+    }
+}

@@ -1,0 +1,1 @@
+//! Launcher (being written).

@@ -1,0 +1,2 @@
+//! polyrail facade (being written).
+pub mod launch;
