@@ -1,1 +1,482 @@
-//! Launcher (being written).
+//! `polyrail run`: starts the ranks of a job on this machine and serves them PMI.
+//!
+//! Each rank gets one end of a `socketpair` as `PMI_FD`, plus `PMI_RANK`, `PMI_SIZE` and
+//! `PMI_JOBID` (as Slurm sets it); the other end goes to a [`PmiServer`], which speaks PMI-1 and
+//! PMI-2. The job is named `pr<launcher pid>` (the PMI-1 kvsname and PMI-2 jobid). Output of the ranks goes straight
+//! to the launcher's stdout and stderr; only rank 0 reads stdin.
+//!
+//! When a rank dies abnormally (killed by a signal, nonzero exit, or exit without PMI finalize
+//! after having opened a PMI session), the launcher says so in one line, gives the other ranks
+//! [`LaunchOptions::grace`] to notice and exit on their own, then kills them. A PMI abort kills the
+//! other ranks at once. SIGINT or SIGTERM to the launcher is forwarded as SIGTERM, followed by
+//! SIGKILL after the grace period (a second signal kills at once). At the end, shared-memory
+//! segments the job left in `/dev/shm` are removed.
+
+use std::ffi::OsString;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use polyrail_core::bootstrap::server::{PmiServer, ServerEvent};
+use polyrail_core::{Error, Rank, Result};
+
+/// Where the ranks may run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Bind {
+    /// Rank `r` is bound to one CPU: the `r % n`-th of the `n` CPUs the launcher may use.
+    #[default]
+    Core,
+    /// Ranks inherit the launcher's CPU affinity.
+    None,
+}
+
+/// What to launch and how.
+#[derive(Clone, Debug)]
+pub struct LaunchOptions {
+    /// Number of ranks (at least 1).
+    pub ranks: u32,
+    /// The program every rank runs (looked up in `PATH` if it has no `/`).
+    pub program: OsString,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// CPU binding (default [`Bind::Core`]).
+    pub bind: Bind,
+    /// Variables added to the ranks' environment (which is otherwise the launcher's).
+    pub env: Vec<(OsString, OsString)>,
+    /// How long ranks may take to exit on their own once the job is stopping (default 2 s).
+    pub grace: Duration,
+}
+
+impl LaunchOptions {
+    /// `ranks` copies of `program` without arguments, with the default binding and grace.
+    pub fn new(ranks: u32, program: impl Into<OsString>) -> Self {
+        LaunchOptions {
+            ranks,
+            program: program.into(),
+            args: Vec::new(),
+            bind: Bind::Core,
+            env: Vec::new(),
+            grace: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Runs the job to completion and returns its exit code.
+///
+/// The code is the abort code if a rank aborted the job first; otherwise the worst rank's:
+/// 128 + signal for a rank killed by a signal (other than the launcher's own), else the largest
+/// exit code, an exit without PMI finalize counting as at least 1. A job stopped by SIGINT or
+/// SIGTERM returns at least 128 + that signal.
+pub fn launch(opts: &LaunchOptions) -> Result<i32> {
+    if opts.ranks == 0 {
+        return Err(Error::InvalidArgument("polyrail run needs at least one rank (-n 1 or more)".into()));
+    }
+    let job = job_name();
+    let _signals = SignalGuard::install();
+    let (server_ends, child_ends) = socket_pairs(opts.ranks)?;
+    let server = PmiServer::start(&job, server_ends)?;
+    let procs = spawn_all(opts, &job, &child_ends)?;
+    drop(child_ends);
+    let mut run = Run::new(opts, procs, server);
+    run.wait_all();
+    let code = run.exit_code();
+    run.server.stop();
+    remove_shm_segments(&job);
+    Ok(code)
+}
+
+/// `pr<pid>` for the first job of this process, `pr<pid>_<n>` for later ones.
+fn job_name() -> String {
+    static JOBS: AtomicU32 = AtomicU32::new(0);
+    match JOBS.fetch_add(1, Ordering::Relaxed) {
+        0 => format!("pr{}", std::process::id()),
+        n => format!("pr{}_{n}", std::process::id()),
+    }
+}
+
+fn socket_pairs(n: u32) -> Result<(Vec<UnixStream>, Vec<UnixStream>)> {
+    let mut server = Vec::with_capacity(n as usize);
+    let mut child = Vec::with_capacity(n as usize);
+    for r in 0..n {
+        let (s, c) = UnixStream::pair().map_err(|e| Error::io(format!("creating the PMI socket of rank {r}"), e))?;
+        server.push(s);
+        child.push(c);
+    }
+    Ok((server, child))
+}
+
+/// One running (or finished) rank.
+struct Proc {
+    child: Child,
+    status: Option<ExitStatus>,
+    initialized: bool,
+    finalized: bool,
+    aborted: bool,
+    /// The launcher sent it a signal: its death by signal is not its fault.
+    signalled_by_us: bool,
+    /// Its contribution to the job's exit code, once it has exited.
+    code: Option<i32>,
+}
+
+fn spawn_all(opts: &LaunchOptions, job: &str, child_ends: &[UnixStream]) -> Result<Vec<Proc>> {
+    let cpus = match opts.bind {
+        Bind::Core => allowed_cpus(),
+        Bind::None => Vec::new(),
+    };
+    let mut procs: Vec<Proc> = Vec::with_capacity(child_ends.len());
+    for (r, end) in child_ends.iter().enumerate() {
+        let cpu = (!cpus.is_empty()).then(|| cpus[r % cpus.len()]);
+        match spawn_rank(opts, job, r as Rank, end, cpu) {
+            Ok(child) => procs.push(Proc {
+                child,
+                status: None,
+                initialized: false,
+                finalized: false,
+                aborted: false,
+                signalled_by_us: false,
+                code: None,
+            }),
+            Err(e) => {
+                for p in &mut procs {
+                    let _ = p.child.kill();
+                    let _ = p.child.wait();
+                }
+                let prog = opts.program.to_string_lossy();
+                return Err(Error::io(format!("polyrail run: cannot start `{prog}` as rank {r}"), e));
+            }
+        }
+    }
+    Ok(procs)
+}
+
+fn spawn_rank(
+    opts: &LaunchOptions,
+    job: &str,
+    rank: Rank,
+    end: &UnixStream,
+    cpu: Option<usize>,
+) -> std::io::Result<Child> {
+    let fd = end.as_raw_fd();
+    let mut cmd = Command::new(&opts.program);
+    cmd.args(&opts.args);
+    for var in ["PMI_FD", "PMI_PORT", "PMI_RANK", "PMI_SIZE", "PMI_ID", "PMI_JOBID"] {
+        cmd.env_remove(var);
+    }
+    cmd.envs(opts.env.iter().map(|(k, v)| (k, v)));
+    cmd.env("PMI_FD", fd.to_string())
+        .env("PMI_RANK", rank.to_string())
+        .env("PMI_SIZE", opts.ranks.to_string())
+        .env("PMI_JOBID", job);
+    if rank != 0 {
+        cmd.stdin(Stdio::null());
+    }
+    let set = cpu.map(cpu_set_of);
+    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe system
+    // calls (fcntl, sched_setaffinity) on data prepared before the fork; it does not allocate.
+    unsafe { cmd.pre_exec(move || child_setup(fd, set.as_ref())) };
+    cmd.spawn()
+}
+
+/// In the child: lets the PMI socket survive exec, binds to the chosen CPU.
+fn child_setup(fd: i32, cpus: Option<&libc::cpu_set_t>) -> std::io::Result<()> {
+    // SAFETY: fcntl on an open descriptor (the parent keeps it open across the fork).
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+    // SAFETY: as above; clearing FD_CLOEXEC only changes this process's descriptor table.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if let Some(set) = cpus {
+        // SAFETY: `set` points to a valid cpu_set_t of the size passed.
+        if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// The CPUs this process may run on, in order (all online CPUs if the mask cannot be read).
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.
+    let ok = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } == 0;
+    if ok {
+        // SAFETY: CPU_ISSET reads the set in bounds (cpu < CPU_SETSIZE).
+        let cpus: Vec<usize> =
+            (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect();
+        if !cpus.is_empty() {
+            return cpus;
+        }
+    }
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    (0..online.max(1) as usize).collect()
+}
+
+fn cpu_set_of(cpu: usize) -> libc::cpu_set_t {
+    // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: CPU_SET writes in bounds: `cpu` comes from allowed_cpus (< CPU_SETSIZE).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    set
+}
+
+/// The launcher's view of a running job.
+struct Run<'a> {
+    opts: &'a LaunchOptions,
+    procs: Vec<Proc>,
+    server: PmiServer,
+    /// When surviving ranks get SIGKILL; set once the job is stopping.
+    kill_at: Option<Instant>,
+    killed: bool,
+    /// The abort code, if a rank aborted the job before anything else went wrong.
+    abort_code: Option<i32>,
+    /// Something went wrong already (later failures are consequences and are not announced).
+    failed: bool,
+    /// 128 + the signal that stopped the launcher.
+    signal_code: Option<i32>,
+}
+
+impl<'a> Run<'a> {
+    fn new(opts: &'a LaunchOptions, procs: Vec<Proc>, server: PmiServer) -> Self {
+        Run { opts, procs, server, kill_at: None, killed: false, abort_code: None, failed: false, signal_code: None }
+    }
+
+    fn running(&self) -> usize {
+        self.procs.iter().filter(|p| p.status.is_none()).count()
+    }
+
+    fn wait_all(&mut self) {
+        while self.running() > 0 {
+            let exited = self.reap();
+            while let Some(ev) = self.server.try_event() {
+                self.on_event(ev);
+            }
+            for r in exited {
+                self.on_exit(r);
+            }
+            self.check_signal();
+            if self.kill_at.is_some_and(|t| Instant::now() >= t) && !self.killed && self.running() > 0 {
+                self.kill_survivors();
+            }
+            if self.running() > 0 {
+                if let Some(ev) = self.server.next_event(Duration::from_millis(10)) {
+                    self.on_event(ev);
+                }
+            }
+        }
+    }
+
+    /// Collects the ranks that exited since the last call.
+    fn reap(&mut self) -> Vec<usize> {
+        let mut exited = Vec::new();
+        for (r, p) in self.procs.iter_mut().enumerate() {
+            if p.status.is_some() {
+                continue;
+            }
+            match p.child.try_wait() {
+                Ok(Some(st)) => p.status = Some(st),
+                Ok(None) => continue,
+                Err(e) => {
+                    eprintln!(
+                        "polyrail run: cannot wait for rank {r} (pid {}): {e}; counting it as failed",
+                        p.child.id()
+                    );
+                    p.status = Some(ExitStatus::from_raw(1 << 8));
+                }
+            }
+            exited.push(r);
+        }
+        exited
+    }
+
+    fn on_event(&mut self, ev: ServerEvent) {
+        match ev {
+            ServerEvent::Initialized(r) => self.procs[r as usize].initialized = true,
+            ServerEvent::Finalized(r) => self.procs[r as usize].finalized = true,
+            ServerEvent::Aborted { rank, code, message } => self.on_abort(rank as usize, code, &message),
+            // The rank's exit, which follows, is what counts.
+            ServerEvent::Lost { .. } => {}
+        }
+    }
+
+    fn on_abort(&mut self, r: usize, code: i32, message: &str) {
+        let pid = self.procs[r].child.id();
+        self.procs[r].aborted = true;
+        eprintln!("polyrail run: rank {r} (pid {pid}) aborted the job with code {code}: {message}");
+        if !self.failed {
+            self.failed = true;
+            self.abort_code = Some(code);
+        }
+        let others: Vec<usize> = (0..self.procs.len()).filter(|&o| o != r).collect();
+        self.signal(&others, libc::SIGKILL);
+        // The aborting rank exits by itself once the server closes its connection.
+        self.stop_after(self.opts.grace);
+    }
+
+    fn on_exit(&mut self, r: usize) {
+        let p = &self.procs[r];
+        let Some(st) = p.status else { return };
+        let (code, what) = match (st.signal(), st.code()) {
+            (Some(sig), _) => (128 + sig, format!("was killed by signal {sig} ({})", signal_name(sig))),
+            (None, Some(c)) if c != 0 => (c, format!("exited with code {c}")),
+            _ if p.initialized && !p.finalized && !p.aborted => (1, "exited without calling PMI finalize".to_owned()),
+            _ => (0, String::new()),
+        };
+        let ours = p.signalled_by_us && st.signal().is_some();
+        let aborted = p.aborted;
+        self.procs[r].code = if ours { None } else { Some(code) };
+        if code == 0 || ours || aborted {
+            return;
+        }
+        if !self.failed {
+            self.failed = true;
+            let others = self.running() > 0;
+            let tail = if others { "; stopping the job" } else { "" };
+            eprintln!("polyrail run: rank {r} (pid {}) {what}{tail}", self.procs[r].child.id());
+            self.stop_after(self.opts.grace);
+        }
+    }
+
+    fn check_signal(&mut self) {
+        let sig = RECEIVED.swap(0, Ordering::Relaxed);
+        if sig == 0 {
+            return;
+        }
+        let all: Vec<usize> = (0..self.procs.len()).collect();
+        if self.signal_code.is_some() {
+            eprintln!("polyrail run: received {} again; killing the job", signal_name(sig));
+            self.signal(&all, libc::SIGKILL);
+            self.killed = true;
+            return;
+        }
+        eprintln!("polyrail run: received {}; stopping the job", signal_name(sig));
+        self.signal_code = Some(128 + sig);
+        self.failed = true;
+        self.signal(&all, libc::SIGTERM);
+        self.stop_after(self.opts.grace);
+    }
+
+    /// Sets the SIGKILL deadline to `grace` from now unless an earlier one is set.
+    fn stop_after(&mut self, grace: Duration) {
+        let t = Instant::now() + grace;
+        self.kill_at = Some(self.kill_at.map_or(t, |old| old.min(t)));
+    }
+
+    fn kill_survivors(&mut self) {
+        let left: Vec<usize> = (0..self.procs.len()).filter(|&r| self.procs[r].status.is_none()).collect();
+        let names: Vec<String> = left.iter().map(|r| r.to_string()).collect();
+        eprintln!(
+            "polyrail run: rank(s) {} still running {:?} after the job started stopping; killing them",
+            names.join(", "),
+            self.opts.grace
+        );
+        self.signal(&left, libc::SIGKILL);
+        self.killed = true;
+    }
+
+    /// Sends `sig` to those of `ranks` that have not been reaped.
+    fn signal(&mut self, ranks: &[usize], sig: i32) {
+        for &r in ranks {
+            let p = &mut self.procs[r];
+            if p.status.is_some() {
+                continue;
+            }
+            p.signalled_by_us = true;
+            // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child,
+            // so it cannot have been reused.
+            unsafe { libc::kill(p.child.id() as libc::pid_t, sig) };
+        }
+    }
+
+    fn exit_code(&self) -> i32 {
+        let worst = self.procs.iter().filter_map(|p| p.code).max().unwrap_or(0);
+        let code = self.abort_code.unwrap_or(worst);
+        self.signal_code.map_or(code, |s| code.max(s))
+    }
+}
+
+/// `SIGKILL`, `SIGSEGV`... for the signals a job meets; `SIG<n>` otherwise.
+fn signal_name(sig: i32) -> String {
+    let name = match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGSYS => "SIGSYS",
+        _ => return format!("SIG{sig}"),
+    };
+    name.to_owned()
+}
+
+/// The last SIGINT or SIGTERM the launcher received (0: none since last looked at).
+static RECEIVED: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    RECEIVED.store(sig, Ordering::Relaxed);
+}
+
+/// SIGINT and SIGTERM handlers for the duration of a launch; the previous ones come back on drop.
+struct SignalGuard {
+    old: Vec<(i32, libc::sigaction)>,
+}
+
+impl SignalGuard {
+    fn install() -> SignalGuard {
+        let mut old = Vec::new();
+        for sig in [libc::SIGINT, libc::SIGTERM] {
+            // SAFETY: sigaction is plain data; all zeroes is a valid starting point.
+            let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+            act.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            act.sa_flags = libc::SA_RESTART;
+            // SAFETY: both structs are valid; the handler only stores to an atomic, which is
+            // async-signal-safe. Children get default dispositions back at exec.
+            let mut prev: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: see above.
+            if unsafe { libc::sigaction(sig, &act, &mut prev) } == 0 {
+                old.push((sig, prev));
+            }
+        }
+        SignalGuard { old }
+    }
+}
+
+impl Drop for SignalGuard {
+    fn drop(&mut self) {
+        for (sig, prev) in &self.old {
+            // SAFETY: `prev` is the disposition sigaction returned for `sig`.
+            unsafe { libc::sigaction(*sig, prev, std::ptr::null_mut()) };
+        }
+    }
+}
+
+/// Removes `/dev/shm/polyrail-*` segments of job `job` (named `polyrail-<uid>-<job>-<rank>`).
+fn remove_shm_segments(job: &str) {
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else { return };
+    let (inner, last) = (format!("-{job}-"), format!("-{job}"));
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("polyrail-") && (name.contains(&inner) || name.ends_with(&last)) {
+            if let Err(e) = std::fs::remove_file(entry.path()) {
+                eprintln!("polyrail run: cannot remove the leftover segment /dev/shm/{name}: {e}");
+            }
+        }
+    }
+}

@@ -1,2 +1,38 @@
-//! polyrail facade (being written).
+//! polyrail: messages between the processes of an HPC job, over the best channel per peer.
+//!
+//! ```no_run
+//! use polyrail::{Context, Source, TagMatch};
+//! let mut ctx = Context::init()?;
+//! if ctx.rank() == 0 {
+//!     ctx.send(1, 7, b"hello")?;
+//! } else if ctx.rank() == 1 {
+//!     let mut buf = [0u8; 16];
+//!     let st = ctx.recv(Source::Any, TagMatch::Tag(7), &mut buf)?;
+//!     assert_eq!(&buf[..st.len], b"hello");
+//! }
+//! # Ok::<(), polyrail::Error>(())
+//! ```
+//!
+//! Start the processes with `polyrail run -n 4 ./program` (or `mpiexec.hydra`, or Slurm's
+//! `srun --mpi=pmi2`); steer with `POLYRAIL_*` variables (see [`config::VARIABLES`]); see which
+//! channel carries what with `polyrail info`.
+#![deny(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+mod context;
+mod driver;
+mod job;
 pub mod launch;
+mod logging;
+
+pub use context::{Completion, Context, Request};
+pub use job::{ChannelReport, JobReport, PeerReport};
+pub use polyrail_core::engine::{Source, Status, TagMatch};
+pub use polyrail_core::policy::{topology::TopoClass, PeerRoute, Protocol, RouteEntry};
+pub use polyrail_core::{config, format_size, parse_size, Config, Error, Rank, Reach, Result, TransportKind};
+
+/// `MPI_ANY_SOURCE`: receive from any rank.
+pub const ANY_SOURCE: Source = Source::Any;
+/// `MPI_ANY_TAG`: receive any tag.
+pub const ANY_TAG: TagMatch = TagMatch::Any;

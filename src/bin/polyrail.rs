@@ -1,1 +1,158 @@
-fn main() {}
+//! The `polyrail` command: start jobs (`run`) and explain channel choices (`info`).
+
+use anyhow::{bail, Context as _};
+use clap::{Parser, Subcommand, ValueEnum};
+use polyrail::launch::{launch, Bind, LaunchOptions};
+use polyrail::{format_size, Context, JobReport, Reach};
+use std::ffi::OsString;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(name = "polyrail", version, about = "Start polyrail jobs and explain their channel choices")]
+#[command(after_help = variables_help())]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start N processes of PROGRAM as one job (serves PMI-1 and PMI-2 to them).
+    ///
+    /// Output of every rank is forwarded; the exit status is the worst rank's (128+signal for
+    /// a killed rank). When a rank dies, the others get a grace period to report it, then the
+    /// job is killed.
+    Run {
+        /// Number of processes.
+        #[arg(short = 'n', long = "np", default_value_t = 1)]
+        ranks: u32,
+        /// CPU binding of the ranks: one core each (round-robin) or none.
+        #[arg(long, value_enum, default_value_t = BindArg::Core)]
+        bind: BindArg,
+        /// Seconds the other ranks get to exit once one died.
+        #[arg(long, default_value_t = 2.0)]
+        grace: f64,
+        /// The program and its arguments.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<OsString>,
+    },
+    /// Show the topology, each channel with its probe result, and per peer the route table
+    /// (size range -> protocol and channel) with the reason for each entry.
+    ///
+    /// Started alone, it starts itself as a 2-process job so that the probes between two
+    /// processes are real; under a launcher, rank 0 reports.
+    Info {
+        /// Print the route table of every peer (default: also, this flag is kept for scripts).
+        #[arg(long)]
+        routes: bool,
+        /// Every rank prints its own view, in rank order.
+        #[arg(long)]
+        all: bool,
+        /// Processes to start when run alone.
+        #[arg(short = 'n', long = "np", default_value_t = 2)]
+        ranks: u32,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum BindArg {
+    Core,
+    None,
+}
+
+fn variables_help() -> String {
+    let mut s = String::from("Environment variables:\n");
+    for (name, what) in polyrail::config::VARIABLES {
+        s.push_str(&format!("  {name:<26} {what}\n"));
+    }
+    s
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("polyrail: {e:#}");
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+fn run(cli: Cli) -> anyhow::Result<i32> {
+    match cli.cmd {
+        Cmd::Run { ranks, bind, grace, command } => {
+            let (program, args) = command.split_first().context("no program to run")?;
+            if !(0.0..=3600.0).contains(&grace) {
+                bail!("--grace {grace} is not accepted: give seconds from 0 to 3600");
+            }
+            let mut opts = LaunchOptions::new(ranks, program.clone());
+            opts.args = args.to_vec();
+            opts.bind = match bind {
+                BindArg::Core => Bind::Core,
+                BindArg::None => Bind::None,
+            };
+            opts.grace = Duration::from_secs_f64(grace);
+            Ok(launch(&opts)?)
+        }
+        Cmd::Info { routes: _, all, ranks } => {
+            let under_launcher = std::env::var_os("PMI_FD").is_some() || std::env::var_os("PMI_PORT").is_some();
+            if !under_launcher && ranks > 1 {
+                let exe = std::env::current_exe().context("cannot find the polyrail executable")?;
+                let mut opts = LaunchOptions::new(ranks, exe);
+                opts.args = vec!["info".into(), "-n".into(), "1".into()];
+                if all {
+                    opts.args.push("--all".into());
+                }
+                return Ok(launch(&opts)?);
+            }
+            let mut ctx = Context::init()?;
+            for r in 0..ctx.size() {
+                if r == ctx.rank() && (all || r == 0) {
+                    print!("{}", format_report(&ctx));
+                }
+                if all {
+                    ctx.barrier()?;
+                }
+            }
+            ctx.finalize()?;
+            Ok(0)
+        }
+    }
+}
+
+fn format_report(ctx: &Context) -> String {
+    use std::fmt::Write;
+    let r: &JobReport = ctx.report();
+    let mut s = String::new();
+    let _ = writeln!(s, "polyrail {} - rank {} of {} (pid {})", env!("CARGO_PKG_VERSION"), ctx.rank(), ctx.size(), std::process::id());
+    let _ = writeln!(s, "topology: {}", r.topology);
+    let _ = writeln!(s, "binding:  cpus {:?}", r.binding);
+    let _ = writeln!(s, "channels:");
+    for c in &r.channels {
+        let _ = writeln!(s, "  {:<6} {:<10} {}", c.kind.name(), c.status, c.detail);
+    }
+    for p in &r.peers {
+        let _ = writeln!(s, "peer {} ({}):", p.rank, p.class);
+        for (kind, reach) in &p.reach {
+            match reach {
+                Reach::Yes(why) => { let _ = writeln!(s, "  {:<6} reaches: {why}", kind.name()); }
+                Reach::No(why) => { let _ = writeln!(s, "  {:<6} does not reach: {why}", kind.name()); }
+            }
+        }
+        match &p.route {
+            None => { let _ = writeln!(s, "  no route: no channel reaches this peer"); }
+            Some(route) => {
+                let mut lo = 0usize;
+                for e in &route.entries {
+                    let hi = if e.upto == usize::MAX { "max".to_string() } else { format_size(e.upto) };
+                    let ch = r.channel_kinds.get(e.channel as usize).map_or("?", |k| k.name());
+                    let _ = writeln!(s, "  {:>7} .. {:<7} {:<11} {:<5} {}", format_size(lo), hi, e.protocol.name(), ch, e.reason);
+                    lo = e.upto.saturating_add(1);
+                }
+            }
+        }
+    }
+    s
+}

@@ -1,1 +1,152 @@
-fn main() {}
+//! `polyrail-bench`: OSU-style measurements between the processes of a polyrail job.
+//!
+//! Started alone, it launches its own ranks (`polyrail::launch`, 2 by default, bound to one
+//! core each); under a launcher (`polyrail run`, `mpiexec.hydra`) it runs as one of the ranks.
+//! Rank 0 prints the OSU table (`# Size  Latency (us)` / `# Size  Bandwidth (MB/s)`).
+
+mod osu;
+
+use anyhow::{bail, Context as _};
+use clap::{Args, Parser, Subcommand};
+use polyrail::launch::{launch, LaunchOptions};
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "polyrail-bench", version, about = "OSU-style benchmarks of polyrail's channels")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// One-way latency by ping-pong (osu_latency): half the round trip, averaged.
+    Latency(Common),
+    /// Streaming bandwidth (osu_bw): windows of 64 non-blocking sends, one acknowledgement.
+    Bw(Common),
+    /// Latency and bandwidth of every channel (auto, shm, cma) in one table.
+    Compare {
+        /// Sizes to measure (comma-separated, with k/m suffixes).
+        #[arg(long, default_value = "8,64,512,4k,32k,256k,1m,4m")]
+        sizes: String,
+        /// Fewer iterations (for smoke tests).
+        #[arg(long)]
+        quick: bool,
+        /// Also write every point to this CSV file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
+}
+
+/// Options shared by the measurements.
+#[derive(Args, Clone, Debug)]
+pub struct Common {
+    /// Channel to force: `auto` (the policy decides), `shm` (rings and send cells only; large
+    /// messages pipelined through cells) or `cma` (single copy for every non-empty message).
+    #[arg(long, default_value = "auto")]
+    pub transport: String,
+    /// Sizes to measure (comma-separated, with k/m suffixes).
+    #[arg(long, default_value = "0,1,8,64,512,4k,16k,32k,64k,256k,1m,4m")]
+    pub sizes: String,
+    /// Ranks to start when run alone.
+    #[arg(short = 'n', long = "np", default_value_t = 2)]
+    pub ranks: u32,
+    /// Iteration count override (default: OSU's, by size).
+    #[arg(long)]
+    pub iters: Option<u32>,
+    /// Fewer iterations (for smoke tests).
+    #[arg(long)]
+    pub quick: bool,
+    /// Append every point to this CSV file (`bench,transport,size,value,unit`).
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+}
+
+fn main() {
+    let code = match run(Cli::parse()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("polyrail-bench: {e:#}");
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+fn under_launcher() -> bool {
+    std::env::var_os("PMI_FD").is_some() || std::env::var_os("PMI_PORT").is_some()
+}
+
+/// Environment that forces a channel choice.
+pub fn transport_env(transport: &str) -> anyhow::Result<Vec<(OsString, OsString)>> {
+    let pairs: &[(&str, &str)] = match transport {
+        "auto" => &[],
+        "shm" => &[("POLYRAIL_TRANSPORTS", "shm")],
+        "cma" => &[("POLYRAIL_CMA_THRESHOLD", "1")],
+        other => bail!("--transport {other} is not accepted: use auto, shm or cma"),
+    };
+    Ok(pairs.iter().map(|(k, v)| (k.into(), v.into())).collect())
+}
+
+/// Starts `args` of this executable as a job of `ranks` with the channel forced.
+fn relaunch(ranks: u32, transport: &str, args: Vec<OsString>) -> anyhow::Result<i32> {
+    let exe = std::env::current_exe().context("cannot find the polyrail-bench executable")?;
+    let mut opts = LaunchOptions::new(ranks, exe);
+    opts.args = args;
+    opts.env = transport_env(transport)?;
+    Ok(launch(&opts)?)
+}
+
+fn run(cli: Cli) -> anyhow::Result<i32> {
+    match cli.cmd {
+        Cmd::Latency(c) | Cmd::Bw(c) if !under_launcher() => {
+            transport_env(&c.transport)?;
+            osu::parse_sizes(&c.sizes)?;
+            let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+            relaunch(c.ranks, &c.transport, args)
+        }
+        Cmd::Latency(c) => osu::latency(&c).map(|_| 0),
+        Cmd::Bw(c) => osu::bandwidth(&c).map(|_| 0),
+        Cmd::Compare { sizes, quick, csv } => compare(&sizes, quick, csv),
+    }
+}
+
+/// Runs latency and bandwidth for every channel and prints one table.
+fn compare(sizes: &str, quick: bool, csv: Option<PathBuf>) -> anyhow::Result<i32> {
+    let list = osu::parse_sizes(sizes)?;
+    let tmp = std::env::temp_dir().join(format!("polyrail-compare-{}.csv", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    for bench in ["latency", "bw"] {
+        for transport in ["auto", "shm", "cma"] {
+            let mut args: Vec<OsString> = vec![bench.into(), "--transport".into(), transport.into()];
+            args.extend(["--sizes".into(), sizes.into(), "--csv".into(), tmp.clone().into_os_string()]);
+            if quick {
+                args.push("--quick".into());
+            }
+            let code = relaunch(2, transport, args)?;
+            if code != 0 {
+                bail!("{bench} over {transport} failed with status {code}");
+            }
+        }
+    }
+    let text = std::fs::read_to_string(&tmp).context("reading the measurements")?;
+    let rows = osu::read_csv(&text);
+    println!("# polyrail-bench compare: 2 ranks, one core each");
+    for (bench, unit) in [("latency", "one-way latency (us)"), ("bw", "bandwidth (MB/s)")] {
+        println!("\n# {unit}\n{:>8} {:>12} {:>12} {:>12}", "size", "auto", "shm", "cma");
+        for &size in &list {
+            let cell = |t: &str| {
+                rows.iter()
+                    .find(|r| r.bench == bench && r.transport == t && r.size == size)
+                    .map_or("-".to_string(), |r| format!("{:.2}", r.value))
+            };
+            println!("{:>8} {:>12} {:>12} {:>12}", polyrail::format_size(size), cell("auto"), cell("shm"), cell("cma"));
+        }
+    }
+    if let Some(path) = csv {
+        std::fs::copy(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+    }
+    let _ = std::fs::remove_file(&tmp);
+    Ok(0)
+}

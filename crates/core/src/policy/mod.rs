@@ -128,9 +128,10 @@ fn model_crossover(am: &TransportAttr, rma: &TransportAttr) -> Option<usize> {
 pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config) -> Option<PeerRoute> {
     let am = candidates.iter().find(|c| c.attr.caps.contains(Caps::AM))?;
     let frag = am.attr.max_eager.max(1);
-    let rma = candidates
-        .iter()
-        .find(|c| c.id != am.id && c.attr.caps.contains(Caps::GET))
+    // One-sided copies go on the active-message channel when it has them (loopback), else on
+    // the first channel that has them (cma beside shm).
+    let rma = Some(am)
+        .filter(|c| c.attr.caps.contains(Caps::GET))
         .or_else(|| candidates.iter().find(|c| c.attr.caps.contains(Caps::GET)));
     let mut entries = Vec::new();
     let kind = |c: &Candidate<'_>| c.attr.kind;

@@ -1,0 +1,155 @@
+//! The OSU methods (osu_latency, osu_bw) over a polyrail `Context`.
+
+use crate::Common;
+use anyhow::{bail, Context as _};
+use polyrail::{Context, Source, TagMatch};
+use std::io::Write;
+use std::time::Instant;
+
+/// Parses `8,4k,4m`.
+pub fn parse_sizes(s: &str) -> anyhow::Result<Vec<usize>> {
+    s.split(',')
+        .map(|x| polyrail::parse_size(x).with_context(|| format!("--sizes: {x:?} is not a size (use e.g. 8,4k,4m)")))
+        .collect()
+}
+
+/// One measured point.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub bench: String,
+    pub transport: String,
+    pub size: usize,
+    pub value: f64,
+}
+
+/// Reads rows written by [`append_csv`].
+pub fn read_csv(text: &str) -> Vec<Row> {
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            if f.len() < 4 || f[0] == "bench" {
+                return None;
+            }
+            Some(Row { bench: f[0].into(), transport: f[1].into(), size: f[2].parse().ok()?, value: f[3].parse().ok()? })
+        })
+        .collect()
+}
+
+fn append_csv(c: &Common, bench: &str, size: usize, value: f64, unit: &str) -> anyhow::Result<()> {
+    let Some(path) = &c.csv else { return Ok(()) };
+    let new = !path.exists();
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+    if new {
+        writeln!(f, "bench,transport,size,value,unit")?;
+    }
+    writeln!(f, "{bench},{},{size},{value},{unit}", c.transport)?;
+    Ok(())
+}
+
+/// OSU's iteration counts: (iterations, warm-up) by size.
+fn iterations(c: &Common, size: usize, small: (u32, u32), large: (u32, u32)) -> (u32, u32) {
+    let (mut n, mut w) = if size <= 8192 { small } else { large };
+    if let Some(i) = c.iters {
+        n = i;
+    }
+    if c.quick {
+        n = n.div_ceil(100).max(2);
+        w = w.div_ceil(100).max(1);
+    }
+    (n, w)
+}
+
+fn header(ctx: &Context, c: &Common, what: &str, unit: &str) {
+    if ctx.rank() == 0 {
+        println!("# polyrail-bench {what}: transport {}, {} ranks", c.transport, ctx.size());
+        println!("# Size {unit:>24}");
+    }
+}
+
+/// osu_latency between ranks 0 and 1 (other ranks wait at the barrier).
+pub fn latency(c: &Common) -> anyhow::Result<()> {
+    let sizes = parse_sizes(&c.sizes)?;
+    let mut ctx = Context::init()?;
+    if ctx.size() < 2 {
+        bail!("latency needs at least 2 ranks");
+    }
+    header(&ctx, c, "latency", "Latency (us)");
+    let max = sizes.iter().copied().max().unwrap_or(0);
+    let mut sbuf = vec![b'a'; max];
+    let mut rbuf = vec![0u8; max];
+    for &size in &sizes {
+        let (iters, warmup) = iterations(c, size, (10000, 1000), (1000, 100));
+        ctx.barrier()?;
+        let mut t0 = Instant::now();
+        match ctx.rank() {
+            0 => {
+                for i in 0..iters + warmup {
+                    if i == warmup {
+                        t0 = Instant::now();
+                    }
+                    ctx.send(1, 1, &sbuf[..size])?;
+                    ctx.recv(1, 1, &mut rbuf[..size])?;
+                }
+                let us = t0.elapsed().as_secs_f64() * 1e6 / (2.0 * iters as f64);
+                println!("{size:<10}{us:>20.2}");
+                append_csv(c, "latency", size, us, "us")?;
+            }
+            1 => {
+                for _ in 0..iters + warmup {
+                    ctx.recv(0, 1, &mut rbuf[..size])?;
+                    ctx.send(0, 1, &sbuf[..size])?;
+                }
+            }
+            _ => {}
+        }
+        sbuf[0] = sbuf[0].wrapping_add(1);
+    }
+    ctx.barrier()?;
+    ctx.finalize()?;
+    Ok(())
+}
+
+/// osu_bw between ranks 0 and 1: windows of 64 sends, one 4-byte acknowledgement.
+pub fn bandwidth(c: &Common) -> anyhow::Result<()> {
+    const WINDOW: usize = 64;
+    let sizes = parse_sizes(&c.sizes)?;
+    let mut ctx = Context::init()?;
+    if ctx.size() < 2 {
+        bail!("bw needs at least 2 ranks");
+    }
+    header(&ctx, c, "bw", "Bandwidth (MB/s)");
+    for &size in &sizes {
+        let (iters, warmup) = iterations(c, size, (100, 10), (20, 2));
+        let mut bufs: Vec<Vec<u8>> = (0..WINDOW).map(|_| vec![b'b'; size]).collect();
+        let mut ack = [0u8; 4];
+        ctx.barrier()?;
+        let mut t0 = Instant::now();
+        for i in 0..iters + warmup {
+            if i == warmup {
+                t0 = Instant::now();
+            }
+            match ctx.rank() {
+                0 => {
+                    let reqs = bufs.drain(..).map(|b| ctx.isend(1, 100, b)).collect::<polyrail::Result<Vec<_>>>()?;
+                    bufs = ctx.wait_all(reqs)?.into_iter().map(|c| c.buf).collect();
+                    ctx.recv(1, 101, &mut ack)?;
+                }
+                1 => {
+                    let reqs =
+                        bufs.drain(..).map(|b| ctx.irecv(Source::Rank(0), TagMatch::Tag(100), b)).collect::<polyrail::Result<Vec<_>>>()?;
+                    bufs = ctx.wait_all(reqs)?.into_iter().map(|c| c.buf).collect();
+                    ctx.send(0, 101, &ack)?;
+                }
+                _ => {}
+            }
+        }
+        if ctx.rank() == 0 {
+            let mbs = (size * WINDOW * iters as usize) as f64 / t0.elapsed().as_secs_f64() / 1e6;
+            println!("{size:<10}{mbs:>20.2}");
+            append_csv(c, "bw", size, mbs, "MB/s")?;
+        }
+    }
+    ctx.barrier()?;
+    ctx.finalize()?;
+    Ok(())
+}

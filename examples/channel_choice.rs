@@ -1,0 +1,39 @@
+//! Shows which channel carries each message size to rank 1, as chosen by the policy under the
+//! current `POLYRAIL_*` variables, then moves one message of each size to prove it.
+//!
+//! ```text
+//! polyrail run -n 2 target/release/examples/channel_choice
+//! POLYRAIL_TRANSPORTS=shm polyrail run -n 2 target/release/examples/channel_choice
+//! POLYRAIL_CMA_THRESHOLD=4k polyrail run -n 2 target/release/examples/channel_choice
+//! ```
+
+use polyrail::{format_size, Context};
+
+fn main() -> polyrail::Result<()> {
+    let mut ctx = Context::init()?;
+    if ctx.size() < 2 {
+        eprintln!("channel_choice needs 2 ranks");
+        std::process::exit(2);
+    }
+    let sizes = [8usize, 1024, 8 << 10, 64 << 10, 1 << 20, 4 << 20];
+    if ctx.rank() == 0 {
+        let report = ctx.report();
+        let route = report.peers[1].route.clone().expect("rank 1 is reachable");
+        println!("POLYRAIL_TRANSPORTS={}", std::env::var("POLYRAIL_TRANSPORTS").unwrap_or_else(|_| "(unset)".into()));
+        for &s in &sizes {
+            let e = route.lookup(s);
+            let ch = report.channel_kinds[e.channel as usize];
+            println!("{:>6}: {:<11} over {:<4} ({})", format_size(s), e.protocol.name(), ch.name(), e.reason);
+        }
+        for &s in &sizes {
+            ctx.send(1, 0, &vec![7u8; s])?;
+        }
+    } else if ctx.rank() == 1 {
+        for &s in &sizes {
+            let mut b = vec![0u8; s];
+            let st = ctx.recv(0, 0, &mut b)?;
+            assert!(st.len == s && b.iter().all(|&x| x == 7));
+        }
+    }
+    ctx.finalize()
+}

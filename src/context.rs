@@ -1,0 +1,268 @@
+//! The user-facing endpoint: `Context`.
+
+use crate::driver::Driver;
+use crate::job::{Job, JobReport};
+use polyrail_core::bootstrap::Bootstrap;
+use polyrail_core::engine::{ReqId, Source, Status, TagMatch};
+use polyrail_core::{Config, Error, Rank, Region, RegionMut, Result};
+
+/// Context id of user messages.
+const USER_CTX: u16 = 0;
+/// Context id of the barrier's messages.
+const BARRIER_CTX: u16 = 1;
+
+/// A non-blocking send or receive in flight. Finish it with [`Context::wait`] (which gives the
+/// buffer back) or poll it with [`Context::test`].
+///
+/// Dropping a `Request` detaches it: the transfer still completes, and its buffer is freed when
+/// the context ends. The buffer is owned by the context meanwhile, so it cannot be freed or
+/// reused under the transfer.
+#[derive(Debug)]
+#[must_use = "a request must be waited for to get its buffer and its result"]
+pub struct Request {
+    id: ReqId,
+}
+
+/// A finished non-blocking operation: its status and its buffer.
+#[derive(Debug)]
+pub struct Completion {
+    /// Source, tag and length of the message (for sends: this rank's view).
+    pub status: Status,
+    /// The buffer given to `isend`/`irecv`.
+    pub buf: Vec<u8>,
+}
+
+/// One process's endpoint in a job: its rank, the job size, and point-to-point messaging.
+///
+/// Created once per process with [`Context::init`]; dropped at the end of the program (which
+/// finishes outstanding sends and tells the process manager that this rank ends normally).
+pub struct Context {
+    driver: Driver,
+    bootstrap: Box<dyn Bootstrap>,
+    report: JobReport,
+    config: Config,
+    /// Buffers of non-blocking requests, by request index.
+    owned: Vec<Option<Vec<u8>>>,
+    finalized: bool,
+}
+
+impl Context {
+    /// Joins the job described by the environment: a PMI process manager (`polyrail run`,
+    /// `mpiexec.hydra`, `srun --mpi=pmi2`) or, without one, a job of size 1. Configuration
+    /// comes from the `POLYRAIL_*` variables.
+    pub fn init() -> Result<Context> {
+        Self::init_with(Config::from_env()?)
+    }
+
+    /// Like [`Context::init`] with an explicit configuration.
+    pub fn init_with(config: Config) -> Result<Context> {
+        crate::logging::init(config.log);
+        let Job { bootstrap, driver, report, config } = Job::start(config)?;
+        Ok(Context { driver, bootstrap, report, config, owned: Vec::new(), finalized: false })
+    }
+
+    /// This process's rank, from 0 to `size() - 1`.
+    pub fn rank(&self) -> Rank {
+        self.bootstrap.rank()
+    }
+
+    /// Number of processes in the job.
+    pub fn size(&self) -> u32 {
+        self.bootstrap.size()
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// What the job learned at start: topology, channels, and the route table to every peer.
+    pub fn report(&self) -> &JobReport {
+        &self.report
+    }
+
+    /// Sends `buf` to `to` with `tag`; returns when `buf` may be reused.
+    pub fn send(&mut self, to: Rank, tag: u32, buf: &[u8]) -> Result<()> {
+        // SAFETY: `buf` is borrowed until this function returns, and the request is waited for
+        // (or failed, which ends every use of the buffer) before that.
+        let id = unsafe { self.driver.engine.post_send(to, tag, USER_CTX, region(buf))? };
+        self.driver.drain();
+        self.driver.wait(id).map(|_| ())
+    }
+
+    /// Receives into `buf` a message from `from` (a rank or [`Source::Any`]) whose tag matches
+    /// `tag` (a tag or [`TagMatch::Any`]). A longer message is an [`Error::Truncated`].
+    pub fn recv(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>, buf: &mut [u8]) -> Result<Status> {
+        self.recv_in(USER_CTX, from.into(), tag.into(), buf)
+    }
+
+    fn recv_in(&mut self, ctx: u16, from: Source, tag: TagMatch, buf: &mut [u8]) -> Result<Status> {
+        // SAFETY: as in `send`; the request ends before `buf`'s borrow does.
+        let id = unsafe { self.driver.engine.post_recv(from, tag, ctx, region_mut(buf))? };
+        self.driver.drain();
+        self.driver.wait(id)
+    }
+
+    /// Starts sending `buf` (owned by the request until it finishes).
+    pub fn isend(&mut self, to: Rank, tag: u32, buf: Vec<u8>) -> Result<Request> {
+        // SAFETY: the Vec is stored in `self.owned` until the request's result is taken; its
+        // heap memory does not move when the Vec value moves.
+        let id = unsafe { self.driver.engine.post_send(to, tag, USER_CTX, region(&buf))? };
+        self.keep(id, buf);
+        self.driver.drain();
+        Ok(Request { id })
+    }
+
+    /// Starts receiving into `buf` (owned by the request until it finishes); the message may
+    /// be at most `buf.len()` bytes.
+    pub fn irecv(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>, mut buf: Vec<u8>) -> Result<Request> {
+        // SAFETY: as in `isend`.
+        let id = unsafe { self.driver.engine.post_recv(from.into(), tag.into(), USER_CTX, region_mut(&mut buf))? };
+        self.keep(id, buf);
+        self.driver.drain();
+        Ok(Request { id })
+    }
+
+    fn keep(&mut self, id: ReqId, buf: Vec<u8>) {
+        let i = req_index(id);
+        if self.owned.len() <= i {
+            self.owned.resize_with(i + 1, || None);
+        }
+        self.owned[i] = Some(buf);
+    }
+
+    fn take_buf(&mut self, id: ReqId) -> Vec<u8> {
+        self.owned.get_mut(req_index(id)).and_then(Option::take).unwrap_or_default()
+    }
+
+    /// Waits for a request; gives back its status and buffer.
+    pub fn wait(&mut self, req: Request) -> Result<Completion> {
+        let r = self.driver.wait(req.id);
+        let buf = self.take_buf(req.id);
+        r.map(|status| Completion { status, buf })
+    }
+
+    /// Makes progress once; whether `req` finished (then [`Context::wait`] returns at once).
+    pub fn test(&mut self, req: &Request) -> Result<bool> {
+        if !self.driver.engine.is_done(req.id) {
+            self.driver.progress()?;
+        }
+        Ok(self.driver.engine.is_done(req.id))
+    }
+
+    /// Waits for every request; the completions are in the order of `reqs`. If any failed, all
+    /// are still waited for and the first error is returned.
+    pub fn wait_all(&mut self, reqs: Vec<Request>) -> Result<Vec<Completion>> {
+        let ids: Vec<ReqId> = reqs.iter().map(|r| r.id).collect();
+        let waited = self.driver.wait_until(|e| ids.iter().all(|&id| e.is_done(id)));
+        let mut out = Vec::with_capacity(ids.len());
+        let mut first_err = waited.err();
+        for id in ids {
+            let buf = self.take_buf(id);
+            match self.driver.engine.take_result(id) {
+                Some(Ok(status)) => out.push(Completion { status, buf }),
+                Some(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                None => {
+                    first_err.get_or_insert_with(|| Error::InvalidArgument("request did not finish".into()));
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    /// Waits until a message matching `(from, tag)` can be received; returns its status
+    /// without receiving it.
+    pub fn probe(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Status> {
+        let (from, tag) = (from.into(), tag.into());
+        let mut found = None;
+        let check = |e: &polyrail_core::engine::Engine| e.probe(from, tag, USER_CTX);
+        self.driver.wait_until(|e| {
+            found = check(e);
+            found.is_some() || probe_hopeless(e, from)
+        })?;
+        found.ok_or_else(|| match from {
+            Source::Rank(r) => self.driver.engine.peer_error(r).unwrap_or(Error::PeerFinished { rank: r }),
+            Source::Any => Error::PeerLost { rank: Rank::MAX, why: "every peer is gone".into() },
+        })
+    }
+
+    /// Whether a message matching `(from, tag)` can be received now, and its status.
+    pub fn iprobe(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Option<Status>> {
+        let (from, tag) = (from.into(), tag.into());
+        if let Some(s) = self.driver.engine.probe(from, tag, USER_CTX) {
+            return Ok(Some(s));
+        }
+        self.driver.progress()?;
+        Ok(self.driver.engine.probe(from, tag, USER_CTX))
+    }
+
+    /// Waits until every rank called `barrier` (dissemination barrier over the channels).
+    pub fn barrier(&mut self) -> Result<()> {
+        let (me, n) = (self.rank(), self.size());
+        let mut dist = 1;
+        let mut round = 0;
+        while dist < n {
+            let to = (me + dist) % n;
+            let from = (me + n - dist) % n;
+            // SAFETY: an empty buffer; nothing can be read or written through it.
+            let s = unsafe { self.driver.engine.post_send(to, round, BARRIER_CTX, region(&[]))? };
+            self.driver.drain();
+            self.recv_in(BARRIER_CTX, Source::Rank(from), TagMatch::Tag(round), &mut [])?;
+            self.driver.wait(s)?;
+            dist *= 2;
+            round += 1;
+        }
+        Ok(())
+    }
+
+    /// Finishes: waits for outstanding requests, tells peers and the process manager that this
+    /// rank ends normally. Called by `drop`; call it to see its error.
+    pub fn finalize(mut self) -> Result<()> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        if self.finalized {
+            return Ok(());
+        }
+        self.finalized = true;
+        let drained = self.driver.wait_until(|e| e.running_requests() == 0);
+        for ch in &mut self.driver.channels {
+            ch.finalize();
+        }
+        let fin = self.bootstrap.finalize();
+        drained.and(fin)
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        if let Err(e) = self.finish() {
+            eprintln!("polyrail: rank {}: finalize: {e}", self.rank());
+        }
+    }
+}
+
+fn probe_hopeless(e: &polyrail_core::engine::Engine, from: Source) -> bool {
+    match from {
+        Source::Rank(r) => e.peer_error(r).is_some(),
+        Source::Any => (0..e.size()).filter(|&r| r != e.rank()).all(|r| e.peer_error(r).is_some()) && e.size() > 1,
+    }
+}
+
+fn req_index(id: ReqId) -> usize {
+    id.slot()
+}
+
+fn region(buf: &[u8]) -> Region {
+    Region { ptr: buf.as_ptr(), len: buf.len() }
+}
+
+fn region_mut(buf: &mut [u8]) -> RegionMut {
+    RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() }
+}

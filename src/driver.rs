@@ -1,0 +1,181 @@
+//! Drives the sans-IO engine: executes its actions on the channels, polls the channels, waits.
+
+use polyrail_core::engine::{Action, Engine, Payload, ReqId, Status};
+use polyrail_core::{Error, Header, Issued, Rank, Result, Transport};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// Idle polls before a waiting process starts yielding its core to others.
+const SPIN_BEFORE_YIELD: u32 = 2000;
+/// How often a waiting process checks that its peers are alive.
+const LIVENESS_PERIOD: Duration = Duration::from_millis(100);
+
+/// The engine, the channels, and the sends that could not leave yet.
+pub(crate) struct Driver {
+    pub engine: Engine,
+    pub channels: Vec<Box<dyn Transport>>,
+    /// Per peer: actions that would have blocked, in order (later sends queue behind them).
+    blocked: Vec<VecDeque<Action>>,
+    blocked_peers: usize,
+    last_liveness: Instant,
+}
+
+impl Driver {
+    pub fn new(engine: Engine, channels: Vec<Box<dyn Transport>>) -> Self {
+        let n = engine.size() as usize;
+        Driver {
+            engine,
+            channels,
+            blocked: (0..n).map(|_| VecDeque::new()).collect(),
+            blocked_peers: 0,
+            last_liveness: Instant::now(),
+        }
+    }
+
+    /// Executes every action the engine has.
+    #[inline]
+    pub fn drain(&mut self) {
+        while let Some(a) = self.engine.poll_action() {
+            self.execute(a);
+        }
+    }
+
+    fn execute(&mut self, a: Action) {
+        let peer = match &a {
+            Action::Send { to, .. } => *to,
+            Action::Get { peer, .. } | Action::Put { peer, .. } => *peer,
+            Action::Expose { channel, region, op } => {
+                let key = self.channels[*channel as usize].expose(*region);
+                return self.engine.handle_exposed(*op, key);
+            }
+            Action::Unexpose { channel, key } => return self.channels[*channel as usize].unexpose(key),
+        };
+        let q = &mut self.blocked[peer as usize];
+        if !q.is_empty() {
+            // Keep order: anything to a peer with blocked work queues behind it.
+            q.push_back(a);
+        } else if let Some(a) = self.attempt(a) {
+            self.blocked[peer as usize].push_back(a);
+            self.blocked_peers += 1;
+        }
+    }
+
+    /// Tries a send, get or put once; gives it back when the channel would block.
+    #[inline]
+    fn attempt(&mut self, a: Action) -> Option<Action> {
+        let (issued, op) = match &a {
+            Action::Send { channel, to, hdr, payload, op } => {
+                let mut raw = [0u8; Header::WIRE_LEN];
+                hdr.encode(&mut raw);
+                let bytes: &[u8] = match payload {
+                    Payload::Empty => &[],
+                    // SAFETY: the engine keeps the user buffer valid until handle_sent(op).
+                    Payload::User(r) => unsafe { std::slice::from_raw_parts(r.ptr, r.len) },
+                    Payload::Key(k) => k.as_bytes(),
+                };
+                match self.channels[*channel as usize].try_send(*to, &raw, bytes) {
+                    Ok(Issued::WouldBlock) => return Some(a),
+                    Ok(_) => {
+                        if let Some(op) = op {
+                            self.engine.handle_sent(*op);
+                        }
+                    }
+                    Err(e) => self.engine.handle_peer_lost(*to, e),
+                }
+                return None;
+            }
+            Action::Get { channel, peer, key, offset, into, op } => {
+                (self.channels[*channel as usize].get(*peer, key, *offset, *into, *op), *op)
+            }
+            Action::Put { channel, peer, from, key, offset, op } => {
+                (self.channels[*channel as usize].put(*peer, *from, key, *offset, *op), *op)
+            }
+            Action::Expose { .. } | Action::Unexpose { .. } => {
+                self.execute(a);
+                return None;
+            }
+        };
+        match issued {
+            Ok(Issued::Done) => self.engine.handle_completion(op, Ok(())),
+            Ok(Issued::Pending) => {}
+            Ok(Issued::WouldBlock) => return Some(a),
+            Err(e) => self.engine.handle_completion(op, Err(e)),
+        }
+        None
+    }
+
+    /// Retries blocked actions, oldest first, per peer.
+    fn retry_blocked(&mut self) {
+        for peer in 0..self.blocked.len() {
+            if self.blocked[peer].is_empty() {
+                continue;
+            }
+            if self.engine.peer_error(peer as Rank).is_some() {
+                self.blocked[peer].clear();
+            }
+            while let Some(a) = self.blocked[peer].pop_front() {
+                if let Some(a) = self.attempt(a) {
+                    self.blocked[peer].push_front(a);
+                    break;
+                }
+            }
+            if self.blocked[peer].is_empty() {
+                self.blocked_peers -= 1;
+            }
+        }
+    }
+
+    /// One round: poll every channel, run the actions that follow. Returns arrivals seen.
+    #[inline]
+    pub fn progress(&mut self) -> Result<usize> {
+        let mut n = 0;
+        for ch in &mut self.channels {
+            n += ch.progress(64, &mut self.engine)?;
+        }
+        if self.blocked_peers > 0 {
+            self.retry_blocked();
+        }
+        self.drain();
+        Ok(n)
+    }
+
+    /// Checks peers' liveness now.
+    pub fn check_peers(&mut self) {
+        self.last_liveness = Instant::now();
+        for ch in &mut self.channels {
+            ch.check_peers(&mut self.engine);
+        }
+        self.drain();
+    }
+
+    /// Progresses until `done()` holds, spinning, then yielding the core; checks liveness of
+    /// peers periodically so that a lost peer ends the wait with an error.
+    pub fn wait_until(&mut self, mut done: impl FnMut(&Engine) -> bool) -> Result<()> {
+        let mut idle = 0u32;
+        loop {
+            if done(&self.engine) {
+                return Ok(());
+            }
+            if self.progress()? > 0 {
+                idle = 0;
+                continue;
+            }
+            idle = idle.saturating_add(1);
+            if idle > SPIN_BEFORE_YIELD {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+            if idle % 256 == 0 && self.last_liveness.elapsed() >= LIVENESS_PERIOD {
+                self.check_peers();
+            }
+        }
+    }
+
+    /// Waits for one request and takes its result.
+    #[inline]
+    pub fn wait(&mut self, req: ReqId) -> Result<Status> {
+        self.wait_until(|e| e.is_done(req))?;
+        self.engine.take_result(req).unwrap_or_else(|| Err(Error::InvalidArgument("unknown request".into())))
+    }
+}

@@ -1,0 +1,202 @@
+//! Bringing a job up: bootstrap, channels, address exchange, routes.
+
+use crate::driver::Driver;
+use polyrail_core::bootstrap::{self, decode_hex, encode_hex, Bootstrap};
+use polyrail_core::engine::Engine;
+use polyrail_core::policy::topology::{current_binding, TopoClass, Topology};
+use polyrail_core::policy::{build_route, Candidate, PeerRoute};
+use polyrail_core::{Config, Error, PeerInfo, Rank, Reach, Result, Transport, TransportKind};
+use polyrail_shm::{CmaTransport, Loopback, ShmTransport};
+
+/// What `polyrail info` shows about one channel of this process.
+#[derive(Clone, Debug)]
+pub struct ChannelReport {
+    /// The channel.
+    pub kind: TransportKind,
+    /// Whether it is in use, and if not why (disabled by `POLYRAIL_TRANSPORTS`, failed to start).
+    pub status: String,
+    /// The transport's own description (sizes, probe results).
+    pub detail: String,
+}
+
+/// What `polyrail info` shows about one peer.
+#[derive(Clone, Debug)]
+pub struct PeerReport {
+    /// The peer.
+    pub rank: Rank,
+    /// Where it sits relative to this process.
+    pub class: TopoClass,
+    /// Per channel: can it reach the peer, and why.
+    pub reach: Vec<(TransportKind, Reach)>,
+    /// The route table (with channel names resolved), if any channel reaches the peer.
+    pub route: Option<PeerRoute>,
+}
+
+/// Everything the job learned while starting, for `polyrail info` and logs.
+#[derive(Clone, Debug)]
+pub struct JobReport {
+    /// Topology summary.
+    pub topology: String,
+    /// This process's CPU binding.
+    pub binding: Vec<usize>,
+    /// Channels.
+    pub channels: Vec<ChannelReport>,
+    /// Channel kinds by channel id (for reading routes).
+    pub channel_kinds: Vec<TransportKind>,
+    /// Peers (including this rank itself).
+    pub peers: Vec<PeerReport>,
+}
+
+/// A started job: bootstrap, driver and what was learned.
+pub(crate) struct Job {
+    pub bootstrap: Box<dyn Bootstrap>,
+    pub driver: Driver,
+    pub report: JobReport,
+    pub config: Config,
+}
+
+fn host_identity() -> String {
+    let mut name = [0u8; 256];
+    // SAFETY: gethostname writes at most name.len() bytes into the buffer.
+    let host = if unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0 {
+        let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+        String::from_utf8_lossy(&name[..end]).into_owned()
+    } else {
+        "unknown-host".into()
+    };
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    format!("{host}/{}", boot.trim())
+}
+
+fn info_value(info: &PeerInfo) -> String {
+    let cpus: Vec<String> = info.cpus.iter().map(|c| c.to_string()).collect();
+    format!("{}.{}.{}.{}", info.pid, info.node, encode_hex(info.host.as_bytes()), cpus.join("_"))
+}
+
+fn parse_info(rank: Rank, v: &str) -> Result<PeerInfo> {
+    let bad = || Error::Bootstrap(format!("rank {rank} published a malformed process description {v:?}"));
+    let mut it = v.splitn(4, '.');
+    let pid = it.next().and_then(|s| s.parse().ok()).ok_or_else(bad)?;
+    let node = it.next().and_then(|s| s.parse().ok()).ok_or_else(bad)?;
+    let host = it.next().and_then(decode_hex).and_then(|b| String::from_utf8(b).ok()).ok_or_else(bad)?;
+    let cpus = match it.next() {
+        Some("") | None => Vec::new(),
+        Some(s) => s.split('_').map(|c| c.parse().map_err(|_| bad())).collect::<Result<_>>()?,
+    };
+    Ok(PeerInfo { rank, pid, host, node, cpus })
+}
+
+/// Starts the channels allowed by `config`; reports the others.
+fn start_channels(
+    config: &Config,
+    job: &str,
+    rank: Rank,
+    size: u32,
+) -> (Vec<Box<dyn Transport>>, Vec<ChannelReport>) {
+    let mut channels: Vec<Box<dyn Transport>> = Vec::new();
+    let mut reports = Vec::new();
+    let mut start = |kind: TransportKind, make: &dyn Fn() -> Result<Box<dyn Transport>>| {
+        if !config.transports.allows(kind) {
+            reports.push(ChannelReport { kind, status: "disabled by POLYRAIL_TRANSPORTS".into(), detail: String::new() });
+            return;
+        }
+        match make() {
+            Ok(t) => {
+                reports.push(ChannelReport { kind, status: "enabled".into(), detail: t.describe() });
+                channels.push(t);
+            }
+            Err(e) => {
+                tracing::warn!("{kind} channel unavailable: {e}");
+                reports.push(ChannelReport { kind, status: format!("failed to start: {e}"), detail: String::new() });
+            }
+        }
+    };
+    start(TransportKind::Loopback, &|| Ok(Box::new(Loopback::new(rank))));
+    if size > 1 {
+        start(TransportKind::Shm, &|| Ok(Box::new(ShmTransport::new(config, job, rank, size)?)));
+        start(TransportKind::Cma, &|| Ok(Box::new(CmaTransport::new())));
+    }
+    (channels, reports)
+}
+
+impl Job {
+    /// Starts this process's part of the job.
+    pub fn start(config: Config) -> Result<Job> {
+        let mut boot = bootstrap::from_env(&config)?;
+        let (rank, size) = (boot.rank(), boot.size());
+        let job_id = boot.job_id().to_owned();
+        let topology = Topology::detect();
+        let binding = current_binding();
+        let me = PeerInfo { rank, pid: std::process::id(), host: host_identity(), node: 0, cpus: binding.clone() };
+        let (mut channels, mut channel_reports) = start_channels(&config, &job_id, rank, size);
+
+        // Publish who we are and every channel's address; one fence makes them visible.
+        boot.put(&format!("pi{rank}"), &info_value(&me))?;
+        for ch in &channels {
+            boot.put(&format!("pa{rank}.{}", ch.attr().kind), &encode_hex(&ch.address()))?;
+        }
+        boot.fence()?;
+
+        let mut peers = Vec::with_capacity(size as usize);
+        let mut engine = Engine::new(rank, size);
+        for r in 0..size {
+            let info = if r == rank { me.clone() } else { parse_info(r, &boot.get(&format!("pi{r}"))?)? };
+            let class = if r == rank {
+                TopoClass::SameProcess
+            } else if info.host != me.host || info.node != me.node {
+                TopoClass::RemoteNode
+            } else {
+                topology.classify(&me.cpus, &info.cpus)
+            };
+            let mut reach = Vec::new();
+            for ch in channels.iter_mut() {
+                let kind = ch.attr().kind;
+                let addr = if r == rank {
+                    ch.address()
+                } else {
+                    let v = boot.get(&format!("pa{r}.{kind}"))?;
+                    decode_hex(&v).ok_or_else(|| Error::Bootstrap(format!("rank {r} published a malformed {kind} address")))?
+                };
+                reach.push((kind, ch.add_peer(&info, &addr)));
+            }
+            let candidates: Vec<Candidate<'_>> = channels
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| matches!(reach[*i].1, Reach::Yes(_)))
+                .map(|(i, ch)| Candidate { id: i as u8, attr: ch.attr() })
+                .collect();
+            let route = build_route(class, &candidates, &config);
+            if r != rank {
+                for (kind, why) in &reach {
+                    if let Reach::No(why) = why {
+                        if *kind == TransportKind::Cma && config.transports.allows(TransportKind::Cma) {
+                            tracing::warn!(
+                                "rank {rank}: cma cannot reach rank {r} ({why}); large messages go through pipelined send cells"
+                            );
+                        } else {
+                            tracing::debug!("rank {rank}: {kind} cannot reach rank {r}: {why}");
+                        }
+                    }
+                }
+            }
+            match &route {
+                Some(rt) => engine.set_route(r, rt.clone()),
+                None => tracing::warn!("rank {rank}: no channel reaches rank {r}"),
+            }
+            peers.push(PeerReport { rank: r, class, reach, route });
+        }
+        // Every process attached to every segment: names can go.
+        boot.fence()?;
+        for ch in &mut channels {
+            ch.connected()?;
+        }
+        for c in &mut channel_reports {
+            if let Some(ch) = channels.iter().find(|ch| ch.attr().kind == c.kind) {
+                c.detail = ch.describe();
+            }
+        }
+        let channel_kinds = channels.iter().map(|c| c.attr().kind).collect();
+        let report = JobReport { topology: topology.summary.clone(), binding, channels: channel_reports, channel_kinds, peers };
+        Ok(Job { bootstrap: boot, driver: Driver::new(engine, channels), report, config })
+    }
+}

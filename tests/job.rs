@@ -1,0 +1,260 @@
+//! Whole jobs through the launcher: every scenario with 2, 4 and 8 ranks, over each channel
+//! forced and over the automatic choice.
+//!
+//! This test binary is its own rank program: started by `cargo test` it launches itself with
+//! `polyrail::launch`; started by the launcher (PMI in the environment) it runs the scenario
+//! named by its argument. Survivors of the fault scenarios write what they saw to files the
+//! parent checks.
+
+use polyrail::launch::{launch, LaunchOptions};
+use polyrail::{Context, Error, Source, TagMatch, ANY_SOURCE, ANY_TAG};
+use std::time::{Duration, Instant};
+
+/// Sizes across every threshold of the default routes (inline slots, cells, eager limit,
+/// single-copy and split thresholds), 0 B to 8 MiB.
+const SIZES: &[usize] = &[
+    0, 1, 7, 8, 15, 16, 17, 63, 64, 100, 1000, 1023, 1024, 1025, 4095, 4096, 4097, 16383, 16384, 16385, 32767, 32768,
+    32769, 65535, 65536, 65537, 262143, 262144, 262145, 1 << 20, (1 << 20) + 3, 8 << 20,
+];
+
+fn stamp(from: u32, i: u32, len: usize) -> Vec<u8> {
+    (0..len).map(|k| (k as u32).wrapping_mul(2654435761).wrapping_add(from * 977 + i * 131) as u8).collect()
+}
+
+fn sizes_scenario(ctx: &mut Context) -> polyrail::Result<()> {
+    let (me, n) = (ctx.rank(), ctx.size());
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    for (i, &len) in SIZES.iter().enumerate() {
+        let s = ctx.isend(next, i as u32, stamp(me, i as u32, len))?;
+        let mut buf = vec![0u8; len];
+        let st = ctx.recv(prev, i as u32, &mut buf)?;
+        assert_eq!((st.source, st.tag, st.len), (prev, i as u32, len));
+        assert!(buf == stamp(prev, i as u32, len), "rank {me}: corrupted {len}-byte message from {prev}");
+        ctx.wait(s)?;
+    }
+    Ok(())
+}
+
+/// Every rank sends hundreds of messages to rank 0 at once; rank 0 receives half by name and
+/// half by wildcard; per-sender order must hold.
+fn order_scenario(ctx: &mut Context) -> polyrail::Result<()> {
+    const COUNT: u32 = 200;
+    let len_of = |i: u32| [4usize, 200, 3000, 40000, 300000][i as usize % 5];
+    let (me, n) = (ctx.rank(), ctx.size());
+    if me != 0 {
+        let reqs: Vec<_> = (0..COUNT).map(|i| ctx.isend(0, i % 3, stamp(me, i, len_of(i)))).collect::<Result<_, _>>()?;
+        ctx.wait_all(reqs)?;
+    } else {
+        let mut named = Vec::new();
+        for p in 1..n {
+            for _ in 0..COUNT / 2 {
+                named.push((p, ctx.irecv(p, ANY_TAG, vec![0u8; 300000])?));
+            }
+        }
+        let mut wild = Vec::new();
+        for _ in 0..(n - 1) * COUNT / 2 {
+            wild.push(ctx.irecv(ANY_SOURCE, ANY_TAG, vec![0u8; 300000])?);
+        }
+        let mut next = vec![0u32; n as usize];
+        for (p, r) in named {
+            let c = ctx.wait(r)?;
+            let i = next[p as usize];
+            next[p as usize] += 1;
+            assert_eq!((c.status.source, c.status.tag, c.status.len), (p, i % 3, len_of(i)));
+            assert!(c.buf[..c.status.len] == stamp(p, i, len_of(i))[..], "message {i} of rank {p}");
+        }
+        for r in wild {
+            let c = ctx.wait(r)?;
+            let p = c.status.source;
+            let i = next[p as usize];
+            next[p as usize] += 1;
+            assert_eq!((c.status.tag, c.status.len), (i % 3, len_of(i)), "wildcard: message {i} of rank {p}");
+            assert!(c.buf[..c.status.len] == stamp(p, i, len_of(i))[..]);
+        }
+        assert!(next[1..].iter().all(|&k| k == COUNT));
+    }
+    Ok(())
+}
+
+/// ANY_SOURCE and ANY_TAG receives meet rendezvous and eager messages; probe and iprobe.
+fn wildcard_scenario(ctx: &mut Context) -> polyrail::Result<()> {
+    let (me, n) = (ctx.rank(), ctx.size());
+    const BIG: usize = 1 << 20;
+    if me != 0 {
+        ctx.send(0, 10 + me, &stamp(me, 1, BIG))?;
+        ctx.send(0, 20 + me, &stamp(me, 2, 10))?;
+        ctx.send(0, 30, &stamp(me, 3, 50000))?;
+    } else {
+        let mut seen = vec![0u32; n as usize];
+        for _ in 0..2 * (n - 1) {
+            let mut buf = vec![0u8; 2 * BIG];
+            let st = ctx.recv(Source::Any, TagMatch::Any, &mut buf)?;
+            let p = st.source;
+            let (tag, len, k) = if seen[p as usize] == 0 { (10 + p, BIG, 1) } else { (20 + p, 10, 2) };
+            seen[p as usize] += 1;
+            assert_eq!((st.tag, st.len), (tag, len));
+            assert!(buf[..len] == stamp(p, k, len)[..]);
+        }
+        for _ in 1..n {
+            let st = ctx.probe(ANY_SOURCE, 30)?;
+            assert_eq!(st.len, 50000);
+            let mut buf = vec![0u8; st.len];
+            let got = ctx.recv(st.source, 30, &mut buf)?;
+            assert_eq!(got, st);
+            assert!(buf == stamp(st.source, 3, 50000));
+        }
+        assert!(ctx.iprobe(ANY_SOURCE, ANY_TAG)?.is_none());
+    }
+    Ok(())
+}
+
+/// A message longer than its receive buffer is an error that names it; the pair still works.
+fn truncate_scenario(ctx: &mut Context) -> polyrail::Result<()> {
+    let me = ctx.rank();
+    if me == 1 {
+        for len in [100usize, 40000, 1 << 20] {
+            ctx.send(0, 5, &stamp(1, 0, len))?;
+        }
+        ctx.send(0, 6, b"still fine")?;
+    } else if me == 0 {
+        for len in [100usize, 40000, 1 << 20] {
+            let mut small = [0u8; 10];
+            match ctx.recv(1, 5, &mut small) {
+                Err(Error::Truncated { from: 1, tag: 5, len: l, capacity: 10 }) => assert_eq!(l, len),
+                other => panic!("expected truncation of {len} bytes, got {other:?}"),
+            }
+        }
+        let mut buf = [0u8; 10];
+        ctx.recv(1, 6, &mut buf)?;
+        assert_eq!(&buf, b"still fine");
+    }
+    Ok(())
+}
+
+/// Rank 1 dies (killed, or exits without finalizing); every other rank must get an error that
+/// names it within a second, and write how long it took to `JOBTEST_OUT.<rank>`.
+fn fault_scenario(ctx: &mut Context, how: &str) -> polyrail::Result<()> {
+    let me = ctx.rank();
+    ctx.barrier()?;
+    if me == 1 {
+        std::thread::sleep(Duration::from_millis(100));
+        match how {
+            "kill" => {
+                // SAFETY: raising a signal against ourselves has no memory-safety effect.
+                unsafe { libc::raise(libc::SIGKILL) };
+            }
+            _ => std::process::exit(0),
+        }
+    }
+    let t = Instant::now();
+    let mut buf = [0u8; 8];
+    let r = if me == 0 { ctx.recv(1, 0, &mut buf) } else { ctx.recv(ANY_SOURCE, 0, &mut buf) };
+    let ms = t.elapsed().as_millis();
+    let line = match r {
+        Err(e @ Error::PeerLost { rank: 1, .. }) => format!("lost-detected {ms} {e}"),
+        other => format!("unexpected {other:?}"),
+    };
+    let out = std::env::var("JOBTEST_OUT").expect("JOBTEST_OUT set");
+    std::fs::write(format!("{out}.{me}"), line).expect("write result");
+    std::process::exit(0);
+}
+
+/// While the job runs, no shared-memory name of it is left in /dev/shm.
+fn shm_names_scenario(ctx: &mut Context) -> polyrail::Result<()> {
+    ctx.barrier()?;
+    let leftovers: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    let job = std::env::var("JOBTEST_JOB").unwrap_or_default();
+    let mine: Vec<&String> = leftovers.iter().filter(|n| n.starts_with("polyrail-") && n.contains(&job)).collect();
+    assert!(mine.is_empty(), "segments still named in /dev/shm while the job runs: {mine:?}");
+    sizes_scenario(ctx)
+}
+
+fn rank_main(scenario: &str) {
+    let mut ctx = Context::init().expect("init");
+    let r = match scenario {
+        "sizes" => sizes_scenario(&mut ctx),
+        "order" => order_scenario(&mut ctx),
+        "wildcard" => wildcard_scenario(&mut ctx),
+        "truncate" => truncate_scenario(&mut ctx),
+        "kill" | "exit" => fault_scenario(&mut ctx, scenario),
+        "shm-names" => shm_names_scenario(&mut ctx),
+        other => panic!("unknown scenario {other}"),
+    };
+    if let Err(e) = r {
+        eprintln!("rank {}: scenario {scenario} failed: {e}", ctx.rank());
+        std::process::exit(1);
+    }
+    ctx.barrier().expect("final barrier");
+    ctx.finalize().expect("finalize");
+}
+
+fn job(ranks: u32, scenario: &str, env: &[(&str, &str)]) -> i32 {
+    let exe = std::env::current_exe().expect("test executable");
+    let mut opts = LaunchOptions::new(ranks, exe);
+    opts.args = vec![scenario.into()];
+    opts.env = env.iter().map(|(k, v)| (k.into(), v.into())).collect();
+    launch(&opts).expect("launch")
+}
+
+const CHANNELS: &[(&str, &[(&str, &str)])] = &[
+    ("auto", &[]),
+    ("shm", &[("POLYRAIL_TRANSPORTS", "shm")]),
+    ("cma", &[("POLYRAIL_CMA_THRESHOLD", "1")]),
+    ("cma-nosplit", &[("POLYRAIL_CMA_THRESHOLD", "1"), ("POLYRAIL_SPLIT_THRESHOLD", "off")]),
+];
+
+fn main() {
+    if std::env::var_os("PMI_FD").is_some() {
+        let scenario = std::env::args().nth(1).unwrap_or_default();
+        rank_main(&scenario);
+        return;
+    }
+    // Under `cargo test`, arguments are test filters: nothing to filter in this binary.
+    let mut failures = Vec::new();
+    let mut check = |what: String, ok: bool| {
+        println!("{} {what}", if ok { "ok  " } else { "FAIL" });
+        if !ok {
+            failures.push(what);
+        }
+    };
+    for &ranks in &[2u32, 4, 8] {
+        for (name, env) in CHANNELS {
+            for scenario in ["sizes", "order", "wildcard", "truncate"] {
+                if ranks == 8 && scenario == "order" && *name != "auto" {
+                    continue; // the 8-rank order run over each forced channel adds little time-wise value
+                }
+                let t = Instant::now();
+                let code = job(ranks, scenario, env);
+                check(format!("{scenario} -n {ranks} over {name} ({:.1} s)", t.elapsed().as_secs_f64()), code == 0);
+            }
+        }
+    }
+    for &ranks in &[2u32, 4] {
+        for how in ["kill", "exit"] {
+            let out = std::env::temp_dir().join(format!("polyrail-jobtest-{}-{how}-{ranks}", std::process::id()));
+            let out_s = out.to_string_lossy().into_owned();
+            let code = job(ranks, how, &[("JOBTEST_OUT", &out_s)]);
+            check(format!("{how} -n {ranks}: job status {code} is a failure"), code != 0);
+            for r in (0..ranks).filter(|&r| r != 1) {
+                let f = format!("{out_s}.{r}");
+                let seen = std::fs::read_to_string(&f).unwrap_or_else(|_| "no report".into());
+                let _ = std::fs::remove_file(&f);
+                let ms: Option<u64> = seen.strip_prefix("lost-detected ").and_then(|s| s.split(' ').next()?.parse().ok());
+                check(format!("{how} -n {ranks}: rank {r} saw `{seen}`"), ms.is_some_and(|ms| ms < 1000));
+            }
+        }
+    }
+    let job_tag = format!("pr{}", std::process::id());
+    let code = job(2, "shm-names", &[("JOBTEST_JOB", "")]);
+    check(format!("shm-names -n 2 ({job_tag})"), code == 0);
+    let left: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    check(format!("no polyrail segment left in /dev/shm: {left:?}"), !left.iter().any(|n| n.starts_with("polyrail-")));
+    if !failures.is_empty() {
+        eprintln!("{} job test(s) failed: {failures:#?}", failures.len());
+        std::process::exit(1);
+    }
+}

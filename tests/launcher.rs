@@ -1,0 +1,210 @@
+//! `polyrail::launch::launch` with the `pmi_probe` example of polyrail-core, and with shell
+//! one-liners for exit codes, environment, binding and cleanup.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use polyrail::launch::{launch, Bind, LaunchOptions};
+
+/// Builds (if needed) and locates `target/<profile>/examples/pmi_probe`.
+fn probe() -> &'static Path {
+    static PROBE: OnceLock<PathBuf> = OnceLock::new();
+    PROBE.get_or_init(|| {
+        let exe = std::env::current_exe().expect("path of the test executable");
+        // target/<profile>/deps/launcher-<hash>
+        let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile> directory").to_path_buf();
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "--quiet", "-p", "polyrail-core", "--example", "pmi_probe"]);
+        match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => {}
+            Some("release") => {
+                cmd.arg("--release");
+            }
+            Some(other) => {
+                cmd.args(["--profile", other]);
+            }
+        }
+        let status = cmd.current_dir(env!("CARGO_MANIFEST_DIR")).status().expect("running cargo build");
+        assert!(status.success(), "cargo build of the pmi_probe example failed");
+        let path = profile_dir.join("examples").join("pmi_probe");
+        assert!(path.exists(), "{} was not built", path.display());
+        path
+    })
+}
+
+fn opts(ranks: u32, program: impl Into<OsString>, args: &[&str]) -> LaunchOptions {
+    let mut o = LaunchOptions::new(ranks, program);
+    o.args = args.iter().map(OsString::from).collect();
+    o
+}
+
+fn probe_opts(ranks: u32, pmi: &str, args: &[&str]) -> LaunchOptions {
+    let mut o = opts(ranks, probe(), args);
+    o.env.push(("POLYRAIL_PMI".into(), pmi.into()));
+    o
+}
+
+fn sh(ranks: u32, script: &str) -> LaunchOptions {
+    opts(ranks, "sh", &["-c", script])
+}
+
+/// Runs the job; returns its code and how long it took.
+fn run(o: &LaunchOptions) -> (i32, Duration) {
+    let t = Instant::now();
+    let code = launch(o).expect("launch");
+    (code, t.elapsed())
+}
+
+#[test]
+fn probe_succeeds_with_pmi1_and_pmi2() {
+    for pmi in ["1", "2"] {
+        for ranks in [1, 2, 4, 8] {
+            let (code, _) = run(&probe_opts(ranks, pmi, &[]));
+            assert_eq!(code, 0, "PMI-{pmi}, {ranks} ranks");
+        }
+    }
+}
+
+#[test]
+fn a_rank_exiting_without_finalize_stops_the_job_fast() {
+    for pmi in ["1", "2"] {
+        let (code, took) = run(&probe_opts(4, pmi, &["die"]));
+        // Rank 1 exits 3; the others fail their fence and exit 1: the worst is 3.
+        assert_eq!(code, 3, "PMI-{pmi}");
+        assert!(took < Duration::from_secs(5), "PMI-{pmi}: took {took:?}");
+    }
+}
+
+#[test]
+fn a_killed_rank_gives_128_plus_the_signal() {
+    for pmi in ["1", "2"] {
+        let (code, took) = run(&probe_opts(4, pmi, &["kill"]));
+        assert_eq!(code, 128 + 9, "PMI-{pmi}");
+        assert!(took < Duration::from_secs(5), "PMI-{pmi}: took {took:?}");
+    }
+}
+
+#[test]
+fn an_abort_gives_the_abort_code() {
+    for pmi in ["1", "2"] {
+        let (code, took) = run(&probe_opts(3, pmi, &["abort"]));
+        assert_eq!(code, 4, "PMI-{pmi}");
+        assert!(took < Duration::from_secs(5), "PMI-{pmi}: took {took:?}");
+    }
+}
+
+#[test]
+fn exit_codes_propagate() {
+    // Programs that never open a PMI session: exit 0 is a success.
+    assert_eq!(run(&sh(3, "exit 0")).0, 0);
+    assert_eq!(run(&sh(4, "exit $PMI_RANK")).0, 3);
+    assert_eq!(run(&sh(2, "exit 7")).0, 7);
+    assert_eq!(run(&sh(2, r#"[ "$PMI_RANK" = 1 ] && kill -SEGV $$; exit 0"#)).0, 128 + 11);
+}
+
+#[test]
+fn survivors_are_killed_after_the_grace_period() {
+    let mut o = sh(3, r#"[ "$PMI_RANK" = 0 ] && exit 5; exec sleep 30"#);
+    o.grace = Duration::from_millis(300);
+    let (code, took) = run(&o);
+    // The sleepers were killed by the launcher: their SIGKILL does not hide the cause.
+    assert_eq!(code, 5);
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+}
+
+#[test]
+fn ranks_get_the_pmi_environment() {
+    let script = r#"[ "$PMI_SIZE" = 3 ] && [ -n "$PMI_FD" ] && [ -e /proc/self/fd/$PMI_FD ] && [ -n "$PMI_JOBID" ] \
+        && [ "$EXTRA" = yes ] && [ "$PMI_RANK" -lt 3 ]"#;
+    let mut o = sh(3, script);
+    o.env.push(("EXTRA".into(), "yes".into()));
+    assert_eq!(run(&o).0, 0);
+}
+
+fn allowed_cpus(status: &str) -> String {
+    status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap_or("").trim().to_owned()
+}
+
+#[test]
+fn binding_puts_each_rank_on_one_cpu() {
+    let dir = std::env::temp_dir().join(format!("polyrail-bind-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = format!("cat /proc/self/status > {}/status.$PMI_RANK", dir.display());
+    let mine = allowed_cpus(&std::fs::read_to_string("/proc/self/status").unwrap());
+    for bind in [Bind::Core, Bind::None] {
+        let mut o = sh(2, &script);
+        o.bind = bind;
+        assert_eq!(run(&o).0, 0);
+        for r in 0..2 {
+            let cpus = allowed_cpus(&std::fs::read_to_string(dir.join(format!("status.{r}"))).unwrap());
+            match bind {
+                Bind::Core => assert!(cpus.parse::<usize>().is_ok(), "rank {r} bound to {cpus:?}"),
+                Bind::None => assert_eq!(cpus, mine, "rank {r}"),
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn leftover_shared_memory_segments_are_removed() {
+    let dir = std::env::temp_dir().join(format!("polyrail-shm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let script =
+        format!("touch /dev/shm/polyrail-{uid}-$PMI_JOBID-$PMI_RANK && echo $PMI_JOBID > {}/job", dir.display());
+    assert_eq!(run(&sh(2, &script)).0, 0);
+    let job = std::fs::read_to_string(dir.join("job")).unwrap().trim().to_owned();
+    assert!(job.starts_with(&format!("pr{}", std::process::id())), "{job}");
+    for r in 0..2 {
+        let seg = format!("/dev/shm/polyrail-{uid}-{job}-{r}");
+        assert!(!Path::new(&seg).exists(), "{seg} was left behind");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_missing_program_is_an_error() {
+    let err = launch(&opts(2, "/nonexistent/polyrail-no-such-program", &[])).unwrap_err();
+    assert!(err.to_string().contains("rank 0"), "{err}");
+    assert!(launch(&opts(0, "true", &[])).is_err());
+}
+
+/// Runs inside a child test process (see `sigterm_stops_the_job`): launches two sleepers.
+#[test]
+#[ignore = "helper run by sigterm_stops_the_job in a separate process"]
+fn helper_launch_sleepers() {
+    if std::env::var_os("POLYRAIL_TEST_HELPER").is_none() {
+        return;
+    }
+    let mut o = sh(2, "exec sleep 30");
+    o.grace = Duration::from_millis(500);
+    let code = launch(&o).expect("launch");
+    println!("job exit code {code}");
+}
+
+#[test]
+fn sigterm_stops_the_job() {
+    let exe = std::env::current_exe().unwrap();
+    let child = Command::new(exe)
+        .args(["--exact", "helper_launch_sleepers", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("POLYRAIL_TEST_HELPER", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let t = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains("job exit code 143"), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stderr.contains("received SIGTERM"), "{stderr}");
+    assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
+}
