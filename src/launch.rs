@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use polyrail_core::bootstrap::server::{PmiServer, ServerEvent};
+use polyrail_core::bootstrap::wire::eprint_line;
 use polyrail_core::{Error, Rank, Result};
 
 /// Where the ranks may run.
@@ -53,9 +54,16 @@ pub struct LaunchOptions {
 impl LaunchOptions {
     /// `ranks` copies of `program` without arguments, with the default binding and grace.
     pub fn new(ranks: u32, program: impl Into<OsString>) -> Self {
+        LaunchOptions { ranks, program: program.into(), ..Default::default() }
+    }
+}
+
+impl Default for LaunchOptions {
+    /// One rank, no program yet, [`Bind::Core`], no extra variables, a grace of 2 s.
+    fn default() -> Self {
         LaunchOptions {
-            ranks,
-            program: program.into(),
+            ranks: 1,
+            program: OsString::new(),
             args: Vec::new(),
             bind: Bind::Core,
             env: Vec::new(),
@@ -145,7 +153,7 @@ fn spawn_all(opts: &LaunchOptions, job: &str, child_ends: &[UnixStream]) -> Resu
                     let _ = p.child.wait();
                 }
                 let prog = opts.program.to_string_lossy();
-                return Err(Error::io(format!("polyrail run: cannot start `{prog}` as rank {r}"), e));
+                return Err(Error::io(format!("cannot start `{prog}` as rank {r}"), e));
             }
         }
     }
@@ -238,11 +246,26 @@ struct Run<'a> {
     failed: bool,
     /// 128 + the signal that stopped the launcher.
     signal_code: Option<i32>,
+    /// Ranks whose PMI connection broke, in the order the server saw it: the likely causes.
+    lost: Vec<usize>,
+    /// Lost ranks already waited for (see `settle_lost`).
+    settled: Vec<usize>,
 }
 
 impl<'a> Run<'a> {
     fn new(opts: &'a LaunchOptions, procs: Vec<Proc>, server: PmiServer) -> Self {
-        Run { opts, procs, server, kill_at: None, killed: false, abort_code: None, failed: false, signal_code: None }
+        Run {
+            opts,
+            procs,
+            server,
+            kill_at: None,
+            killed: false,
+            abort_code: None,
+            failed: false,
+            signal_code: None,
+            lost: Vec::new(),
+            settled: Vec::new(),
+        }
     }
 
     fn running(&self) -> usize {
@@ -251,10 +274,16 @@ impl<'a> Run<'a> {
 
     fn wait_all(&mut self) {
         while self.running() > 0 {
-            let exited = self.reap();
+            let mut exited = self.reap();
             while let Some(ev) = self.server.try_event() {
                 self.on_event(ev);
             }
+            if !self.failed && !exited.is_empty() {
+                self.settle_lost(&mut exited);
+            }
+            // Ranks that lost their PMI connection first are announced first: the others
+            // usually exit because of them.
+            exited.sort_by_key(|&r| (self.lost.iter().position(|&l| l == r).unwrap_or(usize::MAX), r));
             for r in exited {
                 self.on_exit(r);
             }
@@ -272,25 +301,52 @@ impl<'a> Run<'a> {
 
     /// Collects the ranks that exited since the last call.
     fn reap(&mut self) -> Vec<usize> {
-        let mut exited = Vec::new();
-        for (r, p) in self.procs.iter_mut().enumerate() {
-            if p.status.is_some() {
-                continue;
-            }
-            match p.child.try_wait() {
-                Ok(Some(st)) => p.status = Some(st),
-                Ok(None) => continue,
-                Err(e) => {
-                    eprintln!(
-                        "polyrail run: cannot wait for rank {r} (pid {}): {e}; counting it as failed",
-                        p.child.id()
-                    );
-                    p.status = Some(ExitStatus::from_raw(1 << 8));
-                }
-            }
-            exited.push(r);
+        (0..self.procs.len()).filter(|&r| self.try_reap(r)).collect()
+    }
+
+    /// Whether rank `r` has just been found exited.
+    fn try_reap(&mut self, r: usize) -> bool {
+        let p = &mut self.procs[r];
+        if p.status.is_some() {
+            return false;
         }
-        exited
+        match p.child.try_wait() {
+            Ok(Some(st)) => p.status = Some(st),
+            Ok(None) => return false,
+            Err(e) => {
+                say(&format!("cannot wait for rank {r} (pid {}): {e}; counting it as failed", p.child.id()));
+                p.status = Some(ExitStatus::from_raw(1 << 8));
+            }
+        }
+        true
+    }
+
+    /// Before the first failure is announced: gives ranks whose PMI connection already broke up
+    /// to 100 ms to become reapable (a dying process closes its sockets before it can be
+    /// waited for), so that the cause is named rather than a rank reacting to it.
+    fn settle_lost(&mut self, exited: &mut Vec<usize>) {
+        let waiting: Vec<usize> = self
+            .lost
+            .iter()
+            .copied()
+            .filter(|r| !self.settled.contains(r) && self.procs[*r].status.is_none())
+            .collect();
+        if waiting.is_empty() {
+            return;
+        }
+        self.settled.extend(&waiting);
+        let deadline = Instant::now() + Duration::from_millis(100);
+        let mut left = waiting;
+        while !left.is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+            left.retain(|&r| {
+                let done = self.try_reap(r);
+                if done {
+                    exited.push(r);
+                }
+                !done
+            });
+        }
     }
 
     fn on_event(&mut self, ev: ServerEvent) {
@@ -299,14 +355,14 @@ impl<'a> Run<'a> {
             ServerEvent::Finalized(r) => self.procs[r as usize].finalized = true,
             ServerEvent::Aborted { rank, code, message } => self.on_abort(rank as usize, code, &message),
             // The rank's exit, which follows, is what counts.
-            ServerEvent::Lost { .. } => {}
+            ServerEvent::Lost { rank, .. } => self.lost.push(rank as usize),
         }
     }
 
     fn on_abort(&mut self, r: usize, code: i32, message: &str) {
         let pid = self.procs[r].child.id();
         self.procs[r].aborted = true;
-        eprintln!("polyrail run: rank {r} (pid {pid}) aborted the job with code {code}: {message}");
+        say(&format!("rank {r} (pid {pid}) aborted the job with code {code}: {message}"));
         if !self.failed {
             self.failed = true;
             self.abort_code = Some(code);
@@ -336,7 +392,7 @@ impl<'a> Run<'a> {
             self.failed = true;
             let others = self.running() > 0;
             let tail = if others { "; stopping the job" } else { "" };
-            eprintln!("polyrail run: rank {r} (pid {}) {what}{tail}", self.procs[r].child.id());
+            say(&format!("rank {r} (pid {}) {what}{tail}", self.procs[r].child.id()));
             self.stop_after(self.opts.grace);
         }
     }
@@ -348,12 +404,12 @@ impl<'a> Run<'a> {
         }
         let all: Vec<usize> = (0..self.procs.len()).collect();
         if self.signal_code.is_some() {
-            eprintln!("polyrail run: received {} again; killing the job", signal_name(sig));
+            say(&format!("received {} again; killing the job", signal_name(sig)));
             self.signal(&all, libc::SIGKILL);
             self.killed = true;
             return;
         }
-        eprintln!("polyrail run: received {}; stopping the job", signal_name(sig));
+        say(&format!("received {}; stopping the job", signal_name(sig)));
         self.signal_code = Some(128 + sig);
         self.failed = true;
         self.signal(&all, libc::SIGTERM);
@@ -369,11 +425,11 @@ impl<'a> Run<'a> {
     fn kill_survivors(&mut self) {
         let left: Vec<usize> = (0..self.procs.len()).filter(|&r| self.procs[r].status.is_none()).collect();
         let names: Vec<String> = left.iter().map(|r| r.to_string()).collect();
-        eprintln!(
-            "polyrail run: rank(s) {} still running {:?} after the job started stopping; killing them",
+        say(&format!(
+            "rank(s) {} still running {:?} after the job started stopping; killing them",
             names.join(", "),
             self.opts.grace
-        );
+        ));
         self.signal(&left, libc::SIGKILL);
         self.killed = true;
     }
@@ -397,6 +453,11 @@ impl<'a> Run<'a> {
         let code = self.abort_code.unwrap_or(worst);
         self.signal_code.map_or(code, |s| code.max(s))
     }
+}
+
+/// Tells the user something, on one line of stderr.
+fn say(msg: &str) {
+    eprint_line(&format!("polyrail run: {msg}"));
 }
 
 /// `SIGKILL`, `SIGSEGV`... for the signals a job meets; `SIG<n>` otherwise.
@@ -475,7 +536,7 @@ fn remove_shm_segments(job: &str) {
         let name = name.to_string_lossy();
         if name.starts_with("polyrail-") && (name.contains(&inner) || name.ends_with(&last)) {
             if let Err(e) = std::fs::remove_file(entry.path()) {
-                eprintln!("polyrail run: cannot remove the leftover segment /dev/shm/{name}: {e}");
+                say(&format!("cannot remove the leftover segment /dev/shm/{name}: {e}"));
             }
         }
     }

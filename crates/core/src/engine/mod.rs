@@ -212,9 +212,14 @@ impl Engine {
         }
     }
 
-    /// Requests still running.
+    /// Requests not yet forgotten (running, or finished with their result not taken).
     pub fn active_requests(&self) -> usize {
         self.reqs.live()
+    }
+
+    /// Requests still running.
+    pub fn running_requests(&self) -> usize {
+        self.reqs.ids().filter(|&id| !self.is_done(id)).count()
     }
 
     // ---- mutators -----------------------------------------------------------------------

@@ -77,6 +77,10 @@ impl ReqId {
     pub(crate) fn new(index: u32, gen: u16) -> Self {
         ReqId(index | (gen as u32 & 0xfff) << Self::INDEX_BITS)
     }
+    /// A small dense number for this request, unique among live requests (for side tables).
+    pub fn slot(self) -> usize {
+        self.index()
+    }
     pub(crate) fn index(self) -> usize {
         (self.0 & Self::INDEX_MASK) as usize
     }
