@@ -56,8 +56,18 @@ impl Context {
 
     /// Like [`Context::init`] with an explicit configuration.
     pub fn init_with(config: Config) -> Result<Context> {
+        Self::start(config, None)
+    }
+
+    /// Joins a job through an explicit bootstrap (e.g. from [`crate::launch::spawn_peers`], or
+    /// a runtime's own process manager) instead of the environment's.
+    pub fn init_with_bootstrap(config: Config, bootstrap: Box<dyn Bootstrap>) -> Result<Context> {
+        Self::start(config, Some(bootstrap))
+    }
+
+    fn start(config: Config, boot: Option<Box<dyn Bootstrap>>) -> Result<Context> {
         crate::logging::init(config.log);
-        let Job { bootstrap, driver, report, config } = Job::start(config)?;
+        let Job { bootstrap, driver, report, config } = Job::start(config, boot)?;
         Ok(Context { driver, bootstrap, report, config, owned: Vec::new(), finalized: false })
     }
 

@@ -120,9 +120,13 @@ fn start_channels(
 }
 
 impl Job {
-    /// Starts this process's part of the job.
-    pub fn start(config: Config) -> Result<Job> {
-        let mut boot = bootstrap::from_env(&config)?;
+    /// Starts this process's part of the job, with `boot` or the process manager named by the
+    /// environment.
+    pub fn start(config: Config, boot: Option<Box<dyn Bootstrap>>) -> Result<Job> {
+        let mut boot = match boot {
+            Some(b) => b,
+            None => bootstrap::from_env(&config)?,
+        };
         let (rank, size) = (boot.rank(), boot.size());
         let job_id = boot.job_id().to_owned();
         let topology = Topology::detect();

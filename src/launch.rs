@@ -541,3 +541,84 @@ fn remove_shm_segments(job: &str) {
         }
     }
 }
+
+/// A job whose rank 0 is the calling process: ranks 1.. are started as children, and rank 0
+/// gets its bootstrap in memory (see [`crate::Context::init_with_bootstrap`]). For benchmark
+/// harnesses and programs that start their own helpers.
+pub struct EmbeddedJob {
+    bootstrap: Option<Box<dyn polyrail_core::bootstrap::Bootstrap>>,
+    server: Option<PmiServer>,
+    children: Vec<Child>,
+    job: String,
+}
+
+/// Starts ranks `1..opts.ranks` of `opts.program`; the caller is rank 0 (bound to the first
+/// allowed CPU when `opts.bind` is [`Bind::Core`]).
+pub fn spawn_peers(opts: &LaunchOptions) -> Result<EmbeddedJob> {
+    if opts.ranks == 0 {
+        return Err(Error::InvalidArgument("a job needs at least one rank".into()));
+    }
+    let job = job_name();
+    let (server_ends, mut child_ends) = socket_pairs(opts.ranks)?;
+    let own = child_ends.remove(0);
+    let server = PmiServer::start(&job, server_ends)?;
+    let cpus = match opts.bind {
+        Bind::Core => allowed_cpus(),
+        Bind::None => Vec::new(),
+    };
+    if let Some(&cpu) = cpus.first() {
+        let set = cpu_set_of(cpu);
+        // SAFETY: `set` is a valid cpu_set_t of the size passed; 0 names the calling thread.
+        unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    }
+    let mut children = Vec::new();
+    for (i, end) in child_ends.iter().enumerate() {
+        let r = i + 1;
+        let cpu = (!cpus.is_empty()).then(|| cpus[r % cpus.len()]);
+        match spawn_rank(opts, &job, r as Rank, end, cpu) {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                for c in &mut children {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                return Err(Error::io(format!("cannot start `{}` as rank {r}", opts.program.to_string_lossy()), e));
+            }
+        }
+    }
+    drop(child_ends);
+    let client = polyrail_core::bootstrap::Pmi1Client::from_stream(own, 0, opts.ranks)?;
+    Ok(EmbeddedJob { bootstrap: Some(Box::new(client)), server: Some(server), children, job })
+}
+
+impl EmbeddedJob {
+    /// Rank 0's bootstrap (once).
+    pub fn take_bootstrap(&mut self) -> Option<Box<dyn polyrail_core::bootstrap::Bootstrap>> {
+        self.bootstrap.take()
+    }
+
+    /// Waits for ranks 1.. to exit; returns the worst exit code (128 + signal for a killed one).
+    pub fn wait(mut self) -> Result<i32> {
+        let mut worst = 0;
+        for c in &mut self.children {
+            let st = c.wait().map_err(|e| Error::io("waiting for a rank", e))?;
+            let code = st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0));
+            worst = worst.max(code);
+        }
+        self.children.clear();
+        Ok(worst)
+    }
+}
+
+impl Drop for EmbeddedJob {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some(s) = self.server.take() {
+            s.stop();
+        }
+        remove_shm_segments(&self.job);
+    }
+}

@@ -156,6 +156,8 @@ fn fault_scenario(ctx: &mut Context, how: &str) -> polyrail::Result<()> {
     };
     let out = std::env::var("JOBTEST_OUT").expect("JOBTEST_OUT set");
     std::fs::write(format!("{out}.{me}"), line).expect("write result");
+    // Stay a moment so that our own exit is not what the other survivors see first.
+    std::thread::sleep(Duration::from_millis(1200));
     std::process::exit(0);
 }
 

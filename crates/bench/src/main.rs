@@ -4,10 +4,9 @@
 //! core each); under a launcher (`polyrail run`, `mpiexec.hydra`) it runs as one of the ranks.
 //! Rank 0 prints the OSU table (`# Size  Latency (us)` / `# Size  Bandwidth (MB/s)`).
 
-mod osu;
-
 use anyhow::{bail, Context as _};
-use clap::{Args, Parser, Subcommand};
+use polyrail_bench::{osu, transport_env, Common};
+use clap::{Parser, Subcommand};
 use polyrail::launch::{launch, LaunchOptions};
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -39,30 +38,6 @@ enum Cmd {
     },
 }
 
-/// Options shared by the measurements.
-#[derive(Args, Clone, Debug)]
-pub struct Common {
-    /// Channel to force: `auto` (the policy decides), `shm` (rings and send cells only; large
-    /// messages pipelined through cells) or `cma` (single copy for every non-empty message).
-    #[arg(long, default_value = "auto")]
-    pub transport: String,
-    /// Sizes to measure (comma-separated, with k/m suffixes).
-    #[arg(long, default_value = "0,1,8,64,512,4k,16k,32k,64k,256k,1m,4m")]
-    pub sizes: String,
-    /// Ranks to start when run alone.
-    #[arg(short = 'n', long = "np", default_value_t = 2)]
-    pub ranks: u32,
-    /// Iteration count override (default: OSU's, by size).
-    #[arg(long)]
-    pub iters: Option<u32>,
-    /// Fewer iterations (for smoke tests).
-    #[arg(long)]
-    pub quick: bool,
-    /// Append every point to this CSV file (`bench,transport,size,value,unit`).
-    #[arg(long)]
-    pub csv: Option<PathBuf>,
-}
-
 fn main() {
     let code = match run(Cli::parse()) {
         Ok(c) => c,
@@ -76,17 +51,6 @@ fn main() {
 
 fn under_launcher() -> bool {
     std::env::var_os("PMI_FD").is_some() || std::env::var_os("PMI_PORT").is_some()
-}
-
-/// Environment that forces a channel choice.
-pub fn transport_env(transport: &str) -> anyhow::Result<Vec<(OsString, OsString)>> {
-    let pairs: &[(&str, &str)] = match transport {
-        "auto" => &[],
-        "shm" => &[("POLYRAIL_TRANSPORTS", "shm")],
-        "cma" => &[("POLYRAIL_CMA_THRESHOLD", "1")],
-        other => bail!("--transport {other} is not accepted: use auto, shm or cma"),
-    };
-    Ok(pairs.iter().map(|(k, v)| (k.into(), v.into())).collect())
 }
 
 /// Starts `args` of this executable as a job of `ranks` with the channel forced.

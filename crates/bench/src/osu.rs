@@ -1,4 +1,4 @@
-//! The OSU methods (osu_latency, osu_bw) over a polyrail `Context`.
+//! The OSU methods (osu_latency, osu_bw) over a polyrail `Context`, and their CSV output.
 
 use crate::Common;
 use anyhow::{bail, Context as _};

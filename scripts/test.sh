@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# polyrail's test command (the README's second command; CI runs it through .ci/run).
+#
+#   scripts/test.sh
+#
+# 1. unit, property and conformance tests of every crate, and the whole-job tests through the
+#    launcher (2, 4 and 8 ranks over each channel, faults, /dev/shm cleanup) - `cargo test`;
+# 2. jobs under MPICH's Hydra: the PMI probe with PMI-1 and PMI-2, then polyrail programs;
+# 3. the benchmark runner and the criterion benches once each in quick mode (no timing asserted).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== cargo test (release build: the job tests move up to 8 MiB per message)"
+cargo test --workspace --release
+
+echo "== Hydra (mpiexec.hydra)"
+scripts/hydra-test.sh 4
+cargo build --release --examples --quiet
+for pmi in 1 2; do
+    POLYRAIL_PMI=$pmi timeout 120 mpiexec.hydra -n 4 target/release/examples/ring
+    POLYRAIL_PMI=$pmi timeout 120 mpiexec.hydra -n 4 target/release/examples/halo 32 5
+done
+echo "hydra: polyrail ring and halo examples ok"
+
+echo "== examples through polyrail run"
+cargo build --release --workspace --quiet
+run=target/release/polyrail
+timeout 120 $run run -n 2 target/release/examples/pingpong > /dev/null
+timeout 120 $run run -n 8 target/release/examples/ring > /dev/null
+timeout 120 $run run -n 4 target/release/examples/halo > /dev/null
+POLYRAIL_TRANSPORTS=shm timeout 120 $run run -n 2 target/release/examples/channel_choice > /dev/null
+timeout 60 $run info > /dev/null
+if POLYRAIL_TRANSPORTS=tcp $run run -n 2 target/release/examples/ring 2> /tmp/polyrail-badenv.txt; then
+    echo "a bad POLYRAIL_TRANSPORTS value was accepted" >&2
+    exit 1
+fi
+grep -q "POLYRAIL_TRANSPORTS" /tmp/polyrail-badenv.txt
+echo "examples ok"
+
+echo "== benchmarks, quick mode"
+timeout 300 target/release/polyrail-bench latency --quick --sizes 0,8,4k,64k,1m
+timeout 300 target/release/polyrail-bench bw --quick --sizes 4k,1m
+timeout 300 target/release/polyrail-bench latency --quick --transport shm --sizes 8,1m
+if [ -d crates/bench/benches ] && ls crates/bench/benches/*.rs > /dev/null 2>&1; then
+    timeout 900 cargo bench -p polyrail-bench -- --test
+fi
+echo "all tests passed"
