@@ -6,7 +6,7 @@ use polyrail_core::engine::Engine;
 use polyrail_core::policy::topology::{current_binding, TopoClass, Topology};
 use polyrail_core::policy::{build_route, Candidate, PeerRoute};
 use polyrail_core::{Config, Error, PeerInfo, Rank, Reach, Result, Transport, TransportKind};
-use polyrail_shm::{CmaTransport, Loopback, ShmTransport};
+use polyrail_shm::{host_identity, CmaTransport, Loopback, ShmTransport};
 
 /// What `polyrail info` shows about one channel of this process.
 #[derive(Clone, Debug)]
@@ -55,19 +55,6 @@ pub(crate) struct Job {
     pub config: Config,
 }
 
-fn host_identity() -> String {
-    let mut name = [0u8; 256];
-    // SAFETY: gethostname writes at most name.len() bytes into the buffer.
-    let host = if unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0 {
-        let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-        String::from_utf8_lossy(&name[..end]).into_owned()
-    } else {
-        "unknown-host".into()
-    };
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    format!("{host}/{}", boot.trim())
-}
-
 fn info_value(info: &PeerInfo) -> String {
     let cpus: Vec<String> = info.cpus.iter().map(|c| c.to_string()).collect();
     format!("{}.{}.{}.{}", info.pid, info.node, encode_hex(info.host.as_bytes()), cpus.join("_"))
@@ -87,17 +74,16 @@ fn parse_info(rank: Rank, v: &str) -> Result<PeerInfo> {
 }
 
 /// Starts the channels allowed by `config`; reports the others.
-fn start_channels(
-    config: &Config,
-    job: &str,
-    rank: Rank,
-    size: u32,
-) -> (Vec<Box<dyn Transport>>, Vec<ChannelReport>) {
+fn start_channels(config: &Config, job: &str, rank: Rank, size: u32) -> (Vec<Box<dyn Transport>>, Vec<ChannelReport>) {
     let mut channels: Vec<Box<dyn Transport>> = Vec::new();
     let mut reports = Vec::new();
     let mut start = |kind: TransportKind, make: &dyn Fn() -> Result<Box<dyn Transport>>| {
         if !config.transports.allows(kind) {
-            reports.push(ChannelReport { kind, status: "disabled by POLYRAIL_TRANSPORTS".into(), detail: String::new() });
+            reports.push(ChannelReport {
+                kind,
+                status: "disabled by POLYRAIL_TRANSPORTS".into(),
+                detail: String::new(),
+            });
             return;
         }
         match make() {
@@ -159,7 +145,8 @@ impl Job {
                     ch.address()
                 } else {
                     let v = boot.get(&format!("pa{r}.{kind}"))?;
-                    decode_hex(&v).ok_or_else(|| Error::Bootstrap(format!("rank {r} published a malformed {kind} address")))?
+                    decode_hex(&v)
+                        .ok_or_else(|| Error::Bootstrap(format!("rank {r} published a malformed {kind} address")))?
                 };
                 reach.push((kind, ch.add_peer(&info, &addr)));
             }
@@ -200,7 +187,8 @@ impl Job {
             }
         }
         let channel_kinds = channels.iter().map(|c| c.attr().kind).collect();
-        let report = JobReport { topology: topology.summary.clone(), binding, channels: channel_reports, channel_kinds, peers };
+        let report =
+            JobReport { topology: topology.summary.clone(), binding, channels: channel_reports, channel_kinds, peers };
         Ok(Job { bootstrap: boot, driver: Driver::new(engine, channels), report, config })
     }
 }

@@ -28,9 +28,9 @@ mod logging;
 
 pub use context::{Completion, Context, Request};
 pub use job::{ChannelReport, JobReport, PeerReport};
+pub use polyrail_core::bootstrap::Bootstrap;
 pub use polyrail_core::engine::{Source, Status, TagMatch};
 pub use polyrail_core::policy::{topology::TopoClass, PeerRoute, Protocol, RouteEntry};
-pub use polyrail_core::bootstrap::Bootstrap;
 pub use polyrail_core::{config, format_size, parse_size, Config, Error, Rank, Reach, Result, TransportKind};
 
 /// `MPI_ANY_SOURCE`: receive from any rank.

@@ -13,8 +13,38 @@ use std::time::{Duration, Instant};
 /// Sizes across every threshold of the default routes (inline slots, cells, eager limit,
 /// single-copy and split thresholds), 0 B to 8 MiB.
 const SIZES: &[usize] = &[
-    0, 1, 7, 8, 15, 16, 17, 63, 64, 100, 1000, 1023, 1024, 1025, 4095, 4096, 4097, 16383, 16384, 16385, 32767, 32768,
-    32769, 65535, 65536, 65537, 262143, 262144, 262145, 1 << 20, (1 << 20) + 3, 8 << 20,
+    0,
+    1,
+    7,
+    8,
+    15,
+    16,
+    17,
+    63,
+    64,
+    100,
+    1000,
+    1023,
+    1024,
+    1025,
+    4095,
+    4096,
+    4097,
+    16383,
+    16384,
+    16385,
+    32767,
+    32768,
+    32769,
+    65535,
+    65536,
+    65537,
+    262143,
+    262144,
+    262145,
+    1 << 20,
+    (1 << 20) + 3,
+    8 << 20,
 ];
 
 fn stamp(from: u32, i: u32, len: usize) -> Vec<u8> {
@@ -42,7 +72,8 @@ fn order_scenario(ctx: &mut Context) -> polyrail::Result<()> {
     let len_of = |i: u32| [4usize, 200, 3000, 40000, 300000][i as usize % 5];
     let (me, n) = (ctx.rank(), ctx.size());
     if me != 0 {
-        let reqs: Vec<_> = (0..COUNT).map(|i| ctx.isend(0, i % 3, stamp(me, i, len_of(i)))).collect::<Result<_, _>>()?;
+        let reqs: Vec<_> =
+            (0..COUNT).map(|i| ctx.isend(0, i % 3, stamp(me, i, len_of(i)))).collect::<Result<_, _>>()?;
         ctx.wait_all(reqs)?;
     } else {
         let mut named = Vec::new();
@@ -243,7 +274,8 @@ fn main() {
                 let f = format!("{out_s}.{r}");
                 let seen = std::fs::read_to_string(&f).unwrap_or_else(|_| "no report".into());
                 let _ = std::fs::remove_file(&f);
-                let ms: Option<u64> = seen.strip_prefix("lost-detected ").and_then(|s| s.split(' ').next()?.parse().ok());
+                let ms: Option<u64> =
+                    seen.strip_prefix("lost-detected ").and_then(|s| s.split(' ').next()?.parse().ok());
                 check(format!("{how} -n {ranks}: rank {r} saw `{seen}`"), ms.is_some_and(|ms| ms < 1000));
             }
         }

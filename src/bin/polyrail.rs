@@ -126,7 +126,14 @@ fn format_report(ctx: &Context) -> String {
     use std::fmt::Write;
     let r: &JobReport = ctx.report();
     let mut s = String::new();
-    let _ = writeln!(s, "polyrail {} - rank {} of {} (pid {})", env!("CARGO_PKG_VERSION"), ctx.rank(), ctx.size(), std::process::id());
+    let _ = writeln!(
+        s,
+        "polyrail {} - rank {} of {} (pid {})",
+        env!("CARGO_PKG_VERSION"),
+        ctx.rank(),
+        ctx.size(),
+        std::process::id()
+    );
     let _ = writeln!(s, "topology: {}", r.topology);
     let _ = writeln!(s, "binding:  cpus {:?}", r.binding);
     let _ = writeln!(s, "channels:");
@@ -137,18 +144,32 @@ fn format_report(ctx: &Context) -> String {
         let _ = writeln!(s, "peer {} ({}):", p.rank, p.class);
         for (kind, reach) in &p.reach {
             match reach {
-                Reach::Yes(why) => { let _ = writeln!(s, "  {:<6} reaches: {why}", kind.name()); }
-                Reach::No(why) => { let _ = writeln!(s, "  {:<6} does not reach: {why}", kind.name()); }
+                Reach::Yes(why) => {
+                    let _ = writeln!(s, "  {:<6} reaches: {why}", kind.name());
+                }
+                Reach::No(why) => {
+                    let _ = writeln!(s, "  {:<6} does not reach: {why}", kind.name());
+                }
             }
         }
         match &p.route {
-            None => { let _ = writeln!(s, "  no route: no channel reaches this peer"); }
+            None => {
+                let _ = writeln!(s, "  no route: no channel reaches this peer");
+            }
             Some(route) => {
                 let mut lo = 0usize;
                 for e in &route.entries {
                     let hi = if e.upto == usize::MAX { "max".to_string() } else { format_size(e.upto) };
                     let ch = r.channel_kinds.get(e.channel as usize).map_or("?", |k| k.name());
-                    let _ = writeln!(s, "  {:>7} .. {:<7} {:<11} {:<5} {}", format_size(lo), hi, e.protocol.name(), ch, e.reason);
+                    let _ = writeln!(
+                        s,
+                        "  {:>7} .. {:<7} {:<11} {:<5} {}",
+                        format_size(lo),
+                        hi,
+                        e.protocol.name(),
+                        ch,
+                        e.reason
+                    );
                     lo = e.upto.saturating_add(1);
                 }
             }

@@ -5,9 +5,9 @@
 //! Rank 0 prints the OSU table (`# Size  Latency (us)` / `# Size  Bandwidth (MB/s)`).
 
 use anyhow::{bail, Context as _};
-use polyrail_bench::{osu, transport_env, Common};
 use clap::{Parser, Subcommand};
 use polyrail::launch::{launch, LaunchOptions};
+use polyrail_bench::{osu, transport_env, Common};
 use std::ffi::OsString;
 use std::path::PathBuf;
 

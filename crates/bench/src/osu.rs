@@ -30,7 +30,12 @@ pub fn read_csv(text: &str) -> Vec<Row> {
             if f.len() < 4 || f[0] == "bench" {
                 return None;
             }
-            Some(Row { bench: f[0].into(), transport: f[1].into(), size: f[2].parse().ok()?, value: f[3].parse().ok()? })
+            Some(Row {
+                bench: f[0].into(),
+                transport: f[1].into(),
+                size: f[2].parse().ok()?,
+                value: f[3].parse().ok()?,
+            })
         })
         .collect()
 }
@@ -135,8 +140,10 @@ pub fn bandwidth(c: &Common) -> anyhow::Result<()> {
                     ctx.recv(1, 101, &mut ack)?;
                 }
                 1 => {
-                    let reqs =
-                        bufs.drain(..).map(|b| ctx.irecv(Source::Rank(0), TagMatch::Tag(100), b)).collect::<polyrail::Result<Vec<_>>>()?;
+                    let reqs = bufs
+                        .drain(..)
+                        .map(|b| ctx.irecv(Source::Rank(0), TagMatch::Tag(100), b))
+                        .collect::<polyrail::Result<Vec<_>>>()?;
                     bufs = ctx.wait_all(reqs)?.into_iter().map(|c| c.buf).collect();
                     ctx.send(0, 101, &ack)?;
                 }

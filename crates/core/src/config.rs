@@ -181,8 +181,11 @@ impl Config {
             "POLYRAIL_TRANSPORTS" => self.transports = parse_transports(var, value)?,
             "POLYRAIL_CMA_THRESHOLD" => self.cma_threshold = parse_class_sizes(var, value)?,
             "POLYRAIL_SPLIT_THRESHOLD" => {
-                self.split_threshold =
-                    if value == "off" { None } else { Some(size_in(4096, 1 << 40).map_err(|_| bad("`off` or a size of at least 4k"))?) }
+                self.split_threshold = if value == "off" {
+                    None
+                } else {
+                    Some(size_in(4096, 1 << 40).map_err(|_| bad("`off` or a size of at least 4k"))?)
+                }
             }
             "POLYRAIL_EAGER_LIMIT" => self.eager_limit = size_in(0, 1 << 30)?,
             "POLYRAIL_SHM_SLOTS" => {
@@ -213,7 +216,11 @@ impl Config {
             }
             _ => {
                 let known: Vec<&str> = VARIABLES.iter().map(|(n, _)| *n).collect();
-                return Err(Error::config(var, value, format!("no such variable; polyrail reads {}", known.join(", "))));
+                return Err(Error::config(
+                    var,
+                    value,
+                    format!("no such variable; polyrail reads {}", known.join(", ")),
+                ));
             }
         }
         Ok(())
@@ -247,7 +254,12 @@ fn parse_transports(var: &str, value: &str) -> Result<TransportFilter> {
 
 fn parse_class_sizes(var: &str, value: &str) -> Result<ClassSizes> {
     let classes: Vec<&str> = TopoClass::NAMED.iter().map(|c| c.name()).collect();
-    let accepted = || format!("a size (`32k`) or a list of CLASS:SIZE (`shared-l3:16k,socket:4k`) with CLASS one of {}", classes.join(", "));
+    let accepted = || {
+        format!(
+            "a size (`32k`) or a list of CLASS:SIZE (`shared-l3:16k,socket:4k`) with CLASS one of {}",
+            classes.join(", ")
+        )
+    };
     let mut out = ClassSizes::default();
     for item in value.split(',') {
         let item = item.trim();

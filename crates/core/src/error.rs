@@ -20,7 +20,9 @@ pub enum Error {
         accepted: String,
     },
     /// A message was longer than the receive buffer that matched it.
-    #[error("message truncated: {len} bytes from rank {from} (tag {tag}) do not fit the {capacity}-byte receive buffer")]
+    #[error(
+        "message truncated: {len} bytes from rank {from} (tag {tag}) do not fit the {capacity}-byte receive buffer"
+    )]
     Truncated {
         /// Sender of the message.
         from: Rank,
@@ -112,8 +114,12 @@ impl Error {
     /// I/O errors keep their kind and message.
     pub fn duplicate(&self) -> Self {
         match self {
-            Error::Config { var, value, accepted } => Error::Config { var: var.clone(), value: value.clone(), accepted: accepted.clone() },
-            Error::Truncated { from, tag, len, capacity } => Error::Truncated { from: *from, tag: *tag, len: *len, capacity: *capacity },
+            Error::Config { var, value, accepted } => {
+                Error::Config { var: var.clone(), value: value.clone(), accepted: accepted.clone() }
+            }
+            Error::Truncated { from, tag, len, capacity } => {
+                Error::Truncated { from: *from, tag: *tag, len: *len, capacity: *capacity }
+            }
             Error::PeerLost { rank, why } => Error::PeerLost { rank: *rank, why: why.clone() },
             Error::PeerFinished { rank } => Error::PeerFinished { rank: *rank },
             Error::Protocol { peer, what } => Error::Protocol { peer: *peer, what: what.clone() },
@@ -121,7 +127,9 @@ impl Error {
             Error::Bootstrap(s) => Error::Bootstrap(s.clone()),
             Error::InvalidArgument(s) => Error::InvalidArgument(s.clone()),
             Error::Unreachable { rank, why } => Error::Unreachable { rank: *rank, why: why.clone() },
-            Error::Io { context, source } => Error::Io { context: context.clone(), source: std::io::Error::new(source.kind(), source.to_string()) },
+            Error::Io { context, source } => {
+                Error::Io { context: context.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
+            }
         }
     }
 }

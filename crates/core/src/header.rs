@@ -107,8 +107,8 @@ impl Header {
     /// Reads a header written by [`Header::encode`]; `peer` names the sender in errors.
     #[inline]
     pub fn decode(peer: Rank, b: &[u8; Self::WIRE_LEN]) -> Result<Self> {
-        let kind = PacketKind::from_u8(b[0])
-            .ok_or_else(|| Error::protocol(peer, format!("unknown packet kind {}", b[0])))?;
+        let kind =
+            PacketKind::from_u8(b[0]).ok_or_else(|| Error::protocol(peer, format!("unknown packet kind {}", b[0])))?;
         if b[1] & !Self::KNOWN_FLAGS != 0 {
             return Err(Error::protocol(peer, format!("unknown header flags {:#x}", b[1])));
         }
@@ -138,7 +138,17 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let h = Header { kind: PacketKind::Cts, flags: Header::STREAM, ctx: 3, tag: 77, seq: 9, len: 1 << 40, sreq: 5, rreq: 6, offset: 12345 };
+        let h = Header {
+            kind: PacketKind::Cts,
+            flags: Header::STREAM,
+            ctx: 3,
+            tag: 77,
+            seq: 9,
+            len: 1 << 40,
+            sreq: 5,
+            rreq: 6,
+            offset: 12345,
+        };
         let mut w = [0u8; Header::WIRE_LEN];
         h.encode(&mut w);
         assert_eq!(Header::decode(0, &w).unwrap(), h);

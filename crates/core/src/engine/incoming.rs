@@ -3,8 +3,8 @@
 use super::requests::{Dir, ExposeFor};
 use super::types::{op_id, OpKind};
 use super::{
-    am_of, split_point, Action, Engine, FragTarget, Incoming, Payload, ReqId, Rtr, Source, TagMatch, Unexpected, UxBody,
-    MAX_EAGER_LEN, SEND_HISTORY,
+    am_of, split_point, Action, Engine, FragTarget, Incoming, Payload, ReqId, Rtr, Source, TagMatch, Unexpected,
+    UxBody, MAX_EAGER_LEN, SEND_HISTORY,
 };
 use crate::error::{Error, Rank, Result};
 use crate::header::{Header, PacketKind};
@@ -15,7 +15,8 @@ impl Engine {
     /// A packet arrived from `from`. A malformed or unexpected packet is an error naming the
     /// peer; the caller then treats the peer as lost.
     pub fn handle_message(&mut self, from: Rank, raw: &[u8; Header::WIRE_LEN], payload: &[u8]) -> Result<()> {
-        let peer = self.peers.get(from as usize).ok_or_else(|| Error::protocol(from, "packet from a rank outside the job"))?;
+        let peer =
+            self.peers.get(from as usize).ok_or_else(|| Error::protocol(from, "packet from a rank outside the job"))?;
         if peer.gone.is_some() {
             return Ok(());
         }
@@ -24,7 +25,10 @@ impl Engine {
             PacketKind::Eager | PacketKind::Rts => {
                 let p = &mut self.peers[from as usize];
                 if hdr.seq != p.expected_seq {
-                    return Err(Error::protocol(from, format!("message seq {} out of order (expected {})", hdr.seq, p.expected_seq)));
+                    return Err(Error::protocol(
+                        from,
+                        format!("message seq {} out of order (expected {})", hdr.seq, p.expected_seq),
+                    ));
                 }
                 p.expected_seq = p.expected_seq.wrapping_add(1);
                 if hdr.kind == PacketKind::Eager {
@@ -43,7 +47,10 @@ impl Engine {
 
     fn on_eager(&mut self, from: Rank, hdr: Header, payload: &[u8]) -> Result<()> {
         if hdr.len > MAX_EAGER_LEN || payload.len() as u64 > hdr.len {
-            return Err(Error::protocol(from, format!("eager message of {} bytes with a {}-byte first packet", hdr.len, payload.len())));
+            return Err(Error::protocol(
+                from,
+                format!("eager message of {} bytes with a {}-byte first packet", hdr.len, payload.len()),
+            ));
         }
         let len = hdr.len as usize;
         if let Some(id) = self.match_posted(from, hdr.tag, hdr.ctx) {
@@ -66,7 +73,8 @@ impl Engine {
             return Ok(());
         }
         let mut data = Vec::new();
-        data.try_reserve_exact(len).map_err(|_| Error::protocol(from, format!("cannot buffer an unexpected {len}-byte message")))?;
+        data.try_reserve_exact(len)
+            .map_err(|_| Error::protocol(from, format!("cannot buffer an unexpected {len}-byte message")))?;
         data.extend_from_slice(payload);
         data.resize(len, 0);
         let received = payload.len();
@@ -101,7 +109,13 @@ impl Engine {
         if hdr.offset != inc.received as u64 || inc.received + payload.len() > inc.len {
             return Err(Error::protocol(
                 from,
-                format!("fragment at {} (+{}) of a {}-byte message, expected offset {}", hdr.offset, payload.len(), inc.len, inc.received),
+                format!(
+                    "fragment at {} (+{}) of a {}-byte message, expected offset {}",
+                    hdr.offset,
+                    payload.len(),
+                    inc.len,
+                    inc.received
+                ),
             ));
         }
         let off = inc.received;
@@ -136,7 +150,10 @@ impl Engine {
         let key = if payload.is_empty() {
             None
         } else {
-            Some(RemoteKey::new(payload).ok_or_else(|| Error::protocol(from, format!("{}-byte remote key", payload.len())))?)
+            Some(
+                RemoteKey::new(payload)
+                    .ok_or_else(|| Error::protocol(from, format!("{}-byte remote key", payload.len())))?,
+            )
         };
         let matched = self.match_posted(from, hdr.tag, hdr.ctx);
         if hdr.rreq != 0 {
@@ -215,7 +232,11 @@ impl Engine {
             None => {
                 req.expose_for = Some(ExposeFor::Cts);
                 let region = Region { ptr: req.ptr, len: req.cap };
-                self.actions.push_back(Action::Expose { channel: entry.channel, region, op: op_id(id, OpKind::Exposed) });
+                self.actions.push_back(Action::Expose {
+                    channel: entry.channel,
+                    region,
+                    op: op_id(id, OpKind::Exposed),
+                });
             }
         }
         Ok(())
@@ -253,14 +274,17 @@ impl Engine {
             let mut data = Header::new(PacketKind::Data);
             data.rreq = hdr.rreq;
             let buf = Region { ptr: req.ptr, len: req.len };
-            let n = Self::push_chunks(&mut self.actions, am, from, data, buf, 0, frag, id);
+            let n = Self::push_chunks(&mut self.actions, am, from, data, buf, frag, id);
             // The FIN or CTS we waited for is this CTS; now wait for the packets to leave.
             req.pending = n;
             return Ok(());
         }
         let key = RemoteKey::new(payload).ok_or_else(|| Error::protocol(from, "CTS without a valid key"))?;
         if hdr.offset > req.len as u64 {
-            return Err(Error::protocol(from, format!("CTS split point {} beyond the {}-byte message", hdr.offset, req.len)));
+            return Err(Error::protocol(
+                from,
+                format!("CTS split point {} beyond the {}-byte message", hdr.offset, req.len),
+            ));
         }
         let split = hdr.offset as usize;
         req.split = split;
@@ -277,10 +301,19 @@ impl Engine {
     fn on_data(&mut self, from: Rank, hdr: Header, payload: &[u8]) -> Result<()> {
         let id = self.named_request(from, hdr.rreq, Dir::Recv, "DATA")?;
         let req = self.reqs.get_mut(id).expect("checked live");
-        if req.protocol != Protocol::RndvStream || hdr.offset != req.received as u64 || req.received + payload.len() > req.len {
+        if req.protocol != Protocol::RndvStream
+            || hdr.offset != req.received as u64
+            || req.received + payload.len() > req.len
+        {
             return Err(Error::protocol(
                 from,
-                format!("data at {} (+{}) for a {}-byte message at {}", hdr.offset, payload.len(), req.len, req.received),
+                format!(
+                    "data at {} (+{}) for a {}-byte message at {}",
+                    hdr.offset,
+                    payload.len(),
+                    req.len,
+                    req.received
+                ),
             ));
         }
         // SAFETY: received + payload.len() <= len <= cap.
@@ -321,7 +354,10 @@ impl Engine {
         let seen = hdr.offset as u32;
         let in_flight = p.next_send_seq.wrapping_sub(seen);
         if hdr.offset > u32::MAX as u64 || in_flight > i32::MAX as u32 {
-            return Err(Error::protocol(from, format!("RTR claims {seen} messages seen, only {} were sent", p.next_send_seq)));
+            return Err(Error::protocol(
+                from,
+                format!("RTR claims {seen} messages seen, only {} were sent", p.next_send_seq),
+            ));
         }
         // Stale when a send the receiver had not seen yet matches it: that send takes the
         // receive (RTS wins; an eager one is a misprediction the receiver copies as usual).
@@ -355,11 +391,8 @@ impl Engine {
             (None, Some(_)) => true,
             _ => false,
         };
-        let id = if use_wild {
-            self.wild.remove(wild?)?
-        } else {
-            self.peers[from as usize].posted.remove(specific?)?
-        };
+        let id =
+            if use_wild { self.wild.remove(wild?)? } else { self.peers[from as usize].posted.remove(specific?)? };
         let req = self.reqs.get_mut(id).expect("posted request is live");
         req.matched = true;
         req.any_source = false;

@@ -248,7 +248,7 @@ impl Engine {
             Protocol::Eager => {
                 let mut hdr = Header::new(PacketKind::Eager);
                 (hdr.tag, hdr.ctx, hdr.seq, hdr.len) = (tag, ctx, seq, buf.len as u64);
-                req.pending = Self::push_chunks(&mut self.actions, am, to, hdr, buf, 0, frag, id);
+                req.pending = Self::push_chunks(&mut self.actions, am, to, hdr, buf, frag, id);
                 if req.pending == 0 {
                     req.finish_ok();
                 }
@@ -270,7 +270,11 @@ impl Engine {
                     req.pending = 1 + (split > 0) as u32; // own put, then the receiver's FIN
                     if split > 0 {
                         req.expose_for = Some(ExposeFor::RtsAfterRtr);
-                        self.actions.push_back(Action::Expose { channel: data_ch, region: buf, op: op_id(id, OpKind::Exposed) });
+                        self.actions.push_back(Action::Expose {
+                            channel: data_ch,
+                            region: buf,
+                            op: op_id(id, OpKind::Exposed),
+                        });
                     } else {
                         self.send_rts_after_rtr(id, None);
                     }
@@ -279,7 +283,11 @@ impl Engine {
                     // Sender first: expose, then RTS; the receiver's FIN ends it.
                     req.pending = 1;
                     req.expose_for = Some(ExposeFor::Rts);
-                    self.actions.push_back(Action::Expose { channel: data_ch, region: buf, op: op_id(id, OpKind::Exposed) });
+                    self.actions.push_back(Action::Expose {
+                        channel: data_ch,
+                        region: buf,
+                        op: op_id(id, OpKind::Exposed),
+                    });
                 }
             },
         }
@@ -294,7 +302,9 @@ impl Engine {
     pub unsafe fn post_recv(&mut self, src: Source, tag: TagMatch, ctx: u16, buf: RegionMut) -> Result<ReqId> {
         if let Source::Rank(r) = src {
             self.usable_peer(r)?;
-        } else if self.peers.iter().enumerate().all(|(i, p)| p.gone.is_some() && i as Rank != self.me) && self.peers.len() > 1 {
+        } else if self.peers.iter().enumerate().all(|(i, p)| p.gone.is_some() && i as Rank != self.me)
+            && self.peers.len() > 1
+        {
             return Err(self.all_gone_error());
         }
         let from = match src {
@@ -417,7 +427,8 @@ impl Engine {
         let gone = if matches!(why, Error::PeerFinished { .. }) { Gone::Finished } else { Gone::Lost };
         p.gone = Some(gone);
         p.rtrs.clear();
-        let victims: Vec<ReqId> = self.reqs.ids().filter(|&id| self.reqs.get(id).is_some_and(|r| r.needs(peer))).collect();
+        let victims: Vec<ReqId> =
+            self.reqs.ids().filter(|&id| self.reqs.get(id).is_some_and(|r| r.needs(peer))).collect();
         for id in victims {
             self.fail(id, why.duplicate());
         }
@@ -461,7 +472,7 @@ impl Engine {
         self.peers[peer as usize].route.as_ref().map_or(1, |r| r.frag)
     }
 
-    /// Queues `hdr` + `buf[from..]` split into packets of at most `frag` bytes: the first with
+    /// Queues `hdr` + `buf` split into packets of at most `frag` bytes: the first with
     /// `hdr`, the others as `Frag`/`Data` with their offset. Returns the number of packets.
     fn push_chunks(
         actions: &mut VecDeque<Action>,
@@ -469,12 +480,11 @@ impl Engine {
         to: Rank,
         hdr: Header,
         buf: Region,
-        from: usize,
         frag: usize,
         id: ReqId,
     ) -> u32 {
         let op = Some(op_id(id, OpKind::Sent));
-        let mut off = from;
+        let mut off = 0;
         let mut n = 0;
         loop {
             let chunk = (buf.len - off).min(frag);

@@ -142,9 +142,14 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
                 _ => {
                     let class_t = class_default_threshold(class);
                     match model_crossover(am.attr, rma.attr) {
-                        Some(m) if m > class_t => {
-                            (m, format!("cost-model crossover of {} and {} (above the {class} default)", kind(am), kind(rma)))
-                        }
+                        Some(m) if m > class_t => (
+                            m,
+                            format!(
+                                "cost-model crossover of {} and {} (above the {class} default)",
+                                kind(am),
+                                kind(rma)
+                            ),
+                        ),
                         _ => (class_t, format!("default for class {class} (Chai Fig. 6.2)")),
                     }
                 }

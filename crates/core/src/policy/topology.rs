@@ -25,14 +25,8 @@ pub enum TopoClass {
 
 impl TopoClass {
     /// Classes a user can name in `POLYRAIL_*_THRESHOLD` lists.
-    pub const NAMED: [TopoClass; 6] = [
-        Self::SameCore,
-        Self::SharedL2,
-        Self::SharedL3,
-        Self::Socket,
-        Self::CrossSocket,
-        Self::Unknown,
-    ];
+    pub const NAMED: [TopoClass; 6] =
+        [Self::SameCore, Self::SharedL2, Self::SharedL3, Self::Socket, Self::CrossSocket, Self::Unknown];
 
     /// The class's name in configuration and reports.
     pub fn name(self) -> &'static str {
@@ -160,7 +154,8 @@ fn detect_hwloc() -> Option<Topology> {
     let mut summary = Vec::new();
     // NUMA nodes are not queried by type (hwloc2 2.2 panics on that, see ARCHITECTURE.md);
     // the package (or machine) carries the locality this classification needs.
-    let levels: [(ObjectType, &str, fn(&mut CpuPlace) -> &mut Option<usize>); 4] = [
+    type Field = fn(&mut CpuPlace) -> &mut Option<usize>;
+    let levels: [(ObjectType, &str, Field); 4] = [
         (ObjectType::Core, "cores", |p| &mut p.core),
         (ObjectType::L2Cache, "L2", |p| &mut p.l2),
         (ObjectType::L3Cache, "L3", |p| &mut p.l3),
@@ -204,12 +199,7 @@ mod tests {
     fn classes() {
         // 2 packages x 2 L3 each? No: package p has one L3; cores 0-3 in package 0 with L2 per
         // pair of cpus (SMT siblings share a core and L2).
-        let t = Topology::synthetic(&[
-            (0, 0, 0, 0),
-            (0, 0, 0, 0),
-            (1, 1, 0, 0),
-            (2, 2, 1, 1),
-        ]);
+        let t = Topology::synthetic(&[(0, 0, 0, 0), (0, 0, 0, 0), (1, 1, 0, 0), (2, 2, 1, 1)]);
         assert_eq!(t.classify(&[0], &[1]), TopoClass::SameCore);
         assert_eq!(t.classify(&[0], &[2]), TopoClass::SharedL3);
         assert_eq!(t.classify(&[0], &[3]), TopoClass::CrossSocket);

@@ -1,0 +1,162 @@
+//! Send cells (Chai §3.2): payloads too large for the ring's slots travel in a cell of the
+//! sender's pool, and the ring carries only the cell index (indirection: the receiver polls one
+//! place per peer, and ordering stays in the ring).
+//!
+//! Each cell has a state word on its own line, with one writer at a time:
+//! - the sender takes a cell it knows is free, fills it and stores `IN_FLIGHT`, then publishes the
+//!   slot that names it (the slot's Release stamp orders all of this before the receiver sees it);
+//! - the receiver copies the payload out (or lends it to the sink) and stores `FREE` (Release);
+//! - the sender reclaims (mark and sweep): it keeps, per destination, a FIFO of its cells in
+//!   flight; a receiver frees them in order, so the sender only looks at the heads of these FIFOs
+//!   (Acquire) and moves free ones back to its free list.
+//!
+//! The free list is a stack, so a sender reuses the cell it used last, still warm in its cache.
+
+use std::collections::VecDeque;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::segment::{SegLayout, CELL_STATE_BYTES};
+
+/// State of a cell the sender may reuse (zero-filled memory is free).
+pub(crate) const FREE: u32 = 0;
+/// State of a cell named by a slot the receiver has not handled yet.
+pub(crate) const IN_FLIGHT: u32 = 1;
+
+/// The cell pool in some process's segment, as seen by this process.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CellArea {
+    /// First cell's state line.
+    base: NonNull<u8>,
+    count: u32,
+    size: usize,
+    stride: usize,
+}
+
+// SAFETY: a description of shared memory that stays mapped while the transport holding it
+// lives; accesses are ordered by the cell protocol described in the module documentation.
+unsafe impl Send for CellArea {}
+
+impl CellArea {
+    /// The pool of a segment mapped at `segment`.
+    ///
+    /// # Safety
+    /// `segment` is the start of a mapping of `layout.total_len` bytes with this layout that
+    /// outlives the returned value.
+    pub(crate) unsafe fn new(segment: NonNull<u8>, layout: &SegLayout) -> CellArea {
+        // SAFETY: cells_offset < total_len by construction of the layout (the caller's promise).
+        let base = unsafe { NonNull::new_unchecked(segment.as_ptr().add(layout.cells_offset)) };
+        CellArea { base, count: layout.cells, size: layout.cell_size as usize, stride: layout.cell_stride }
+    }
+
+    #[inline]
+    fn line(&self, index: u32) -> *mut u8 {
+        debug_assert!(index < self.count);
+        // SAFETY: index < count, so the cell lies inside the pool (count * stride bytes).
+        unsafe { self.base.as_ptr().add(index as usize * self.stride) }
+    }
+
+    #[inline]
+    fn state(&self, index: u32) -> &AtomicU32 {
+        // SAFETY: the state line is 64-byte aligned inside the pool and only accessed atomically.
+        unsafe { &*self.line(index).cast::<AtomicU32>() }
+    }
+
+    /// Receiver side: the `len` payload bytes of cell `index`, both as a peer's slot gave them.
+    #[inline]
+    pub(crate) fn payload(&self, index: u32, len: usize) -> Result<&[u8], String> {
+        if index >= self.count {
+            return Err(format!("cell index {index} outside the pool of {} cells", self.count));
+        }
+        if len > self.size {
+            return Err(format!("cell message of {len} bytes, cells hold {}", self.size));
+        }
+        // SAFETY: index and len are checked above: the bytes are inside cell `index`; the sender
+        // does not write the cell again before we store FREE (after the borrow ends).
+        Ok(unsafe { std::slice::from_raw_parts(self.line(index).add(CELL_STATE_BYTES), len) })
+    }
+
+    /// Receiver side: gives cell `index` (checked by [`CellArea::payload`]) back to its sender.
+    #[inline]
+    pub(crate) fn release(&self, index: u32) {
+        if index < self.count {
+            // Release: our reads of the cell happen before the sender, after its Acquire load in
+            // SendCells::reclaim, writes the cell again.
+            self.state(index).store(FREE, Ordering::Release);
+        }
+    }
+}
+
+/// Sender side: this process's own pool and what is in flight to whom.
+#[derive(Debug)]
+pub(crate) struct SendCells {
+    area: CellArea,
+    /// Cells free to use; a stack (last freed, first reused).
+    free: Vec<u32>,
+    /// Per destination rank: cells in flight, oldest first. Capacity `count` once the peer is
+    /// added, so pushing never allocates.
+    in_flight: Vec<VecDeque<u32>>,
+}
+
+impl SendCells {
+    /// The pool in our own segment, all cells free, for a job of `size` ranks.
+    pub(crate) fn new(area: CellArea, size: u32) -> SendCells {
+        SendCells {
+            area,
+            free: (0..area.count).rev().collect(),
+            in_flight: (0..size).map(|_| VecDeque::new()).collect(),
+        }
+    }
+
+    /// Prepares the in-flight queue of a new destination.
+    pub(crate) fn add_dest(&mut self, rank: u32) {
+        if let Some(q) = self.in_flight.get_mut(rank as usize) {
+            q.reserve_exact(self.area.count as usize);
+        }
+    }
+
+    /// Cells in flight to anyone.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.area.count as usize - self.free.len()
+    }
+
+    /// Moves the cells `dest` has freed (the leading run of its FIFO) to the free list.
+    #[inline]
+    fn reclaim(&mut self, dest: usize) {
+        let Some(q) = self.in_flight.get_mut(dest) else { return };
+        while let Some(&c) = q.front() {
+            // Acquire: pairs with the Release store of FREE in CellArea::release; the receiver's
+            // reads of the cell happen before we write it again.
+            if self.area.state(c).load(Ordering::Acquire) != FREE {
+                break;
+            }
+            q.pop_front();
+            self.free.push(c);
+        }
+    }
+
+    /// Copies `payload` (at most `cell_size()` bytes) into a free cell marked in flight to
+    /// `dest` and returns its index; `None` when every cell is in flight.
+    #[inline]
+    pub(crate) fn fill(&mut self, dest: u32, payload: &[u8]) -> Option<u32> {
+        debug_assert!(payload.len() <= self.area.size);
+        self.reclaim(dest as usize);
+        if self.free.is_empty() {
+            for d in 0..self.in_flight.len() {
+                self.reclaim(d);
+            }
+        }
+        let c = self.free.pop()?;
+        // SAFETY: c < count (the free list only holds pool indices) and len <= cell size; the cell
+        // is ours: FREE was observed with Acquire (or it was never used), and no slot names it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(payload.as_ptr(), self.area.line(c).add(CELL_STATE_BYTES), payload.len())
+        };
+        // Relaxed: the Release stamp of the slot naming the cell orders this store before the
+        // receiver's FREE store, so FREE always comes after IN_FLIGHT in the word's history.
+        self.area.state(c).store(IN_FLIGHT, Ordering::Relaxed);
+        // `dest` is a connected peer, below the job size (checked by the transport).
+        self.in_flight[dest as usize].push_back(c);
+        Some(c)
+    }
+}

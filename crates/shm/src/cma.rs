@@ -1,0 +1,278 @@
+//! [`CmaTransport`]: kernel single copy between processes of one machine with
+//! `process_vm_readv` / `process_vm_writev` (Cross Memory Attach).
+//!
+//! CMA fails at run time when the kernel forbids one process to read another's memory: Yama
+//! `ptrace_scope >= 1` (we call `prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY)` to allow any process
+//! of ours, as UCX does), seccomp filters in containers, or a missing `CAP_SYS_PTRACE`. So
+//! `add_peer` does a real probe: it reads a word with a known value from the peer, and declines
+//! with the kernel's reason if that fails.
+
+use std::collections::BTreeMap;
+use std::io;
+
+use polyrail_core::{
+    Address, Caps, Cost, Error, Header, Issued, OpId, PeerInfo, Rank, Reach, Region, RegionMut, RemoteKey, Result,
+    Sink, Transport, TransportAttr, TransportKind,
+};
+
+use crate::key::PidKey;
+use crate::sys;
+
+/// Largest transfer handed to one system call (the kernel may also stop earlier; we loop).
+const CHUNK: usize = 1 << 30;
+/// Magic at the start of a CMA address: `b"PRCM"`.
+const ADDR_MAGIC: u32 = u32::from_le_bytes(*b"PRCM");
+/// Model default: cost of the system call and page pinning for a small transfer (ns).
+const RMA_LATENCY_NS: f64 = 1200.0;
+/// Model default: CPU time of the issuing side per operation (ns).
+const RMA_OVERHEAD_NS: f64 = 300.0;
+/// Model default: single-copy bandwidth (bytes/s).
+const RMA_BANDWIDTH: f64 = 10e9;
+
+/// What the probe of one peer found.
+#[derive(Clone, Debug)]
+struct CmaPeer {
+    pid: u32,
+    /// `Ok` when the probe passed, else why not.
+    probe: std::result::Result<(), String>,
+}
+
+/// Kernel single copy to the other processes of this machine (`cma`): one-sided `get`/`put`
+/// that finish before they return. No active messages.
+#[derive(Debug)]
+pub struct CmaTransport {
+    attr: TransportAttr,
+    host: String,
+    pid: u32,
+    /// The word peers read to probe us; holds `magic`. Boxed so its address is stable.
+    probe: Box<u64>,
+    magic: u64,
+    /// Probe results by rank.
+    peers: BTreeMap<Rank, CmaPeer>,
+}
+
+impl Default for CmaTransport {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The text of an OS error without the " (os error N)" suffix.
+fn errno_text(err: &io::Error) -> String {
+    let s = err.to_string();
+    match s.find(" (os error") {
+        Some(i) => s[..i].to_string(),
+        None => s,
+    }
+}
+
+impl CmaTransport {
+    /// Allows any process to attach to this one (Yama), and sets up the probe word.
+    pub fn new() -> CmaTransport {
+        // SAFETY: PR_SET_PTRACER takes an integer argument; it only changes who may ptrace us.
+        // Failure (no Yama) is fine: the probes tell whether CMA works.
+        unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0) };
+        let pid = std::process::id();
+        let mut probe = Box::new(0u64);
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        let magic = splitmix(t ^ (pid as u64) << 32 ^ (&*probe as *const u64 as u64)) | 1;
+        // SAFETY: `probe` is a live, aligned, exclusively owned u64; volatile so the store stays
+        // even though only other processes read it.
+        unsafe { std::ptr::write_volatile(&mut *probe, magic) };
+        let attr = TransportAttr {
+            kind: TransportKind::Cma,
+            max_inline: 0,
+            max_eager: 0,
+            max_rma: isize::MAX as usize,
+            caps: Caps::GET | Caps::PUT | Caps::RMA_INLINE_COMPLETION,
+            am_cost: Cost { latency_ns: f64::INFINITY, overhead_ns: 0.0, bandwidth: 1.0 },
+            rma_cost: Cost { latency_ns: RMA_LATENCY_NS, overhead_ns: RMA_OVERHEAD_NS, bandwidth: RMA_BANDWIDTH },
+        };
+        CmaTransport { attr, host: sys::host_identity(), pid, probe, magic, peers: BTreeMap::new() }
+    }
+
+    /// Sets the host identity compared with [`PeerInfo::host`] (default:
+    /// [`host_identity`](crate::host_identity)).
+    pub fn with_host(mut self, host: impl Into<String>) -> CmaTransport {
+        self.host = host.into();
+        self
+    }
+
+    fn decode_address(address: &[u8]) -> std::result::Result<(u32, u64, u64), String> {
+        if address.len() != 24 || address[..4] != ADDR_MAGIC.to_le_bytes() {
+            return Err(format!("not a polyrail cma address ({} bytes)", address.len()));
+        }
+        let u64_at = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&address[i..i + 8]);
+            u64::from_le_bytes(b)
+        };
+        let pid = u32::from_le_bytes([address[4], address[5], address[6], address[7]]);
+        Ok((pid, u64_at(8), u64_at(16)))
+    }
+
+    /// Reads the peer's probe word; `Err` is the reason shown by `polyrail info`.
+    fn probe(pid: u32, addr: u64, magic: u64) -> std::result::Result<(), String> {
+        let mut got = 0u64;
+        let local = libc::iovec { iov_base: (&mut got as *mut u64).cast(), iov_len: 8 };
+        let remote = libc::iovec { iov_base: addr as usize as *mut libc::c_void, iov_len: 8 };
+        // SAFETY: `local` describes our 8-byte `got`, valid for writes; the remote range is only
+        // accessed by the kernel, which checks it.
+        let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            let why = match err.raw_os_error() {
+                Some(libc::ESRCH) => "the process is gone".to_string(),
+                Some(libc::EFAULT) => "the probe address is not mapped there".to_string(),
+                _ => "Yama ptrace_scope, seccomp or missing CAP_SYS_PTRACE".to_string(),
+            };
+            return Err(format!("process_vm_readv from pid {pid} refused: {} ({why})", errno_text(&err)));
+        }
+        if n != 8 || got != magic {
+            return Err(format!("probe read wrong value from pid {pid}"));
+        }
+        Ok(())
+    }
+
+    /// The peer's pid when its probe passed.
+    fn peer_pid(&self, peer: Rank) -> Result<u32> {
+        match self.peers.get(&peer) {
+            Some(CmaPeer { pid, probe: Ok(()) }) => Ok(*pid),
+            Some(CmaPeer { probe: Err(why), .. }) => {
+                Err(Error::Transport { kind: "cma", what: format!("rank {peer} is not reachable: {why}") })
+            }
+            _ => Err(Error::Transport { kind: "cma", what: format!("rank {peer} was not added") }),
+        }
+    }
+
+    /// Checks `key` against `peer` and `[offset, offset + len)`; returns the pid and the remote
+    /// start address.
+    fn check_key(&self, peer: Rank, key: &RemoteKey, offset: usize, len: usize) -> Result<(u32, u64)> {
+        let pid = self.peer_pid(peer)?;
+        let bad =
+            |what: String| Error::Transport { kind: "cma", what: format!("bad remote key from rank {peer}: {what}") };
+        let k = PidKey::decode(key).map_err(bad)?;
+        if k.pid != pid {
+            return Err(bad(format!("it names pid {}, but rank {peer} is pid {pid}", k.pid)));
+        }
+        Ok((pid, k.range(offset, len).map_err(bad)?))
+    }
+}
+
+/// Moves `len` bytes between `local` and `remote` in process `pid`, looping over partial
+/// transfers. `write` selects `process_vm_writev`.
+fn transfer(peer: Rank, pid: u32, local: *mut u8, remote: u64, len: usize, write: bool) -> Result<()> {
+    let name = if write { "process_vm_writev" } else { "process_vm_readv" };
+    let mut done = 0usize;
+    while done < len {
+        let chunk = (len - done).min(CHUNK);
+        // SAFETY: the caller's Region promises `local..local + len` is valid (and writable for a
+        // read); done + chunk <= len.
+        let l = libc::iovec { iov_base: unsafe { local.add(done) }.cast(), iov_len: chunk };
+        let r = libc::iovec { iov_base: (remote + done as u64) as usize as *mut libc::c_void, iov_len: chunk };
+        // SAFETY: `l` is valid local memory (see above); the kernel checks the remote range.
+        let n = unsafe {
+            if write {
+                libc::process_vm_writev(pid as libc::pid_t, &l, 1, &r, 1, 0)
+            } else {
+                libc::process_vm_readv(pid as libc::pid_t, &l, 1, &r, 1, 0)
+            }
+        };
+        if n <= 0 {
+            let err = if n < 0 { io::Error::last_os_error() } else { io::Error::other("no progress") };
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(Error::Transport {
+                kind: "cma",
+                what: format!(
+                    "{name} of {len} bytes with rank {peer} (pid {pid}) failed after {done} bytes: {} (errno {})",
+                    errno_text(&err),
+                    err.raw_os_error().unwrap_or(0)
+                ),
+            });
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+impl Transport for CmaTransport {
+    fn attr(&self) -> &TransportAttr {
+        &self.attr
+    }
+
+    /// `"PRCM"`, pid u32, probe word address u64, magic u64 (little endian).
+    fn address(&self) -> Address {
+        let mut a = Vec::with_capacity(24);
+        a.extend_from_slice(&ADDR_MAGIC.to_le_bytes());
+        a.extend_from_slice(&self.pid.to_le_bytes());
+        a.extend_from_slice(&(&*self.probe as *const u64 as u64).to_le_bytes());
+        a.extend_from_slice(&self.magic.to_le_bytes());
+        a
+    }
+
+    fn add_peer(&mut self, peer: &PeerInfo, address: &[u8]) -> Reach {
+        let (pid, probe) = if peer.host != self.host {
+            (peer.pid, Err(format!("different host ({} here, {} there)", self.host, peer.host)))
+        } else {
+            match Self::decode_address(address) {
+                Ok((pid, addr, magic)) => (pid, Self::probe(pid, addr, magic)),
+                Err(e) => (peer.pid, Err(e)),
+            }
+        };
+        self.peers.insert(peer.rank, CmaPeer { pid, probe: probe.clone() });
+        match probe {
+            Ok(()) => Reach::Yes(format!("process_vm_readv probe of pid {pid} passed")),
+            Err(why) => Reach::No(why),
+        }
+    }
+
+    fn try_send(&mut self, peer: Rank, _hdr: &[u8; Header::WIRE_LEN], _payload: &[u8]) -> Result<Issued> {
+        Err(Error::Transport {
+            kind: "cma",
+            what: format!("no active messages (to rank {peer}): cma only reads and writes"),
+        })
+    }
+
+    fn progress(&mut self, _budget: usize, _sink: &mut dyn Sink) -> Result<usize> {
+        Ok(0)
+    }
+
+    fn expose(&mut self, region: Region) -> Result<RemoteKey> {
+        Ok(PidKey { pid: self.pid, addr: region.ptr as u64, len: region.len as u64 }.encode())
+    }
+
+    fn get(&mut self, peer: Rank, key: &RemoteKey, offset: usize, into: RegionMut, _op: OpId) -> Result<Issued> {
+        let (pid, remote) = self.check_key(peer, key, offset, into.len)?;
+        transfer(peer, pid, into.ptr, remote, into.len, false)?;
+        Ok(Issued::Done)
+    }
+
+    fn put(&mut self, peer: Rank, from: Region, key: &RemoteKey, offset: usize, _op: OpId) -> Result<Issued> {
+        let (pid, remote) = self.check_key(peer, key, offset, from.len)?;
+        // process_vm_writev only reads the local iovec: the cast to *mut does not write.
+        transfer(peer, pid, from.ptr as *mut u8, remote, from.len, true)?;
+        Ok(Issued::Done)
+    }
+
+    fn describe(&self) -> String {
+        let failed: Vec<String> = self
+            .peers
+            .iter()
+            .filter_map(|(r, p)| p.probe.as_ref().err().map(|why| format!("rank {r}: {why}")))
+            .collect();
+        if failed.is_empty() {
+            format!("process_vm_readv probes passed for all {} peers", self.peers.len())
+        } else {
+            format!("probes failed for {} of {} peers: {}", failed.len(), self.peers.len(), failed.join("; "))
+        }
+    }
+}

@@ -1,0 +1,476 @@
+//! Shared-memory segments: one per process, named per user, job and rank.
+//!
+//! # Segment layout
+//!
+//! ```text
+//! offset 0        SegmentInfo (64 bytes, written once by the owner before its address is published)
+//! offset 64       finalized: AtomicU32 on its own line (owner stores 1 with Release in finalize)
+//! offset 4096     ring r for r in 0..size: the owner's outgoing ring to rank r
+//!                 (ring_stride = Geometry::bytes rounded up to 128 bytes)
+//! cells_offset    send cell c for c in 0..cells (page aligned):
+//!                   64-byte line: state AtomicU32 (FREE = 0 / IN_FLIGHT = 1), rest unused
+//!                   cell_size bytes of payload, rounded up to 64
+//! total_len       rounded up to 4096
+//! ```
+//! Everything is allocated by the owner at creation (`posix_fallocate`, so a full `/dev/shm` is an
+//! error now rather than a `SIGBUS` later, and first touch places the pages in the owner's NUMA
+//! node), and mapped with `MAP_POPULATE` so no page fault lands on the message path. The memory
+//! is `size` rings per process, `size * size` per node with everything on one node: with the
+//! defaults, about 17.5 KiB per ordered pair.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU32;
+
+use polyrail_core::{Error, Result};
+
+use crate::ring::{Geometry, CONTROL};
+use crate::sys;
+
+/// Magic number at the start of every segment: `b"PRLSHM01"`.
+const MAGIC: u64 = u64::from_le_bytes(*b"PRLSHM01");
+/// Layout version; bump on any change of the segment or slot layout.
+pub(crate) const VERSION: u32 = 1;
+/// Bytes before the first ring.
+const HEADER_BYTES: usize = 4096;
+/// Offset of the `finalized` flag.
+const FINALIZED_AT: usize = 64;
+/// Bytes of a cell's state line.
+pub(crate) const CELL_STATE_BYTES: usize = 64;
+/// Magic number at the start of an address: `b"PRSH"`.
+const ADDR_MAGIC: u32 = u32::from_le_bytes(*b"PRSH");
+
+/// The fixed information at offset 0 of a segment.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SegmentInfo {
+    magic: u64,
+    version: u32,
+    rank: u32,
+    size: u32,
+    slots: u32,
+    max_msg_slots: u32,
+    cells: u32,
+    cell_size: u32,
+    owner_pid: u32,
+    total_len: u64,
+}
+
+/// Sizes and offsets of a segment. Every process of a job computes the same one from the same
+/// configuration; peers with another layout are refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SegLayout {
+    /// Ranks in the job (one outgoing ring each).
+    pub size: u32,
+    /// Ring shape.
+    pub geo: Geometry,
+    /// Send cells in the pool.
+    pub cells: u32,
+    /// Payload bytes per cell.
+    pub cell_size: u32,
+    /// Bytes between two rings.
+    pub ring_stride: usize,
+    /// Offset of the first cell's state line.
+    pub cells_offset: usize,
+    /// Bytes between two cells.
+    pub cell_stride: usize,
+    /// Bytes of the whole segment.
+    pub total_len: usize,
+}
+
+impl SegLayout {
+    /// The layout for these parameters; `None` if its size overflows.
+    pub(crate) fn new(size: u32, geo: Geometry, cells: u32, cell_size: u32) -> Option<SegLayout> {
+        let ring_stride = geo.bytes().div_ceil(CONTROL) * CONTROL;
+        let rings_end = HEADER_BYTES.checked_add(ring_stride.checked_mul(size as usize)?)?;
+        let cells_offset = rings_end.checked_next_multiple_of(4096)?;
+        let cell_stride = CELL_STATE_BYTES.checked_add((cell_size as usize).checked_next_multiple_of(64)?)?;
+        let total = cells_offset.checked_add(cell_stride.checked_mul(cells as usize)?)?;
+        let total_len = total.checked_next_multiple_of(4096)?;
+        Some(SegLayout { size, geo, cells, cell_size, ring_stride, cells_offset, cell_stride, total_len })
+    }
+
+    /// Offset of the owner's outgoing ring to `rank` (`rank < size`).
+    pub(crate) fn ring_offset(&self, rank: u32) -> usize {
+        debug_assert!(rank < self.size);
+        HEADER_BYTES + rank as usize * self.ring_stride
+    }
+
+    /// What differs between two layouts, for a refusal message.
+    fn differences(&self, theirs: &SegLayout) -> String {
+        let mut d = Vec::new();
+        let mut cmp = |what: &str, ours: u64, their: u64| {
+            if ours != their {
+                d.push(format!("{what}: ours {ours}, theirs {their}"));
+            }
+        };
+        cmp("ranks", self.size as u64, theirs.size as u64);
+        cmp("slots per ring (POLYRAIL_SHM_SLOTS)", self.geo.slots as u64, theirs.geo.slots as u64);
+        cmp("slots per inline message", self.geo.max_msg_slots as u64, theirs.geo.max_msg_slots as u64);
+        cmp("cells (POLYRAIL_SHM_CELLS)", self.cells as u64, theirs.cells as u64);
+        cmp("cell size (POLYRAIL_SHM_CELL_SIZE)", self.cell_size as u64, theirs.cell_size as u64);
+        cmp("segment bytes", self.total_len as u64, theirs.total_len as u64);
+        d.join("; ")
+    }
+}
+
+/// What a process publishes so that peers can map its segment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SegAddress {
+    /// The POSIX shared-memory name (`/polyrail-...`).
+    pub name: String,
+    /// The owner's rank.
+    pub rank: u32,
+    /// The owner's layout.
+    pub layout: SegLayout,
+}
+
+impl SegAddress {
+    /// `"PRSH"`, version u32, name length u16 + name, rank, size, slots, max_msg_slots, cells,
+    /// cell_size (u32 each), total length (u64); little endian.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let l = &self.layout;
+        let mut out = Vec::with_capacity(64 + self.name.len());
+        out.extend_from_slice(&ADDR_MAGIC.to_le_bytes());
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&(self.name.len() as u16).to_le_bytes());
+        out.extend_from_slice(self.name.as_bytes());
+        for v in [self.rank, l.size, l.geo.slots, l.geo.max_msg_slots, l.cells, l.cell_size] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&(l.total_len as u64).to_le_bytes());
+        out
+    }
+
+    /// Reads an address made by [`SegAddress::encode`]; `Err` says what is wrong.
+    pub(crate) fn decode(bytes: &[u8]) -> std::result::Result<SegAddress, String> {
+        let mut r = Reader(bytes);
+        if r.u32()? != ADDR_MAGIC {
+            return Err("not a polyrail shm address".into());
+        }
+        let version = r.u32()?;
+        if version != VERSION {
+            return Err(format!("layout version {version}, this build speaks {VERSION}"));
+        }
+        let name_len = r.u16()? as usize;
+        let name = std::str::from_utf8(r.take(name_len)?).map_err(|_| "segment name is not UTF-8")?.to_string();
+        let (rank, size, slots, max_msg_slots, cells, cell_size) =
+            (r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+        let total_len = r.u64()?;
+        if !r.0.is_empty() {
+            return Err(format!("{} trailing bytes", r.0.len()));
+        }
+        if !slots.is_power_of_two() || slots < 16 || max_msg_slots == 0 || max_msg_slots > slots / 4 {
+            return Err(format!("impossible ring shape: {slots} slots, messages of up to {max_msg_slots} slots"));
+        }
+        let geo = Geometry::new(slots, max_msg_slots);
+        let layout = SegLayout::new(size, geo, cells, cell_size).ok_or("segment size overflows")?;
+        if layout.total_len as u64 != total_len {
+            return Err(format!("segment length {total_len} does not match its layout ({} bytes)", layout.total_len));
+        }
+        Ok(SegAddress { name, rank, layout })
+    }
+}
+
+/// Cursor over peer-controlled bytes; every read is bounds-checked.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
+        if self.0.len() < n {
+            return Err("address is truncated".into());
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn u16(&mut self) -> std::result::Result<u16, String> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().map_err(|_| "short")?))
+    }
+    fn u32(&mut self) -> std::result::Result<u32, String> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().map_err(|_| "short")?))
+    }
+    fn u64(&mut self) -> std::result::Result<u64, String> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().map_err(|_| "short")?))
+    }
+}
+
+/// A shared mapping, unmapped on drop.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a Mapping is an address range; which thread unmaps it does not matter, and the
+// transports that hold one synchronize every access to the memory through their ring protocol.
+unsafe impl Send for Mapping {}
+
+impl Mapping {
+    /// Maps `len` bytes of `fd` shared, read-write, pre-faulted.
+    fn map(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
+        // SAFETY: a fresh mapping chosen by the kernel; `fd` is open read-write and `len` bytes
+        // long (checked by the callers).
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        Ok(Mapping { ptr, len })
+    }
+
+    /// Start of the mapping (page aligned).
+    pub(crate) fn base(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    /// Pointer to `offset` (callers keep `offset` inside the mapping, at the alignment they use).
+    pub(crate) fn at(&self, offset: usize) -> NonNull<u8> {
+        assert!(offset < self.len, "offset {offset} outside a mapping of {} bytes", self.len);
+        // SAFETY: offset < len, inside the mapping, so the result is in bounds and non-null.
+        unsafe { NonNull::new_unchecked(self.ptr.as_ptr().add(offset)) }
+    }
+
+    /// The segment's `finalized` flag.
+    pub(crate) fn finalized(&self) -> &AtomicU32 {
+        // SAFETY: offset 64 is 4-byte aligned inside the header page of every segment (mappings
+        // are at least HEADER_BYTES long) and only ever accessed as this atomic.
+        unsafe { &*self.at(FINALIZED_AT).as_ptr().cast::<AtomicU32>() }
+    }
+
+    fn info(&self) -> SegmentInfo {
+        // SAFETY: the mapping is at least HEADER_BYTES long and page aligned; a volatile copy
+        // reads each byte once, whatever the peer does to it meanwhile.
+        unsafe { std::ptr::read_volatile(self.ptr.as_ptr().cast::<SegmentInfo>()) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len is a mapping we made and nobody uses after the owner is dropped.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// `/dev/shm` path of a shared-memory name, for messages.
+fn path_of(name: &str) -> String {
+    format!("/dev/shm{name}")
+}
+
+/// This process's own segment.
+#[derive(Debug)]
+pub(crate) struct OwnSegment {
+    /// The mapping.
+    pub map: Mapping,
+    /// The shared-memory name.
+    pub name: String,
+    unlinked: bool,
+}
+
+impl OwnSegment {
+    /// Creates, sizes, allocates and maps the segment `name` for `rank` with `layout`.
+    pub(crate) fn create(name: &str, rank: u32, layout: &SegLayout) -> Result<OwnSegment> {
+        let len = layout.total_len;
+        let what = || format!("creating shared-memory segment {} ({len} bytes)", path_of(name));
+        let cname = CString::new(name).map_err(|_| Error::InvalidArgument(format!("segment name {name:?}")))?;
+        let mut tried_stale = false;
+        let fd = loop {
+            // SAFETY: `cname` is a valid C string; shm_open returns a new descriptor or -1.
+            let fd = unsafe {
+                libc::shm_open(cname.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC, 0o600)
+            };
+            if fd >= 0 {
+                // SAFETY: just returned by the kernel, owned by nobody else.
+                break unsafe { OwnedFd::from_raw_fd(fd) };
+            }
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EEXIST) && !tried_stale && remove_stale(&cname) {
+                tried_stale = true;
+                continue;
+            }
+            let hint = if err.raw_os_error() == Some(libc::EEXIST) {
+                " (a live process of a job with the same id owns it)"
+            } else {
+                ""
+            };
+            return Err(Error::io(format!("{}{hint}", what()), err));
+        };
+        let mapped = allocate(&fd, len)
+            .map_err(|e| Error::io(format!("{}: is /dev/shm large enough? (df -h /dev/shm)", what()), e))
+            .and_then(|()| Mapping::map(&fd, len).map_err(|e| Error::io(format!("{}: mmap", what()), e)));
+        let map = match mapped {
+            Ok(map) => map,
+            Err(e) => {
+                // SAFETY: a valid C string; the name is ours (created above with O_EXCL).
+                unsafe { libc::shm_unlink(cname.as_ptr()) };
+                return Err(e);
+            }
+        };
+        let seg = OwnSegment { map, name: name.to_string(), unlinked: false };
+        let info = SegmentInfo {
+            magic: MAGIC,
+            version: VERSION,
+            rank,
+            size: layout.size,
+            slots: layout.geo.slots,
+            max_msg_slots: layout.geo.max_msg_slots,
+            cells: layout.cells,
+            cell_size: layout.cell_size,
+            owner_pid: std::process::id(),
+            total_len: len as u64,
+        };
+        // SAFETY: the mapping is `len >= HEADER_BYTES` bytes, page aligned, and not yet visible to
+        // any peer (its address is published after this returns).
+        unsafe { std::ptr::write(seg.map.base().as_ptr().cast::<SegmentInfo>(), info) };
+        Ok(seg)
+    }
+
+    /// Removes the name from `/dev/shm` (mappings stay valid). Idempotent.
+    pub(crate) fn unlink(&mut self) -> Result<()> {
+        if self.unlinked {
+            return Ok(());
+        }
+        self.unlinked = true;
+        let cname = CString::new(self.name.as_str()).map_err(|_| Error::InvalidArgument(self.name.clone()))?;
+        // SAFETY: a valid C string.
+        if unsafe { libc::shm_unlink(cname.as_ptr()) } != 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::ENOENT) {
+                return Err(Error::io(format!("unlinking {}", path_of(&self.name)), err));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for OwnSegment {
+    fn drop(&mut self) {
+        let _ = self.unlink();
+    }
+}
+
+/// Checks free space, sizes the file and allocates every page now.
+fn allocate(fd: &OwnedFd, len: usize) -> io::Result<()> {
+    // SAFETY: an all-zero statvfs is a valid value to be overwritten.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open and `st` is valid for writes.
+    if unsafe { libc::fstatvfs(fd.as_raw_fd(), &mut st) } == 0 {
+        let avail = (st.f_bavail as u128) * (st.f_frsize as u128);
+        if st.f_blocks != 0 && avail < len as u128 {
+            return Err(io::Error::other(format!(
+                "only {avail} bytes free in /dev/shm, {len} needed (No space left on device)"
+            )));
+        }
+    }
+    // SAFETY: `fd` is an open descriptor.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is an open descriptor; posix_fallocate returns an error number.
+    let rc = unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, len as libc::off_t) };
+    if rc != 0 && rc != libc::EOPNOTSUPP && rc != libc::EINVAL {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
+}
+
+/// Unlinks `name` if it is a polyrail segment whose owner process is gone (a killed job that
+/// reused the job id). Returns whether it did.
+fn remove_stale(name: &CString) -> bool {
+    // SAFETY: a valid C string; read-only open.
+    let fd = unsafe { libc::shm_open(name.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC, 0) };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: just opened, owned here.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut info = [0u8; std::mem::size_of::<SegmentInfo>()];
+    // SAFETY: `info` is valid for writes of its length.
+    let n = unsafe { libc::pread(fd.as_raw_fd(), info.as_mut_ptr().cast(), info.len(), 0) };
+    if n != info.len() as isize {
+        return false;
+    }
+    // SAFETY: SegmentInfo is plain integers; any bytes are a valid value.
+    let info: SegmentInfo = unsafe { std::ptr::read_unaligned(info.as_ptr().cast()) };
+    if info.magic != MAGIC || sys::pid_alive(info.owner_pid) {
+        return false;
+    }
+    tracing::warn!(pid = info.owner_pid, "removing stale shared-memory segment {:?} of an exited process", name);
+    // SAFETY: a valid C string.
+    unsafe { libc::shm_unlink(name.as_ptr()) == 0 }
+}
+
+/// A peer's segment, mapped read-write; `Err` says why it cannot be used.
+pub(crate) fn open_peer(addr: &SegAddress, expect_rank: u32) -> std::result::Result<(Mapping, u32), String> {
+    let name = &addr.name;
+    if !name.starts_with("/polyrail-") || name[1..].contains('/') || name.len() > 255 {
+        return Err(format!("{name:?} is not a polyrail segment name"));
+    }
+    if addr.rank != expect_rank {
+        return Err(format!("address is of rank {}, not {expect_rank}", addr.rank));
+    }
+    let path = path_of(name);
+    let cname = CString::new(name.as_str()).map_err(|_| format!("{name:?} contains a NUL byte"))?;
+    // SAFETY: a valid C string; shm_open returns a new descriptor or -1.
+    let fd = unsafe { libc::shm_open(cname.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(format!("cannot open {path}: {}", io::Error::last_os_error()));
+    }
+    // SAFETY: just opened, owned here.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: an all-zero stat is a valid value to be overwritten.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open and `st` valid for writes.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(format!("cannot stat {path}: {}", io::Error::last_os_error()));
+    }
+    let len = addr.layout.total_len;
+    if st.st_size as u64 != len as u64 {
+        return Err(format!("{path} is {} bytes, its address says {len}", st.st_size));
+    }
+    if st.st_uid != sys::uid() {
+        return Err(format!("{path} belongs to uid {}, not to us ({})", st.st_uid, sys::uid()));
+    }
+    let map = Mapping::map(&fd, len).map_err(|e| format!("cannot map {path} ({len} bytes): {e}"))?;
+    let info = map.info();
+    let l = &addr.layout;
+    let expected = SegmentInfo {
+        magic: MAGIC,
+        version: VERSION,
+        rank: addr.rank,
+        size: l.size,
+        slots: l.geo.slots,
+        max_msg_slots: l.geo.max_msg_slots,
+        cells: l.cells,
+        cell_size: l.cell_size,
+        owner_pid: info.owner_pid,
+        total_len: len as u64,
+    };
+    if info != expected {
+        return Err(format!("{path}: header {info:?} does not match the address {expected:?}"));
+    }
+    Ok((map, info.owner_pid))
+}
+
+/// Checks that a peer's layout equals ours; `Err` lists the differences.
+pub(crate) fn same_layout(ours: &SegLayout, theirs: &SegLayout) -> std::result::Result<(), String> {
+    if ours == theirs {
+        Ok(())
+    } else {
+        Err(format!(
+            "segment layout differs ({}): every process of a job needs the same POLYRAIL_SHM_* settings",
+            ours.differences(theirs)
+        ))
+    }
+}

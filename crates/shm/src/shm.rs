@@ -1,0 +1,377 @@
+//! [`ShmTransport`]: active messages between processes of one machine through shared-memory
+//! rings and send cells.
+//!
+//! Each process creates one segment (see `segment.rs` for its layout) holding its outgoing ring
+//! to every rank and its send-cell pool. A peer maps it read-write: it reads the slots and cells
+//! addressed to it, and writes back only its ring's `read` position and the cells' `FREE` states.
+//! Once every process has mapped every segment (`connected`), the names are unlinked, so nothing
+//! is left in `/dev/shm` even if the job is killed later.
+
+use std::sync::atomic::Ordering;
+
+use polyrail_core::{
+    Address, Caps, Config, Cost, Error, Header, Issued, PeerInfo, Rank, Reach, Result, Sink, Transport, TransportAttr,
+    TransportKind,
+};
+
+use crate::cells::{CellArea, SendCells};
+use crate::ring::{Body, Consumer, Geometry, Producer, FIRST_INLINE, SLOT};
+use crate::segment::{self, Mapping, OwnSegment, SegAddress, SegLayout};
+use crate::sys::{self, ProcessWatch};
+
+/// Slots an inline message may take by default: 16 + 16 * 64 = 1040 payload bytes (clamped to a
+/// quarter of the ring). Above that, a send cell is as fast and keeps the ring free for others.
+pub(crate) const DEFAULT_INLINE_SLOTS: u32 = 17;
+
+/// Model default of an active message's latency (ns): about twice the cache-line transfer
+/// measured between two cores (see `examples/ring_pingpong.rs`).
+const AM_LATENCY_NS: f64 = 200.0;
+/// Model default of the sender's CPU time per message (ns).
+const AM_OVERHEAD_NS: f64 = 50.0;
+/// Model default of the bandwidth of the two-copy path through cells (bytes/s).
+const AM_BANDWIDTH: f64 = 5e9;
+
+/// A connected peer: our ring to it, its ring to us, its segment.
+#[derive(Debug)]
+struct Peer {
+    /// Our outgoing ring to the peer (in our segment).
+    out: Producer,
+    /// The peer's ring to us (in its segment).
+    inc: Consumer,
+    /// The peer's send cells (in its segment).
+    their_cells: CellArea,
+    /// The peer's process id, as its segment header says.
+    pid: u32,
+    watch: ProcessWatch,
+    /// Set once the peer's ring was found corrupt: it is not polled again.
+    failed: bool,
+    /// Set once `check_peers` reported the peer's exit.
+    reported: bool,
+    /// The peer's segment; keeps `inc` and `their_cells` valid. Dropped last.
+    map: Mapping,
+}
+
+/// Shared-memory rings and send cells to the other processes of this machine (`shm`).
+///
+/// Build one per process with [`ShmTransport::new`], publish [`Transport::address`], call
+/// [`Transport::add_peer`] for every peer, pass a fence, then call [`Transport::connected`].
+#[derive(Debug)]
+pub struct ShmTransport {
+    attr: TransportAttr,
+    rank: u32,
+    host: String,
+    layout: SegLayout,
+    peers: Vec<Option<Peer>>,
+    /// Ranks of connected peers, in the order `progress` visits them.
+    active: Vec<u32>,
+    /// Where the next `progress` starts in `active` (round robin).
+    next: usize,
+    cells: SendCells,
+    /// Dropped after the peers: our rings stay mapped while producers exist.
+    seg: OwnSegment,
+}
+
+/// Keeps `[A-Za-z0-9_.]`, replaces anything else with `_`, at most 160 characters.
+fn sanitize(job_id: &str) -> String {
+    let s: String = job_id
+        .chars()
+        .take(160)
+        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '.' { c } else { '_' })
+        .collect();
+    if s.is_empty() {
+        "job".into()
+    } else {
+        s
+    }
+}
+
+impl ShmTransport {
+    /// Delivers up to `budget` messages from `rank`'s ring; a corrupt slot makes the peer lost.
+    fn poll_peer(&mut self, rank: Rank, budget: usize, sink: &mut dyn Sink) -> usize {
+        let Some(p) = self.peers[rank as usize].as_mut() else { return 0 };
+        let mut done = 0;
+        while !p.failed && done < budget {
+            let (nslots, cell) = match p.inc.peek() {
+                Ok(None) => {
+                    p.inc.idle();
+                    break;
+                }
+                Ok(Some(a)) => match a.body {
+                    Body::Inline(payload) => {
+                        sink.message(rank, a.hdr, payload);
+                        (a.nslots, None)
+                    }
+                    Body::Cell { index, len } => match p.their_cells.payload(index, len) {
+                        Ok(payload) => {
+                            sink.message(rank, a.hdr, payload);
+                            (a.nslots, Some(index))
+                        }
+                        Err(what) => {
+                            p.failed = true;
+                            sink.peer_lost(rank, Error::protocol(rank, what));
+                            break;
+                        }
+                    },
+                },
+                Err(what) => {
+                    p.failed = true;
+                    sink.peer_lost(rank, Error::protocol(rank, what));
+                    break;
+                }
+            };
+            if let Some(index) = cell {
+                p.their_cells.release(index);
+            }
+            p.inc.consume(nslots);
+            done += 1;
+        }
+        done
+    }
+
+    /// Creates this process's segment for rank `rank` of a job of `size` ranks, named
+    /// `/polyrail-<uid>-<job_id>-<rank>`, with `cfg.shm_slots` slots per ring and
+    /// `cfg.shm_cells` cells of `cfg.shm_cell_size` bytes.
+    ///
+    /// Fails with [`Error::Io`] (naming the path and size) when the segment cannot be created,
+    /// e.g. `/dev/shm` is full or a live job uses the same id.
+    pub fn new(cfg: &Config, job_id: &str, rank: u32, size: u32) -> Result<ShmTransport> {
+        Self::with_inline_slots(cfg, job_id, rank, size, DEFAULT_INLINE_SLOTS)
+    }
+
+    /// [`ShmTransport::new`] with inline messages of up to `max_slots` slots (clamped to
+    /// `1..=shm_slots / 4`); for measurements. Every process of a job must use the same value.
+    #[doc(hidden)]
+    pub fn with_inline_slots(cfg: &Config, job_id: &str, rank: u32, size: u32, max_slots: u32) -> Result<ShmTransport> {
+        if size == 0 || rank >= size {
+            return Err(Error::InvalidArgument(format!("shm: rank {rank} in a job of {size} ranks")));
+        }
+        let slots = cfg.shm_slots;
+        if !slots.is_power_of_two() || !(16..=65536).contains(&slots) {
+            return Err(Error::config("POLYRAIL_SHM_SLOTS", slots.to_string(), "a power of two from 16 to 65536"));
+        }
+        if cfg.shm_cell_size == 0 || cfg.shm_cell_size > 1 << 30 {
+            return Err(Error::config("POLYRAIL_SHM_CELL_SIZE", cfg.shm_cell_size.to_string(), "a size from 4k to 1m"));
+        }
+        if cfg.shm_cells == 0 || cfg.shm_cells > 1 << 20 {
+            return Err(Error::config("POLYRAIL_SHM_CELLS", cfg.shm_cells.to_string(), "a count from 4 to 65536"));
+        }
+        let geo = Geometry::new(slots as u32, max_slots);
+        let layout = SegLayout::new(size, geo, cfg.shm_cells as u32, cfg.shm_cell_size as u32).ok_or_else(|| {
+            Error::InvalidArgument(format!("shm segment for {size} ranks overflows the address space"))
+        })?;
+        let name = format!("/polyrail-{}-{}-{rank}", sys::uid(), sanitize(job_id));
+        let seg = OwnSegment::create(&name, rank, &layout)?;
+        // SAFETY: the mapping is `layout.total_len` bytes with this layout, and `seg` outlives
+        // `cells` (field order of ShmTransport).
+        let area = unsafe { CellArea::new(seg.map.base(), &layout) };
+        let attr = TransportAttr {
+            kind: TransportKind::Shm,
+            max_inline: geo.inline_max(),
+            max_eager: layout.cell_size as usize,
+            max_rma: 0,
+            caps: Caps::AM,
+            am_cost: Cost { latency_ns: AM_LATENCY_NS, overhead_ns: AM_OVERHEAD_NS, bandwidth: AM_BANDWIDTH },
+            rma_cost: Cost { latency_ns: f64::INFINITY, overhead_ns: 0.0, bandwidth: 1.0 },
+        };
+        Ok(ShmTransport {
+            attr,
+            rank,
+            host: sys::host_identity(),
+            layout,
+            peers: (0..size).map(|_| None).collect(),
+            active: Vec::new(),
+            next: 0,
+            cells: SendCells::new(area, size),
+            seg,
+        })
+    }
+
+    /// Sets the host identity compared with [`PeerInfo::host`] (default:
+    /// [`host_identity`](crate::host_identity)); peers whose host differs are not reached.
+    pub fn with_host(mut self, host: impl Into<String>) -> ShmTransport {
+        self.host = host.into();
+        self
+    }
+
+    /// The segment's shared-memory name (`/polyrail-<uid>-<job>-<rank>`; under `/dev/shm` until
+    /// [`Transport::connected`]).
+    pub fn segment_name(&self) -> &str {
+        &self.seg.name
+    }
+
+    /// Bytes of this process's segment.
+    pub fn segment_len(&self) -> usize {
+        self.layout.total_len
+    }
+
+    /// Largest payload carried inline in the ring's slots (larger ones go through a send cell).
+    pub fn inline_limit(&self) -> usize {
+        self.layout.geo.inline_max()
+    }
+
+    /// Test hook: writes `bytes` at byte `offset` of the slot where our next message to `peer`
+    /// starts; with `publish`, stamps that slot as an arrived one-slot message (see the slot
+    /// layout in `ring.rs`). Used to check that a receiver rejects corrupt slots.
+    #[doc(hidden)]
+    pub fn corrupt_for_test(&mut self, peer: Rank, offset: usize, bytes: &[u8], publish: bool) {
+        if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
+            p.out.corrupt_next(offset, bytes, publish);
+        }
+    }
+
+    /// Maps the peer's segment and sets up both rings; `Err` is why the peer cannot be reached.
+    fn connect(&self, peer: &PeerInfo, address: &[u8]) -> std::result::Result<Peer, String> {
+        if peer.host != self.host {
+            return Err(format!("different host ({} here, {} there)", self.host, peer.host));
+        }
+        let addr = SegAddress::decode(address).map_err(|e| format!("bad shm address: {e}"))?;
+        segment::same_layout(&self.layout, &addr.layout)?;
+        let (map, pid) = segment::open_peer(&addr, peer.rank)?;
+        let geo = self.layout.geo;
+        // SAFETY: our segment holds a zero-filled ring at this offset (it is only written by the
+        // producer made here, once per peer: add_peer refuses a second call), 128-byte aligned,
+        // and the segment outlives the producer (field order of ShmTransport).
+        let out = unsafe { Producer::new(self.seg.map.at(self.layout.ring_offset(peer.rank)), geo) };
+        // SAFETY: the peer's segment has our layout (checked above); its ring to us lies at this
+        // offset; `map` is stored with the consumer and dropped after it.
+        let inc = unsafe { Consumer::new(map.at(self.layout.ring_offset(self.rank)), geo) };
+        // SAFETY: as above, for the peer's cell pool.
+        let their_cells = unsafe { CellArea::new(map.base(), &self.layout) };
+        Ok(Peer { out, inc, their_cells, pid, watch: ProcessWatch::new(pid), failed: false, reported: false, map })
+    }
+
+    #[cold]
+    fn not_connected(peer: Rank) -> Error {
+        Error::Transport { kind: "shm", what: format!("rank {peer} is not connected through shared memory") }
+    }
+}
+
+impl Transport for ShmTransport {
+    fn attr(&self) -> &TransportAttr {
+        &self.attr
+    }
+
+    fn address(&self) -> Address {
+        SegAddress { name: self.seg.name.clone(), rank: self.rank, layout: self.layout }.encode()
+    }
+
+    fn add_peer(&mut self, peer: &PeerInfo, address: &[u8]) -> Reach {
+        if peer.rank == self.rank {
+            return Reach::No("own rank (the loopback channel carries messages to oneself)".into());
+        }
+        if peer.rank >= self.layout.size {
+            return Reach::No(format!("rank {} outside a job of {} ranks", peer.rank, self.layout.size));
+        }
+        if self.peers[peer.rank as usize].is_some() {
+            return Reach::Yes("already connected".into());
+        }
+        match self.connect(peer, address) {
+            Err(why) => Reach::No(why),
+            Ok(p) => {
+                let why = format!("mapped the segment of pid {} ({} bytes)", p.pid, self.layout.total_len);
+                self.cells.add_dest(peer.rank);
+                self.peers[peer.rank as usize] = Some(p);
+                self.active.push(peer.rank);
+                Reach::Yes(why)
+            }
+        }
+    }
+
+    fn connected(&mut self) -> Result<()> {
+        self.seg.unlink()
+    }
+
+    #[inline]
+    fn try_send(&mut self, peer: Rank, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) -> Result<Issued> {
+        let Some(Some(p)) = self.peers.get_mut(peer as usize) else { return Err(Self::not_connected(peer)) };
+        let len = payload.len();
+        if len <= self.attr.max_inline {
+            match p.out.reserve(Geometry::slots_for(len)) {
+                Ok(true) => {}
+                Ok(false) => return Ok(Issued::WouldBlock),
+                Err(what) => return Err(Error::protocol(peer, what)),
+            }
+            p.out.push_inline(hdr, payload);
+            return Ok(Issued::Done);
+        }
+        if len > self.attr.max_eager {
+            return Err(Error::Transport {
+                kind: "shm",
+                what: format!("payload of {len} bytes to rank {peer} exceeds max_eager ({})", self.attr.max_eager),
+            });
+        }
+        match p.out.reserve(1) {
+            Ok(true) => {}
+            Ok(false) => return Ok(Issued::WouldBlock),
+            Err(what) => return Err(Error::protocol(peer, what)),
+        }
+        let Some(cell) = self.cells.fill(peer, payload) else { return Ok(Issued::WouldBlock) };
+        p.out.push_cell(hdr, len as u32, cell);
+        Ok(Issued::Done)
+    }
+
+    fn progress(&mut self, budget: usize, sink: &mut dyn Sink) -> Result<usize> {
+        let n = self.active.len();
+        let mut done = 0;
+        if n == 0 {
+            return Ok(0);
+        }
+        let start = self.next;
+        self.next = if start + 1 >= n { 0 } else { start + 1 };
+        for step in 0..n {
+            let i = if start + step >= n { start + step - n } else { start + step };
+            done += self.poll_peer(self.active[i], budget - done, sink);
+            if done >= budget {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
+    fn check_peers(&mut self, sink: &mut dyn Sink) {
+        for i in 0..self.active.len() {
+            let rank = self.active[i];
+            let Some(p) = self.peers[rank as usize].as_mut() else { continue };
+            if p.reported || !p.watch.exited() {
+                continue;
+            }
+            p.reported = true;
+            // Acquire: pairs with the Release store in the peer's finalize.
+            let finalized = p.map.finalized().load(Ordering::Acquire) != 0;
+            let pid = p.pid;
+            // What the peer sent before it exited still counts: deliver it first.
+            self.poll_peer(rank, usize::MAX, sink);
+            let why = if finalized {
+                Error::PeerFinished { rank }
+            } else {
+                Error::PeerLost { rank, why: format!("process {pid} exited without finalizing") }
+            };
+            sink.peer_lost(rank, why);
+        }
+    }
+
+    fn finalize(&mut self) {
+        // Release: everything this process wrote before finishing is visible to a peer that
+        // reads the flag with Acquire in check_peers.
+        self.seg.map.finalized().store(1, Ordering::Release);
+    }
+
+    fn describe(&self) -> String {
+        let l = &self.layout;
+        format!(
+            "{} slots x {SLOT} B per ring, inline up to {} B ({FIRST_INLINE} B in the first slot), {} cells x {} B ({} in flight), segment {} B, {} peers mapped{}",
+            l.geo.slots,
+            l.geo.inline_max(),
+            l.cells,
+            l.cell_size,
+            self.cells.in_flight(),
+            l.total_len,
+            self.active.len(),
+            if self.active.iter().any(|&r| self.peers[r as usize].as_ref().is_some_and(|p| p.failed)) {
+                " (some rings corrupt)"
+            } else {
+                ""
+            }
+        )
+    }
+}

@@ -1,0 +1,80 @@
+//! Thin wrappers over the few system calls the node-local channels need: host identity, process
+//! liveness (`pidfd_open` + `poll`), `errno` text.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// Identity of this machine as `hostname/boot-id`.
+///
+/// The boot id (`/proc/sys/kernel/random/boot_id`) tells apart two machines with the same host
+/// name (containers, cloned VMs) and a machine before and after a reboot. This is the default
+/// host string the node-local transports compare with [`polyrail_core::PeerInfo::host`]; a caller
+/// that names hosts differently sets its own with `with_host`.
+pub fn host_identity() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` is valid for writes of its length; gethostname writes at most that many bytes.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let host = if rc == 0 {
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        "unknown-host".to_string()
+    };
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    format!("{host}/{}", boot.trim())
+}
+
+/// This process's effective user id.
+pub(crate) fn uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// A handle that tells when a process has exited: a pidfd where the kernel has one, else the pid
+/// probed with `kill(pid, 0)`.
+#[derive(Debug)]
+pub(crate) enum ProcessWatch {
+    /// `pidfd_open(pid)`: readable once the process exited (Linux 5.3+).
+    PidFd(OwnedFd),
+    /// Fallback: `kill(pid, 0)` fails with `ESRCH` once the process is gone (pid reuse can hide
+    /// an exit; only used where pidfds are missing).
+    Kill(u32),
+}
+
+impl ProcessWatch {
+    /// Starts watching `pid`. Never fails: falls back to `kill(pid, 0)` without pidfds.
+    pub(crate) fn new(pid: u32) -> ProcessWatch {
+        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; no memory
+        // is passed.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        if fd >= 0 {
+            // SAFETY: the kernel just returned this descriptor to us; nobody else owns it.
+            ProcessWatch::PidFd(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+        } else {
+            ProcessWatch::Kill(pid)
+        }
+    }
+
+    /// Whether the process has exited (never blocks).
+    pub(crate) fn exited(&self) -> bool {
+        match self {
+            ProcessWatch::PidFd(fd) => {
+                let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                // SAFETY: `pfd` is one valid pollfd; timeout 0 makes poll return at once.
+                let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+                n > 0 && pfd.revents & (libc::POLLIN | libc::POLLHUP) != 0
+            }
+            ProcessWatch::Kill(pid) => !pid_alive(*pid),
+        }
+    }
+}
+
+/// Whether a process with this pid exists (`kill(pid, 0)` does not fail with `ESRCH`).
+pub(crate) fn pid_alive(pid: u32) -> bool {
+    if pid == 0 || pid > i32::MAX as u32 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks that the process exists and may be signalled.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    rc == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}

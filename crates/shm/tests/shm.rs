@@ -1,0 +1,420 @@
+//! `ShmTransport` scenarios: two endpoints in one thread (deterministic), in two threads, and in
+//! two processes.
+
+mod common;
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use common::*;
+use polyrail_core::{Caps, Config, Error, Issued, Reach, Transport, TransportKind};
+use polyrail_shm::ShmTransport;
+
+fn cfg(slots: usize, cells: usize, cell_size: usize) -> Config {
+    Config { shm_slots: slots, shm_cells: cells, shm_cell_size: cell_size, ..Config::default() }
+}
+
+/// The stream configuration: a small ring (many laps), few cells (reuse), cells above 20000 B.
+fn stream_cfg() -> Config {
+    cfg(64, 16, 32 << 10)
+}
+
+/// Ranks 0 and 1 of a fresh job, connected to each other.
+fn pair(cfg: &Config) -> (ShmTransport, ShmTransport) {
+    let job = job("pair");
+    let mut a = ShmTransport::new(cfg, &job, 0, 2).unwrap().with_host(HOST);
+    let mut b = ShmTransport::new(cfg, &job, 1, 2).unwrap().with_host(HOST);
+    let (aa, ba) = (a.address(), b.address());
+    assert!(matches!(a.add_peer(&peer(1), &ba), Reach::Yes(_)));
+    assert!(matches!(b.add_peer(&peer(0), &aa), Reach::Yes(_)));
+    a.connected().unwrap();
+    b.connected().unwrap();
+    (a, b)
+}
+
+/// Every size from 0 to 1100 (across the inline limit), then up to 20000 in steps (cells), then
+/// a long mixed tail that wraps the 64-slot ring hundreds of times.
+fn sizes() -> Vec<usize> {
+    let mut v: Vec<usize> = (0..=1100).collect();
+    v.extend((1100..=20000).step_by(97));
+    v.extend([20000, 0, 16, 17, 975, 976, 977, 1040, 1041]);
+    v.extend((0..2000).map(|i| [8, 100, 976, 977, 5000][i % 5]));
+    v
+}
+
+/// Sends message `n` of `sizes[n]` bytes for every n and checks the echoes, in order.
+fn send_and_check_echoes(t: &mut ShmTransport, to: u32, sizes: &[usize]) {
+    let mut sink = Collect::default();
+    let (mut sent, mut echoed) = (0usize, 0usize);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut payload = pattern(0, sizes[0]);
+    while echoed < sizes.len() {
+        let mut moved = false;
+        while sent < sizes.len() {
+            match t.try_send(to, &header(sent as u64, sizes[sent]), &payload).unwrap() {
+                Issued::Done => {
+                    sent += 1;
+                    moved = true;
+                    if sent < sizes.len() {
+                        payload = pattern(sent as u64, sizes[sent]);
+                    }
+                }
+                Issued::WouldBlock => break,
+                Issued::Pending => panic!("shm sends complete at once"),
+            }
+        }
+        t.progress(64, &mut sink).unwrap();
+        for (from, h, p) in sink.msgs.drain(..) {
+            moved = true;
+            assert_eq!(from, to);
+            let (n, len) = decode_header(&h);
+            assert_eq!(n, echoed as u64, "echoes arrive in order");
+            assert_eq!(len, sizes[echoed]);
+            assert!(p == pattern(n, len), "echo {n} ({len} bytes) intact");
+            echoed += 1;
+        }
+        if !moved {
+            std::thread::yield_now();
+        }
+        assert!(Instant::now() < deadline, "stream stuck at {sent} sent, {echoed} echoed");
+    }
+}
+
+/// Receives `count` messages from `from`, checks them, and sends each back.
+fn echo(t: &mut ShmTransport, from: u32, sizes: &[usize]) {
+    let mut sink = Collect::default();
+    let mut pending = VecDeque::new();
+    let (mut received, mut echoed) = (0usize, 0usize);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while echoed < sizes.len() {
+        t.progress(64, &mut sink).unwrap();
+        let got = !sink.msgs.is_empty();
+        for (f, h, p) in sink.msgs.drain(..) {
+            assert_eq!(f, from);
+            let (n, len) = decode_header(&h);
+            assert_eq!(n, received as u64, "messages arrive in order");
+            assert_eq!(len, sizes[received]);
+            assert!(p == pattern(n, len), "message {n} ({len} bytes) intact");
+            received += 1;
+            pending.push_back((h, p));
+        }
+        let mut sent = false;
+        while let Some((h, p)) = pending.front() {
+            match t.try_send(from, h, p).unwrap() {
+                Issued::Done => {
+                    pending.pop_front();
+                    echoed += 1;
+                    sent = true;
+                }
+                _ => break,
+            }
+        }
+        if !got && !sent {
+            std::thread::yield_now();
+        }
+        assert!(Instant::now() < deadline, "echo stuck at {received} received, {echoed} echoed");
+    }
+}
+
+#[test]
+fn attributes_and_description() {
+    let (a, _b) = pair(&Config::default());
+    let attr = a.attr();
+    assert_eq!(attr.kind, TransportKind::Shm);
+    assert!(attr.caps.contains(Caps::AM));
+    assert_eq!(attr.max_eager, 16 << 10);
+    assert_eq!(attr.max_inline, a.inline_limit());
+    assert_eq!(a.inline_limit(), 1040);
+    let d = a.describe();
+    assert!(d.contains("256 slots") && d.contains("128 cells") && d.contains("1 peers"), "{d}");
+}
+
+#[test]
+fn two_threads_stream_every_size() {
+    let (mut a, mut b) = pair(&stream_cfg());
+    let sizes = sizes();
+    let s2 = sizes.clone();
+    let echoer = std::thread::spawn(move || echo(&mut b, 0, &s2));
+    send_and_check_echoes(&mut a, 1, &sizes);
+    echoer.join().unwrap();
+}
+
+#[test]
+fn ring_full_would_block_then_progress_frees_it() {
+    let (mut a, mut b) = pair(&cfg(16, 4, 4096));
+    let mut sent = 0u64;
+    while a.try_send(1, &header(sent, 8), &pattern(sent, 8)).unwrap() == Issued::Done {
+        sent += 1;
+        assert!(sent < 100);
+    }
+    assert_eq!(sent, 15, "a ring of 16 slots holds 15 one-slot messages");
+    let mut sink = Collect::default();
+    assert_eq!(b.progress(usize::MAX, &mut sink).unwrap(), 15);
+    assert_eq!(b.progress(usize::MAX, &mut sink).unwrap(), 0);
+    assert_eq!(a.try_send(1, &header(sent, 8), &pattern(sent, 8)).unwrap(), Issued::Done);
+    for (i, (from, h, p)) in sink.msgs.iter().enumerate() {
+        assert_eq!((*from, decode_header(h)), (0, (i as u64, 8)));
+        assert_eq!(p, &pattern(i as u64, 8));
+    }
+}
+
+#[test]
+fn budget_limits_deliveries() {
+    let (mut a, mut b) = pair(&Config::default());
+    for n in 0..10 {
+        assert_eq!(a.try_send(1, &header(n, 3), &pattern(n, 3)).unwrap(), Issued::Done);
+    }
+    let mut sink = Collect::default();
+    assert_eq!(b.progress(4, &mut sink).unwrap(), 4);
+    assert_eq!(b.progress(0, &mut sink).unwrap(), 0);
+    assert_eq!(b.progress(100, &mut sink).unwrap(), 6);
+    let order: Vec<u64> = sink.msgs.iter().map(|m| decode_header(&m.1).0).collect();
+    assert_eq!(order, (0..10).collect::<Vec<_>>());
+}
+
+#[test]
+fn cell_exhaustion_would_block_until_cells_come_back() {
+    let (mut a, mut b) = pair(&cfg(64, 4, 4096));
+    let big = 3000;
+    assert!(big > a.inline_limit());
+    for n in 0..4 {
+        assert_eq!(a.try_send(1, &header(n, big), &pattern(n, big)).unwrap(), Issued::Done);
+    }
+    assert_eq!(a.try_send(1, &header(4, big), &pattern(4, big)).unwrap(), Issued::WouldBlock);
+    // Inline messages still pass: only cells are exhausted.
+    assert_eq!(a.try_send(1, &header(4, 8), &pattern(4, 8)).unwrap(), Issued::Done);
+    let mut sink = Collect::default();
+    assert_eq!(b.progress(usize::MAX, &mut sink).unwrap(), 5);
+    for n in 5..9 {
+        assert_eq!(a.try_send(1, &header(n, big), &pattern(n, big)).unwrap(), Issued::Done);
+    }
+    assert_eq!(b.progress(usize::MAX, &mut sink).unwrap(), 4);
+    for (i, (_, h, p)) in sink.msgs.iter().enumerate() {
+        let (n, len) = decode_header(h);
+        assert_eq!(n, i as u64);
+        assert_eq!(p, &pattern(n, len));
+    }
+    let too_big = vec![0u8; 4097];
+    assert!(matches!(a.try_send(1, &header(0, 4097), &too_big), Err(Error::Transport { .. })));
+}
+
+#[test]
+fn corrupt_slot_is_a_protocol_error() {
+    // (offset, bytes, publish): garbage stamp; bad kind; nslots; inline length; cell index.
+    let cases: &[(usize, &[u8], bool)] = &[
+        (0, &[0xef, 0xbe, 0xad, 0xde], false),
+        (6, &[9], true),
+        (4, &[200, 0], true),
+        (4, &[1, 0, 1, 0, 0xff, 0xff, 0, 0], true),
+        (4, &[1, 0, 2, 0, 8, 0, 0, 0], true), // a cell message; bytes 48.. give the index below
+    ];
+    for (i, &(offset, bytes, publish)) in cases.iter().enumerate() {
+        let (mut a, mut b) = pair(&Config::default());
+        assert_eq!(a.try_send(1, &header(0, 5), &pattern(0, 5)).unwrap(), Issued::Done);
+        if i == 4 {
+            a.corrupt_for_test(1, 48, &9999u32.to_le_bytes(), false);
+        }
+        a.corrupt_for_test(1, offset, bytes, publish);
+        let mut sink = Collect::default();
+        assert_eq!(b.progress(usize::MAX, &mut sink).unwrap(), 1);
+        match &sink.lost[..] {
+            [(0, what)] => {
+                assert!(what.contains("protocol") && (what.contains("slot") || what.contains("cell")), "{what}")
+            }
+            other => panic!("case {i}: expected rank 0 lost by a protocol error, got {other:?}"),
+        }
+        assert_eq!(sink.msgs.len(), 1, "the good message before the corrupt one was delivered");
+        // The corrupt peer is not polled again; no panic, no repeated error.
+        assert_eq!(b.progress(usize::MAX, &mut sink).unwrap(), 0);
+    }
+}
+
+#[test]
+fn nothing_left_in_dev_shm_after_connected() {
+    let job = job("clean");
+    let cfg = Config::default();
+    let mut a = ShmTransport::new(&cfg, &job, 0, 2).unwrap().with_host(HOST);
+    let mut b = ShmTransport::new(&cfg, &job, 1, 2).unwrap().with_host(HOST);
+    let prefix = a.segment_name().trim_start_matches('/').trim_end_matches("-0").to_string();
+    assert!(prefix.contains(&job));
+    assert_eq!(dev_shm_entries(&prefix).len(), 2);
+    let (aa, ba) = (a.address(), b.address());
+    assert!(matches!(a.add_peer(&peer(1), &ba), Reach::Yes(_)));
+    assert!(matches!(b.add_peer(&peer(0), &aa), Reach::Yes(_)));
+    a.connected().unwrap();
+    b.connected().unwrap();
+    assert_eq!(dev_shm_entries(&prefix), Vec::<String>::new());
+    // Still working after the names are gone.
+    assert_eq!(a.try_send(1, &header(0, 1), &[7]).unwrap(), Issued::Done);
+    let mut sink = Collect::default();
+    assert_eq!(b.progress(8, &mut sink).unwrap(), 1);
+    // Dropping without `connected` also removes the name.
+    let c = ShmTransport::new(&cfg, &common::job("drop"), 0, 1).unwrap();
+    let name = c.segment_name().trim_start_matches('/').to_string();
+    assert_eq!(dev_shm_entries(&name).len(), 1);
+    drop(c);
+    assert!(dev_shm_entries(&name).is_empty());
+}
+
+#[test]
+fn refusals_say_why() {
+    let job = job("refuse");
+    let cfg = Config::default();
+    let mut a = ShmTransport::new(&cfg, &job, 0, 3).unwrap().with_host(HOST);
+    let b = ShmTransport::new(&cfg, &job, 1, 3).unwrap().with_host(HOST);
+    let other = ShmTransport::new(&Config { shm_slots: 512, ..cfg.clone() }, &job, 2, 3).unwrap().with_host(HOST);
+    let no = |r: Reach| match r {
+        Reach::No(why) => why,
+        Reach::Yes(y) => panic!("expected a refusal, got Yes({y})"),
+    };
+    let mut far = peer(1);
+    far.host = "elsewhere".into();
+    assert!(no(a.add_peer(&far, &b.address())).contains("different host"));
+    assert!(no(a.add_peer(&peer(0), &a.address())).contains("own rank"));
+    assert!(no(a.add_peer(&peer(1), b"garbage")).contains("bad shm address"));
+    assert!(no(a.add_peer(&peer(1), &b.address()[..20])).contains("truncated"));
+    let why = no(a.add_peer(&peer(2), &other.address()));
+    assert!(why.contains("POLYRAIL_SHM_SLOTS") && why.contains("512"), "{why}");
+    // The address of rank 1 offered as rank 2's.
+    assert!(no(a.add_peer(&peer(2), &b.address())).contains("rank"));
+    assert!(no(a.add_peer(&peer(7), &b.address())).contains("outside"));
+    assert!(matches!(a.try_send(1, &header(0, 0), &[]), Err(Error::Transport { .. })));
+    assert!(matches!(a.add_peer(&peer(1), &b.address()), Reach::Yes(_)));
+}
+
+#[test]
+fn segment_creation_errors_name_path_and_size() {
+    let job = job("exists");
+    let cfg = Config::default();
+    let a = ShmTransport::new(&cfg, &job, 0, 1).unwrap();
+    match ShmTransport::new(&cfg, &job, 0, 1) {
+        Err(Error::Io { context, .. }) => {
+            assert!(context.contains(&format!("/dev/shm{}", a.segment_name())), "{context}");
+            assert!(context.contains(&a.segment_len().to_string()), "{context}");
+        }
+        other => panic!("expected an I/O error, got {other:?}"),
+    }
+    // A segment larger than /dev/shm: refused before anything is allocated.
+    let huge = cfg_huge();
+    // SAFETY: a zeroed statvfs is a valid out-parameter.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid C string and out-parameter.
+    let ok = unsafe { libc::statvfs(c"/dev/shm".as_ptr(), &mut st) } == 0;
+    if ok && (st.f_bavail as u128 * st.f_frsize as u128) < (64u128 << 30) {
+        match ShmTransport::new(&huge, &job, 1, 2) {
+            Err(Error::Io { context, source }) => {
+                assert!(context.contains("/dev/shm/polyrail-") && context.contains("bytes"), "{context}");
+                assert!(source.to_string().contains("No space left"), "{source}");
+            }
+            other => panic!("expected an I/O error, got {other:?}"),
+        }
+        let prefix = format!("polyrail-{}-{job}-", unsafe_uid());
+        assert_eq!(dev_shm_entries(&prefix).len(), 1, "the failed segment was removed, rank 0's remains");
+    }
+}
+
+fn cfg_huge() -> Config {
+    cfg(256, 65536, 1 << 20)
+}
+
+#[test]
+fn bad_configuration_is_a_config_error() {
+    let e = ShmTransport::new(&cfg(100, 4, 4096), &job("cfg"), 0, 1).unwrap_err().to_string();
+    assert!(e.contains("POLYRAIL_SHM_SLOTS") && e.contains("100"), "{e}");
+    assert!(ShmTransport::new(&Config::default(), &job("cfg"), 3, 2).is_err());
+}
+
+// ---- two processes ----
+
+/// Entry point of the child processes (does nothing in a normal test run).
+#[test]
+fn child_entry() {
+    let Some(role) = child_role() else { return };
+    let job = std::env::var("PRSHM_JOB").unwrap();
+    let mut t = ShmTransport::new(&stream_cfg(), &job, 1, 2).unwrap().with_host(HOST);
+    if role == "stale" {
+        say("created");
+        std::process::exit(0); // no destructor: the name stays, as after a crash
+    }
+    let addr0 = unhex(&hear());
+    let reach = t.add_peer(&peer(0), &addr0);
+    assert!(matches!(reach, Reach::Yes(_)), "{reach:?}");
+    say(&hex(&t.address()));
+    assert_eq!(hear(), "go");
+    t.connected().unwrap();
+    say("connected");
+    match role.as_str() {
+        "echo" => {
+            echo(&mut t, 0, &sizes());
+            t.finalize();
+            say("done");
+        }
+        "die" => {
+            assert_eq!(hear(), "die");
+            std::process::exit(3);
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+/// Rank 0 here, rank 1 in a child process; returns both once connected.
+fn connect_child(role: &str) -> (ShmTransport, ChildProc, String) {
+    let job = job("proc");
+    let mut t = ShmTransport::new(&stream_cfg(), &job, 0, 2).unwrap().with_host(HOST);
+    let mut child = ChildProc::spawn("child_entry", role, &[("PRSHM_JOB", job.clone())]);
+    child.send(&hex(&t.address()));
+    let addr1 = unhex(&child.recv());
+    let mut p1 = peer(1);
+    p1.pid = child.pid();
+    assert!(matches!(t.add_peer(&p1, &addr1), Reach::Yes(_)));
+    t.connected().unwrap();
+    child.send("go");
+    assert_eq!(child.recv(), "connected");
+    (t, child, job)
+}
+
+#[test]
+fn two_processes_stream_every_size() {
+    let (mut t, mut child, job) = connect_child("echo");
+    assert!(dev_shm_entries(&format!("polyrail-{}-{job}", unsafe_uid())).is_empty());
+    send_and_check_echoes(&mut t, 1, &sizes());
+    assert_eq!(child.recv(), "done");
+    assert!(child.wait().success());
+    let mut sink = Collect::default();
+    t.check_peers(&mut sink);
+    assert_eq!(sink.lost.len(), 1);
+    assert!(sink.lost[0].1.contains("has finished (finalized"), "{:?}", sink.lost);
+}
+
+#[test]
+fn a_peer_that_dies_is_reported_once() {
+    let (mut t, mut child, _job) = connect_child("die");
+    let mut sink = Collect::default();
+    t.check_peers(&mut sink);
+    assert!(sink.lost.is_empty(), "alive peer reported: {:?}", sink.lost);
+    child.send("die");
+    assert!(!child.wait().success());
+    t.check_peers(&mut sink);
+    t.check_peers(&mut sink);
+    assert_eq!(sink.lost.len(), 1, "{:?}", sink.lost);
+    assert_eq!(sink.lost[0].0, 1);
+    assert!(sink.lost[0].1.contains("exited without finalizing"), "{:?}", sink.lost);
+}
+
+#[test]
+fn a_stale_segment_of_a_dead_process_is_replaced() {
+    let job = job("stale");
+    let mut child = ChildProc::spawn("child_entry", "stale", &[("PRSHM_JOB", job.clone())]);
+    assert_eq!(child.recv(), "created");
+    assert!(child.wait().success());
+    let name = format!("polyrail-{}-{job}-1", unsafe_uid());
+    assert_eq!(dev_shm_entries(&name).len(), 1, "the crashed child left its segment");
+    let t = ShmTransport::new(&stream_cfg(), &job, 1, 2).expect("stale segment replaced");
+    drop(t);
+    assert!(dev_shm_entries(&name).is_empty());
+}
+
+fn unsafe_uid() -> u32 {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() }
+}
