@@ -68,7 +68,10 @@ impl Context {
     fn start(config: Config, boot: Option<Box<dyn Bootstrap>>) -> Result<Context> {
         crate::logging::init(config.log);
         let Job { bootstrap, driver, report, config } = Job::start(config, boot)?;
-        Ok(Context { driver, bootstrap, report, config, owned: Vec::new(), finalized: false })
+        let mut ctx = Context { driver, bootstrap, report, config, owned: Vec::new(), finalized: false };
+        ctx.barrier()?;
+        Job::connected(&mut ctx.driver, &mut ctx.report)?;
+        Ok(ctx)
     }
 
     /// This process's rank, from 0 to `size() - 1`.

@@ -107,7 +107,7 @@ fn start_channels(config: &Config, job: &str, rank: Rank, size: u32) -> (Vec<Box
 
 impl Job {
     /// Starts this process's part of the job, with `boot` or the process manager named by the
-    /// environment.
+    /// environment. The caller runs a barrier over the channels, then [`Job::connected`].
     pub fn start(config: Config, boot: Option<Box<dyn Bootstrap>>) -> Result<Job> {
         let mut boot = match boot {
             Some(b) => b,
@@ -118,7 +118,7 @@ impl Job {
         let topology = Topology::detect();
         let binding = current_binding();
         let me = PeerInfo { rank, pid: std::process::id(), host: host_identity(), node: 0, cpus: binding.clone() };
-        let (mut channels, mut channel_reports) = start_channels(&config, &job_id, rank, size);
+        let (mut channels, channel_reports) = start_channels(&config, &job_id, rank, size);
 
         // Publish who we are and every channel's address; one fence makes them visible.
         boot.put(&format!("pi{rank}"), &info_value(&me))?;
@@ -176,19 +176,26 @@ impl Job {
             }
             peers.push(PeerReport { rank: r, class, reach, route });
         }
-        // Every process attached to every segment: names can go.
-        boot.fence()?;
-        for ch in &mut channels {
-            ch.connected()?;
-        }
-        for c in &mut channel_reports {
-            if let Some(ch) = channels.iter().find(|ch| ch.attr().kind == c.kind) {
-                c.detail = ch.describe();
-            }
-        }
         let channel_kinds = channels.iter().map(|c| c.attr().kind).collect();
         let report =
             JobReport { topology: topology.summary.clone(), binding, channels: channel_reports, channel_kinds, peers };
         Ok(Job { bootstrap: boot, driver: Driver::new(engine, channels), report, config })
+    }
+
+    /// Every process is attached to every peer (the caller passed a barrier): channels release
+    /// what only had to live until then (the shm channel unlinks its segment's name).
+    ///
+    /// The barrier runs over the channels rather than the bootstrap's fence because a PMI-2
+    /// fence is not a barrier under every process manager (Hydra's is not).
+    pub fn connected(driver: &mut Driver, report: &mut JobReport) -> Result<()> {
+        for ch in &mut driver.channels {
+            ch.connected()?;
+        }
+        for c in &mut report.channels {
+            if let Some(ch) = driver.channels.iter().find(|ch| ch.attr().kind == c.kind) {
+                c.detail = ch.describe();
+            }
+        }
+        Ok(())
     }
 }

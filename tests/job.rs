@@ -114,6 +114,7 @@ fn wildcard_scenario(ctx: &mut Context) -> polyrail::Result<()> {
     if me != 0 {
         ctx.send(0, 10 + me, &stamp(me, 1, BIG))?;
         ctx.send(0, 20 + me, &stamp(me, 2, 10))?;
+        ctx.recv(0, 40, &mut [])?;
         ctx.send(0, 30, &stamp(me, 3, 50000))?;
     } else {
         let mut seen = vec![0u32; n as usize];
@@ -125,6 +126,9 @@ fn wildcard_scenario(ctx: &mut Context) -> polyrail::Result<()> {
             seen[p as usize] += 1;
             assert_eq!((st.tag, st.len), (tag, len));
             assert!(buf[..len] == stamp(p, k, len)[..]);
+        }
+        for p in 1..n {
+            ctx.send(p, 40, &[])?;
         }
         for _ in 1..n {
             let st = ctx.probe(ANY_SOURCE, 30)?;
