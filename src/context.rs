@@ -96,6 +96,9 @@ impl Context {
 
     /// Sends `buf` to `to` with `tag`; returns when `buf` may be reused.
     pub fn send(&mut self, to: Rank, tag: u32, buf: &[u8]) -> Result<()> {
+        if let Some(done) = self.driver.try_send_inline(to, tag, USER_CTX, buf) {
+            return done;
+        }
         // SAFETY: `buf` is borrowed until this function returns, and the request is waited for
         // (or failed, which ends every use of the buffer) before that.
         let id = unsafe { self.driver.engine.post_send(to, tag, USER_CTX, region(buf))? };

@@ -1,7 +1,7 @@
 //! Drives the sans-IO engine: executes its actions on the channels, polls the channels, waits.
 
 use polyrail_core::engine::{Action, Engine, Payload, ReqId, Status};
-use polyrail_core::{Error, Header, Issued, Rank, Result, Transport};
+use polyrail_core::{Caps, Error, Header, Issued, Rank, Result, Transport, TransportKind};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -14,6 +14,12 @@ const LIVENESS_PERIOD: Duration = Duration::from_millis(100);
 pub(crate) struct Driver {
     pub engine: Engine,
     pub channels: Vec<Box<dyn Transport>>,
+    /// Channels that deliver arrivals (active messages, or completions of pending one-sided
+    /// operations); the others are not polled.
+    polled: Vec<usize>,
+    /// The loopback channel, polled only after something was sent to this rank itself.
+    loopback: Option<usize>,
+    self_sent: bool,
     /// Per peer: actions that would have blocked, in order (later sends queue behind them).
     blocked: Vec<VecDeque<Action>>,
     blocked_peers: usize,
@@ -23,9 +29,23 @@ pub(crate) struct Driver {
 impl Driver {
     pub fn new(engine: Engine, channels: Vec<Box<dyn Transport>>) -> Self {
         let n = engine.size() as usize;
+        let polled = channels
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| {
+                let caps = c.attr().caps;
+                c.attr().kind != TransportKind::Loopback
+                    && (caps.contains(Caps::AM) || !caps.contains(Caps::RMA_INLINE_COMPLETION))
+            })
+            .map(|(i, _)| i)
+            .collect();
+        let loopback = channels.iter().position(|c| c.attr().kind == TransportKind::Loopback);
         Driver {
             engine,
             channels,
+            polled,
+            loopback,
+            self_sent: false,
             blocked: (0..n).map(|_| VecDeque::new()).collect(),
             blocked_peers: 0,
             last_liveness: Instant::now(),
@@ -73,6 +93,7 @@ impl Driver {
                     Payload::User(r) => unsafe { std::slice::from_raw_parts(r.ptr, r.len) },
                     Payload::Key(k) => k.as_bytes(),
                 };
+                self.self_sent |= *to == self.engine.rank();
                 match self.channels[*channel as usize].try_send(*to, &raw, bytes) {
                     Ok(Issued::WouldBlock) => return Some(a),
                     Ok(_) => {
@@ -129,8 +150,14 @@ impl Driver {
     #[inline]
     pub fn progress(&mut self) -> Result<usize> {
         let mut n = 0;
-        for ch in &mut self.channels {
-            n += ch.progress(64, &mut self.engine)?;
+        for &i in &self.polled {
+            n += self.channels[i].progress(64, &mut self.engine)?;
+        }
+        if self.self_sent {
+            if let Some(i) = self.loopback {
+                self.self_sent = false;
+                n += self.channels[i].progress(usize::MAX, &mut self.engine)?;
+            }
         }
         if self.blocked_peers > 0 {
             self.retry_blocked();
@@ -160,14 +187,42 @@ impl Driver {
                 idle = 0;
                 continue;
             }
+            // No pause instruction while spinning: it costs more than a poll of the rings and
+            // would delay noticing an arrival. After a while, give the core away instead.
             idle = idle.saturating_add(1);
             if idle > SPIN_BEFORE_YIELD {
                 std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
             }
             if idle % 256 == 0 && self.last_liveness.elapsed() >= LIVENESS_PERIOD {
                 self.check_peers();
+            }
+        }
+    }
+
+    /// Sends a small eager message at once when nothing is queued to `to`; `None` when the
+    /// message must take the general path.
+    #[inline]
+    pub fn try_send_inline(&mut self, to: Rank, tag: u32, ctx: u16, buf: &[u8]) -> Option<Result<()>> {
+        if !self.blocked.get(to as usize)?.is_empty() {
+            return None;
+        }
+        let (channel, hdr) = self.engine.inline_send(to, tag, ctx, buf.len())?;
+        self.self_sent |= to == self.engine.rank();
+        let mut raw = [0u8; Header::WIRE_LEN];
+        hdr.encode(&mut raw);
+        match self.channels[channel as usize].try_send(to, &raw, buf) {
+            Ok(Issued::WouldBlock) => {
+                let region = polyrail_core::Region { ptr: buf.as_ptr(), len: buf.len() };
+                // SAFETY: `buf` is borrowed by the caller until this function returns, and the
+                // request is waited for (or failed) before that.
+                let id = unsafe { self.engine.post_prepared_send(to, channel, hdr, region) };
+                self.drain();
+                Some(self.wait(id).map(|_| ()))
+            }
+            Ok(_) => Some(Ok(())),
+            Err(e) => {
+                self.engine.handle_peer_lost(to, e.duplicate());
+                Some(Err(e))
             }
         }
     }

@@ -175,7 +175,10 @@ impl Engine {
     /// A rendezvous message met its receive `id`.
     pub(super) fn deliver_rts(&mut self, id: ReqId, from: Rank, hdr: Header, key: Option<RemoteKey>) -> Result<()> {
         let len = usize::try_from(hdr.len).map_err(|_| Error::protocol(from, "message length overflows"))?;
-        let route_entry = self.route(from).map(|r| r.lookup(len).clone());
+        let route_entry = self.route(from).map(|r| {
+            let e = r.lookup(len);
+            (e.protocol, e.channel)
+        });
         let req = self.reqs.get_mut(id).expect("matched request is live");
         req.len = len;
         req.peer_req = hdr.sreq;
@@ -188,7 +191,7 @@ impl Engine {
             self.actions.push_back(Action::Send { channel: am, to: from, hdr: fin, payload: Payload::Empty, op: None });
             return Ok(());
         }
-        let one_sided = route_entry.as_ref().filter(|e| e.protocol.is_one_sided());
+        let one_sided = route_entry.filter(|(p, _)| p.is_one_sided());
         if hdr.flags & Header::STREAM != 0 || (hdr.rreq == 0 && one_sided.is_none()) || key.is_none() && hdr.rreq == 0 {
             // Stream through active messages: ask the sender for the data.
             req.protocol = Protocol::RndvStream;
@@ -214,11 +217,11 @@ impl Engine {
             }
             return Ok(());
         }
-        let entry = one_sided.expect("checked above");
-        req.channel = entry.channel;
+        let (protocol, channel) = one_sided.expect("checked above");
+        req.channel = channel;
         req.peer_key = key;
-        req.protocol = entry.protocol;
-        let split = if entry.protocol == Protocol::RndvSplit { split_point(len) } else { len };
+        req.protocol = protocol;
+        let split = if protocol == Protocol::RndvSplit { split_point(len) } else { len };
         if split == len || split == 0 {
             req.split = len;
             req.pending = 1;
@@ -232,11 +235,7 @@ impl Engine {
             None => {
                 req.expose_for = Some(ExposeFor::Cts);
                 let region = Region { ptr: req.ptr, len: req.cap };
-                self.actions.push_back(Action::Expose {
-                    channel: entry.channel,
-                    region,
-                    op: op_id(id, OpKind::Exposed),
-                });
+                self.actions.push_back(Action::Expose { channel, region, op: op_id(id, OpKind::Exposed) });
             }
         }
         Ok(())
@@ -377,7 +376,17 @@ impl Engine {
 
     /// Removes and returns the receive a message `(from, tag, ctx)` matches: the earliest
     /// posted among those naming `from` and the ANY_SOURCE ones.
+    #[inline]
     fn match_posted(&mut self, from: Rank, tag: u32, ctx: u16) -> Option<ReqId> {
+        if self.wild.is_empty() {
+            // Common case: no wildcard receive; the first posted receive from `from` usually
+            // matches.
+            let posted = &self.peers[from as usize].posted;
+            let reqs = &self.reqs;
+            let i = posted.iter().position(|id| reqs.get(*id).is_some_and(|r| r.ctx == ctx && r.tag.matches(tag)))?;
+            let id = self.peers[from as usize].posted.remove(i)?;
+            return Some(self.mark_matched(id, from, tag));
+        }
         let reqs = &self.reqs;
         let fits = |id: &ReqId| reqs.get(*id).is_some_and(|r| r.ctx == ctx && r.tag.matches(tag));
         let p = &self.peers[from as usize];
@@ -393,12 +402,17 @@ impl Engine {
         };
         let id =
             if use_wild { self.wild.remove(wild?)? } else { self.peers[from as usize].posted.remove(specific?)? };
+        Some(self.mark_matched(id, from, tag))
+    }
+
+    #[inline]
+    fn mark_matched(&mut self, id: ReqId, from: Rank, tag: u32) -> ReqId {
         let req = self.reqs.get_mut(id).expect("posted request is live");
         req.matched = true;
         req.any_source = false;
         req.peer = from;
         req.tag = TagMatch::Tag(tag);
-        Some(id)
+        id
     }
 
     /// The first unexpected message matching `(src, tag, ctx)`: its sender and index.
@@ -459,16 +473,21 @@ impl Engine {
     /// Receive-first hint: when this receive is the first that can take `r`'s message and its
     /// size goes by one-sided copy, expose the buffer and send an RTR.
     pub(super) fn maybe_send_rtr(&mut self, id: ReqId, r: Rank, cap: usize) {
-        let Some(entry) = self.route(r).map(|rt| rt.lookup(cap).clone()) else { return };
-        if !entry.protocol.is_one_sided() {
+        let Some((protocol, channel)) = self.route(r).map(|rt| {
+            let e = rt.lookup(cap);
+            (e.protocol, e.channel)
+        }) else {
+            return;
+        };
+        if !protocol.is_one_sided() {
             return;
         }
         let seen = self.peers[r as usize].expected_seq;
         let req = self.reqs.get_mut(id).expect("live request");
-        req.channel = entry.channel;
+        req.channel = channel;
         req.rtr_seq = seen;
         req.expose_for = Some(ExposeFor::Rtr);
         let region = Region { ptr: req.ptr, len: cap };
-        self.actions.push_back(Action::Expose { channel: entry.channel, region, op: op_id(id, OpKind::Exposed) });
+        self.actions.push_back(Action::Expose { channel, region, op: op_id(id, OpKind::Exposed) });
     }
 }

@@ -188,11 +188,11 @@ impl Engine {
     }
 
     /// Takes the result of a finished request and forgets it; `None` while it runs.
+    #[inline]
     pub fn take_result(&mut self, req: ReqId) -> Option<Result<Status>> {
-        let r = self.reqs.get_mut(req)?;
-        r.result.as_ref()?;
-        let r = self.reqs.remove(req)?;
-        r.result
+        let result = self.reqs.get_mut(req)?.result.take()?;
+        self.reqs.free(req);
+        Some(result)
     }
 
     /// The status of the first unexpected message matching `(src, tag, ctx)`, without
@@ -223,6 +223,43 @@ impl Engine {
     }
 
     // ---- mutators -----------------------------------------------------------------------
+
+    /// The fast path of a small blocking send: when a `len`-byte message to `to` goes eager in
+    /// one packet, assigns its sequence id and returns the channel and header to send it with
+    /// now, without a request. If that send does not happen (the channel would block), hand the
+    /// message to [`Engine::post_prepared_send`]; it has its place in the pair's order already.
+    #[inline]
+    pub fn inline_send(&mut self, to: Rank, tag: u32, ctx: u16, len: usize) -> Option<(ChannelId, Header)> {
+        let peer = self.peers.get_mut(to as usize)?;
+        let route = peer.route.as_ref()?;
+        if peer.gone.is_some() || len > route.frag || route.entries[0].upto < len {
+            return None;
+        }
+        let am = route.am;
+        let seq = peer.next_send_seq;
+        peer.next_send_seq = seq.wrapping_add(1);
+        peer.history[seq as usize % SEND_HISTORY] = (tag, ctx);
+        if !peer.rtrs.is_empty() {
+            Self::take_rtr(peer, tag, ctx);
+        }
+        let mut hdr = Header::new(PacketKind::Eager);
+        (hdr.tag, hdr.ctx, hdr.seq, hdr.len) = (tag, ctx, seq, len as u64);
+        Some((am, hdr))
+    }
+
+    /// Queues a message prepared by [`Engine::inline_send`] that could not leave at once.
+    ///
+    /// # Safety
+    /// As for [`Engine::post_send`].
+    pub unsafe fn post_prepared_send(&mut self, to: Rank, channel: ChannelId, hdr: Header, buf: Region) -> ReqId {
+        let id =
+            self.reqs.insert(Req::new(Dir::Send, to, TagMatch::Tag(hdr.tag), hdr.ctx, buf.ptr as *mut u8, buf.len));
+        let req = self.reqs.get_mut(id).expect("just inserted");
+        (req.seq, req.len, req.pending) = (hdr.seq, buf.len, 1);
+        let op = Some(op_id(id, OpKind::Sent));
+        self.actions.push_back(Action::Send { channel, to, hdr, payload: Payload::User(buf), op });
+        id
+    }
 
     /// Starts sending `buf` to `to` with `tag` in context `ctx`.
     ///
@@ -341,7 +378,7 @@ impl Engine {
         if self.reqs.get(req).is_some_and(|r| r.result.is_none()) {
             self.fail(req, Error::InvalidArgument("request discarded".into()));
         }
-        self.reqs.remove(req);
+        self.reqs.free(req);
     }
 
     // ---- events -------------------------------------------------------------------------

@@ -164,15 +164,16 @@ impl Requests {
         s.req.as_mut()
     }
 
-    pub fn remove(&mut self, id: ReqId) -> Option<Req> {
-        let s = self.slots.get_mut(id.index())?;
-        if s.gen != id.gen() {
-            return None;
+    /// Forgets a request (dropping it in place).
+    #[inline]
+    pub fn free(&mut self, id: ReqId) {
+        let Some(s) = self.slots.get_mut(id.index()) else { return };
+        if s.gen != id.gen() || s.req.is_none() {
+            return;
         }
-        let r = s.req.take()?;
+        s.req = None;
         self.free.push(id.index() as u32);
         self.live -= 1;
-        Some(r)
     }
 
     /// Ids of every live request.
