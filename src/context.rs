@@ -139,6 +139,37 @@ impl Context {
         Ok(Request { id })
     }
 
+    /// Starts sending `len` bytes at `ptr`, for runtimes that manage their own memory (the
+    /// buffer given back by [`Context::wait`] is empty). Several sends may share one buffer.
+    ///
+    /// # Safety
+    /// The memory must stay valid and unmodified until the request was waited for.
+    pub unsafe fn isend_raw(&mut self, to: Rank, tag: u32, ptr: *const u8, len: usize) -> Result<Request> {
+        // SAFETY: forwarded to the caller.
+        let id = unsafe { self.driver.engine.post_send(to, tag, USER_CTX, Region { ptr, len })? };
+        self.driver.drain();
+        Ok(Request { id })
+    }
+
+    /// Starts receiving into `len` bytes at `ptr`; see [`Context::isend_raw`].
+    ///
+    /// # Safety
+    /// The memory must stay valid, and not be read or written by anyone else, until the request
+    /// was waited for. (Benchmarks that let several receives write one buffer, as OSU's do, get
+    /// unspecified contents in it, nothing worse.)
+    pub unsafe fn irecv_raw(
+        &mut self,
+        from: impl Into<Source>,
+        tag: impl Into<TagMatch>,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<Request> {
+        // SAFETY: forwarded to the caller.
+        let id = unsafe { self.driver.engine.post_recv(from.into(), tag.into(), USER_CTX, RegionMut { ptr, len })? };
+        self.driver.drain();
+        Ok(Request { id })
+    }
+
     fn keep(&mut self, id: ReqId, buf: Vec<u8>) {
         let i = req_index(id);
         if self.owned.len() <= i {

@@ -178,7 +178,7 @@ fn a_missing_program_is_an_error() {
 #[test]
 #[ignore = "helper run by sigterm_stops_the_job in a separate process"]
 fn helper_launch_sleepers() {
-    if std::env::var_os("POLYRAIL_TEST_HELPER").is_none() {
+    if std::env::var_os("PRTEST_HELPER").is_none() {
         return;
     }
     let mut o = sh(2, "exec sleep 30");
@@ -192,7 +192,7 @@ fn sigterm_stops_the_job() {
     let exe = std::env::current_exe().unwrap();
     let child = Command::new(exe)
         .args(["--exact", "helper_launch_sleepers", "--ignored", "--nocapture", "--test-threads=1"])
-        .env("POLYRAIL_TEST_HELPER", "1")
+        .env("PRTEST_HELPER", "1")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

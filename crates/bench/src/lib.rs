@@ -2,6 +2,7 @@
 //! benches (`cargo bench -p polyrail-bench`).
 
 pub mod osu;
+pub mod report;
 
 use clap::Args;
 use std::ffi::OsString;

@@ -25,6 +25,15 @@ enum Cmd {
     /// Streaming bandwidth (osu_bw): windows of 64 non-blocking sends, one acknowledgement.
     Bw(Common),
     /// Latency and bandwidth of every channel (auto, shm, cma) in one table.
+    /// Medians, ratios and SVG plots from a comparison CSV (scripts/compare-peers.sh).
+    Report {
+        /// The CSV (`tool,mode,metric,size,rep,value`).
+        #[arg(long)]
+        input: PathBuf,
+        /// Folder for report.md, latency.svg and bandwidth.svg.
+        #[arg(long)]
+        out: PathBuf,
+    },
     Compare {
         /// Sizes to measure (comma-separated, with k/m suffixes).
         #[arg(long, default_value = "8,64,512,4k,32k,256k,1m,4m")]
@@ -73,6 +82,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Latency(c) => osu::latency(&c).map(|_| 0),
         Cmd::Bw(c) => osu::bandwidth(&c).map(|_| 0),
         Cmd::Compare { sizes, quick, csv } => compare(&sizes, quick, csv),
+        Cmd::Report { input, out } => polyrail_bench::report::report(&input, &out).map(|_| 0),
     }
 }
 

@@ -114,7 +114,8 @@ pub fn latency(c: &Common) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// osu_bw between ranks 0 and 1: windows of 64 sends, one 4-byte acknowledgement.
+/// osu_bw between ranks 0 and 1: windows of 64 sends, one 4-byte acknowledgement. As in OSU,
+/// every send of a window reads the same buffer and every receive writes the same buffer.
 pub fn bandwidth(c: &Common) -> anyhow::Result<()> {
     const WINDOW: usize = 64;
     let sizes = parse_sizes(&c.sizes)?;
@@ -123,9 +124,11 @@ pub fn bandwidth(c: &Common) -> anyhow::Result<()> {
         bail!("bw needs at least 2 ranks");
     }
     header(&ctx, c, "bw", "Bandwidth (MB/s)");
+    let max = sizes.iter().copied().max().unwrap_or(0);
+    let sbuf = vec![b'b'; max];
+    let mut rbuf = vec![0u8; max];
     for &size in &sizes {
         let (iters, warmup) = iterations(c, size, (100, 10), (20, 2));
-        let mut bufs: Vec<Vec<u8>> = (0..WINDOW).map(|_| vec![b'b'; size]).collect();
         let mut ack = [0u8; 4];
         ctx.barrier()?;
         let mut t0 = Instant::now();
@@ -135,16 +138,20 @@ pub fn bandwidth(c: &Common) -> anyhow::Result<()> {
             }
             match ctx.rank() {
                 0 => {
-                    let reqs = bufs.drain(..).map(|b| ctx.isend(1, 100, b)).collect::<polyrail::Result<Vec<_>>>()?;
-                    bufs = ctx.wait_all(reqs)?.into_iter().map(|c| c.buf).collect();
+                    let reqs = (0..WINDOW)
+                        // SAFETY: `sbuf` lives and is not modified until wait_all below.
+                        .map(|_| unsafe { ctx.isend_raw(1, 100, sbuf.as_ptr(), size) })
+                        .collect::<polyrail::Result<Vec<_>>>()?;
+                    ctx.wait_all(reqs)?;
                     ctx.recv(1, 101, &mut ack)?;
                 }
                 1 => {
-                    let reqs = bufs
-                        .drain(..)
-                        .map(|b| ctx.irecv(Source::Rank(0), TagMatch::Tag(100), b))
+                    let reqs = (0..WINDOW)
+                        // SAFETY: `rbuf` lives until wait_all below and nothing else touches it;
+                        // the receives overwrite each other's data, which nobody reads.
+                        .map(|_| unsafe { ctx.irecv_raw(Source::Rank(0), TagMatch::Tag(100), rbuf.as_mut_ptr(), size) })
                         .collect::<polyrail::Result<Vec<_>>>()?;
-                    bufs = ctx.wait_all(reqs)?.into_iter().map(|c| c.buf).collect();
+                    ctx.wait_all(reqs)?;
                     ctx.send(0, 101, &ack)?;
                 }
                 _ => {}
