@@ -7,7 +7,7 @@
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
 use polyrail::launch::{launch, LaunchOptions};
-use polyrail_bench::{osu, transport_env, Common};
+use polyrail_bench::{experiments, osu, transport_env, Common};
 use std::ffi::OsString;
 use std::path::PathBuf;
 
@@ -24,6 +24,40 @@ enum Cmd {
     Latency(Common),
     /// Streaming bandwidth (osu_bw): windows of 64 non-blocking sends, one acknowledgement.
     Bw(Common),
+    /// Bidirectional bandwidth (osu_bibw): both ranks stream windows of 64 at once.
+    Bibw(Common),
+    /// Multi-pair bandwidth and message rate (osu_mbw_mr, Chai §6.2): rank r streams to r + n/2.
+    MbwMr(Common),
+    /// Producer/consumer with compute per message (Chai §6.2.4): how single copy and eager cope
+    /// when the receiver lags.
+    Skew {
+        #[command(flatten)]
+        common: Common,
+        /// Messages per size.
+        #[arg(long, default_value_t = 200)]
+        messages: u32,
+        /// Producer's compute before each send (µs).
+        #[arg(long, default_value_t = 10)]
+        c1: u64,
+        /// Consumer's compute after each receive (µs).
+        #[arg(long, default_value_t = 40)]
+        c2: u64,
+    },
+    /// Overlap of a large transfer with computation that tests the request periodically
+    /// (Chai §7.3.2).
+    Overlap {
+        #[command(flatten)]
+        common: Common,
+        /// Computation time (µs).
+        #[arg(long, default_value_t = 2000)]
+        compute: u64,
+        /// Test the request every this many µs.
+        #[arg(long, default_value_t = 100)]
+        period: u64,
+    },
+    /// Message discovery time under static and dynamic polling priority (Chai §7.3.1).
+    /// Needs a network channel beside shared memory; none exists yet, so it says so.
+    Discovery(Common),
     /// Latency and bandwidth of every channel (auto, shm, cma) in one table.
     /// Medians, ratios and SVG plots from a comparison CSV (scripts/compare-peers.sh).
     Report {
@@ -73,7 +107,14 @@ fn relaunch(ranks: u32, transport: &str, args: Vec<OsString>) -> anyhow::Result<
 
 fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.cmd {
-        Cmd::Latency(c) | Cmd::Bw(c) if !under_launcher() => {
+        Cmd::Latency(ref c)
+        | Cmd::Bw(ref c)
+        | Cmd::Bibw(ref c)
+        | Cmd::MbwMr(ref c)
+        | Cmd::Skew { common: ref c, .. }
+        | Cmd::Overlap { common: ref c, .. }
+            if !under_launcher() =>
+        {
             transport_env(&c.transport)?;
             osu::parse_sizes(&c.sizes)?;
             let args: Vec<OsString> = std::env::args_os().skip(1).collect();
@@ -81,6 +122,17 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Latency(c) => osu::latency(&c).map(|_| 0),
         Cmd::Bw(c) => osu::bandwidth(&c).map(|_| 0),
+        Cmd::Bibw(c) => experiments::bibw(&c).map(|_| 0),
+        Cmd::MbwMr(c) => experiments::mbw_mr(&c).map(|_| 0),
+        Cmd::Skew { common, messages, c1, c2 } => experiments::skew(&common, messages, c1, c2).map(|_| 0),
+        Cmd::Overlap { common, compute, period } => experiments::overlap(&common, compute, period).map(|_| 0),
+        Cmd::Discovery(_) => {
+            eprintln!(
+                "polyrail-bench discovery: needs a network channel beside shared memory (DirectIB); \
+                 this build has only node-local channels, so there is nothing to measure yet"
+            );
+            Ok(2)
+        }
         Cmd::Compare { sizes, quick, csv } => compare(&sizes, quick, csv),
         Cmd::Report { input, out } => polyrail_bench::report::report(&input, &out).map(|_| 0),
     }

@@ -40,7 +40,7 @@ pub fn read_csv(text: &str) -> Vec<Row> {
         .collect()
 }
 
-fn append_csv(c: &Common, bench: &str, size: usize, value: f64, unit: &str) -> anyhow::Result<()> {
+pub(crate) fn append_csv(c: &Common, bench: &str, size: usize, value: f64, unit: &str) -> anyhow::Result<()> {
     let Some(path) = &c.csv else { return Ok(()) };
     let new = !path.exists();
     let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
@@ -52,7 +52,7 @@ fn append_csv(c: &Common, bench: &str, size: usize, value: f64, unit: &str) -> a
 }
 
 /// OSU's iteration counts: (iterations, warm-up) by size.
-fn iterations(c: &Common, size: usize, small: (u32, u32), large: (u32, u32)) -> (u32, u32) {
+pub(crate) fn iterations(c: &Common, size: usize, small: (u32, u32), large: (u32, u32)) -> (u32, u32) {
     let (mut n, mut w) = if size <= 8192 { small } else { large };
     if let Some(i) = c.iters {
         n = i;
@@ -64,7 +64,7 @@ fn iterations(c: &Common, size: usize, small: (u32, u32), large: (u32, u32)) -> 
     (n, w)
 }
 
-fn header(ctx: &Context, c: &Common, what: &str, unit: &str) {
+pub(crate) fn header(ctx: &Context, c: &Common, what: &str, unit: &str) {
     if ctx.rank() == 0 {
         println!("# polyrail-bench {what}: transport {}, {} ranks", c.transport, ctx.size());
         println!("# Size {unit:>24}");

@@ -96,7 +96,8 @@ pub struct Config {
     /// class. Default: from the transports' cost models and the class (see `polyrail info`).
     pub cma_threshold: ClassSizes,
     /// `POLYRAIL_SPLIT_THRESHOLD`: smallest single-copy message that both processes copy (the
-    /// receiver pulls the front, the sender pushes the back). Default 256k; `off` disables.
+    /// receiver pulls the front, the sender pushes the back). Default 32k (measured: see
+    /// `docs/benchmarks.md`); `off` disables.
     pub split_threshold: Option<usize>,
     /// `POLYRAIL_EAGER_LIMIT`: largest message sent eagerly through send cells when single copy
     /// is not used; larger ones wait for the receiver (rendezvous) and stream through cells.
@@ -120,7 +121,7 @@ impl Default for Config {
         Config {
             transports: TransportFilter::All,
             cma_threshold: ClassSizes::default(),
-            split_threshold: Some(256 << 10),
+            split_threshold: Some(32 << 10),
             eager_limit: 64 << 10,
             shm_slots: 256,
             shm_cell_size: 16 << 10,

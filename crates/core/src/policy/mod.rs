@@ -106,11 +106,14 @@ pub struct Candidate<'a> {
 /// Default shared-memory/single-copy switch point per class (Chai, Fig. 6.2: 32 KB in a
 /// shared cache, 2 KB on one socket, 1 KB across sockets): in a shared cache the two copies
 /// through shared memory stay cheap longer. Checked here (2 cores sharing an L3, Xeon @2.5 GHz,
-/// osu_bw): at 32 KiB send cells stream 7.1-7.8 GB/s and single copy 5.3-5.7 GB/s at equal
-/// latency; from 64 KiB single copy wins. So the shared-cache default is 64 KiB.
+/// osu_latency / osu_bw, `docs/benchmarks.md`): below 32 KiB send cells win (16 KiB: 7.6-9.1
+/// GB/s eager against 3.5-7.5 by single copy); from 32 KiB single copy split between both
+/// processes wins (32 KiB latency 3.5-4.6 µs against 6.0 eager; 64-128 KiB 10-24 GB/s against
+/// 6-8), so the shared-cache default stays 32 KiB, with the split from there (see
+/// `Config::split_threshold`).
 fn class_default_threshold(class: TopoClass) -> usize {
     match class {
-        TopoClass::SameCore | TopoClass::SharedL2 | TopoClass::SharedL3 => 64 << 10,
+        TopoClass::SameCore | TopoClass::SharedL2 | TopoClass::SharedL3 => 32 << 10,
         TopoClass::Socket => 2 << 10,
         TopoClass::CrossSocket => 1 << 10,
         TopoClass::SameProcess | TopoClass::Unknown | TopoClass::RemoteNode => 8 << 10,
@@ -184,11 +187,21 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
                         ),
                     });
                 }
-                _ => entries.push(RouteEntry {
+                Some(_) => entries.push(RouteEntry {
                     upto: usize::MAX,
-                    protocol: if split.is_some() { Protocol::RndvSplit } else { Protocol::RndvGet },
+                    protocol: Protocol::RndvSplit,
                     channel: rma.id,
-                    reason: format!("single copy with {} from {} ({why})", kind(rma), format_size(threshold)),
+                    reason: format!(
+                        "both processes copy with {} from {} ({why}; POLYRAIL_SPLIT_THRESHOLD is not above it)",
+                        kind(rma),
+                        format_size(threshold)
+                    ),
+                }),
+                None => entries.push(RouteEntry {
+                    upto: usize::MAX,
+                    protocol: Protocol::RndvGet,
+                    channel: rma.id,
+                    reason: format!("receiver pulls with {} from {} ({why})", kind(rma), format_size(threshold)),
                 }),
             }
         }
@@ -239,10 +252,10 @@ mod tests {
         let r = build_route(TopoClass::SharedL3, &c, &Config::default()).unwrap();
         assert_eq!(r.am, 1);
         assert_eq!(r.lookup(100).protocol, Protocol::Eager);
-        assert_eq!(r.rndv_threshold(), Some(64 << 10));
-        assert_eq!(r.lookup(64 << 10).protocol, Protocol::RndvGet);
-        assert_eq!(r.lookup(64 << 10).channel, 2);
-        assert_eq!(r.lookup((64 << 10) - 1).protocol, Protocol::Eager);
+        assert_eq!(r.rndv_threshold(), Some(32 << 10));
+        assert_eq!(r.lookup((32 << 10) - 1).protocol, Protocol::Eager);
+        assert_eq!(r.lookup(32 << 10).protocol, Protocol::RndvSplit);
+        assert_eq!(r.lookup(32 << 10).channel, 2);
         assert_eq!(r.lookup(4 << 20).protocol, Protocol::RndvSplit);
         let r = build_route(TopoClass::CrossSocket, &c, &Config::default()).unwrap();
         // The model crossover is above the 1k class default here.
@@ -252,6 +265,10 @@ mod tests {
         let r = build_route(TopoClass::SharedL3, &c, &cfg).unwrap();
         assert_eq!(r.rndv_threshold(), Some(4096));
         assert!(r.lookup(4096).reason.contains("POLYRAIL_CMA_THRESHOLD"));
+        cfg.set("POLYRAIL_SPLIT_THRESHOLD", "64k").unwrap();
+        let r = build_route(TopoClass::SharedL3, &c, &cfg).unwrap();
+        assert_eq!(r.lookup(4096).protocol, Protocol::RndvGet);
+        assert_eq!(r.lookup(64 << 10).protocol, Protocol::RndvSplit);
         cfg.set("POLYRAIL_SPLIT_THRESHOLD", "off").unwrap();
         let r = build_route(TopoClass::SharedL3, &c, &cfg).unwrap();
         assert_eq!(r.lookup(usize::MAX).protocol, Protocol::RndvGet);

@@ -1,0 +1,251 @@
+//! Experiments beyond the OSU pair: bidirectional and multi-pair bandwidth, skew, overlap.
+
+use crate::osu::{append_csv, iterations, parse_sizes};
+use crate::Common;
+use anyhow::bail;
+use polyrail::{Context, Source, TagMatch};
+use std::time::{Duration, Instant};
+
+const WINDOW: usize = 64;
+
+/// Busy computation for `d` (a spin on the clock, like the papers' compute loops).
+fn compute(d: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
+/// One window of 64 sends to `peer` and 64 receives from it, all outstanding together.
+fn exchange_window(ctx: &mut Context, peer: u32, sbuf: &[u8], rbuf: &mut [u8], size: usize) -> anyhow::Result<()> {
+    let mut reqs = Vec::with_capacity(2 * WINDOW);
+    for _ in 0..WINDOW {
+        // SAFETY: both buffers outlive the window (wait_all below); receives overwrite each
+        // other's data, which nobody reads (osu_bibw does the same).
+        reqs.push(unsafe { ctx.irecv_raw(Source::Rank(peer), TagMatch::Tag(100), rbuf.as_mut_ptr(), size)? });
+    }
+    for _ in 0..WINDOW {
+        // SAFETY: as above; the send buffer is not modified.
+        reqs.push(unsafe { ctx.isend_raw(peer, 100, sbuf.as_ptr(), size)? });
+    }
+    ctx.wait_all(reqs)?;
+    Ok(())
+}
+
+/// osu_bibw: both ranks of the pair send windows to each other at once.
+pub fn bibw(c: &Common) -> anyhow::Result<()> {
+    let sizes = parse_sizes(&c.sizes)?;
+    let mut ctx = Context::init()?;
+    if ctx.size() < 2 {
+        bail!("bibw needs at least 2 ranks");
+    }
+    crate::osu::header(&ctx, c, "bibw", "Bandwidth (MB/s)");
+    let max = sizes.iter().copied().max().unwrap_or(0);
+    let sbuf = vec![b'c'; max];
+    let mut rbuf = vec![0u8; max];
+    for &size in &sizes {
+        let (iters, warmup) = iterations(c, size, (100, 10), (20, 2));
+        ctx.barrier()?;
+        let mut t0 = Instant::now();
+        if ctx.rank() < 2 {
+            let peer = 1 - ctx.rank();
+            for i in 0..iters + warmup {
+                if i == warmup {
+                    t0 = Instant::now();
+                }
+                exchange_window(&mut ctx, peer, &sbuf, &mut rbuf, size)?;
+            }
+        }
+        if ctx.rank() == 0 {
+            let mbs = (2 * size * WINDOW * iters as usize) as f64 / t0.elapsed().as_secs_f64() / 1e6;
+            println!("{size:<10}{mbs:>20.2}");
+            append_csv(c, "bibw", size, mbs, "MB/s")?;
+        }
+    }
+    ctx.barrier()?;
+    ctx.finalize()?;
+    Ok(())
+}
+
+/// osu_mbw_mr (Chai §6.2): ranks 0..n/2 each stream windows to their partner r + n/2; reports
+/// the aggregate bandwidth and message rate.
+pub fn mbw_mr(c: &Common) -> anyhow::Result<()> {
+    let sizes = parse_sizes(&c.sizes)?;
+    let mut ctx = Context::init()?;
+    let n = ctx.size();
+    if n < 2 || n % 2 != 0 {
+        bail!("mbw_mr needs an even number of ranks (-n 2, 4, ...)");
+    }
+    let pairs = n / 2;
+    if ctx.rank() == 0 {
+        println!("# polyrail-bench mbw_mr: transport {}, {pairs} pairs", c.transport);
+        println!("# Size {:>24} {:>16}", "MB/s", "Messages/s");
+    }
+    let max = sizes.iter().copied().max().unwrap_or(0);
+    let sbuf = vec![b'd'; max];
+    let mut rbuf = vec![0u8; max];
+    let me = ctx.rank();
+    let sender = me < pairs;
+    let partner = if sender { me + pairs } else { me - pairs };
+    for &size in &sizes {
+        let (iters, warmup) = iterations(c, size, (100, 10), (20, 2));
+        let mut ack = [0u8; 4];
+        ctx.barrier()?;
+        let mut t0 = Instant::now();
+        for i in 0..iters + warmup {
+            if i == warmup {
+                ctx.barrier()?;
+                t0 = Instant::now();
+            }
+            let mut reqs = Vec::with_capacity(WINDOW);
+            for _ in 0..WINDOW {
+                // SAFETY: buffers outlive the window; see exchange_window.
+                reqs.push(unsafe {
+                    if sender {
+                        ctx.isend_raw(partner, 100, sbuf.as_ptr(), size)?
+                    } else {
+                        ctx.irecv_raw(Source::Rank(partner), TagMatch::Tag(100), rbuf.as_mut_ptr(), size)?
+                    }
+                });
+            }
+            ctx.wait_all(reqs)?;
+            if sender {
+                ctx.recv(partner, 101, &mut ack)?;
+            } else {
+                ctx.send(partner, 101, &ack)?;
+            }
+        }
+        ctx.barrier()?;
+        if me == 0 {
+            let secs = t0.elapsed().as_secs_f64();
+            let msgs = (pairs as usize * WINDOW * iters as usize) as f64;
+            let mbs = msgs * size as f64 / secs / 1e6;
+            println!("{size:<10}{mbs:>20.2}{:>17.0}", msgs / secs);
+            append_csv(c, "mbw", size, mbs, "MB/s")?;
+            append_csv(c, "msg_rate", size, msgs / secs, "msg/s")?;
+        }
+    }
+    ctx.finalize()?;
+    Ok(())
+}
+
+/// Chai §6.2.4 (Fig. 6.5): rank 0 produces messages, computing `c1` before each send; rank 1
+/// consumes them, computing `c2` after each receive. When the consumer lags (c2 > c1), a
+/// single-copy send cannot finish before the consumer matches it, so the producer is held to
+/// the consumer's pace; an eager send is buffered and the producer runs at its own pace.
+/// Prints the producer's and the consumer's time per message.
+pub fn skew(c: &Common, messages: u32, c1_us: u64, c2_us: u64) -> anyhow::Result<()> {
+    let sizes = parse_sizes(&c.sizes)?;
+    let mut ctx = Context::init()?;
+    if ctx.size() < 2 {
+        bail!("skew needs 2 ranks");
+    }
+    let (c1, c2) = (Duration::from_micros(c1_us), Duration::from_micros(c2_us));
+    if ctx.rank() == 0 {
+        println!("# polyrail-bench skew: transport {}, {messages} messages, c1 {c1_us} us, c2 {c2_us} us", c.transport);
+        println!("# Size {:>24} {:>24}", "producer (us/msg)", "consumer (us/msg)");
+    }
+    let max = sizes.iter().copied().max().unwrap_or(0);
+    let mut buf = vec![b'e'; max];
+    for &size in &sizes {
+        ctx.barrier()?;
+        let t = Instant::now();
+        match ctx.rank() {
+            0 => {
+                for _ in 0..messages {
+                    compute(c1);
+                    ctx.send(1, 7, &buf[..size])?;
+                }
+            }
+            1 => {
+                for _ in 0..messages {
+                    ctx.recv(0, 7, &mut buf[..size])?;
+                    compute(c2);
+                }
+            }
+            _ => {}
+        }
+        let mine = t.elapsed().as_secs_f64() * 1e6 / messages as f64;
+        let mut theirs = [0u8; 8];
+        match ctx.rank() {
+            0 => {
+                ctx.recv(1, 8, &mut theirs)?;
+                let consumer = f64::from_le_bytes(theirs);
+                println!("{size:<10}{mine:>24.2}{consumer:>25.2}");
+                append_csv(c, "skew_producer", size, mine, "us/msg")?;
+                append_csv(c, "skew_consumer", size, consumer, "us/msg")?;
+            }
+            1 => ctx.send(0, 8, &mine.to_le_bytes())?,
+            _ => {}
+        }
+    }
+    ctx.barrier()?;
+    ctx.finalize()?;
+    Ok(())
+}
+
+/// Chai §7.3.2: rank 1 posts a receive for a large message, then computes for `compute_us`,
+/// testing the request every `period_us`; reports how long the receive still took after the
+/// computation (0 = fully overlapped) and the total, against the transfer alone.
+pub fn overlap(c: &Common, compute_us: u64, period_us: u64) -> anyhow::Result<()> {
+    let sizes = parse_sizes(&c.sizes)?;
+    let mut ctx = Context::init()?;
+    if ctx.size() < 2 {
+        bail!("overlap needs 2 ranks");
+    }
+    if ctx.rank() == 1 {
+        println!(
+            "# polyrail-bench overlap: transport {}, compute {compute_us} us, test every {period_us} us",
+            c.transport
+        );
+        println!("# Size {:>20} {:>20} {:>20}", "transfer alone (us)", "after compute (us)", "total (us)");
+    }
+    let max = sizes.iter().copied().max().unwrap_or(0);
+    let sbuf = vec![b'f'; max];
+    let mut rbuf = vec![0u8; max];
+    for &size in &sizes {
+        let reps = if c.quick { 2 } else { 20 };
+        let (mut alone, mut after, mut total) = (0.0, 0.0, 0.0);
+        for _ in 0..reps {
+            // The transfer alone.
+            ctx.barrier()?;
+            let t = Instant::now();
+            if ctx.rank() == 0 {
+                ctx.send(1, 9, &sbuf[..size])?;
+            } else if ctx.rank() == 1 {
+                ctx.recv(0, 9, &mut rbuf[..size])?;
+            }
+            alone += t.elapsed().as_secs_f64() * 1e6;
+            // The transfer under computation with periodic tests.
+            ctx.barrier()?;
+            if ctx.rank() == 0 {
+                ctx.send(1, 9, &sbuf[..size])?;
+            } else if ctx.rank() == 1 {
+                let t = Instant::now();
+                // SAFETY: `rbuf` outlives the request (waited for below) and is not touched.
+                let req = unsafe { ctx.irecv_raw(0, 9, rbuf.as_mut_ptr(), size)? };
+                let end = Duration::from_micros(compute_us);
+                let mut next = Duration::ZERO;
+                while t.elapsed() < end {
+                    compute(Duration::from_micros(period_us.min(compute_us)).min(end.saturating_sub(t.elapsed())));
+                    if t.elapsed() >= next {
+                        ctx.test(&req)?;
+                        next = t.elapsed() + Duration::from_micros(period_us);
+                    }
+                }
+                let t2 = Instant::now();
+                ctx.wait(req)?;
+                after += t2.elapsed().as_secs_f64() * 1e6;
+                total += t.elapsed().as_secs_f64() * 1e6;
+            }
+        }
+        if ctx.rank() == 1 {
+            let r = reps as f64;
+            println!("{size:<10}{:>20.2}{:>21.2}{:>21.2}", alone / r, after / r, total / r);
+            append_csv(c, "overlap_after", size, after / r, "us")?;
+        }
+    }
+    ctx.barrier()?;
+    ctx.finalize()?;
+    Ok(())
+}
