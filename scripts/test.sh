@@ -41,6 +41,13 @@ echo "== benchmarks, quick mode"
 timeout 300 target/release/polyrail-bench latency --quick --sizes 0,8,4k,64k,1m
 timeout 300 target/release/polyrail-bench bw --quick --sizes 4k,1m
 timeout 300 target/release/polyrail-bench latency --quick --transport shm --sizes 8,1m
+timeout 300 target/release/polyrail-bench bibw --quick --sizes 4k,1m
+timeout 300 target/release/polyrail-bench mbw-mr --quick -n 4 --sizes 8,64k
+timeout 300 target/release/polyrail-bench skew --quick --messages 20 --repeats 1 --sizes 4k,64k
+timeout 300 target/release/polyrail-bench overlap --quick --sizes 1m
+csv=$(mktemp -d)/points.csv
+timeout 300 target/release/polyrail-bench compare --quick --sizes 8,64k --csv "$csv"
+grep -q '^latency,' "$csv"
 if [ -d crates/bench/benches ] && ls crates/bench/benches/*.rs > /dev/null 2>&1; then
     timeout 900 cargo bench -p polyrail-bench -- --test
 fi

@@ -133,8 +133,9 @@ pub fn mbw_mr(c: &Common) -> anyhow::Result<()> {
 /// consumes them, computing `c2` after each receive. When the consumer lags (c2 > c1), a
 /// single-copy send cannot finish before the consumer matches it, so the producer is held to
 /// the consumer's pace; an eager send is buffered and the producer runs at its own pace.
-/// Prints the producer's and the consumer's time per message.
-pub fn skew(c: &Common, messages: u32, c1_us: u64, c2_us: u64) -> anyhow::Result<()> {
+/// Prints the producer's and the consumer's time per message, medians of `repeats` runs (the
+/// host steals this machine's CPUs in bursts; a median resists them).
+pub fn skew(c: &Common, messages: u32, c1_us: u64, c2_us: u64, repeats: u32) -> anyhow::Result<()> {
     let sizes = parse_sizes(&c.sizes)?;
     let mut ctx = Context::init()?;
     if ctx.size() < 2 {
@@ -148,24 +149,29 @@ pub fn skew(c: &Common, messages: u32, c1_us: u64, c2_us: u64) -> anyhow::Result
     let max = sizes.iter().copied().max().unwrap_or(0);
     let mut buf = vec![b'e'; max];
     for &size in &sizes {
-        ctx.barrier()?;
-        let t = Instant::now();
-        match ctx.rank() {
-            0 => {
-                for _ in 0..messages {
-                    compute(c1);
-                    ctx.send(1, 7, &buf[..size])?;
+        let mut runs = Vec::new();
+        for _ in 0..repeats.max(1) {
+            ctx.barrier()?;
+            let t = Instant::now();
+            match ctx.rank() {
+                0 => {
+                    for _ in 0..messages {
+                        compute(c1);
+                        ctx.send(1, 7, &buf[..size])?;
+                    }
                 }
-            }
-            1 => {
-                for _ in 0..messages {
-                    ctx.recv(0, 7, &mut buf[..size])?;
-                    compute(c2);
+                1 => {
+                    for _ in 0..messages {
+                        ctx.recv(0, 7, &mut buf[..size])?;
+                        compute(c2);
+                    }
                 }
+                _ => {}
             }
-            _ => {}
+            runs.push(t.elapsed().as_secs_f64() * 1e6 / messages as f64);
         }
-        let mine = t.elapsed().as_secs_f64() * 1e6 / messages as f64;
+        runs.sort_by(f64::total_cmp);
+        let mine = runs[runs.len() / 2];
         let mut theirs = [0u8; 8];
         match ctx.rank() {
             0 => {

@@ -42,6 +42,9 @@ enum Cmd {
         /// Consumer's compute after each receive (µs).
         #[arg(long, default_value_t = 40)]
         c2: u64,
+        /// Runs per size (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        repeats: u32,
     },
     /// Overlap of a large transfer with computation that tests the request periodically
     /// (Chai §7.3.2).
@@ -124,7 +127,9 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Bw(c) => osu::bandwidth(&c).map(|_| 0),
         Cmd::Bibw(c) => experiments::bibw(&c).map(|_| 0),
         Cmd::MbwMr(c) => experiments::mbw_mr(&c).map(|_| 0),
-        Cmd::Skew { common, messages, c1, c2 } => experiments::skew(&common, messages, c1, c2).map(|_| 0),
+        Cmd::Skew { common, messages, c1, c2, repeats } => {
+            experiments::skew(&common, messages, c1, c2, repeats).map(|_| 0)
+        }
         Cmd::Overlap { common, compute, period } => experiments::overlap(&common, compute, period).map(|_| 0),
         Cmd::Discovery(_) => {
             eprintln!(
