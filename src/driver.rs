@@ -1,12 +1,16 @@
 //! Drives the sans-IO engine: executes its actions on the channels, polls the channels, waits.
 
+use polyrail_core::config::WaitMode;
 use polyrail_core::engine::{Action, Engine, Payload, ReqId, Status};
 use polyrail_core::{Caps, Error, Header, Issued, Rank, Result, Transport, TransportKind};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-/// Idle polls before a waiting process starts yielding its core to others.
+/// Idle polls (about 50 µs) before a waiting process sleeps (`adaptive`) or starts yielding its
+/// core to others (`spin`).
 const SPIN_BEFORE_YIELD: u32 = 2000;
+/// Idle polls before a waiting process sleeps with `POLYRAIL_WAIT=block`.
+const SPIN_BEFORE_BLOCK: u32 = 64;
 /// How often a waiting process checks that its peers are alive.
 const LIVENESS_PERIOD: Duration = Duration::from_millis(100);
 
@@ -20,6 +24,10 @@ pub(crate) struct Driver {
     /// The loopback channel, polled only after something was sent to this rank itself.
     loopback: Option<usize>,
     self_sent: bool,
+    /// How to wait (`POLYRAIL_WAIT`).
+    wait: WaitMode,
+    /// The channel a waiting process sleeps on: the one polled channel, if it can wake us.
+    sleeper: Option<usize>,
     /// Per peer: actions that would have blocked, in order (later sends queue behind them).
     blocked: Vec<VecDeque<Action>>,
     blocked_peers: usize,
@@ -27,9 +35,9 @@ pub(crate) struct Driver {
 }
 
 impl Driver {
-    pub fn new(engine: Engine, channels: Vec<Box<dyn Transport>>) -> Self {
+    pub fn new(engine: Engine, channels: Vec<Box<dyn Transport>>, wait: WaitMode) -> Self {
         let n = engine.size() as usize;
-        let polled = channels
+        let polled: Vec<usize> = channels
             .iter()
             .enumerate()
             .filter(|(_, c)| {
@@ -40,12 +48,18 @@ impl Driver {
             .map(|(i, _)| i)
             .collect();
         let loopback = channels.iter().position(|c| c.attr().kind == TransportKind::Loopback);
+        let sleeper = match polled[..] {
+            [only] if channels[only].attr().caps.contains(Caps::WAKEUP) => Some(only),
+            _ => None,
+        };
         Driver {
             engine,
             channels,
             polled,
             loopback,
             self_sent: false,
+            wait,
+            sleeper,
             blocked: (0..n).map(|_| VecDeque::new()).collect(),
             blocked_peers: 0,
             last_liveness: Instant::now(),
@@ -188,8 +202,21 @@ impl Driver {
                 continue;
             }
             // No pause instruction while spinning: it costs more than a poll of the rings and
-            // would delay noticing an arrival. After a while, give the core away instead.
+            // would delay noticing an arrival. After a while, sleep until an arrival rings the
+            // doorbell (or give the core away, when polling is all there is).
             idle = idle.saturating_add(1);
+            let spin_polls = match self.wait {
+                WaitMode::Spin => u32::MAX,
+                WaitMode::Block => SPIN_BEFORE_BLOCK,
+                WaitMode::Adaptive => SPIN_BEFORE_YIELD,
+            };
+            if idle > spin_polls && self.can_sleep() {
+                self.sleep_once();
+                if self.last_liveness.elapsed() >= LIVENESS_PERIOD {
+                    self.check_peers();
+                }
+                continue;
+            }
             if idle > SPIN_BEFORE_YIELD {
                 std::thread::yield_now();
             }
@@ -197,6 +224,21 @@ impl Driver {
                 self.check_peers();
             }
         }
+    }
+
+    /// Whether nothing but an arrival can make progress (so sleeping until one is safe).
+    fn can_sleep(&self) -> bool {
+        self.sleeper.is_some() && self.blocked_peers == 0 && !self.self_sent
+    }
+
+    /// Sleeps on the doorbell until an arrival (or the liveness period) ends it.
+    fn sleep_once(&mut self) {
+        let Some(i) = self.sleeper else { return };
+        let ch = &mut self.channels[i];
+        if ch.arm() {
+            ch.sleep(LIVENESS_PERIOD);
+        }
+        ch.disarm();
     }
 
     /// Sends a small eager message at once when nothing is queued to `to`; `None` when the

@@ -179,7 +179,8 @@ impl Job {
         let channel_kinds = channels.iter().map(|c| c.attr().kind).collect();
         let report =
             JobReport { topology: topology.summary.clone(), binding, channels: channel_reports, channel_kinds, peers };
-        Ok(Job { bootstrap: boot, driver: Driver::new(engine, channels), report, config })
+        let driver = Driver::new(engine, channels, config.wait);
+        Ok(Job { bootstrap: boot, driver, report, config })
     }
 
     /// Every process is attached to every peer (the caller passed a barrier): channels release

@@ -196,6 +196,60 @@ fn fault_scenario(ctx: &mut Context, how: &str) -> polyrail::Result<()> {
     std::process::exit(0);
 }
 
+/// Ranks 2.. block in a receive while ranks 0 and 1 ping-pong for about a second; each sleeper
+/// writes the CPU time it used while blocked, and the wall time, to `JOBTEST_OUT.<rank>`.
+fn sleepers_scenario(ctx: &mut Context) -> polyrail::Result<()> {
+    let me = ctx.rank();
+    ctx.barrier()?;
+    if me >= 2 {
+        let cpu = || {
+            // SAFETY: getrusage writes one rusage into the zeroed struct.
+            let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+            let tv = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
+            tv(ru.ru_utime) + tv(ru.ru_stime)
+        };
+        let (c0, t0) = (cpu(), Instant::now());
+        let mut buf = [0u8; 4];
+        ctx.recv(0, 77, &mut buf)?;
+        let (cpu_ms, wall_ms) = (cpu() - c0, t0.elapsed().as_secs_f64() * 1e3);
+        let out = std::env::var("JOBTEST_OUT").expect("JOBTEST_OUT set");
+        std::fs::write(format!("{out}.{me}"), format!("{cpu_ms:.2} {wall_ms:.2}")).expect("write result");
+    } else {
+        let t = Instant::now();
+        let mut b = [0u8; 8];
+        while t.elapsed() < Duration::from_millis(1000) {
+            for _ in 0..1000 {
+                if me == 0 {
+                    ctx.send(1, 1, &b)?;
+                    ctx.recv(1, 1, &mut b)?;
+                } else {
+                    ctx.recv(0, 1, &mut b)?;
+                    ctx.send(0, 1, &b)?;
+                }
+            }
+            // Rank 1 follows rank 0's clock: it is told whether to go on.
+            let mut go = [1u8];
+            if me == 0 {
+                go[0] = (t.elapsed() < Duration::from_millis(1000)) as u8;
+                ctx.send(1, 2, &go)?;
+            } else {
+                ctx.recv(0, 2, &mut go)?;
+            }
+            if go[0] == 0 {
+                break;
+            }
+        }
+        if me == 0 {
+            for r in 2..ctx.size() {
+                ctx.send(r, 77, b"done")?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// While the job runs, no shared-memory name of it is left in /dev/shm.
 fn shm_names_scenario(ctx: &mut Context) -> polyrail::Result<()> {
     ctx.barrier()?;
@@ -217,6 +271,7 @@ fn rank_main(scenario: &str) {
         "truncate" => truncate_scenario(&mut ctx),
         "kill" | "exit" => fault_scenario(&mut ctx, scenario),
         "shm-names" => shm_names_scenario(&mut ctx),
+        "sleepers" => sleepers_scenario(&mut ctx),
         other => panic!("unknown scenario {other}"),
     };
     if let Err(e) = r {
@@ -283,6 +338,20 @@ fn main() {
                 check(format!("{how} -n {ranks}: rank {r} saw `{seen}`"), ms.is_some_and(|ms| ms < 1000));
             }
         }
+    }
+    // Oversubscribed: 8 ranks on this machine's cores, 6 of them blocked in a receive. They must
+    // sleep on the doorbell, not spin (the issue asks under 1 % CPU; 3 % leaves room for noise).
+    let out = std::env::temp_dir().join(format!("polyrail-jobtest-{}-sleepers", std::process::id()));
+    let out_s = out.to_string_lossy().into_owned();
+    let code = job(8, "sleepers", &[("JOBTEST_OUT", &out_s)]);
+    check(format!("sleepers -n 8: job status {code}"), code == 0);
+    for r in 2..8 {
+        let f = format!("{out_s}.{r}");
+        let seen = std::fs::read_to_string(&f).unwrap_or_default();
+        let _ = std::fs::remove_file(&f);
+        let v: Vec<f64> = seen.split(' ').filter_map(|x| x.parse().ok()).collect();
+        let ok = v.len() == 2 && v[1] >= 900.0 && v[0] < 0.03 * v[1];
+        check(format!("sleepers -n 8: rank {r} used {seen:?} (cpu ms, wall ms) while blocked"), ok);
     }
     let job_tag = format!("pr{}", std::process::id());
     let code = job(2, "shm-names", &[("JOBTEST_JOB", "")]);

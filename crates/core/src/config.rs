@@ -77,6 +77,19 @@ impl LogLevel {
     }
 }
 
+/// How a process waits for arrivals (`POLYRAIL_WAIT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WaitMode {
+    /// Poll without sleeping (yield the core after a while): lowest latency, a core per rank.
+    Spin,
+    /// Sleep on the shared-memory doorbell almost at once: for jobs with more ranks than cores.
+    Block,
+    /// Poll for about 50 µs, then sleep on the doorbell until an arrival wakes the process (the
+    /// default).
+    #[default]
+    Adaptive,
+}
+
 /// Which PMI wire protocol to speak to the process manager (`POLYRAIL_PMI`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum PmiVersion {
@@ -114,6 +127,10 @@ pub struct Config {
     pub log: LogLevel,
     /// `POLYRAIL_PMI`: `1` (default) or `2`.
     pub pmi: PmiVersion,
+    /// `POLYRAIL_WAIT`: `spin`, `block` or `adaptive` (default). Senders ring a peer's doorbell
+    /// only when it sleeps, which costs them one memory fence per message unless the mode is
+    /// `spin`; use the same mode in every process of a job.
+    pub wait: WaitMode,
 }
 
 impl Default for Config {
@@ -128,6 +145,7 @@ impl Default for Config {
             shm_cells: 128,
             log: LogLevel::Warn,
             pmi: PmiVersion::Pmi1,
+            wait: WaitMode::Adaptive,
         }
     }
 }
@@ -143,6 +161,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("POLYRAIL_SHM_CELLS", "send cells per process (default 128)"),
     ("POLYRAIL_LOG", "log level: error, warn, info, debug, trace"),
     ("POLYRAIL_PMI", "PMI protocol spoken to the launcher: 1 or 2"),
+    ("POLYRAIL_WAIT", "how to wait for arrivals: spin, block or adaptive (default)"),
 ];
 
 impl Config {
@@ -213,6 +232,14 @@ impl Config {
                     "1" | "pmi1" => PmiVersion::Pmi1,
                     "2" | "pmi2" => PmiVersion::Pmi2,
                     _ => return Err(bad("1 or 2")),
+                }
+            }
+            "POLYRAIL_WAIT" => {
+                self.wait = match value {
+                    "spin" => WaitMode::Spin,
+                    "block" => WaitMode::Block,
+                    "adaptive" => WaitMode::Adaptive,
+                    _ => return Err(bad("spin, block or adaptive")),
                 }
             }
             _ => {
@@ -318,6 +345,9 @@ mod tests {
     fn bad_values_name_variable_value_and_choices() {
         let e = cfg(&[("POLYRAIL_SHM_SLOTS", "100")]).unwrap_err().to_string();
         assert!(e.contains("POLYRAIL_SHM_SLOTS") && e.contains("100") && e.contains("power of two"), "{e}");
+        let e = cfg(&[("POLYRAIL_WAIT", "nap")]).unwrap_err().to_string();
+        assert!(e.contains("POLYRAIL_WAIT") && e.contains("adaptive"), "{e}");
+        assert_eq!(cfg(&[("POLYRAIL_WAIT", "block")]).unwrap().wait, WaitMode::Block);
         let e = cfg(&[("POLYRAIL_LOG", "loud")]).unwrap_err().to_string();
         assert!(e.contains("loud") && e.contains("debug"), "{e}");
         let e = cfg(&[("POLYRAIL_FROBNICATE", "1")]).unwrap_err().to_string();

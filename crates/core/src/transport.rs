@@ -84,6 +84,8 @@ impl Caps {
     pub const RMA_INLINE_COMPLETION: Caps = Caps(8);
     /// Polling costs a system call: poll only when an arrival is expected.
     pub const POLL_IS_SYSCALL: Caps = Caps(16);
+    /// A process can sleep until an arrival on this channel wakes it (`arm` / `sleep`).
+    pub const WAKEUP: Caps = Caps(32);
 
     /// No capability.
     pub const fn empty() -> Caps {
@@ -301,6 +303,19 @@ pub trait Transport: Send {
     fn put(&mut self, peer: Rank, _from: Region, _key: &RemoteKey, _offset: usize, _op: OpId) -> Result<Issued> {
         Err(Error::Transport { kind: self.attr().kind.name(), what: format!("cannot write memory of rank {peer}") })
     }
+
+    /// Prepares to sleep until an arrival (channels with [`Caps::WAKEUP`]): from now on, senders
+    /// wake this process. Returns false when something arrived already (then do not sleep);
+    /// always call [`Transport::disarm`] afterwards.
+    fn arm(&mut self) -> bool {
+        false
+    }
+
+    /// Sleeps until a sender woke this process or `timeout` passed; only after `arm` said yes.
+    fn sleep(&mut self, _timeout: std::time::Duration) {}
+
+    /// Ends what `arm` started.
+    fn disarm(&mut self) {}
 
     /// Checks that connected peers are alive; reports lost ones through `sink`. Called from
     /// waits that made no progress for a while, never on the hot path.

@@ -5,6 +5,9 @@
 //! ```text
 //! offset 0        SegmentInfo (64 bytes, written once by the owner before its address is published)
 //! offset 64       finalized: AtomicU32 on its own line (owner stores 1 with Release in finalize)
+//! offset 128      sleeping: AtomicU32 on its own line (owner: 1 while it sleeps on its doorbell;
+//!                 read by senders after every message when waiting may block)
+//! offset 192      doorbell: AtomicU32 futex word on its own line (senders add 1 and wake)
 //! offset 4096     ring r for r in 0..size: the owner's outgoing ring to rank r
 //!                 (ring_stride = Geometry::bytes rounded up to 128 bytes)
 //! cells_offset    send cell c for c in 0..cells (page aligned):
@@ -37,6 +40,10 @@ pub(crate) const VERSION: u32 = 1;
 const HEADER_BYTES: usize = 4096;
 /// Offset of the `finalized` flag.
 const FINALIZED_AT: usize = 64;
+/// Offset of the `sleeping` flag.
+const SLEEPING_AT: usize = 128;
+/// Offset of the doorbell futex word.
+const DOORBELL_AT: usize = 192;
 /// Bytes of a cell's state line.
 pub(crate) const CELL_STATE_BYTES: usize = 64;
 /// Magic number at the start of an address: `b"PRSH"`.
@@ -247,6 +254,18 @@ impl Mapping {
         // SAFETY: offset 64 is 4-byte aligned inside the header page of every segment (mappings
         // are at least HEADER_BYTES long) and only ever accessed as this atomic.
         unsafe { &*self.at(FINALIZED_AT).as_ptr().cast::<AtomicU32>() }
+    }
+
+    /// The owner's `sleeping` flag.
+    pub(crate) fn sleeping(&self) -> &AtomicU32 {
+        // SAFETY: as for `finalized`: offset 128, aligned, in the header page, only this atomic.
+        unsafe { &*self.at(SLEEPING_AT).as_ptr().cast::<AtomicU32>() }
+    }
+
+    /// The owner's doorbell (a futex word).
+    pub(crate) fn doorbell(&self) -> &AtomicU32 {
+        // SAFETY: as for `finalized`: offset 192, aligned, in the header page, only this atomic.
+        unsafe { &*self.at(DOORBELL_AT).as_ptr().cast::<AtomicU32>() }
     }
 
     fn info(&self) -> SegmentInfo {

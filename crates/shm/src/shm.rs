@@ -7,8 +7,9 @@
 //! Once every process has mapped every segment (`connected`), the names are unlinked, so nothing
 //! is left in `/dev/shm` even if the job is killed later.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{fence, Ordering};
 
+use polyrail_core::config::WaitMode;
 use polyrail_core::{
     Address, Caps, Config, Cost, Error, Header, Issued, PeerInfo, Rank, Reach, Result, Sink, Transport, TransportAttr,
     TransportKind,
@@ -66,9 +67,37 @@ pub struct ShmTransport {
     active: Vec<u32>,
     /// Where the next `progress` starts in `active` (round robin).
     next: usize,
+    /// The peer that delivered last: polled on every `progress` call.
+    hot: Option<u32>,
+    /// `progress` calls so far (the others are swept every `SWEEP_EVERY`).
+    calls: u32,
+    /// The call of the last sweep over every peer.
+    last_sweep: u32,
     cells: SendCells,
+    /// Whether senders check a peer's `sleeping` flag after each message (`POLYRAIL_WAIT` is not
+    /// `spin`).
+    ring_doorbells: bool,
+    /// Doorbell value seen by `arm`, for `sleep`.
+    armed_at: u32,
     /// Dropped after the peers: our rings stay mapped while producers exist.
     seg: OwnSegment,
+}
+
+/// Every how many `progress` calls the peers other than the last active one are polled.
+const SWEEP_EVERY: u32 = 32;
+
+/// After a message to the peer owning `map` was published: wakes the peer if it sleeps.
+#[inline]
+fn ring_doorbell(map: &Mapping) {
+    // SeqCst fence: orders the slot's stamp store before the `sleeping` load; pairs with the
+    // fence in `arm` (see there).
+    fence(Ordering::SeqCst);
+    if map.sleeping().load(Ordering::Relaxed) != 0 {
+        // Release: pairs with the Acquire load in `arm`; the count makes a sleep that starts
+        // after this return at once (the futex value no longer matches).
+        map.doorbell().fetch_add(1, Ordering::Release);
+        sys::futex_wake(map.doorbell());
+    }
 }
 
 /// Keeps `[A-Za-z0-9_.]`, replaces anything else with `_`, at most 160 characters.
@@ -169,7 +198,7 @@ impl ShmTransport {
             max_inline: geo.inline_max(),
             max_eager: layout.cell_size as usize,
             max_rma: 0,
-            caps: Caps::AM,
+            caps: Caps::AM | Caps::WAKEUP,
             am_cost: Cost { latency_ns: AM_LATENCY_NS, overhead_ns: AM_OVERHEAD_NS, bandwidth: AM_BANDWIDTH },
             rma_cost: Cost { latency_ns: f64::INFINITY, overhead_ns: 0.0, bandwidth: 1.0 },
         };
@@ -181,7 +210,12 @@ impl ShmTransport {
             peers: (0..size).map(|_| None).collect(),
             active: Vec::new(),
             next: 0,
+            hot: None,
+            calls: 0,
+            last_sweep: 0,
             cells: SendCells::new(area, size),
+            ring_doorbells: cfg.wait != WaitMode::Spin,
+            armed_at: 0,
             seg,
         })
     }
@@ -292,6 +326,9 @@ impl Transport for ShmTransport {
                 Err(what) => return Err(Error::protocol(peer, what)),
             }
             p.out.push_inline(hdr, payload);
+            if self.ring_doorbells {
+                ring_doorbell(&p.map);
+            }
             return Ok(Issued::Done);
         }
         if len > self.attr.max_eager {
@@ -307,25 +344,72 @@ impl Transport for ShmTransport {
         }
         let Some(cell) = self.cells.fill(peer, payload) else { return Ok(Issued::WouldBlock) };
         p.out.push_cell(hdr, len as u32, cell);
+        if self.ring_doorbells {
+            ring_doorbell(&p.map);
+        }
         Ok(Issued::Done)
     }
 
     fn progress(&mut self, budget: usize, sink: &mut dyn Sink) -> Result<usize> {
         let n = self.active.len();
-        let mut done = 0;
         if n == 0 {
             return Ok(0);
         }
+        // Polling priority (Chai Ch. 7): the peer that delivered last is polled on every call,
+        // every peer about every SWEEP_EVERY-th call, so that idle peers do not slow the
+        // discovery of the busy one's messages. A sweep due while the hot peer delivers waits
+        // for a call where it does not, but never longer than 8 sweep periods: a busy peer
+        // cannot starve the others.
+        self.calls = self.calls.wrapping_add(1);
+        let since = self.calls.wrapping_sub(self.last_sweep);
+        let mut done = 0;
+        if let Some(hot) = self.hot {
+            done = self.poll_peer(hot, budget, sink);
+            let overdue = since >= 8 * SWEEP_EVERY;
+            if since < SWEEP_EVERY || (done > 0 && !overdue) || done >= budget {
+                return Ok(done);
+            }
+        }
+        self.last_sweep = self.calls;
         let start = self.next;
         self.next = if start + 1 >= n { 0 } else { start + 1 };
         for step in 0..n {
             let i = if start + step >= n { start + step - n } else { start + step };
-            done += self.poll_peer(self.active[i], budget - done, sink);
+            let rank = self.active[i];
+            let got = self.poll_peer(rank, budget - done, sink);
+            if got > 0 {
+                self.hot = Some(rank);
+            }
+            done += got;
             if done >= budget {
                 break;
             }
         }
         Ok(done)
+    }
+
+    fn arm(&mut self) -> bool {
+        let me = &self.seg.map;
+        // Acquire: a wake-up counted after this read makes `sleep` return at once.
+        self.armed_at = me.doorbell().load(Ordering::Acquire);
+        me.sleeping().store(1, Ordering::Relaxed);
+        // SeqCst fence: orders the `sleeping` store before the stamp loads below; pairs with the
+        // fence in `ring_doorbell` (a sender's stamp store, then its `sleeping` load). Either we
+        // see its message here, or it sees us sleeping and rings.
+        fence(Ordering::SeqCst);
+        let arrived = self
+            .active
+            .iter()
+            .any(|&r| self.peers[r as usize].as_ref().is_some_and(|p| !p.failed && !matches!(p.inc.peek(), Ok(None))));
+        !arrived
+    }
+
+    fn sleep(&mut self, timeout: std::time::Duration) {
+        sys::futex_wait(self.seg.map.doorbell(), self.armed_at, timeout);
+    }
+
+    fn disarm(&mut self) {
+        self.seg.map.sleeping().store(0, Ordering::Relaxed);
     }
 
     fn check_peers(&mut self, sink: &mut dyn Sink) {

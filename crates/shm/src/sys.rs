@@ -78,3 +78,32 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
     let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
     rc == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
+
+/// Sleeps while `*word == expected`, at most `timeout` (futex on shared memory: the word may be
+/// in a mapping other processes wake through).
+pub(crate) fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32, timeout: std::time::Duration) {
+    let ts =
+        libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
+    // SAFETY: `word` is a valid, aligned u32 for the duration of the call; the kernel only reads
+    // it and the timespec. Errors (EAGAIN when the value changed, EINTR, ETIMEDOUT) all mean
+    // "stop sleeping", which is what the caller does next anyway.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+            0usize,
+            0u32,
+        );
+    }
+}
+
+/// Wakes one process sleeping in [`futex_wait`] on `word`.
+pub(crate) fn futex_wake(word: &std::sync::atomic::AtomicU32) {
+    // SAFETY: as for futex_wait; FUTEX_WAKE does not access user memory beyond the address.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, 1, 0usize, 0usize, 0u32);
+    }
+}
