@@ -94,6 +94,12 @@ impl Context {
         &self.report
     }
 
+    /// Whether skew feedback has messages to `peer` sent eagerly now (the peer reported that it
+    /// lags behind this process; see `POLYRAIL_SKEW`).
+    pub fn sends_eagerly_to(&self, peer: Rank) -> bool {
+        self.driver.engine.peer_lags(peer)
+    }
+
     /// Sends `buf` to `to` with `tag`; returns when `buf` may be reused.
     pub fn send(&mut self, to: Rank, tag: u32, buf: &[u8]) -> Result<()> {
         if let Some(done) = self.driver.try_send_inline(to, tag, USER_CTX, buf) {
@@ -113,6 +119,9 @@ impl Context {
     }
 
     fn recv_in(&mut self, ctx: u16, from: Source, tag: TagMatch, buf: &mut [u8]) -> Result<Status> {
+        if let Source::Rank(r) = from {
+            self.driver.note_unread(r);
+        }
         // SAFETY: as in `send`; the request ends before `buf`'s borrow does.
         let id = unsafe { self.driver.engine.post_recv(from, tag, ctx, region_mut(buf))? };
         self.driver.drain();
@@ -132,8 +141,12 @@ impl Context {
     /// Starts receiving into `buf` (owned by the request until it finishes); the message may
     /// be at most `buf.len()` bytes.
     pub fn irecv(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>, mut buf: Vec<u8>) -> Result<Request> {
+        let from = from.into();
+        if let Source::Rank(r) = from {
+            self.driver.note_unread(r);
+        }
         // SAFETY: as in `isend`.
-        let id = unsafe { self.driver.engine.post_recv(from.into(), tag.into(), USER_CTX, region_mut(&mut buf))? };
+        let id = unsafe { self.driver.engine.post_recv(from, tag.into(), USER_CTX, region_mut(&mut buf))? };
         self.keep(id, buf);
         self.driver.drain();
         Ok(Request { id })

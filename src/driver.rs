@@ -6,9 +6,12 @@ use polyrail_core::{Caps, Error, Header, Issued, Rank, Result, Transport, Transp
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-/// Idle polls (about 50 µs) before a waiting process sleeps (`adaptive`) or starts yielding its
-/// core to others (`spin`).
+/// Idle polls before a waiting process that cannot sleep starts yielding its core to others.
 const SPIN_BEFORE_YIELD: u32 = 2000;
+/// How long an idle process polls before it sleeps with `POLYRAIL_WAIT=adaptive`. Waking a
+/// sleeper costs tens of microseconds, and on a virtual machine whose vCPU went idle, up to a
+/// millisecond: polling first keeps that cost off messages that follow each other closely.
+const ADAPTIVE_SPIN: Duration = Duration::from_micros(200);
 /// Idle polls before a waiting process sleeps with `POLYRAIL_WAIT=block`.
 const SPIN_BEFORE_BLOCK: u32 = 64;
 /// How often a waiting process checks that its peers are alive.
@@ -193,24 +196,32 @@ impl Driver {
     /// peers periodically so that a lost peer ends the wait with an error.
     pub fn wait_until(&mut self, mut done: impl FnMut(&Engine) -> bool) -> Result<()> {
         let mut idle = 0u32;
+        // When the current idle stretch began (read every 256 idle polls, not per poll).
+        let mut idle_since: Option<Instant> = None;
         loop {
             if done(&self.engine) {
                 return Ok(());
             }
             if self.progress()? > 0 {
                 idle = 0;
+                idle_since = None;
                 continue;
             }
             // No pause instruction while spinning: it costs more than a poll of the rings and
             // would delay noticing an arrival. After a while, sleep until an arrival rings the
             // doorbell (or give the core away, when polling is all there is).
             idle = idle.saturating_add(1);
-            let spin_polls = match self.wait {
-                WaitMode::Spin => u32::MAX,
-                WaitMode::Block => SPIN_BEFORE_BLOCK,
-                WaitMode::Adaptive => SPIN_BEFORE_YIELD,
+            let may_sleep = match self.wait {
+                WaitMode::Spin => false,
+                WaitMode::Block => idle > SPIN_BEFORE_BLOCK,
+                WaitMode::Adaptive => {
+                    if idle % 256 == 0 && idle_since.is_none() {
+                        idle_since = Some(Instant::now());
+                    }
+                    idle % 256 == 0 && idle_since.is_some_and(|t| t.elapsed() >= ADAPTIVE_SPIN)
+                }
             };
-            if idle > spin_polls && self.can_sleep() {
+            if may_sleep && self.can_sleep() {
                 self.sleep_once();
                 if self.last_liveness.elapsed() >= LIVENESS_PERIOD {
                     self.check_peers();
@@ -224,6 +235,14 @@ impl Driver {
                 self.check_peers();
             }
         }
+    }
+
+    /// Before a receive naming `peer` is posted: tells the engine whether a message of `peer`
+    /// already waits unread in a channel (skew feedback).
+    #[inline]
+    pub fn note_unread(&mut self, peer: Rank) {
+        let unread = self.polled.iter().any(|&i| self.channels[i].has_unread(peer));
+        self.engine.note_unread(peer, unread);
     }
 
     /// Whether nothing but an arrival can make progress (so sleeping until one is safe).

@@ -129,6 +129,7 @@ impl Job {
 
         let mut peers = Vec::with_capacity(size as usize);
         let mut engine = Engine::new(rank, size);
+        engine.set_skew_policy(config.skew);
         for r in 0..size {
             let info = if r == rank { me.clone() } else { parse_info(r, &boot.get(&format!("pi{r}"))?)? };
             let class = if r == rank {

@@ -144,7 +144,10 @@ pub fn skew(c: &Common, messages: u32, c1_us: u64, c2_us: u64, repeats: u32) -> 
     let (c1, c2) = (Duration::from_micros(c1_us), Duration::from_micros(c2_us));
     if ctx.rank() == 0 {
         println!("# polyrail-bench skew: transport {}, {messages} messages, c1 {c1_us} us, c2 {c2_us} us", c.transport);
-        println!("# Size {:>24} {:>24}", "producer (us/msg)", "consumer (us/msg)");
+        println!(
+            "# Size {:>24} {:>24} {:>16} {:>16}",
+            "producer (us/msg)", "consumer (us/msg)", "eager (lagging)", "eager (caught up)"
+        );
     }
     let max = sizes.iter().copied().max().unwrap_or(0);
     let mut buf = vec![b'e'; max];
@@ -172,12 +175,32 @@ pub fn skew(c: &Common, messages: u32, c1_us: u64, c2_us: u64, repeats: u32) -> 
         }
         runs.sort_by(f64::total_cmp);
         let mine = runs[runs.len() / 2];
+        // Whether skew feedback has the producer sending eagerly now, and again after the
+        // consumer kept up for a while (receives posted before the messages arrive).
+        let lagging_eager = ctx.rank() == 0 && ctx.sends_eagerly_to(1);
+        ctx.barrier()?;
+        for _ in 0..32 {
+            match ctx.rank() {
+                0 => {
+                    compute(c1);
+                    ctx.send(1, 7, &buf[..size])?;
+                }
+                1 => {
+                    ctx.recv(0, 7, &mut buf[..size])?;
+                }
+                _ => {}
+            }
+        }
+        // The barrier reads what rank 1 sent meanwhile (its feedback comes before it, in order).
+        ctx.barrier()?;
+        let caught_up_eager = ctx.rank() == 0 && ctx.sends_eagerly_to(1);
         let mut theirs = [0u8; 8];
         match ctx.rank() {
             0 => {
                 ctx.recv(1, 8, &mut theirs)?;
                 let consumer = f64::from_le_bytes(theirs);
-                println!("{size:<10}{mine:>24.2}{consumer:>25.2}");
+                let yn = |b: bool| if b { "yes" } else { "no" };
+                println!("{size:<10}{mine:>24.2}{consumer:>25.2}{:>17}{:>17}", yn(lagging_eager), yn(caught_up_eager));
                 append_csv(c, "skew_producer", size, mine, "us/msg")?;
                 append_csv(c, "skew_consumer", size, consumer, "us/msg")?;
             }

@@ -77,6 +77,17 @@ impl LogLevel {
     }
 }
 
+/// Skew feedback settings (`POLYRAIL_SKEW`), see [`Config::skew`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SkewPolicy {
+    /// Unexpected messages from one sender above which the receiver counts as lagging.
+    pub limit: usize,
+    /// Arrivals in a row above the limit before the sender is told.
+    pub window: u32,
+    /// Largest message the sender then sends eagerly.
+    pub eager_up_to: usize,
+}
+
 /// How a process waits for arrivals (`POLYRAIL_WAIT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum WaitMode {
@@ -84,7 +95,7 @@ pub enum WaitMode {
     Spin,
     /// Sleep on the shared-memory doorbell almost at once: for jobs with more ranks than cores.
     Block,
-    /// Poll for about 50 µs, then sleep on the doorbell until an arrival wakes the process (the
+    /// Poll for about 200 µs, then sleep on the doorbell until an arrival wakes the process (the
     /// default).
     #[default]
     Adaptive,
@@ -127,6 +138,12 @@ pub struct Config {
     pub log: LogLevel,
     /// `POLYRAIL_PMI`: `1` (default) or `2`.
     pub pmi: PmiVersion,
+    /// `POLYRAIL_SKEW`: skew feedback (Chai §6.3.2), `LIMIT:WINDOW:SIZE` or `off`. When WINDOW
+    /// messages of one sender in a row arrive to find more than LIMIT of its messages waiting
+    /// unexpected (no receive posted), the receiver tells the sender, which then sends messages
+    /// up to SIZE eagerly instead of by single copy, until WINDOW messages in a row find their
+    /// receive posted (or at most LIMIT waiting). Default `0:8:64k` (see `docs/benchmarks.md`).
+    pub skew: Option<SkewPolicy>,
     /// `POLYRAIL_WAIT`: `spin`, `block` or `adaptive` (default). Senders ring a peer's doorbell
     /// only when it sleeps, which costs them one memory fence per message unless the mode is
     /// `spin`; use the same mode in every process of a job.
@@ -146,6 +163,7 @@ impl Default for Config {
             log: LogLevel::Warn,
             pmi: PmiVersion::Pmi1,
             wait: WaitMode::Adaptive,
+            skew: Some(SkewPolicy { limit: 0, window: 8, eager_up_to: 64 << 10 }),
         }
     }
 }
@@ -162,6 +180,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("POLYRAIL_LOG", "log level: error, warn, info, debug, trace"),
     ("POLYRAIL_PMI", "PMI protocol spoken to the launcher: 1 or 2"),
     ("POLYRAIL_WAIT", "how to wait for arrivals: spin, block or adaptive (default)"),
+    ("POLYRAIL_SKEW", "skew feedback LIMIT:WINDOW:SIZE (default 0:8:64k) or off"),
 ];
 
 impl Config {
@@ -232,6 +251,25 @@ impl Config {
                     "1" | "pmi1" => PmiVersion::Pmi1,
                     "2" | "pmi2" => PmiVersion::Pmi2,
                     _ => return Err(bad("1 or 2")),
+                }
+            }
+            "POLYRAIL_SKEW" => {
+                let accepted = "`off` or LIMIT:WINDOW:SIZE such as 0:8:64k (WINDOW >= 1)";
+                self.skew = if value == "off" {
+                    None
+                } else {
+                    let f: Vec<&str> = value.split(':').collect();
+                    let (Some(limit), Some(window), Some(eager_up_to)) = (
+                        f.first().and_then(|x| x.parse::<usize>().ok()),
+                        f.get(1).and_then(|x| x.parse().ok()).filter(|&n: &u32| n >= 1),
+                        f.get(2).and_then(|x| parse_size(x)),
+                    ) else {
+                        return Err(bad(accepted));
+                    };
+                    if f.len() != 3 {
+                        return Err(bad(accepted));
+                    }
+                    Some(SkewPolicy { limit, window, eager_up_to })
                 }
             }
             "POLYRAIL_WAIT" => {
@@ -345,6 +383,15 @@ mod tests {
     fn bad_values_name_variable_value_and_choices() {
         let e = cfg(&[("POLYRAIL_SHM_SLOTS", "100")]).unwrap_err().to_string();
         assert!(e.contains("POLYRAIL_SHM_SLOTS") && e.contains("100") && e.contains("power of two"), "{e}");
+        assert_eq!(cfg(&[("POLYRAIL_SKEW", "off")]).unwrap().skew, None);
+        assert_eq!(
+            cfg(&[("POLYRAIL_SKEW", "4:8:128k")]).unwrap().skew,
+            Some(SkewPolicy { limit: 4, window: 8, eager_up_to: 128 << 10 })
+        );
+        for bad in ["4:8", "0:0:64k", "4:x:64k", "4:8:64k:1"] {
+            let e = cfg(&[("POLYRAIL_SKEW", bad)]).unwrap_err().to_string();
+            assert!(e.contains("POLYRAIL_SKEW") && e.contains("LIMIT:WINDOW:SIZE"), "{e}");
+        }
         let e = cfg(&[("POLYRAIL_WAIT", "nap")]).unwrap_err().to_string();
         assert!(e.contains("POLYRAIL_WAIT") && e.contains("adaptive"), "{e}");
         assert_eq!(cfg(&[("POLYRAIL_WAIT", "block")]).unwrap().wait, WaitMode::Block);

@@ -29,6 +29,9 @@ pub enum PacketKind {
     /// `offset` is how many messages of the sender the receiver had seen when it posted it,
     /// `len` the buffer's capacity, flag [`Header::ANY_TAG`] when it takes any tag.
     Rtr = 7,
+    /// Skew feedback (Chai §6.3.2): `offset` 1 = "I am lagging behind you: send medium messages
+    /// eagerly", 0 = "caught up".
+    Skew = 8,
 }
 
 impl PacketKind {
@@ -41,6 +44,7 @@ impl PacketKind {
             5 => Self::Data,
             6 => Self::Fin,
             7 => Self::Rtr,
+            8 => Self::Skew,
             _ => return None,
         })
     }

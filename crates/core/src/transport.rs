@@ -304,6 +304,11 @@ pub trait Transport: Send {
         Err(Error::Transport { kind: self.attr().kind.name(), what: format!("cannot write memory of rank {peer}") })
     }
 
+    /// Whether a message of `peer` waits unread (a peek, no delivery; for skew feedback).
+    fn has_unread(&self, _peer: Rank) -> bool {
+        false
+    }
+
     /// Prepares to sleep until an arrival (channels with [`Caps::WAKEUP`]): from now on, senders
     /// wake this process. Returns false when something arrived already (then do not sleep);
     /// always call [`Transport::disarm`] afterwards.

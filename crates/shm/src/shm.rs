@@ -388,6 +388,11 @@ impl Transport for ShmTransport {
         Ok(done)
     }
 
+    fn has_unread(&self, peer: Rank) -> bool {
+        let Some(Some(p)) = self.peers.get(peer as usize) else { return false };
+        !p.failed && matches!(p.inc.peek(), Ok(Some(_)))
+    }
+
     fn arm(&mut self) -> bool {
         let me = &self.seg.map;
         // Acquire: a wake-up counted after this read makes `sleep` return at once.

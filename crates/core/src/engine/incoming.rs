@@ -42,6 +42,19 @@ impl Engine {
             PacketKind::Data => self.on_data(from, hdr, payload),
             PacketKind::Fin => self.on_fin(from, hdr),
             PacketKind::Rtr => self.on_rtr(from, hdr, payload),
+            PacketKind::Skew => {
+                let lags = hdr.offset != 0;
+                let p = &mut self.peers[from as usize];
+                if p.peer_lags != lags {
+                    p.peer_lags = lags;
+                    tracing::debug!(
+                        "rank {}: route to rank {from} changed: the receiver {}",
+                        self.me,
+                        if lags { "lags, medium messages go eagerly" } else { "caught up, single copy again" }
+                    );
+                }
+                Ok(())
+            }
         }
     }
 
@@ -96,6 +109,36 @@ impl Engine {
         self.arrival_counter += 1;
         let ux = Unexpected { tag: hdr.tag, ctx: hdr.ctx, seq: hdr.seq, len: hdr.len as usize, order, body };
         self.peers[from as usize].unexpected.push_back(ux);
+    }
+
+    /// Skew feedback, receiver side (Chai §6.3.2), called when a receive naming `from` is
+    /// posted: the receiver lags when the message is already there (`waiting` counts the
+    /// messages of `from` that wait unexpected or unread in the channel). After `window`
+    /// receives in a row that find more than `limit` waiting, `from` is told to send eagerly;
+    /// after `window` in a row that find at most `limit`, that the receiver caught up.
+    pub(super) fn watch_skew(&mut self, from: Rank, waiting: usize) {
+        let Some(k) = self.skew else { return };
+        let p = &mut self.peers[from as usize];
+        let lagging_now = waiting > k.limit;
+        if lagging_now == p.told_lagging {
+            p.lag_streak = 0;
+            return;
+        }
+        p.lag_streak = p.lag_streak.saturating_add(1);
+        if p.lag_streak < k.window {
+            return;
+        }
+        p.lag_streak = 0;
+        p.told_lagging = lagging_now;
+        tracing::debug!(
+            "rank {}: receives keep finding {waiting} messages of rank {from} waiting: telling it that we {}",
+            self.me,
+            if lagging_now { "lag" } else { "caught up" }
+        );
+        let mut hdr = Header::new(PacketKind::Skew);
+        hdr.offset = lagging_now as u64;
+        let am = am_of(&self.peers, from);
+        self.actions.push_back(Action::Send { channel: am, to: from, hdr, payload: Payload::Empty, op: None });
     }
 
     fn on_frag(&mut self, from: Rank, hdr: Header, payload: &[u8]) -> Result<()> {

@@ -32,6 +32,7 @@ mod types;
 
 pub use types::{Action, Payload, ReqId, Source, Status, TagMatch};
 
+use crate::config::SkewPolicy;
 use crate::error::{Error, Rank, Result};
 use crate::header::{Header, PacketKind};
 use crate::policy::{ChannelId, PeerRoute, Protocol};
@@ -113,6 +114,14 @@ struct Peer {
     history: [(u32, u16); SEND_HISTORY],
     rtrs: VecDeque<Rtr>,
     gone: Option<Gone>,
+    /// Receiver side of skew feedback: receives in a row that found the peer's messages
+    /// waiting (or not, once told), whether the peer was told that we lag, and how many of its
+    /// messages the driver saw unread in the channel before the next receive is posted.
+    lag_streak: u32,
+    told_lagging: bool,
+    unread_hint: usize,
+    /// Sender side: the peer said it lags; medium messages go eagerly.
+    peer_lags: bool,
 }
 
 impl Peer {
@@ -127,6 +136,10 @@ impl Peer {
             history: [(0, 0); SEND_HISTORY],
             rtrs: VecDeque::new(),
             gone: None,
+            lag_streak: 0,
+            told_lagging: false,
+            unread_hint: 0,
+            peer_lags: false,
         }
     }
 }
@@ -141,6 +154,7 @@ pub struct Engine {
     wild: VecDeque<ReqId>,
     post_counter: u64,
     arrival_counter: u64,
+    skew: Option<SkewPolicy>,
 }
 
 impl Engine {
@@ -155,7 +169,26 @@ impl Engine {
             wild: VecDeque::new(),
             post_counter: 0,
             arrival_counter: 0,
+            skew: None,
         }
+    }
+
+    /// Turns skew feedback on (`Some`) or off; see [`SkewPolicy`].
+    pub fn set_skew_policy(&mut self, policy: Option<SkewPolicy>) {
+        self.skew = policy;
+    }
+
+    /// Tells the engine, before a receive naming `peer` is posted, whether messages of `peer`
+    /// wait unread in a channel (for skew feedback: the receive comes late).
+    pub fn note_unread(&mut self, peer: Rank, unread: bool) {
+        if let Some(p) = self.peers.get_mut(peer as usize) {
+            p.unread_hint = unread as usize;
+        }
+    }
+
+    /// Whether `peer` told us it lags (so medium messages to it go eagerly).
+    pub fn peer_lags(&self, peer: Rank) -> bool {
+        self.peers.get(peer as usize).is_some_and(|p| p.peer_lags)
     }
 
     /// This process's rank.
@@ -267,10 +300,16 @@ impl Engine {
     /// `buf` must stay valid and unmodified until the request's result was taken (or the
     /// request failed).
     pub unsafe fn post_send(&mut self, to: Rank, tag: u32, ctx: u16, buf: Region) -> Result<ReqId> {
+        let skew = self.skew;
         let peer = self.usable_peer(to)?;
         let route = peer.route.as_ref().ok_or_else(|| Error::Unreachable { rank: to, why: "no route".into() })?;
         let entry = route.lookup(buf.len);
-        let (protocol, data_ch, am, frag) = (entry.protocol, entry.channel, route.am, route.frag);
+        let (mut protocol, mut data_ch, am, frag) = (entry.protocol, entry.channel, route.am, route.frag);
+        if peer.peer_lags && protocol.is_one_sided() && skew.is_some_and(|k| buf.len <= k.eager_up_to) {
+            // Skew feedback: a single-copy send would wait for the lagging receiver; an eager
+            // one completes at once.
+            (protocol, data_ch) = (Protocol::Eager, am);
+        }
         let seq = peer.next_send_seq;
         peer.next_send_seq = seq.wrapping_add(1);
         peer.history[seq as usize % SEND_HISTORY] = (tag, ctx);
@@ -349,6 +388,11 @@ impl Engine {
             Source::Any => self.me,
         };
         let id = self.reqs.insert(Req::new(Dir::Recv, from, tag, ctx, buf.ptr, buf.len));
+        if let Source::Rank(r) = src {
+            let p = &mut self.peers[r as usize];
+            let waiting = p.unexpected.len() + std::mem::take(&mut p.unread_hint);
+            self.watch_skew(r, waiting);
+        }
         if let Some((from, i)) = self.find_unexpected(src, tag, ctx) {
             let ux = self.peers[from as usize].unexpected.remove(i).expect("index from find_unexpected");
             self.match_unexpected(id, from, ux);

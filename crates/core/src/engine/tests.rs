@@ -547,3 +547,39 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn skew_feedback_sends_eagerly_while_the_receiver_lags() {
+    let mut sim = Sim::new(2, one_sided_route);
+    let policy = crate::config::SkewPolicy { limit: 0, window: 3, eager_up_to: 4096 };
+    for e in &mut sim.engines {
+        e.set_skew_policy(Some(policy));
+    }
+    let data = pattern(9, 2000); // one-sided (rndv-get) by the route
+    let mut out = vec![0u8; 2000];
+    // One message: returns the kind of its first packet. `late`: the receive is posted after
+    // the message arrived (a lagging receiver); otherwise before.
+    let mut one = |sim: &mut Sim, late: bool| -> PacketKind {
+        let q = if late { None } else { Some(recv(sim, 1, Source::Rank(0), TagMatch::Tag(3), &mut out)) };
+        sim.settle();
+        let before = sim.wires[1].len();
+        let s = send(sim, 0, 1, 3, &data);
+        sim.run_actions();
+        let kind = Header::decode(0, &sim.wires[1][before].hdr).unwrap().kind;
+        sim.settle();
+        let q = q.unwrap_or_else(|| recv(sim, 1, Source::Rank(0), TagMatch::Tag(3), &mut out));
+        sim.settle();
+        assert_eq!(result(sim, 1, q).unwrap().len, 2000);
+        assert!(result(sim, 0, s).is_ok());
+        kind
+    };
+    // Late receives: after `window` of them the sender is told, and switches to eager.
+    let kinds: Vec<PacketKind> = (0..5).map(|_| one(&mut sim, true)).collect();
+    assert_eq!(kinds, [PacketKind::Rts, PacketKind::Rts, PacketKind::Rts, PacketKind::Eager, PacketKind::Eager]);
+    assert!(sim.engines[0].peer_lags(1));
+    // Receives on time again: after `window` of them, single copy resumes.
+    let kinds: Vec<PacketKind> = (0..4).map(|_| one(&mut sim, false)).collect();
+    assert!(!sim.engines[0].peer_lags(1), "the receiver reported that it caught up");
+    assert_eq!(kinds.last(), Some(&PacketKind::Rts));
+    assert_eq!(out, data);
+}
