@@ -10,6 +10,8 @@ use polyrail_core::{Config, Error, Rank, Region, RegionMut, Result};
 const USER_CTX: u16 = 0;
 /// Context id of the barrier's messages.
 const BARRIER_CTX: u16 = 1;
+/// How long finalize waits for unfinished sends.
+const FINALIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A non-blocking send or receive in flight. Finish it with [`Context::wait`] (which gives the
 /// buffer back) or poll it with [`Context::test`].
@@ -280,8 +282,9 @@ impl Context {
         Ok(())
     }
 
-    /// Finishes: waits for outstanding requests, tells peers and the process manager that this
-    /// rank ends normally. Called by `drop`; call it to see its error.
+    /// Finishes: withdraws receives that matched nothing, waits (at most 10 s) for the other
+    /// outstanding requests, tells peers and the process manager that this rank ends normally.
+    /// Called by `drop`; call it to see its error.
     pub fn finalize(mut self) -> Result<()> {
         self.finish()
     }
@@ -291,7 +294,21 @@ impl Context {
             return Ok(());
         }
         self.finalized = true;
-        let drained = self.driver.wait_until(|e| e.running_requests() == 0);
+        let cancelled = self.driver.engine.cancel_unmatched_receives();
+        if cancelled > 0 {
+            tracing::warn!("rank {}: finalize withdrew {cancelled} receive(s) that matched no message", self.rank());
+        }
+        let deadline = std::time::Instant::now() + FINALIZE_WAIT;
+        let drained = self
+            .driver
+            .wait_until(|e| e.running_requests() == 0 || std::time::Instant::now() > deadline)
+            .and_then(|()| match self.driver.engine.running_requests() {
+                0 => Ok(()),
+                n => Err(Error::InvalidArgument(format!(
+                    "{n} send(s) still unfinished after {} s at finalize: their receivers never matched them",
+                    FINALIZE_WAIT.as_secs()
+                ))),
+            });
         for ch in &mut self.driver.channels {
             ch.finalize();
         }

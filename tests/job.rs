@@ -262,6 +262,15 @@ fn shm_names_scenario(ctx: &mut Context) -> polyrail::Result<()> {
     sizes_scenario(ctx)
 }
 
+/// Every rank leaves a receive that nothing will match and finishes: finalize must withdraw it
+/// rather than wait forever.
+fn dangling_scenario(ctx: &mut Context) -> polyrail::Result<()> {
+    let next = (ctx.rank() + 1) % ctx.size();
+    let req = ctx.irecv(next, 4242, vec![0u8; 64])?;
+    drop(req);
+    Ok(())
+}
+
 fn rank_main(scenario: &str) {
     let mut ctx = Context::init().expect("init");
     let r = match scenario {
@@ -272,6 +281,7 @@ fn rank_main(scenario: &str) {
         "kill" | "exit" => fault_scenario(&mut ctx, scenario),
         "shm-names" => shm_names_scenario(&mut ctx),
         "sleepers" => sleepers_scenario(&mut ctx),
+        "dangling" => dangling_scenario(&mut ctx),
         other => panic!("unknown scenario {other}"),
     };
     if let Err(e) = r {
@@ -353,6 +363,9 @@ fn main() {
         let ok = v.len() == 2 && v[1] >= 900.0 && v[0] < 0.03 * v[1];
         check(format!("sleepers -n 8: rank {r} used {seen:?} (cpu ms, wall ms) while blocked"), ok);
     }
+    let t = Instant::now();
+    let code = job(4, "dangling", &[]);
+    check(format!("dangling receives -n 4: status {code}, {:.1} s", t.elapsed().as_secs_f64()), code == 0);
     let job_tag = format!("pr{}", std::process::id());
     let code = job(2, "shm-names", &[("JOBTEST_JOB", "")]);
     check(format!("shm-names -n 2 ({job_tag})"), code == 0);

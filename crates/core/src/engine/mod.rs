@@ -416,6 +416,24 @@ impl Engine {
         Ok(id)
     }
 
+    /// Withdraws every receive that has not matched a message yet (it fails with an error that
+    /// says so); returns how many. Used when the process finishes: such a receive could only
+    /// keep it waiting forever.
+    pub fn cancel_unmatched_receives(&mut self) -> usize {
+        let ids: Vec<ReqId> = self
+            .reqs
+            .ids()
+            .filter(|&id| self.reqs.get(id).is_some_and(|r| r.dir == Dir::Recv && !r.matched && r.result.is_none()))
+            .collect();
+        for &id in &ids {
+            self.fail(
+                id,
+                Error::InvalidArgument("receive cancelled: the process finished before a message matched it".into()),
+            );
+        }
+        ids.len()
+    }
+
     /// Forgets a request whose result will never be taken (e.g. its handle was dropped after
     /// an error). A running receive is withdrawn from matching.
     pub fn discard(&mut self, req: ReqId) {
@@ -546,7 +564,9 @@ impl Engine {
     }
 
     fn all_gone_error(&self) -> Error {
-        Error::PeerFinished { rank: if self.me == 0 { 1 } else { 0 } }
+        Error::InvalidArgument(
+            "every other rank has finished or was lost: an ANY_SOURCE receive can never match".into(),
+        )
     }
 
     fn frag(&self, peer: Rank) -> usize {
