@@ -217,6 +217,13 @@ impl Context {
     pub fn wait_all(&mut self, reqs: Vec<Request>) -> Result<Vec<Completion>> {
         let ids: Vec<ReqId> = reqs.iter().map(|r| r.id).collect();
         let waited = self.driver.wait_until(|e| ids.iter().all(|&id| e.is_done(id)));
+        if waited.is_err() {
+            for &id in &ids {
+                if !self.driver.engine.is_done(id) {
+                    self.driver.abandon(id);
+                }
+            }
+        }
         let mut out = Vec::with_capacity(ids.len());
         let mut first_err = waited.err();
         for id in ids {

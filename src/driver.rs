@@ -288,10 +288,32 @@ impl Driver {
         }
     }
 
-    /// Waits for one request and takes its result.
+    /// Waits for one request and takes its result. If waiting fails, the request is abandoned:
+    /// nothing touches its buffer afterwards.
     #[inline]
     pub fn wait(&mut self, req: ReqId) -> Result<Status> {
-        self.wait_until(|e| e.is_done(req))?;
+        if let Err(e) = self.wait_until(|e| e.is_done(req)) {
+            self.abandon(req);
+            return Err(e);
+        }
         self.engine.take_result(req).unwrap_or_else(|| Err(Error::InvalidArgument("unknown request".into())))
+    }
+
+    /// Forgets `req` and drops its queued actions, so that its buffer is no longer used.
+    pub fn abandon(&mut self, req: ReqId) {
+        let mine = |a: &Action| match a {
+            Action::Send { op: Some(op), .. } | Action::Get { op, .. } | Action::Put { op, .. } => {
+                Engine::op_request(*op) == Some(req)
+            }
+            _ => false,
+        };
+        for q in &mut self.blocked {
+            let had = !q.is_empty();
+            q.retain(|a| !mine(a));
+            if had && q.is_empty() {
+                self.blocked_peers -= 1;
+            }
+        }
+        self.engine.discard(req);
     }
 }

@@ -42,7 +42,8 @@ enum Cmd {
     /// Started alone, it starts itself as a 2-process job so that the probes between two
     /// processes are real; under a launcher, rank 0 reports.
     Info {
-        /// Print the route table of every peer (default: also, this flag is kept for scripts).
+        /// Print the route table of every peer (always printed; the flag is accepted so that
+        /// scripts can ask for it explicitly).
         #[arg(long)]
         routes: bool,
         /// Every rank prints its own view, in rank order.

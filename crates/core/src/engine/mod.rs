@@ -434,6 +434,11 @@ impl Engine {
         ids.len()
     }
 
+    /// The request an operation id (from an [`Action`]) belongs to.
+    pub fn op_request(op: OpId) -> Option<ReqId> {
+        split_op(op).map(|(id, _)| id)
+    }
+
     /// Forgets a request whose result will never be taken (e.g. its handle was dropped after
     /// an error). A running receive is withdrawn from matching.
     pub fn discard(&mut self, req: ReqId) {
