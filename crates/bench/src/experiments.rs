@@ -1,12 +1,10 @@
 //! Experiments beyond the OSU pair: bidirectional and multi-pair bandwidth, skew, overlap.
 
-use crate::osu::{append_csv, iterations, parse_sizes};
+use crate::osu::{append_csv, iterations, parse_sizes, window, WINDOW};
 use crate::Common;
 use anyhow::bail;
-use polyrail::{Context, Source, TagMatch};
+use polyrail::Context;
 use std::time::{Duration, Instant};
-
-const WINDOW: usize = 64;
 
 /// Busy computation for `d` (a spin on the clock, like the papers' compute loops).
 fn compute(d: Duration) {
@@ -14,22 +12,6 @@ fn compute(d: Duration) {
     while t.elapsed() < d {
         std::hint::spin_loop();
     }
-}
-
-/// One window of 64 sends to `peer` and 64 receives from it, all outstanding together.
-fn exchange_window(ctx: &mut Context, peer: u32, sbuf: &[u8], rbuf: &mut [u8], size: usize) -> anyhow::Result<()> {
-    let mut reqs = Vec::with_capacity(2 * WINDOW);
-    for _ in 0..WINDOW {
-        // SAFETY: both buffers outlive the window (wait_all below); receives overwrite each
-        // other's data, which nobody reads (osu_bibw does the same).
-        reqs.push(unsafe { ctx.irecv_raw(Source::Rank(peer), TagMatch::Tag(100), rbuf.as_mut_ptr(), size)? });
-    }
-    for _ in 0..WINDOW {
-        // SAFETY: as above; the send buffer is not modified.
-        reqs.push(unsafe { ctx.isend_raw(peer, 100, sbuf.as_ptr(), size)? });
-    }
-    ctx.wait_all(reqs)?;
-    Ok(())
 }
 
 /// osu_bibw: both ranks of the pair send windows to each other at once.
@@ -53,7 +35,7 @@ pub fn bibw(c: &Common) -> anyhow::Result<()> {
                 if i == warmup {
                     t0 = Instant::now();
                 }
-                exchange_window(&mut ctx, peer, &sbuf, &mut rbuf, size)?;
+                window(&mut ctx, peer, Some(&sbuf), Some(&mut rbuf), size)?;
             }
         }
         if ctx.rank() == 0 {
@@ -97,18 +79,11 @@ pub fn mbw_mr(c: &Common) -> anyhow::Result<()> {
                 ctx.barrier()?;
                 t0 = Instant::now();
             }
-            let mut reqs = Vec::with_capacity(WINDOW);
-            for _ in 0..WINDOW {
-                // SAFETY: buffers outlive the window; see exchange_window.
-                reqs.push(unsafe {
-                    if sender {
-                        ctx.isend_raw(partner, 100, sbuf.as_ptr(), size)?
-                    } else {
-                        ctx.irecv_raw(Source::Rank(partner), TagMatch::Tag(100), rbuf.as_mut_ptr(), size)?
-                    }
-                });
+            if sender {
+                window(&mut ctx, partner, Some(&sbuf), None, size)?;
+            } else {
+                window(&mut ctx, partner, None, Some(&mut rbuf), size)?;
             }
-            ctx.wait_all(reqs)?;
             if sender {
                 ctx.recv(partner, 101, &mut ack)?;
             } else {

@@ -114,10 +114,42 @@ pub fn latency(c: &Common) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Messages per window of the bandwidth tests (OSU's).
+pub(crate) const WINDOW: usize = 64;
+
+/// One window of the bandwidth tests, as OSU does them: `WINDOW` receives into `recv[..size]`
+/// from `peer` and/or `WINDOW` sends of `send[..size]` to it, all outstanding at once, then waits
+/// for all of them. Every send reads one buffer and every receive writes one buffer (their data
+/// overwrite each other, which nobody reads).
+pub(crate) fn window(
+    ctx: &mut Context,
+    peer: u32,
+    send: Option<&[u8]>,
+    recv: Option<&mut [u8]>,
+    size: usize,
+) -> anyhow::Result<()> {
+    let mut reqs = Vec::with_capacity(2 * WINDOW);
+    if let Some(rbuf) = recv {
+        anyhow::ensure!(rbuf.len() >= size, "receive buffer shorter than {size} bytes");
+        for _ in 0..WINDOW {
+            // SAFETY: `rbuf` is borrowed until this function returns, after wait_all.
+            reqs.push(unsafe { ctx.irecv_raw(Source::Rank(peer), TagMatch::Tag(100), rbuf.as_mut_ptr(), size)? });
+        }
+    }
+    if let Some(sbuf) = send {
+        anyhow::ensure!(sbuf.len() >= size, "send buffer shorter than {size} bytes");
+        for _ in 0..WINDOW {
+            // SAFETY: `sbuf` is borrowed (unmodified) until this function returns, after wait_all.
+            reqs.push(unsafe { ctx.isend_raw(peer, 100, sbuf.as_ptr(), size)? });
+        }
+    }
+    ctx.wait_all(reqs)?;
+    Ok(())
+}
+
 /// osu_bw between ranks 0 and 1: windows of 64 sends, one 4-byte acknowledgement. As in OSU,
 /// every send of a window reads the same buffer and every receive writes the same buffer.
 pub fn bandwidth(c: &Common) -> anyhow::Result<()> {
-    const WINDOW: usize = 64;
     let sizes = parse_sizes(&c.sizes)?;
     let mut ctx = Context::init()?;
     if ctx.size() < 2 {
@@ -138,20 +170,11 @@ pub fn bandwidth(c: &Common) -> anyhow::Result<()> {
             }
             match ctx.rank() {
                 0 => {
-                    let reqs = (0..WINDOW)
-                        // SAFETY: `sbuf` lives and is not modified until wait_all below.
-                        .map(|_| unsafe { ctx.isend_raw(1, 100, sbuf.as_ptr(), size) })
-                        .collect::<polyrail::Result<Vec<_>>>()?;
-                    ctx.wait_all(reqs)?;
+                    window(&mut ctx, 1, Some(&sbuf), None, size)?;
                     ctx.recv(1, 101, &mut ack)?;
                 }
                 1 => {
-                    let reqs = (0..WINDOW)
-                        // SAFETY: `rbuf` lives until wait_all below and nothing else touches it;
-                        // the receives overwrite each other's data, which nobody reads.
-                        .map(|_| unsafe { ctx.irecv_raw(Source::Rank(0), TagMatch::Tag(100), rbuf.as_mut_ptr(), size) })
-                        .collect::<polyrail::Result<Vec<_>>>()?;
-                    ctx.wait_all(reqs)?;
+                    window(&mut ctx, 0, None, Some(&mut rbuf), size)?;
                     ctx.send(0, 101, &ack)?;
                 }
                 _ => {}
