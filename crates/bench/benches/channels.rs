@@ -14,14 +14,14 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use polyrail::launch::{spawn_peers, LaunchOptions};
-use polyrail::{Context, Source, TagMatch};
+use polyrail::Context;
+use polyrail_bench::osu::{window, WINDOW};
 use polyrail_bench::{channel_config, transport_env};
 use std::time::{Duration, Instant};
 
 const CMD_TAG: u32 = 9000;
 const DATA_TAG: u32 = 1;
 const ACK_TAG: u32 = 2;
-const WINDOW: usize = 64;
 const SIZES: &[usize] = &[8, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20];
 
 #[derive(Clone, Copy)]
@@ -59,15 +59,7 @@ fn peer_main() {
             2 => {
                 let mut buf = vec![0u8; size];
                 for _ in 0..iters {
-                    let reqs: Vec<_> = (0..WINDOW)
-                        // SAFETY: `buf` outlives the window; the receives overwrite each other's
-                        // data, which nobody reads (OSU's osu_bw does the same).
-                        .map(|_| unsafe {
-                            ctx.irecv_raw(Source::Rank(0), TagMatch::Tag(DATA_TAG), buf.as_mut_ptr(), size)
-                        })
-                        .collect::<Result<_, _>>()
-                        .expect("irecv");
-                    ctx.wait_all(reqs).expect("window");
+                    window(&mut ctx, 0, None, Some(&mut buf), size).expect("window");
                     ctx.send(0, ACK_TAG, &[1]).expect("ack");
                 }
             }
@@ -102,7 +94,7 @@ fn bench_channel(c: &mut Criterion, channel: &str) {
     }
     g.finish();
 
-    let mut window = |g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>, size: usize| {
+    let mut stream = |g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>, size: usize| {
         let buf = vec![7u8; size];
         g.bench_with_input(BenchmarkId::new(channel, size), &size, |b, _| {
             b.iter_custom(|iters| {
@@ -110,12 +102,7 @@ fn bench_channel(c: &mut Criterion, channel: &str) {
                 let mut ack = [0u8; 1];
                 let t = Instant::now();
                 for _ in 0..iters {
-                    let reqs: Vec<_> = (0..WINDOW)
-                        // SAFETY: `buf` outlives the window and is not modified.
-                        .map(|_| unsafe { ctx.isend_raw(1, DATA_TAG, buf.as_ptr(), size) })
-                        .collect::<Result<_, _>>()
-                        .expect("isend");
-                    ctx.wait_all(reqs).expect("window");
+                    window(&mut ctx, 1, Some(&buf), None, size).expect("window");
                     ctx.recv(1, ACK_TAG, &mut ack).expect("ack");
                 }
                 t.elapsed()
@@ -125,12 +112,12 @@ fn bench_channel(c: &mut Criterion, channel: &str) {
     let mut g = c.benchmark_group("bandwidth");
     for &size in SIZES.iter().filter(|&&s| s >= 4096) {
         g.throughput(Throughput::Bytes((size * WINDOW) as u64));
-        window(&mut g, size);
+        stream(&mut g, size);
     }
     g.finish();
     let mut g = c.benchmark_group("message_rate");
     g.throughput(Throughput::Elements(WINDOW as u64));
-    window(&mut g, 8);
+    stream(&mut g, 8);
     g.finish();
 
     command(&mut ctx, Mode::Quit, 0, 0);

@@ -115,13 +115,13 @@ pub fn latency(c: &Common) -> anyhow::Result<()> {
 }
 
 /// Messages per window of the bandwidth tests (OSU's).
-pub(crate) const WINDOW: usize = 64;
+pub const WINDOW: usize = 64;
 
 /// One window of the bandwidth tests, as OSU does them: `WINDOW` receives into `recv[..size]`
 /// from `peer` and/or `WINDOW` sends of `send[..size]` to it, all outstanding at once, then waits
 /// for all of them. Every send reads one buffer and every receive writes one buffer (their data
 /// overwrite each other, which nobody reads).
-pub(crate) fn window(
+pub fn window(
     ctx: &mut Context,
     peer: u32,
     send: Option<&[u8]>,
