@@ -305,6 +305,7 @@ const CHANNELS: &[(&str, &[(&str, &str)])] = &[
     ("shm", &[("POLYRAIL_TRANSPORTS", "shm")]),
     ("cma", &[("POLYRAIL_CMA_THRESHOLD", "1")]),
     ("cma-nosplit", &[("POLYRAIL_CMA_THRESHOLD", "1"), ("POLYRAIL_SPLIT_THRESHOLD", "off")]),
+    ("routed", &[("POLYRAIL_ROUTE", "all:1k-64k:cma/get,all:64k-1m:shm/stream,all:1m-:cma/split")]),
 ];
 
 fn main() {

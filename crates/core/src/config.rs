@@ -48,6 +48,22 @@ impl ClassSizes {
     }
 }
 
+/// One `POLYRAIL_ROUTE` rule: messages of `lo..=hi` bytes to peers of `class` (all classes
+/// when `None`) go over `channel`, with `protocol` when given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteRule {
+    /// Peer class the rule applies to (`None`: every class).
+    pub class: Option<TopoClass>,
+    /// Smallest size of the range.
+    pub lo: usize,
+    /// Largest size of the range (inclusive).
+    pub hi: usize,
+    /// Channel.
+    pub channel: TransportKind,
+    /// Protocol name (`eager`, `get`, `split`, `stream`), or the channel's natural one.
+    pub protocol: Option<String>,
+}
+
 /// Log verbosity (`POLYRAIL_LOG`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub enum LogLevel {
@@ -119,6 +135,10 @@ pub struct Config {
     /// `POLYRAIL_CMA_THRESHOLD`: smallest message sent by single copy, overall or per topology
     /// class. Default: from the transports' cost models and the class (see `polyrail info`).
     pub cma_threshold: ClassSizes,
+    /// `POLYRAIL_ROUTE`: rules that override the route table, applied in order after it was
+    /// built: `CLASS:LO-HI:CHANNEL[/PROTOCOL]`, comma-separated, e.g.
+    /// `shared-l3:0-64k:shm,all:1m-:cma/get` (CLASS may be `all`; LO or HI may be left out).
+    pub routes: Vec<RouteRule>,
     /// `POLYRAIL_SPLIT_THRESHOLD`: smallest single-copy message that both processes copy (the
     /// receiver pulls the front, the sender pushes the back). Default 32k (measured: see
     /// `docs/benchmarks.md`); `off` disables.
@@ -155,6 +175,7 @@ impl Default for Config {
         Config {
             transports: TransportFilter::All,
             cma_threshold: ClassSizes::default(),
+            routes: Vec::new(),
             split_threshold: Some(32 << 10),
             eager_limit: 64 << 10,
             shm_slots: 256,
@@ -172,6 +193,7 @@ impl Default for Config {
 pub const VARIABLES: &[(&str, &str)] = &[
     ("POLYRAIL_TRANSPORTS", "channels to use: `all`, a list such as `shm,cma`, or `^cma` to deny"),
     ("POLYRAIL_CMA_THRESHOLD", "smallest single-copy message: `32k` or `shared-l3:16k,socket:4k`"),
+    ("POLYRAIL_ROUTE", "route overrides CLASS:LO-HI:CHANNEL[/PROTOCOL],... e.g. all:0-64k:shm,socket:1m-:cma/get"),
     ("POLYRAIL_SPLIT_THRESHOLD", "smallest single-copy message both processes copy, or `off`"),
     ("POLYRAIL_EAGER_LIMIT", "largest eager message through send cells (default 64k)"),
     ("POLYRAIL_SHM_SLOTS", "64-byte slots per shared-memory ring (power of two, default 256)"),
@@ -219,6 +241,7 @@ impl Config {
         match var {
             "POLYRAIL_TRANSPORTS" => self.transports = parse_transports(var, value)?,
             "POLYRAIL_CMA_THRESHOLD" => self.cma_threshold = parse_class_sizes(var, value)?,
+            "POLYRAIL_ROUTE" => self.routes = parse_routes(var, value)?,
             "POLYRAIL_SPLIT_THRESHOLD" => {
                 self.split_threshold = if value == "off" {
                     None
@@ -318,6 +341,56 @@ fn parse_transports(var: &str, value: &str) -> Result<TransportFilter> {
     Ok(if deny { TransportFilter::Except(kinds) } else { TransportFilter::Only(kinds) })
 }
 
+fn parse_routes(var: &str, value: &str) -> Result<Vec<RouteRule>> {
+    let classes: Vec<&str> = TopoClass::NAMED.iter().map(|c| c.name()).collect();
+    let accepted = |why: String| {
+        Error::config(
+            var,
+            value,
+            format!(
+                "comma-separated CLASS:LO-HI:CHANNEL[/PROTOCOL] such as all:0-64k:shm,socket:1m-:cma/get, \
+                 with CLASS `all` or one of {}, CHANNEL one of {}, PROTOCOL eager, get, split or stream ({why})",
+                classes.join(", "),
+                kind_names()
+            ),
+        )
+    };
+    let mut rules = Vec::new();
+    for item in value.split(',').map(str::trim) {
+        let f: Vec<&str> = item.split(':').collect();
+        let [class, range, target] = f[..] else { return Err(accepted(format!("`{item}` does not have three parts"))) };
+        let class = match class {
+            "all" => None,
+            c => Some(TopoClass::from_name(c).ok_or_else(|| accepted(format!("`{c}` is not a class")))?),
+        };
+        let (lo, hi) = range.split_once('-').ok_or_else(|| accepted(format!("`{range}` is not LO-HI")))?;
+        let size = |x: &str, default: usize| {
+            if x.is_empty() {
+                Ok(default)
+            } else {
+                parse_size(x).ok_or_else(|| accepted(format!("`{x}` is not a size")))
+            }
+        };
+        let (lo, hi) = (size(lo, 0)?, size(hi, usize::MAX)?);
+        if lo > hi {
+            return Err(accepted(format!("the range {range} is empty")));
+        }
+        let (channel, protocol) = match target.split_once('/') {
+            Some((c, p)) => (c, Some(p)),
+            None => (target, None),
+        };
+        let channel =
+            TransportKind::from_name(channel).ok_or_else(|| accepted(format!("`{channel}` is not a channel")))?;
+        if let Some(p) = protocol {
+            if !["eager", "get", "split", "stream"].contains(&p) {
+                return Err(accepted(format!("`{p}` is not a protocol")));
+            }
+        }
+        rules.push(RouteRule { class, lo, hi, channel, protocol: protocol.map(str::to_owned) });
+    }
+    Ok(rules)
+}
+
 fn parse_class_sizes(var: &str, value: &str) -> Result<ClassSizes> {
     let classes: Vec<&str> = TopoClass::NAMED.iter().map(|c| c.name()).collect();
     let accepted = || {
@@ -377,6 +450,36 @@ mod tests {
         assert!(e.contains("l9") && e.contains("shared-l3"), "{e}");
         assert!(cfg(&[("POLYRAIL_CMA_THRESHOLD", "socket:lots")]).is_err());
         assert_eq!(cfg(&[("POLYRAIL_SPLIT_THRESHOLD", "off")]).unwrap().split_threshold, None);
+    }
+
+    #[test]
+    fn route_rules() {
+        let c = cfg(&[("POLYRAIL_ROUTE", "all:0-64k:shm, socket:1m-:cma/get")]).unwrap();
+        assert_eq!(
+            c.routes,
+            vec![
+                RouteRule { class: None, lo: 0, hi: 65536, channel: TransportKind::Shm, protocol: None },
+                RouteRule {
+                    class: Some(TopoClass::Socket),
+                    lo: 1 << 20,
+                    hi: usize::MAX,
+                    channel: TransportKind::Cma,
+                    protocol: Some("get".into())
+                },
+            ]
+        );
+        for (bad, what) in [
+            ("all:0-64k", "three parts"),
+            ("l9:0-1k:shm", "`l9` is not a class"),
+            ("all:64k:shm", "not LO-HI"),
+            ("all:2k-1k:shm", "empty"),
+            ("all:0-1q:shm", "`1q` is not a size"),
+            ("all:0-:tcp", "`tcp` is not a channel"),
+            ("all:0-:cma/fast", "`fast` is not a protocol"),
+        ] {
+            let e = cfg(&[("POLYRAIL_ROUTE", bad)]).unwrap_err().to_string();
+            assert!(e.contains("POLYRAIL_ROUTE") && e.contains(what), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 pub mod topology;
 
-use crate::config::Config;
+use crate::config::{Config, RouteRule};
 use crate::size::format_size;
 use crate::transport::{Caps, TransportAttr, TransportKind};
 use topology::TopoClass;
@@ -230,7 +230,68 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
         }
         keep
     });
-    Some(PeerRoute { am: am.id, frag, entries })
+    let mut route = PeerRoute { am: am.id, frag, entries };
+    for rule in cfg.routes.iter().filter(|r| r.class.is_none_or(|c| c == class)) {
+        if let Err(why) = apply_rule(&mut route, rule, candidates) {
+            if class != TopoClass::SameProcess {
+                tracing::warn!("POLYRAIL_ROUTE rule for {}: {why}; rule ignored for this peer", rule.channel);
+            }
+        }
+    }
+    Some(route)
+}
+
+/// Applies one `POLYRAIL_ROUTE` rule: its size range gets its channel and protocol.
+fn apply_rule(route: &mut PeerRoute, rule: &RouteRule, candidates: &[Candidate<'_>]) -> Result<(), String> {
+    let c = candidates
+        .iter()
+        .find(|c| c.attr.kind == rule.channel)
+        .ok_or_else(|| format!("{} does not reach this peer", rule.channel))?;
+    let (caps, is_am) = (c.attr.caps, c.id == route.am);
+    let protocol = match rule.protocol.as_deref() {
+        None if is_am => Protocol::Eager,
+        None | Some("split") if caps.contains(Caps::GET | Caps::PUT) => Protocol::RndvSplit,
+        None | Some("get") if caps.contains(Caps::GET) => Protocol::RndvGet,
+        Some("eager") if is_am => Protocol::Eager,
+        Some("stream") if is_am => Protocol::RndvStream,
+        other => return Err(format!("{} cannot carry {}", rule.channel, other.unwrap_or("messages"))),
+    };
+    // A rendezvous of 0 bytes has nothing to copy: empty messages stay eager.
+    let lo = if protocol == Protocol::Eager { rule.lo } else { rule.lo.max(1) };
+    if lo > rule.hi {
+        return Ok(());
+    }
+    let range = |e: usize| if e == usize::MAX { "max".to_string() } else { format_size(e) };
+    let entry = RouteEntry {
+        upto: rule.hi,
+        protocol,
+        channel: c.id,
+        reason: format!("POLYRAIL_ROUTE rule {}..{} -> {}", range(lo), range(rule.hi), rule.channel),
+    };
+    // The entries cover every size in order; the rule's range replaces what it overlaps.
+    let mut out = Vec::with_capacity(route.entries.len() + 2);
+    let mut start = 0usize;
+    let mut placed = false;
+    for e in route.entries.drain(..) {
+        let (a, b) = (start, e.upto);
+        start = b.saturating_add(1);
+        if b < lo {
+            out.push(e);
+            continue;
+        }
+        if a < lo {
+            out.push(RouteEntry { upto: lo - 1, ..e.clone() });
+        }
+        if !placed {
+            out.push(entry.clone());
+            placed = true;
+        }
+        if b > rule.hi {
+            out.push(e);
+        }
+    }
+    route.entries = out;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -280,6 +341,38 @@ mod tests {
         let r = build_route(TopoClass::SharedL3, &[Candidate { id: 0, attr: &shm }], &Config::default()).unwrap();
         assert_eq!(r.lookup(64 << 10).protocol, Protocol::Eager);
         assert_eq!(r.lookup((64 << 10) + 1).protocol, Protocol::RndvStream);
+    }
+
+    #[test]
+    fn route_rules_override_ranges() {
+        let shm = attr(TransportKind::Shm, Caps::AM, 16384);
+        let cma = attr(TransportKind::Cma, Caps::GET | Caps::PUT, 0);
+        let c = [Candidate { id: 1, attr: &shm }, Candidate { id: 2, attr: &cma }];
+        let mut cfg = Config::default();
+        cfg.set("POLYRAIL_ROUTE", "shared-l3:0-128k:shm,all:1m-:cma/get,socket:0-:shm/stream").unwrap();
+        let r = build_route(TopoClass::SharedL3, &c, &cfg).unwrap();
+        assert_eq!(r.lookup(100 << 10).protocol, Protocol::Eager);
+        assert!(r.lookup(128 << 10).reason.contains("POLYRAIL_ROUTE"));
+        assert_eq!(r.lookup((128 << 10) + 1).protocol, Protocol::RndvSplit);
+        assert_eq!(r.lookup(1 << 20).protocol, Protocol::RndvGet);
+        assert_eq!(r.lookup(usize::MAX).protocol, Protocol::RndvGet);
+        // Ranges stay ordered and cover every size.
+        let mut lo = 0;
+        for e in &r.entries {
+            assert!(e.upto >= lo, "{:?}", r.entries);
+            lo = e.upto.saturating_add(1);
+        }
+        assert_eq!(r.entries.last().unwrap().upto, usize::MAX);
+        // A class rule applies to its class only; empty messages stay eager.
+        let r = build_route(TopoClass::Socket, &c, &cfg).unwrap();
+        assert_eq!(r.lookup(0).protocol, Protocol::Eager);
+        assert_eq!(r.lookup(1).protocol, Protocol::RndvStream);
+        assert_eq!(r.lookup(2 << 20).protocol, Protocol::RndvStream);
+        // A rule naming a channel that does not reach the peer, or cannot carry the protocol,
+        // leaves the route alone.
+        cfg.set("POLYRAIL_ROUTE", "all:0-:cma/eager,all:0-:ib").unwrap();
+        let before = build_route(TopoClass::SharedL3, &c, &Config::default()).unwrap();
+        assert_eq!(build_route(TopoClass::SharedL3, &c, &cfg).unwrap(), before);
     }
 
     #[test]
