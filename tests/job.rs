@@ -217,9 +217,10 @@ fn sleepers_scenario(ctx: &mut Context) -> polyrail::Result<()> {
         let out = std::env::var("JOBTEST_OUT").expect("JOBTEST_OUT set");
         std::fs::write(format!("{out}.{me}"), format!("{cpu_ms:.2} {wall_ms:.2}")).expect("write result");
     } else {
+        // Rank 0 keeps the clock; rank 1 is told after each batch whether to go on.
         let t = Instant::now();
         let mut b = [0u8; 8];
-        while t.elapsed() < Duration::from_millis(1000) {
+        loop {
             for _ in 0..1000 {
                 if me == 0 {
                     ctx.send(1, 1, &b)?;
@@ -229,8 +230,7 @@ fn sleepers_scenario(ctx: &mut Context) -> polyrail::Result<()> {
                     ctx.send(0, 1, &b)?;
                 }
             }
-            // Rank 1 follows rank 0's clock: it is told whether to go on.
-            let mut go = [1u8];
+            let mut go = [0u8];
             if me == 0 {
                 go[0] = (t.elapsed() < Duration::from_millis(1000)) as u8;
                 ctx.send(1, 2, &go)?;
