@@ -257,6 +257,10 @@ impl Engine {
             req.pending = (split > 0) as u32 + (split < len) as u32;
             if split > 0 {
                 self.start_own_copy(id);
+            } else if req.pending == 0 {
+                // An empty message: nothing to copy on either side.
+                req.finish_ok();
+                self.release_key(id);
             }
             return Ok(());
         }

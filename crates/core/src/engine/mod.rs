@@ -644,8 +644,13 @@ impl Engine {
         };
         let op = op_id(id, OpKind::Copy);
         if range.is_empty() {
-            // Nothing to copy on our side: no FIN either.
-            return self.count_down(id);
+            // Nothing to copy on our side. A receiver that pulls everything (an empty message
+            // by rendezvous) still owes the sender its FIN; a sender with nothing to push owes
+            // nothing (the receiver does not wait for it).
+            return match req.dir {
+                Dir::Recv => self.handle_completion(op, Ok(())),
+                Dir::Send => self.count_down(id),
+            };
         }
         let Some(key) = key else { return self.fail(id, Error::protocol(req.peer, "rendezvous without a key")) };
         // SAFETY: range lies within the request's buffer, valid while the request lives.

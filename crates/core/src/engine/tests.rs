@@ -209,6 +209,21 @@ fn every_protocol_both_orders() {
 }
 
 #[test]
+fn empty_messages_by_rendezvous_finish() {
+    for r in [
+        (|| route(100, &[(usize::MAX, Protocol::RndvGet)])) as fn() -> PeerRoute,
+        || route(100, &[(usize::MAX, Protocol::RndvSplit)]),
+        || route(100, &[(usize::MAX, Protocol::RndvStream)]),
+    ] {
+        for recv_first in [false, true] {
+            for len in [0, 1] {
+                transfer(r, len, recv_first);
+            }
+        }
+    }
+}
+
+#[test]
 fn receiver_first_uses_rtr_and_put() {
     let mut sim = Sim::new(2, one_sided_route);
     let data = pattern(1, 2000);
