@@ -30,6 +30,15 @@ timeout 120 $run run -n 8 target/release/examples/ring > /dev/null
 timeout 120 $run run -n 4 target/release/examples/halo > /dev/null
 POLYRAIL_TRANSPORTS=shm timeout 120 $run run -n 2 target/release/examples/channel_choice > /dev/null
 timeout 60 $run info > /dev/null
+tuning=$(mktemp)
+timeout 120 $run tune --quick -o "$tuning" > /dev/null
+grep -q '^cma_threshold ' "$tuning"
+POLYRAIL_TUNING="$tuning" timeout 60 $run info | grep -q 'measured by `polyrail tune`'
+if POLYRAIL_TUNING=/nonexistent/tuning $run info 2> /tmp/polyrail-badtuning.txt; then
+    echo "a missing POLYRAIL_TUNING file was accepted" >&2
+    exit 1
+fi
+grep -q "POLYRAIL_TUNING" /tmp/polyrail-badtuning.txt
 if POLYRAIL_TRANSPORTS=tcp $run run -n 2 target/release/examples/ring 2> /tmp/polyrail-badenv.txt; then
     echo "a bad POLYRAIL_TRANSPORTS value was accepted" >&2
     exit 1

@@ -135,6 +135,10 @@ pub struct Config {
     /// `POLYRAIL_CMA_THRESHOLD`: smallest message sent by single copy, overall or per topology
     /// class. Default: from the transports' cost models and the class (see `polyrail info`).
     pub cma_threshold: ClassSizes,
+    /// `POLYRAIL_TUNING`: a file written by `polyrail tune` with single-copy thresholds measured
+    /// on this machine, per class; used where `POLYRAIL_CMA_THRESHOLD` sets none. The path and
+    /// the thresholds it gave.
+    pub tuning: Option<(String, ClassSizes)>,
     /// `POLYRAIL_ROUTE`: rules that override the route table, applied in order after it was
     /// built: `CLASS:LO-HI:CHANNEL[/PROTOCOL]`, comma-separated, e.g.
     /// `shared-l3:0-64k:shm,all:1m-:cma/get` (CLASS may be `all`; LO or HI may be left out).
@@ -175,6 +179,7 @@ impl Default for Config {
         Config {
             transports: TransportFilter::All,
             cma_threshold: ClassSizes::default(),
+            tuning: None,
             routes: Vec::new(),
             split_threshold: Some(32 << 10),
             eager_limit: 64 << 10,
@@ -194,6 +199,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("POLYRAIL_TRANSPORTS", "channels to use: `all`, a list such as `shm,cma`, or `^cma` to deny"),
     ("POLYRAIL_CMA_THRESHOLD", "smallest single-copy message: `32k` or `shared-l3:16k,socket:4k`"),
     ("POLYRAIL_ROUTE", "route overrides CLASS:LO-HI:CHANNEL[/PROTOCOL],... e.g. all:0-64k:shm,socket:1m-:cma/get"),
+    ("POLYRAIL_TUNING", "file of measured thresholds written by `polyrail tune`"),
     ("POLYRAIL_SPLIT_THRESHOLD", "smallest single-copy message both processes copy, or `off`"),
     ("POLYRAIL_EAGER_LIMIT", "largest eager message through send cells (default 64k)"),
     ("POLYRAIL_SHM_SLOTS", "64-byte slots per shared-memory ring (power of two, default 256)"),
@@ -242,6 +248,13 @@ impl Config {
             "POLYRAIL_TRANSPORTS" => self.transports = parse_transports(var, value)?,
             "POLYRAIL_CMA_THRESHOLD" => self.cma_threshold = parse_class_sizes(var, value)?,
             "POLYRAIL_ROUTE" => self.routes = parse_routes(var, value)?,
+            "POLYRAIL_TUNING" => {
+                let text = std::fs::read_to_string(value)
+                    .map_err(|e| bad(&format!("a readable file written by `polyrail tune` ({e})")))?;
+                let sizes =
+                    parse_tuning(&text).map_err(|why| bad(&format!("a file written by `polyrail tune` ({why})")))?;
+                self.tuning = Some((value.to_owned(), sizes));
+            }
             "POLYRAIL_SPLIT_THRESHOLD" => {
                 self.split_threshold = if value == "off" {
                     None
@@ -339,6 +352,42 @@ fn parse_transports(var: &str, value: &str) -> Result<TransportFilter> {
         }
     }
     Ok(if deny { TransportFilter::Except(kinds) } else { TransportFilter::Only(kinds) })
+}
+
+/// Parses a tuning file: `#` comments, and lines `cma_threshold CLASS SIZE`.
+pub fn parse_tuning(text: &str) -> std::result::Result<ClassSizes, String> {
+    let mut out = ClassSizes::default();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let f: Vec<&str> = line.split_whitespace().collect();
+        match f[..] {
+            ["cma_threshold", class, size] => {
+                let class =
+                    TopoClass::from_name(class).ok_or_else(|| format!("line {}: `{class}` is not a class", i + 1))?;
+                let size = parse_size(size).ok_or_else(|| format!("line {}: `{size}` is not a size", i + 1))?;
+                out.per_class.push((class, size));
+            }
+            _ => return Err(format!("line {}: expected `cma_threshold CLASS SIZE`, got `{line}`", i + 1)),
+        }
+    }
+    Ok(out)
+}
+
+/// Writes a tuning file that [`parse_tuning`] reads.
+pub fn format_tuning(header: &str, sizes: &ClassSizes) -> String {
+    let mut s = String::new();
+    for line in header.lines() {
+        s.push_str("# ");
+        s.push_str(line);
+        s.push('\n');
+    }
+    for (class, size) in &sizes.per_class {
+        s.push_str(&format!("cma_threshold {} {}\n", class.name(), format_size(*size)));
+    }
+    s
 }
 
 fn parse_routes(var: &str, value: &str) -> Result<Vec<RouteRule>> {
@@ -450,6 +499,22 @@ mod tests {
         assert!(e.contains("l9") && e.contains("shared-l3"), "{e}");
         assert!(cfg(&[("POLYRAIL_CMA_THRESHOLD", "socket:lots")]).is_err());
         assert_eq!(cfg(&[("POLYRAIL_SPLIT_THRESHOLD", "off")]).unwrap().split_threshold, None);
+    }
+
+    #[test]
+    fn tuning_files() {
+        let t = ClassSizes { all: None, per_class: vec![(TopoClass::SharedL3, 48 << 10), (TopoClass::Socket, 4096)] };
+        let text = format_tuning("measured by a test\non this machine", &t);
+        assert_eq!(parse_tuning(&text).unwrap(), t);
+        assert!(parse_tuning("cma_threshold l9 4k").unwrap_err().contains("`l9` is not a class"));
+        assert!(parse_tuning("threshold 4k").unwrap_err().contains("line 1"));
+        let path = std::env::temp_dir().join(format!("polyrail-tuning-test-{}", std::process::id()));
+        std::fs::write(&path, &text).unwrap();
+        let c = cfg(&[("POLYRAIL_TUNING", path.to_str().unwrap())]).unwrap();
+        assert_eq!(c.tuning.as_ref().unwrap().1, t);
+        std::fs::remove_file(&path).unwrap();
+        let e = cfg(&[("POLYRAIL_TUNING", "/nonexistent/tuning")]).unwrap_err().to_string();
+        assert!(e.contains("POLYRAIL_TUNING") && e.contains("/nonexistent/tuning"), "{e}");
     }
 
     #[test]

@@ -143,8 +143,12 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
     let kind = |c: &Candidate<'_>| c.attr.kind;
     match rma {
         Some(rma) => {
-            let (threshold, why) = match cfg.cma_threshold.get(class) {
-                Some(t) if rma.attr.kind == TransportKind::Cma => (t, "POLYRAIL_CMA_THRESHOLD".to_string()),
+            let tuned = cfg.tuning.as_ref().and_then(|(path, t)| Some((t.get(class)?, path)));
+            let (threshold, why) = match (cfg.cma_threshold.get(class), tuned) {
+                (Some(t), _) if rma.attr.kind == TransportKind::Cma => (t, "POLYRAIL_CMA_THRESHOLD".to_string()),
+                (None, Some((t, path))) if rma.attr.kind == TransportKind::Cma => {
+                    (t, format!("measured by `polyrail tune`, POLYRAIL_TUNING={path}"))
+                }
                 _ => {
                     let class_t = class_default_threshold(class);
                     match model_crossover(am.attr, rma.attr) {

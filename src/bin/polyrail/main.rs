@@ -1,4 +1,7 @@
-//! The `polyrail` command: start jobs (`run`) and explain channel choices (`info`).
+//! The `polyrail` command: start jobs (`run`), explain channel choices (`info`), measure this
+//! machine's thresholds (`tune`).
+
+mod tune;
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -53,6 +56,20 @@ enum Cmd {
         #[arg(short = 'n', long = "np", default_value_t = 2)]
         ranks: u32,
     },
+    /// Measure where single copy starts to beat eager copies between two processes here
+    /// (latency and streaming bandwidth, medians of 3 runs) and write the threshold to a file
+    /// that POLYRAIL_TUNING loads; `polyrail info` then names it as the source.
+    Tune {
+        /// The file to write.
+        #[arg(short, long, default_value = "polyrail-tuning.txt")]
+        output: std::path::PathBuf,
+        /// One short run instead of three full ones (for smoke tests).
+        #[arg(long)]
+        quick: bool,
+        /// Internal: run as one rank of a measurement job.
+        #[arg(long, hide = true)]
+        measure: bool,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -96,6 +113,14 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             };
             opts.grace = Duration::from_secs_f64(grace);
             Ok(launch(&opts)?)
+        }
+        Cmd::Tune { output, quick, measure } => {
+            if measure {
+                tune::measure(&output, quick)?;
+                Ok(0)
+            } else {
+                tune::tune(&output, quick)
+            }
         }
         Cmd::Info { routes: _, all, ranks } => {
             let under_launcher = std::env::var_os("PMI_FD").is_some() || std::env::var_os("PMI_PORT").is_some();
