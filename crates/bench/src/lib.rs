@@ -31,6 +31,9 @@ pub struct Common {
     /// Append every point to this CSV file (`bench,transport,size,value,unit`).
     #[arg(long)]
     pub csv: Option<PathBuf>,
+    /// Print nothing (with --csv: for runs driven by `compare`).
+    #[arg(long, hide = true)]
+    pub quiet: bool,
 }
 
 /// The `POLYRAIL_*` settings that force a channel: `auto` (none), `shm` (rings and send cells

@@ -151,7 +151,13 @@ fn compare(sizes: &str, quick: bool, csv: Option<PathBuf>) -> anyhow::Result<i32
     for bench in ["latency", "bw"] {
         for transport in ["auto", "shm", "cma"] {
             let mut args: Vec<OsString> = vec![bench.into(), "--transport".into(), transport.into()];
-            args.extend(["--sizes".into(), sizes.into(), "--csv".into(), tmp.clone().into_os_string()]);
+            args.extend([
+                "--sizes".into(),
+                sizes.into(),
+                "--csv".into(),
+                tmp.clone().into_os_string(),
+                "--quiet".into(),
+            ]);
             if quick {
                 args.push("--quick".into());
             }

@@ -65,7 +65,7 @@ pub(crate) fn iterations(c: &Common, size: usize, small: (u32, u32), large: (u32
 }
 
 pub(crate) fn header(ctx: &Context, c: &Common, what: &str, unit: &str) {
-    if ctx.rank() == 0 {
+    if ctx.rank() == 0 && !c.quiet {
         println!("# polyrail-bench {what}: transport {}, {} ranks", c.transport, ctx.size());
         println!("# Size {unit:>24}");
     }
@@ -96,7 +96,9 @@ pub fn latency(c: &Common) -> anyhow::Result<()> {
                     ctx.recv(1, 1, &mut rbuf[..size])?;
                 }
                 let us = t0.elapsed().as_secs_f64() * 1e6 / (2.0 * iters as f64);
-                println!("{size:<10}{us:>20.2}");
+                if !c.quiet {
+                    println!("{size:<10}{us:>20.2}");
+                }
                 append_csv(c, "latency", size, us, "us")?;
             }
             1 => {
@@ -182,7 +184,9 @@ pub fn bandwidth(c: &Common) -> anyhow::Result<()> {
         }
         if ctx.rank() == 0 {
             let mbs = (size * WINDOW * iters as usize) as f64 / t0.elapsed().as_secs_f64() / 1e6;
-            println!("{size:<10}{mbs:>20.2}");
+            if !c.quiet {
+                println!("{size:<10}{mbs:>20.2}");
+            }
             append_csv(c, "bw", size, mbs, "MB/s")?;
         }
     }
