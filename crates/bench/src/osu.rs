@@ -22,7 +22,7 @@ pub struct Row {
     pub value: f64,
 }
 
-/// Reads rows written by [`append_csv`].
+/// Reads rows of a `--csv` file (`bench,transport,size,value,unit`).
 pub fn read_csv(text: &str) -> Vec<Row> {
     text.lines()
         .filter_map(|l| {
