@@ -264,7 +264,9 @@ impl Context {
         })?;
         found.ok_or_else(|| match from {
             Source::Rank(r) => self.driver.engine.peer_error(r).unwrap_or(Error::PeerFinished { rank: r }),
-            Source::Any => Error::PeerLost { rank: Rank::MAX, why: "every peer is gone".into() },
+            Source::Any => Error::InvalidArgument(
+                "every other rank has finished or was lost: an ANY_SOURCE probe can never match".into(),
+            ),
         })
     }
 

@@ -172,7 +172,24 @@ impl Job {
                 }
             }
             match &route {
-                Some(rt) => engine.set_route(r, rt.clone()),
+                Some(rt) => {
+                    if r != rank {
+                        for e in &rt.entries {
+                            let ch = channels.get(e.channel as usize).map_or("?", |c| c.attr().kind.name());
+                            tracing::debug!(
+                                "rank {rank}: route to rank {r} ({class}) up to {}: {} over {ch}: {}",
+                                if e.upto == usize::MAX {
+                                    "max".to_string()
+                                } else {
+                                    polyrail_core::format_size(e.upto)
+                                },
+                                e.protocol.name(),
+                                e.reason
+                            );
+                        }
+                    }
+                    engine.set_route(r, rt.clone())
+                }
                 None => tracing::warn!("rank {rank}: no channel reaches rank {r}"),
             }
             peers.push(PeerReport { rank: r, class, reach, route });

@@ -14,6 +14,7 @@ pub(crate) fn init(level: LogLevel) {
     let _ = tracing_subscriber::fmt()
         .with_max_level(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .without_time()
         .try_init();
