@@ -1,9 +1,8 @@
 //! Experiments beyond the OSU pair: bidirectional and multi-pair bandwidth, skew, overlap.
 
-use crate::osu::{append_csv, iterations, parse_sizes, window, WINDOW};
+use crate::osu::{append_csv, iterations, start, window, Run, WINDOW};
 use crate::Common;
 use anyhow::bail;
-use polyrail::Context;
 use std::time::{Duration, Instant};
 
 /// Busy computation for `d` (a spin on the clock, like the papers' compute loops).
@@ -16,15 +15,8 @@ fn compute(d: Duration) {
 
 /// osu_bibw: both ranks of the pair send windows to each other at once.
 pub fn bibw(c: &Common) -> anyhow::Result<()> {
-    let sizes = parse_sizes(&c.sizes)?;
-    let mut ctx = Context::init()?;
-    if ctx.size() < 2 {
-        bail!("bibw needs at least 2 ranks");
-    }
+    let Run { mut ctx, sizes, sbuf, mut rbuf } = start(c, "bibw")?;
     crate::osu::header(&ctx, c, "bibw", "Bandwidth (MB/s)");
-    let max = sizes.iter().copied().max().unwrap_or(0);
-    let sbuf = vec![b'c'; max];
-    let mut rbuf = vec![0u8; max];
     for &size in &sizes {
         let (iters, warmup) = iterations(c, size, (100, 10), (20, 2));
         ctx.barrier()?;
@@ -52,8 +44,7 @@ pub fn bibw(c: &Common) -> anyhow::Result<()> {
 /// osu_mbw_mr (Chai §6.2): ranks 0..n/2 each stream windows to their partner r + n/2; reports
 /// the aggregate bandwidth and message rate.
 pub fn mbw_mr(c: &Common) -> anyhow::Result<()> {
-    let sizes = parse_sizes(&c.sizes)?;
-    let mut ctx = Context::init()?;
+    let Run { mut ctx, sizes, sbuf, mut rbuf } = start(c, "mbw_mr")?;
     let n = ctx.size();
     if n < 2 || n % 2 != 0 {
         bail!("mbw_mr needs an even number of ranks (-n 2, 4, ...)");
@@ -63,9 +54,6 @@ pub fn mbw_mr(c: &Common) -> anyhow::Result<()> {
         println!("# polyrail-bench mbw_mr: transport {}, {pairs} pairs", c.transport);
         println!("# Size {:>24} {:>16}", "MB/s", "Messages/s");
     }
-    let max = sizes.iter().copied().max().unwrap_or(0);
-    let sbuf = vec![b'd'; max];
-    let mut rbuf = vec![0u8; max];
     let me = ctx.rank();
     let sender = me < pairs;
     let partner = if sender { me + pairs } else { me - pairs };
@@ -111,11 +99,7 @@ pub fn mbw_mr(c: &Common) -> anyhow::Result<()> {
 /// Prints the producer's and the consumer's time per message, medians of `repeats` runs (the
 /// host steals this machine's CPUs in bursts; a median resists them).
 pub fn skew(c: &Common, messages: u32, c1_us: u64, c2_us: u64, repeats: u32) -> anyhow::Result<()> {
-    let sizes = parse_sizes(&c.sizes)?;
-    let mut ctx = Context::init()?;
-    if ctx.size() < 2 {
-        bail!("skew needs 2 ranks");
-    }
+    let Run { mut ctx, sizes, sbuf: mut buf, .. } = start(c, "skew")?;
     let (c1, c2) = (Duration::from_micros(c1_us), Duration::from_micros(c2_us));
     if ctx.rank() == 0 {
         println!("# polyrail-bench skew: transport {}, {messages} messages, c1 {c1_us} us, c2 {c2_us} us", c.transport);
@@ -124,8 +108,6 @@ pub fn skew(c: &Common, messages: u32, c1_us: u64, c2_us: u64, repeats: u32) -> 
             "producer (us/msg)", "consumer (us/msg)", "eager (lagging)", "eager (caught up)"
         );
     }
-    let max = sizes.iter().copied().max().unwrap_or(0);
-    let mut buf = vec![b'e'; max];
     for &size in &sizes {
         let mut runs = Vec::new();
         for _ in 0..repeats.max(1) {
@@ -192,11 +174,7 @@ pub fn skew(c: &Common, messages: u32, c1_us: u64, c2_us: u64, repeats: u32) -> 
 /// testing the request every `period_us`; reports how long the receive still took after the
 /// computation (0 = fully overlapped) and the total, against the transfer alone.
 pub fn overlap(c: &Common, compute_us: u64, period_us: u64) -> anyhow::Result<()> {
-    let sizes = parse_sizes(&c.sizes)?;
-    let mut ctx = Context::init()?;
-    if ctx.size() < 2 {
-        bail!("overlap needs 2 ranks");
-    }
+    let Run { mut ctx, sizes, sbuf, mut rbuf } = start(c, "overlap")?;
     if ctx.rank() == 1 {
         println!(
             "# polyrail-bench overlap: transport {}, compute {compute_us} us, test every {period_us} us",
@@ -204,9 +182,6 @@ pub fn overlap(c: &Common, compute_us: u64, period_us: u64) -> anyhow::Result<()
         );
         println!("# Size {:>20} {:>20} {:>20}", "transfer alone (us)", "after compute (us)", "total (us)");
     }
-    let max = sizes.iter().copied().max().unwrap_or(0);
-    let sbuf = vec![b'f'; max];
-    let mut rbuf = vec![0u8; max];
     for &size in &sizes {
         let reps = if c.quick { 2 } else { 20 };
         let (mut alone, mut after, mut total) = (0.0, 0.0, 0.0);

@@ -71,17 +71,30 @@ pub(crate) fn header(ctx: &Context, c: &Common, what: &str, unit: &str) {
     }
 }
 
+/// What every measurement starts with: the job, the sizes, and a send and a receive buffer as
+/// large as the largest size.
+pub(crate) struct Run {
+    pub ctx: Context,
+    pub sizes: Vec<usize>,
+    pub sbuf: Vec<u8>,
+    pub rbuf: Vec<u8>,
+}
+
+/// Joins the job (at least two ranks, or `what` says why not) and allocates the buffers.
+pub(crate) fn start(c: &Common, what: &str) -> anyhow::Result<Run> {
+    let sizes = parse_sizes(&c.sizes)?;
+    let ctx = Context::init()?;
+    if ctx.size() < 2 {
+        bail!("{what} needs at least 2 ranks");
+    }
+    let max = sizes.iter().copied().max().unwrap_or(0);
+    Ok(Run { ctx, sizes, sbuf: vec![b'a'; max], rbuf: vec![0u8; max] })
+}
+
 /// osu_latency between ranks 0 and 1 (other ranks wait at the barrier).
 pub fn latency(c: &Common) -> anyhow::Result<()> {
-    let sizes = parse_sizes(&c.sizes)?;
-    let mut ctx = Context::init()?;
-    if ctx.size() < 2 {
-        bail!("latency needs at least 2 ranks");
-    }
+    let Run { mut ctx, sizes, mut sbuf, mut rbuf } = start(c, "latency")?;
     header(&ctx, c, "latency", "Latency (us)");
-    let max = sizes.iter().copied().max().unwrap_or(0);
-    let mut sbuf = vec![b'a'; max];
-    let mut rbuf = vec![0u8; max];
     for &size in &sizes {
         let (iters, warmup) = iterations(c, size, (10000, 1000), (1000, 100));
         ctx.barrier()?;
@@ -152,15 +165,8 @@ pub fn window(
 /// osu_bw between ranks 0 and 1: windows of 64 sends, one 4-byte acknowledgement. As in OSU,
 /// every send of a window reads the same buffer and every receive writes the same buffer.
 pub fn bandwidth(c: &Common) -> anyhow::Result<()> {
-    let sizes = parse_sizes(&c.sizes)?;
-    let mut ctx = Context::init()?;
-    if ctx.size() < 2 {
-        bail!("bw needs at least 2 ranks");
-    }
+    let Run { mut ctx, sizes, sbuf, mut rbuf } = start(c, "bw")?;
     header(&ctx, c, "bw", "Bandwidth (MB/s)");
-    let max = sizes.iter().copied().max().unwrap_or(0);
-    let sbuf = vec![b'b'; max];
-    let mut rbuf = vec![0u8; max];
     for &size in &sizes {
         let (iters, warmup) = iterations(c, size, (100, 10), (20, 2));
         let mut ack = [0u8; 4];
