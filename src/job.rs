@@ -5,7 +5,7 @@ use polyrail_core::bootstrap::{self, decode_hex, encode_hex, Bootstrap};
 use polyrail_core::engine::Engine;
 use polyrail_core::policy::topology::{current_binding, TopoClass, Topology};
 use polyrail_core::policy::{build_route, Candidate, PeerRoute};
-use polyrail_core::{Config, Error, PeerInfo, Rank, Reach, Result, Transport, TransportKind};
+use polyrail_core::{Caps, Config, Error, PeerInfo, Rank, Reach, Result, Transport, TransportKind};
 use polyrail_shm::{host_identity, CmaTransport, Loopback, ShmTransport};
 
 /// What `polyrail info` shows about one channel of this process.
@@ -73,11 +73,43 @@ fn parse_info(rank: Rank, v: &str) -> Result<PeerInfo> {
     Ok(PeerInfo { rank, pid, host, node, cpus })
 }
 
+/// Longest value put under one key; longer ones are split (Hydra's PMI-1 values are limited).
+const MAX_VALUE: usize = 512;
+
+/// Puts a value of any length: long ones as `chunks:N` under `key` and the pieces under `key.I`.
+fn put_long(boot: &mut dyn Bootstrap, key: &str, value: &str) -> Result<()> {
+    if value.len() <= MAX_VALUE {
+        return boot.put(key, value);
+    }
+    // Values are ASCII (hex), so byte offsets are character boundaries.
+    let chunks: Vec<&str> = value.as_bytes().chunks(MAX_VALUE).map(|c| std::str::from_utf8(c).unwrap_or("")).collect();
+    boot.put(key, &format!("chunks:{}", chunks.len()))?;
+    for (i, c) in chunks.iter().enumerate() {
+        boot.put(&format!("{key}.{i}"), c)?;
+    }
+    Ok(())
+}
+
+/// Reads a value written by [`put_long`].
+fn get_long(boot: &mut dyn Bootstrap, key: &str) -> Result<String> {
+    let v = boot.get(key)?;
+    let Some(n) = v.strip_prefix("chunks:") else { return Ok(v) };
+    let n: usize = n.parse().map_err(|_| Error::Bootstrap(format!("malformed chunk count under {key}: {v:?}")))?;
+    let mut out = String::new();
+    for i in 0..n {
+        out.push_str(&boot.get(&format!("{key}.{i}"))?);
+    }
+    Ok(out)
+}
+
 /// Starts the channels allowed by `config`; reports the others.
 fn start_channels(config: &Config, job: &str, rank: Rank, size: u32) -> (Vec<Box<dyn Transport>>, Vec<ChannelReport>) {
     let mut channels: Vec<Box<dyn Transport>> = Vec::new();
     let mut reports = Vec::new();
-    let mut start = |kind: TransportKind, make: &dyn Fn() -> Result<Box<dyn Transport>>| {
+    // `make` gives the channel, or `Ok(Err(why))` when there is nothing to start (the ib
+    // channel without an RDMA device): not a failure, just no such channel.
+    type Made = Result<std::result::Result<Box<dyn Transport>, String>>;
+    let mut start = |kind: TransportKind, make: &mut dyn FnMut() -> Made| {
         if !config.transports.allows(kind) {
             reports.push(ChannelReport {
                 kind,
@@ -87,9 +119,13 @@ fn start_channels(config: &Config, job: &str, rank: Rank, size: u32) -> (Vec<Box
             return;
         }
         match make() {
-            Ok(t) => {
+            Ok(Ok(t)) => {
                 reports.push(ChannelReport { kind, status: "enabled".into(), detail: t.describe() });
                 channels.push(t);
+            }
+            Ok(Err(why)) => {
+                tracing::debug!("{kind} channel not started: {why}");
+                reports.push(ChannelReport { kind, status: why, detail: String::new() });
             }
             Err(e) => {
                 tracing::warn!("{kind} channel unavailable: {e}");
@@ -97,10 +133,11 @@ fn start_channels(config: &Config, job: &str, rank: Rank, size: u32) -> (Vec<Box
             }
         }
     };
-    start(TransportKind::Loopback, &|| Ok(Box::new(Loopback::new(rank))));
+    start(TransportKind::Loopback, &mut || Ok(Ok(Box::new(Loopback::new(rank)))));
     if size > 1 {
-        start(TransportKind::Shm, &|| Ok(Box::new(ShmTransport::new(config, job, rank, size)?)));
-        start(TransportKind::Cma, &|| Ok(Box::new(CmaTransport::new())));
+        start(TransportKind::Shm, &mut || Ok(Ok(Box::new(ShmTransport::new(config, job, rank, size)?))));
+        start(TransportKind::Cma, &mut || Ok(Ok(Box::new(CmaTransport::new()))));
+        start(TransportKind::Ib, &mut || Ok(polyrail_ib::open(config, rank, size)?.map_err(|u| u.0)));
     }
     (channels, reports)
 }
@@ -117,13 +154,14 @@ impl Job {
         let job_id = boot.job_id().to_owned();
         let topology = Topology::detect();
         let binding = current_binding();
-        let me = PeerInfo { rank, pid: std::process::id(), host: host_identity(), node: 0, cpus: binding.clone() };
+        let node = config.node.unwrap_or(0);
+        let me = PeerInfo { rank, pid: std::process::id(), host: host_identity(), node, cpus: binding.clone() };
         let (mut channels, channel_reports) = start_channels(&config, &job_id, rank, size);
 
         // Publish who we are and every channel's address; one fence makes them visible.
         boot.put(&format!("pi{rank}"), &info_value(&me))?;
         for ch in &channels {
-            boot.put(&format!("pa{rank}.{}", ch.attr().kind), &encode_hex(&ch.address()))?;
+            put_long(boot.as_mut(), &format!("pa{rank}.{}", ch.attr().kind), &encode_hex(&ch.address()))?;
         }
         boot.fence()?;
 
@@ -142,10 +180,17 @@ impl Job {
             let mut reach = Vec::new();
             for ch in channels.iter_mut() {
                 let kind = ch.attr().kind;
+                if r != rank && info.node != me.node && ch.attr().caps.contains(Caps::NODE_LOCAL) {
+                    reach.push((
+                        kind,
+                        Reach::No(format!("rank {r} is on virtual node {}, this rank on {}", info.node, me.node)),
+                    ));
+                    continue;
+                }
                 let addr = if r == rank {
                     ch.address()
                 } else {
-                    let v = boot.get(&format!("pa{r}.{kind}"))?;
+                    let v = get_long(boot.as_mut(), &format!("pa{r}.{kind}"))?;
                     decode_hex(&v)
                         .ok_or_else(|| Error::Bootstrap(format!("rank {r} published a malformed {kind} address")))?
                 };
@@ -161,7 +206,10 @@ impl Job {
             if r != rank {
                 for (kind, why) in &reach {
                     if let Reach::No(why) = why {
-                        if *kind == TransportKind::Cma && config.transports.allows(TransportKind::Cma) {
+                        if *kind == TransportKind::Cma
+                            && config.transports.allows(TransportKind::Cma)
+                            && info.node == me.node
+                        {
                             tracing::warn!(
                                 "rank {rank}: cma cannot reach rank {r} ({why}); large messages go through pipelined send cells"
                             );

@@ -49,6 +49,29 @@ pub struct LaunchOptions {
     pub env: Vec<(OsString, OsString)>,
     /// How long ranks may take to exit on their own once the job is stopping (default 2 s).
     pub grace: Duration,
+    /// Virtual node of each rank (`POLYRAIL_NODE`), or none: every rank on this machine's node.
+    /// Ranks on different nodes never use node-local channels. See [`nodes_from_counts`].
+    pub nodes: Option<Vec<u32>>,
+}
+
+/// Node of each of `ranks` ranks from `ranks per node` counts (`--layout 2,2`).
+pub fn nodes_from_counts(ranks: u32, counts: &[u32]) -> Result<Vec<u32>> {
+    let total: u64 = counts.iter().map(|&c| c as u64).sum();
+    if counts.is_empty() || counts.contains(&0) || total != ranks as u64 {
+        return Err(Error::InvalidArgument(format!(
+            "layout {counts:?} does not place {ranks} ranks: give ranks per node, each at least 1, summing to {ranks}"
+        )));
+    }
+    Ok(counts.iter().enumerate().flat_map(|(node, &c)| std::iter::repeat_n(node as u32, c as usize)).collect())
+}
+
+/// Node of each of `ranks` ranks spread in blocks over `nodes` nodes (`--nodes 2`).
+pub fn nodes_in_blocks(ranks: u32, nodes: u32) -> Result<Vec<u32>> {
+    if nodes == 0 || nodes > ranks {
+        return Err(Error::InvalidArgument(format!("cannot spread {ranks} ranks over {nodes} nodes")));
+    }
+    let counts: Vec<u32> = (0..nodes).map(|i| ranks / nodes + u32::from(i < ranks % nodes)).collect();
+    nodes_from_counts(ranks, &counts)
 }
 
 impl LaunchOptions {
@@ -68,6 +91,7 @@ impl Default for LaunchOptions {
             bind: Bind::Core,
             env: Vec::new(),
             grace: Duration::from_secs(2),
+            nodes: None,
         }
     }
 }
@@ -178,6 +202,9 @@ fn spawn_rank(
         .env("PMI_RANK", rank.to_string())
         .env("PMI_SIZE", opts.ranks.to_string())
         .env("PMI_JOBID", job);
+    if let Some(node) = opts.nodes.as_ref().and_then(|n| n.get(rank as usize)) {
+        cmd.env("POLYRAIL_NODE", node.to_string());
+    }
     if rank != 0 {
         cmd.stdin(Stdio::null());
     }
@@ -553,7 +580,8 @@ pub struct EmbeddedJob {
 }
 
 /// Starts ranks `1..opts.ranks` of `opts.program`; the caller is rank 0 (bound to the first
-/// allowed CPU when `opts.bind` is [`Bind::Core`]).
+/// allowed CPU when `opts.bind` is [`Bind::Core`]). With `opts.nodes`, the caller sets its own
+/// node in the [`Config`](crate::Config) it starts with.
 pub fn spawn_peers(opts: &LaunchOptions) -> Result<EmbeddedJob> {
     if opts.ranks == 0 {
         return Err(Error::InvalidArgument("a job needs at least one rank".into()));

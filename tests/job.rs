@@ -6,7 +6,7 @@
 //! named by its argument. Survivors of the fault scenarios write what they saw to files the
 //! parent checks.
 
-use polyrail::launch::{launch, LaunchOptions};
+use polyrail::launch::{launch, nodes_in_blocks, LaunchOptions};
 use polyrail::{Context, Error, Source, TagMatch, ANY_SOURCE, ANY_TAG};
 use std::time::{Duration, Instant};
 
@@ -30,6 +30,10 @@ const SIZES: &[usize] = &[
     4095,
     4096,
     4097,
+    8127,
+    8128,
+    8129,
+    8192,
     16383,
     16384,
     16385,
@@ -166,6 +170,28 @@ fn truncate_scenario(ctx: &mut Context) -> polyrail::Result<()> {
     Ok(())
 }
 
+/// A fast sender and a slow receiver: rank 0 posts thousands of eager sends at once while
+/// rank 1 sleeps, then receives them one by one with pauses; nothing is lost or reordered.
+fn flood_scenario(ctx: &mut Context) -> polyrail::Result<()> {
+    const COUNT: u32 = 5000;
+    let len_of = |i: u32| (i as usize * 37) % 1500;
+    if ctx.rank() == 0 {
+        let reqs: Vec<_> = (0..COUNT).map(|i| ctx.isend(1, 5, stamp(0, i, len_of(i)))).collect::<Result<_, _>>()?;
+        ctx.wait_all(reqs)?;
+    } else if ctx.rank() == 1 {
+        std::thread::sleep(Duration::from_millis(300));
+        let mut buf = vec![0u8; 1500];
+        for i in 0..COUNT {
+            if i % 500 == 0 {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let st = ctx.recv(0, 5, &mut buf)?;
+            assert!(buf[..st.len] == stamp(0, i, len_of(i)), "message {i} lost or reordered");
+        }
+    }
+    Ok(())
+}
+
 /// Rank 1 dies (killed, or exits without finalizing); every other rank must get an error that
 /// names it within a second, and write how long it took to `JOBTEST_OUT.<rank>`.
 fn fault_scenario(ctx: &mut Context, how: &str) -> polyrail::Result<()> {
@@ -282,6 +308,7 @@ fn rank_main(scenario: &str) {
         "shm-names" => shm_names_scenario(&mut ctx),
         "sleepers" => sleepers_scenario(&mut ctx),
         "dangling" => dangling_scenario(&mut ctx),
+        "flood" => flood_scenario(&mut ctx),
         other => panic!("unknown scenario {other}"),
     };
     if let Err(e) = r {
@@ -292,20 +319,47 @@ fn rank_main(scenario: &str) {
     ctx.finalize().expect("finalize");
 }
 
-fn job(ranks: u32, scenario: &str, env: &[(&str, &str)]) -> i32 {
+/// Runs `scenario` with `ranks` ranks; `nodes` > 1 spreads them over that many virtual nodes.
+fn job_on(ranks: u32, nodes: u32, scenario: &str, env: &[(&str, &str)]) -> i32 {
     let exe = std::env::current_exe().expect("test executable");
     let mut opts = LaunchOptions::new(ranks, exe);
     opts.args = vec![scenario.into()];
     opts.env = env.iter().map(|(k, v)| (k.into(), v.into())).collect();
+    if nodes > 1 {
+        opts.nodes = Some(nodes_in_blocks(ranks, nodes.min(ranks)).expect("layout"));
+    }
     launch(&opts).expect("launch")
 }
 
-const CHANNELS: &[(&str, &[(&str, &str)])] = &[
-    ("auto", &[]),
-    ("shm", &[("POLYRAIL_TRANSPORTS", "shm")]),
-    ("cma", &[("POLYRAIL_CMA_THRESHOLD", "1")]),
-    ("cma-nosplit", &[("POLYRAIL_CMA_THRESHOLD", "1"), ("POLYRAIL_SPLIT_THRESHOLD", "off")]),
-    ("routed", &[("POLYRAIL_ROUTE", "all:1k-64k:cma/get,all:64k-1m:shm/stream,all:1m-:cma/split")]),
+fn job(ranks: u32, scenario: &str, env: &[(&str, &str)]) -> i32 {
+    job_on(ranks, 1, scenario, env)
+}
+
+/// Environment variables of a job.
+type Vars = &'static [(&'static str, &'static str)];
+
+/// Channel settings: name, virtual nodes, variables.
+const CHANNELS: &[(&str, u32, Vars)] = &[
+    ("auto", 1, &[]),
+    ("shm", 1, &[("POLYRAIL_TRANSPORTS", "shm")]),
+    ("cma", 1, &[("POLYRAIL_CMA_THRESHOLD", "1")]),
+    ("cma-nosplit", 1, &[("POLYRAIL_CMA_THRESHOLD", "1"), ("POLYRAIL_SPLIT_THRESHOLD", "off")]),
+    ("routed", 1, &[("POLYRAIL_ROUTE", "all:1k-64k:cma/get,all:64k-1m:shm/stream,all:1m-:cma/split")]),
+    // Two virtual nodes: shm and cma within a node, ib (software provider) between them.
+    ("2 nodes", 2, &[]),
+    // ib for every peer, with small rings so that credits run out often, and a receiver-first
+    // rendezvous mix (put) through POLYRAIL_ROUTE.
+    (
+        "ib only",
+        1,
+        &[
+            ("POLYRAIL_TRANSPORTS", "ib"),
+            ("POLYRAIL_IB_PROVIDER", "soft"),
+            ("POLYRAIL_IB_CREDITS", "4"),
+            ("POLYRAIL_IB_BLOCK", "1k"),
+            ("POLYRAIL_IB_EAGER_LIMIT", "2k"),
+        ],
+    ),
 ];
 
 fn main() {
@@ -323,22 +377,23 @@ fn main() {
         }
     };
     for &ranks in &[2u32, 4, 8] {
-        for (name, env) in CHANNELS {
+        for (name, nodes, env) in CHANNELS {
             for scenario in ["sizes", "order", "wildcard", "truncate"] {
                 if ranks == 8 && scenario == "order" && *name != "auto" {
                     continue; // the 8-rank order run over each forced channel adds little time-wise value
                 }
                 let t = Instant::now();
-                let code = job(ranks, scenario, env);
+                let code = job_on(ranks, *nodes, scenario, env);
                 check(format!("{scenario} -n {ranks} over {name} ({:.1} s)", t.elapsed().as_secs_f64()), code == 0);
             }
         }
     }
-    for &ranks in &[2u32, 4] {
+    for (ranks, nodes) in [(2u32, 1u32), (4, 1), (2, 2), (4, 2)] {
         for how in ["kill", "exit"] {
             let out = std::env::temp_dir().join(format!("polyrail-jobtest-{}-{how}-{ranks}", std::process::id()));
             let out_s = out.to_string_lossy().into_owned();
-            let code = job(ranks, how, &[("JOBTEST_OUT", &out_s)]);
+            let code = job_on(ranks, nodes, how, &[("JOBTEST_OUT", &out_s)]);
+            let how = if nodes > 1 { format!("{how} on {nodes} nodes") } else { how.to_string() };
             check(format!("{how} -n {ranks}: job status {code} is a failure"), code != 0);
             for r in (0..ranks).filter(|&r| r != 1) {
                 let f = format!("{out_s}.{r}");
@@ -363,6 +418,11 @@ fn main() {
         let v: Vec<f64> = seen.split(' ').filter_map(|x| x.parse().ok()).collect();
         let ok = v.len() == 2 && v[1] >= 900.0 && v[0] < 0.03 * v[1];
         check(format!("sleepers -n 8: rank {r} used {seen:?} (cpu ms, wall ms) while blocked"), ok);
+    }
+    for (name, nodes, env) in [("2 nodes", 2, &[][..]), ("ib only", 1, CHANNELS[6].2)] {
+        let t = Instant::now();
+        let code = job_on(2, nodes, "flood", env);
+        check(format!("flood -n 2 over {name}: status {code}, {:.1} s", t.elapsed().as_secs_f64()), code == 0);
     }
     let t = Instant::now();
     let code = job(4, "dangling", &[]);

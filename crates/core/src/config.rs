@@ -127,6 +127,55 @@ pub enum PmiVersion {
     Pmi2,
 }
 
+/// Which RDMA provider the `ib` channel uses (`POLYRAIL_IB_PROVIDER`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum IbProvider {
+    /// Real verbs when an RDMA device is present; otherwise the software provider when the
+    /// process was placed on a virtual node (`polyrail run --layout`), else no `ib` channel
+    /// (the default).
+    #[default]
+    Auto,
+    /// Real verbs through rdma-core (`verbs`).
+    Verbs,
+    /// The software RDMA provider between processes of one machine (`soft`).
+    Soft,
+}
+
+/// Settings of the `ib` channel (`POLYRAIL_IB_*`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IbSettings {
+    /// `POLYRAIL_IB_PROVIDER`: `auto` (default), `verbs` or `soft`.
+    pub provider: IbProvider,
+    /// `POLYRAIL_IB_DEVICE`: `NAME[:PORT]`, e.g. `rxe0:1`. Default: the first device, port 1.
+    pub device: Option<(String, u8)>,
+    /// `POLYRAIL_IB_GID_INDEX`: GID table index used for RoCE addressing. Default 0.
+    pub gid_index: u8,
+    /// `POLYRAIL_IB_CREDITS`: blocks in each peer's eager ring (DCFA's MaxCredit). Default 64.
+    pub credits: usize,
+    /// `POLYRAIL_IB_BLOCK`: bytes per eager ring block, headers included. Default 8k.
+    pub block: usize,
+    /// `POLYRAIL_IB_EAGER_LIMIT`: smallest message sent to a peer by rendezvous over `ib`
+    /// (smaller ones go eagerly through the ring). Default 8k (DCFA-MPI's EagerUpperLimit).
+    pub eager_limit: usize,
+    /// `POLYRAIL_IB_SYNC_LIMIT`: a receiver sends a credit-only SYNC packet when the sender's
+    /// view of free blocks would fall under this (DCFA's CreditSyncLimit). Default 2.
+    pub sync_limit: usize,
+}
+
+impl Default for IbSettings {
+    fn default() -> Self {
+        IbSettings {
+            provider: IbProvider::Auto,
+            device: None,
+            gid_index: 0,
+            credits: 64,
+            block: 8 << 10,
+            eager_limit: 8 << 10,
+            sync_limit: 2,
+        }
+    }
+}
+
 /// polyrail's settings. `Default` is what polyrail does without any variable set.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -172,6 +221,11 @@ pub struct Config {
     /// only when it sleeps, which costs them one memory fence per message unless the mode is
     /// `spin`; use the same mode in every process of a job.
     pub wait: WaitMode,
+    /// `POLYRAIL_NODE`: the virtual node this process is on, set by `polyrail run --layout`.
+    /// Processes on different nodes never use node-local channels. Default: unset (node 0).
+    pub node: Option<u32>,
+    /// `POLYRAIL_IB_*`: the `ib` channel.
+    pub ib: IbSettings,
 }
 
 impl Default for Config {
@@ -190,6 +244,8 @@ impl Default for Config {
             pmi: PmiVersion::Pmi1,
             wait: WaitMode::Adaptive,
             skew: Some(SkewPolicy { limit: 0, window: 8, eager_up_to: 64 << 10 }),
+            node: None,
+            ib: IbSettings::default(),
         }
     }
 }
@@ -209,6 +265,14 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("POLYRAIL_PMI", "PMI protocol spoken to the launcher: 1 or 2"),
     ("POLYRAIL_WAIT", "how to wait for arrivals: spin, block or adaptive (default)"),
     ("POLYRAIL_SKEW", "skew feedback LIMIT:WINDOW:SIZE (default 0:8:64k) or off"),
+    ("POLYRAIL_NODE", "virtual node of this process (set by `polyrail run --layout`)"),
+    ("POLYRAIL_IB_PROVIDER", "RDMA provider of the ib channel: auto (default), verbs or soft"),
+    ("POLYRAIL_IB_DEVICE", "RDMA device and port NAME[:PORT], e.g. rxe0:1 (default: first device)"),
+    ("POLYRAIL_IB_GID_INDEX", "GID index for RoCE addressing (default 0)"),
+    ("POLYRAIL_IB_CREDITS", "blocks per peer in the ib eager ring (default 64)"),
+    ("POLYRAIL_IB_BLOCK", "bytes per ib eager ring block (default 8k)"),
+    ("POLYRAIL_IB_EAGER_LIMIT", "smallest message sent by rendezvous over ib (default 8k)"),
+    ("POLYRAIL_IB_SYNC_LIMIT", "free blocks under which a receiver returns credits at once (default 2)"),
 ];
 
 impl Config {
@@ -231,6 +295,13 @@ impl Config {
                 continue;
             }
             c.set(k, v)?;
+        }
+        if c.ib.sync_limit > c.ib.credits {
+            return Err(Error::config(
+                "POLYRAIL_IB_SYNC_LIMIT",
+                c.ib.sync_limit.to_string(),
+                format!("at most POLYRAIL_IB_CREDITS ({})", c.ib.credits),
+            ));
         }
         Ok(c)
     }
@@ -316,6 +387,36 @@ impl Config {
                     _ => return Err(bad("spin, block or adaptive")),
                 }
             }
+            "POLYRAIL_NODE" => self.node = Some(value.parse().map_err(|_| bad("a node number from 0"))?),
+            "POLYRAIL_IB_PROVIDER" => {
+                self.ib.provider = match value {
+                    "auto" => IbProvider::Auto,
+                    "verbs" => IbProvider::Verbs,
+                    "soft" => IbProvider::Soft,
+                    _ => return Err(bad("auto, verbs or soft")),
+                }
+            }
+            "POLYRAIL_IB_DEVICE" => {
+                let (name, port) = match value.split_once(':') {
+                    Some((n, p)) => (n, p.parse::<u8>().ok().filter(|&p| p >= 1)),
+                    None => (value, Some(1)),
+                };
+                match port {
+                    Some(port) if !name.is_empty() => self.ib.device = Some((name.to_owned(), port)),
+                    _ => return Err(bad("NAME or NAME:PORT with PORT from 1, e.g. rxe0:1")),
+                }
+            }
+            "POLYRAIL_IB_GID_INDEX" => self.ib.gid_index = value.parse().map_err(|_| bad("an index from 0 to 255"))?,
+            "POLYRAIL_IB_CREDITS" => self.ib.credits = size_in(4, 4096)?,
+            "POLYRAIL_IB_BLOCK" => {
+                let n = size_in(256, 1 << 20)?;
+                if n % 64 != 0 {
+                    return Err(bad("a multiple of 64 bytes from 256 to 1m"));
+                }
+                self.ib.block = n;
+            }
+            "POLYRAIL_IB_EAGER_LIMIT" => self.ib.eager_limit = size_in(0, 1 << 30)?,
+            "POLYRAIL_IB_SYNC_LIMIT" => self.ib.sync_limit = size_in(2, 4096)?,
             _ => {
                 let known: Vec<&str> = VARIABLES.iter().map(|(n, _)| *n).collect();
                 return Err(Error::config(

@@ -86,6 +86,12 @@ impl Caps {
     pub const POLL_IS_SYSCALL: Caps = Caps(16);
     /// A process can sleep until an arrival on this channel wakes it (`arm` / `sleep`).
     pub const WAKEUP: Caps = Caps(32);
+    /// Reaches only processes of its own (virtual) node: not offered for peers placed on
+    /// another node, whatever `add_peer` would say.
+    pub const NODE_LOCAL: Caps = Caps(64);
+    /// `get`/`put` are copies made by the calling CPU, so splitting one transfer between both
+    /// processes doubles the copy rate (a NIC's copy engine gains nothing from it).
+    pub const CPU_COPY: Caps = Caps(128);
 
     /// No capability.
     pub const fn empty() -> Caps {

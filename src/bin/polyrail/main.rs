@@ -35,6 +35,14 @@ enum Cmd {
         /// Seconds the other ranks get to exit once one died.
         #[arg(long, default_value_t = 2.0)]
         grace: f64,
+        /// Place ranks on virtual nodes: ranks per node, e.g. `2,2`. Ranks on different nodes
+        /// talk over the ib channel only (the software RDMA provider when there is no RDMA
+        /// device); each rank learns its node from POLYRAIL_NODE.
+        #[arg(long, value_delimiter = ',', conflicts_with = "nodes")]
+        layout: Option<Vec<u32>>,
+        /// Spread the ranks in blocks over this many virtual nodes (see --layout).
+        #[arg(long)]
+        nodes: Option<u32>,
         /// The program and its arguments.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<OsString>,
@@ -100,7 +108,7 @@ fn main() {
 
 fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.cmd {
-        Cmd::Run { ranks, bind, grace, command } => {
+        Cmd::Run { ranks, bind, grace, layout, nodes, command } => {
             let (program, args) = command.split_first().context("no program to run")?;
             if !(0.0..=3600.0).contains(&grace) {
                 bail!("--grace {grace} is not accepted: give seconds from 0 to 3600");
@@ -112,6 +120,11 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 BindArg::None => Bind::None,
             };
             opts.grace = Duration::from_secs_f64(grace);
+            opts.nodes = match (layout, nodes) {
+                (Some(counts), _) => Some(polyrail::launch::nodes_from_counts(ranks, &counts)?),
+                (None, Some(k)) => Some(polyrail::launch::nodes_in_blocks(ranks, k)?),
+                (None, None) => None,
+            };
             Ok(launch(&opts)?)
         }
         Cmd::Tune { output, quick, measure } => {

@@ -377,7 +377,12 @@ impl Engine {
     /// taken (or the request failed).
     pub unsafe fn post_recv(&mut self, src: Source, tag: TagMatch, ctx: u16, buf: RegionMut) -> Result<ReqId> {
         if let Source::Rank(r) = src {
-            self.usable_peer(r)?;
+            // A peer that finished may have left messages behind: those still match.
+            if let Err(e) = self.usable_peer(r) {
+                if self.find_unexpected(src, tag, ctx).is_none() {
+                    return Err(e);
+                }
+            }
         } else if self.peers.iter().enumerate().all(|(i, p)| p.gone.is_some() && i as Rank != self.me)
             && self.peers.len() > 1
         {

@@ -149,6 +149,9 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
                 (None, Some((t, path))) if rma.attr.kind == TransportKind::Cma => {
                     (t, format!("measured by `polyrail tune`, POLYRAIL_TUNING={path}"))
                 }
+                _ if rma.attr.kind == TransportKind::Ib => {
+                    (cfg.ib.eager_limit, "POLYRAIL_IB_EAGER_LIMIT, DCFA-MPI's default 8k".to_string())
+                }
                 _ => {
                     let class_t = class_default_threshold(class);
                     match model_crossover(am.attr, rma.attr) {
@@ -171,7 +174,7 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
                 channel: am.id,
                 reason: format!("below the single-copy threshold {} ({why})", format_size(threshold)),
             });
-            let split = cfg.split_threshold.filter(|_| rma.attr.caps.contains(Caps::PUT));
+            let split = cfg.split_threshold.filter(|_| rma.attr.caps.contains(Caps::PUT | Caps::CPU_COPY));
             match split {
                 Some(s) if s > threshold => {
                     entries.push(RouteEntry {
@@ -312,7 +315,7 @@ mod tests {
     #[test]
     fn shm_and_cma_use_class_thresholds_and_overrides() {
         let shm = attr(TransportKind::Shm, Caps::AM, 16384);
-        let cma = attr(TransportKind::Cma, Caps::GET | Caps::PUT, 0);
+        let cma = attr(TransportKind::Cma, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
         let c = [Candidate { id: 1, attr: &shm }, Candidate { id: 2, attr: &cma }];
         let r = build_route(TopoClass::SharedL3, &c, &Config::default()).unwrap();
         assert_eq!(r.am, 1);
@@ -350,7 +353,7 @@ mod tests {
     #[test]
     fn route_rules_override_ranges() {
         let shm = attr(TransportKind::Shm, Caps::AM, 16384);
-        let cma = attr(TransportKind::Cma, Caps::GET | Caps::PUT, 0);
+        let cma = attr(TransportKind::Cma, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
         let c = [Candidate { id: 1, attr: &shm }, Candidate { id: 2, attr: &cma }];
         let mut cfg = Config::default();
         cfg.set("POLYRAIL_ROUTE", "shared-l3:0-128k:shm,all:1m-:cma/get,socket:0-:shm/stream").unwrap();
@@ -381,7 +384,7 @@ mod tests {
 
     #[test]
     fn no_am_channel_no_route() {
-        let cma = attr(TransportKind::Cma, Caps::GET | Caps::PUT, 0);
+        let cma = attr(TransportKind::Cma, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
         assert!(build_route(TopoClass::SharedL3, &[Candidate { id: 0, attr: &cma }], &Config::default()).is_none());
     }
 }

@@ -1,0 +1,794 @@
+//! [`DirectIb`]: the `ib` channel. Every packet travels by RDMA write into the peer's eager ring
+//! (DCFA-MPI §3.4): per ordered pair, a ring of `credits` blocks in the receiver's memory that
+//! only the sender writes. Rendezvous data moves by RDMA read (`get`) or write (`put`) between
+//! registered user buffers, driven by the engine's state machines.
+//!
+//! Credits: the sender may write a block only when it holds a credit for it. Every packet
+//! carries the credits its sender returns (blocks of the other direction's ring it consumed);
+//! a receiver that holds so many unreturned credits that the sender's view falls under the sync
+//! limit sends a credit-only SYNC packet. Data packets leave one credit unused, reserved for
+//! SYNC and BYE packets, so two processes that flood each other can always return credits.
+
+use crate::packet::{self, Kind, DATA_OFFSET, HEADER_OFFSET, OVERHEAD};
+use crate::provider::{Access, Completion, MemoryRegion, Opcode, Provider, QpId, WcStatus, WorkRequest};
+use polyrail_core::config::IbSettings;
+use polyrail_core::{
+    Address, Caps, Cost, Error, Header, Issued, OpId, PeerInfo, Rank, Reach, Region, RegionMut, RemoteKey, Result,
+    Sink, Transport, TransportAttr, TransportKind,
+};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Magic at the start of an `ib` address: `b"PRIB"`.
+const ADDR_MAGIC: u32 = u32::from_le_bytes(*b"PRIB");
+/// Staging blocks for outgoing packets (their writes may still be in flight).
+const STAGING_BLOCKS: usize = 128;
+/// Bytes of an encoded remote key: rkey u32, address u64, length u64.
+const KEY_LEN: usize = 20;
+/// Bytes of the heartbeat area per peer, after the rings.
+const HEARTBEAT_BYTES: usize = 8;
+/// How long `finalize` waits for writes in flight.
+const FINALIZE_DRAIN: Duration = Duration::from_secs(2);
+
+/// What the work request id says: kind in the top 2 bits, peer in the next 30, index below.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WrKind {
+    /// A packet from staging block `index`.
+    Packet,
+    /// Part of one-sided operation `index` (slot in `ops`).
+    Rma,
+    /// A liveness probe.
+    Heartbeat,
+}
+
+fn wr_id(kind: WrKind, peer: Rank, index: u32) -> u64 {
+    (kind as u64) << 62 | (peer as u64 & 0x3fff_ffff) << 32 | index as u64
+}
+
+fn wr_parts(id: u64) -> (WrKind, Rank, u32) {
+    let kind = match id >> 62 {
+        0 => WrKind::Packet,
+        1 => WrKind::Rma,
+        _ => WrKind::Heartbeat,
+    };
+    (kind, ((id >> 32) & 0x3fff_ffff) as Rank, id as u32)
+}
+
+/// Anonymous, zeroed, page-aligned memory.
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; access to it is governed by the
+// transport that owns it.
+unsafe impl Send for Mapping {}
+
+impl Mapping {
+    fn new(len: usize) -> Result<Mapping> {
+        let len = len.max(1);
+        // SAFETY: an anonymous private mapping with no address hint; the result is checked.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(Error::last_os(format_args!("mapping {len} bytes for ib rings and staging")));
+        }
+        Ok(Mapping { ptr: ptr.cast(), len })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr..ptr + len` is the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// What a peer published.
+#[derive(Clone, Debug)]
+struct PeerAddress {
+    provider: String,
+    endpoint: Vec<u8>,
+    rings: u64,
+    rings_rkey: u32,
+    credits: usize,
+    block: usize,
+    size: u32,
+    qpns: Vec<u32>,
+}
+
+fn parse_address(a: &[u8]) -> std::result::Result<PeerAddress, String> {
+    let mut at = 0usize;
+    let mut take = |n: usize| -> std::result::Result<&[u8], String> {
+        let s = a.get(at..at + n).ok_or_else(|| format!("ib address truncated at byte {at}"))?;
+        at += n;
+        Ok(s)
+    };
+    let u32_of = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    if u32_of(take(4)?) != ADDR_MAGIC {
+        return Err("not a polyrail ib address".into());
+    }
+    let plen = take(1)?[0] as usize;
+    let provider = String::from_utf8_lossy(take(plen)?).into_owned();
+    let elen = u32_of(take(4)?) as usize;
+    let endpoint = take(elen)?.to_vec();
+    let rings = u64::from_le_bytes(take(8)?.try_into().unwrap_or_default());
+    let rings_rkey = u32_of(take(4)?);
+    let credits = u32_of(take(4)?) as usize;
+    let block = u32_of(take(4)?) as usize;
+    let size = u32_of(take(4)?);
+    if size > 1 << 24 {
+        return Err(format!("ib address names a job of {size} ranks"));
+    }
+    let qpns = (0..size).map(|_| take(4).map(u32_of)).collect::<std::result::Result<_, _>>()?;
+    Ok(PeerAddress { provider, endpoint, rings, rings_rkey, credits, block, size, qpns })
+}
+
+/// One connected peer.
+#[derive(Debug)]
+struct Peer {
+    qp: QpId,
+    /// Our ring in the peer's memory, its key, and the heartbeat word there.
+    remote_ring: u64,
+    remote_rkey: u32,
+    remote_heartbeat: u64,
+    /// Blocks written to the peer so far, and how many more we may write.
+    sent: u64,
+    credits: usize,
+    /// Blocks of the peer's ring consumed so far, and how many of them we have not returned.
+    received: u64,
+    unreturned: usize,
+    /// Work requests posted on the queue pair and not completed.
+    outstanding: usize,
+    heartbeat_pending: bool,
+    /// The peer said BYE (it finalized): when it is found gone, it finished rather than failed.
+    finished: bool,
+    /// Reported lost or finished to the engine.
+    reported: bool,
+}
+
+/// One one-sided operation in flight.
+#[derive(Debug)]
+struct RmaOp {
+    op: OpId,
+    peer: Rank,
+    parts_left: usize,
+    error: Option<WcStatus>,
+    /// The registration of the local buffer, released when the last part completes.
+    local: MemoryRegion,
+}
+
+/// The DirectIB channel over provider `P`. See the module documentation.
+pub struct DirectIb<P: Provider> {
+    attr: TransportAttr,
+    provider: P,
+    rank: Rank,
+    size: u32,
+    credits: usize,
+    block: usize,
+    sync_limit: usize,
+    /// Incoming rings, one per peer rank, then the heartbeat area.
+    rings: Mapping,
+    rings_mr: MemoryRegion,
+    staging: Mapping,
+    staging_mr: MemoryRegion,
+    free_staging: Vec<u32>,
+    /// Queue pair and its number, per rank (none for this rank).
+    qps: Vec<Option<(QpId, u32)>>,
+    peers: Vec<Option<Peer>>,
+    /// Ranks of connected peers, the order rings are polled in.
+    active: Vec<Rank>,
+    ops: Vec<Option<RmaOp>>,
+    free_ops: Vec<u32>,
+    /// Registrations made by `expose`, by rkey.
+    exposed: HashMap<u32, MemoryRegion>,
+    completions: Vec<Completion>,
+    /// Peers that failed and must be reported at the next `progress`.
+    lost: Vec<(Rank, String)>,
+}
+
+impl<P: Provider> std::fmt::Debug for DirectIb<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectIb").field("provider", &self.provider.name()).field("rank", &self.rank).finish()
+    }
+}
+
+impl<P: Provider> DirectIb<P> {
+    /// Sets up rings, staging and one queue pair per peer of a job of `size` ranks.
+    pub fn new(mut provider: P, settings: &IbSettings, rank: Rank, size: u32) -> Result<DirectIb<P>> {
+        let (credits, block) = (settings.credits, settings.block);
+        let ring_bytes = credits * block;
+        let rings = Mapping::new(ring_bytes * size as usize + HEARTBEAT_BYTES * size as usize)?;
+        let staging = Mapping::new(STAGING_BLOCKS * block)?;
+        // SAFETY: both mappings live as long as the transport, which deregisters them in Drop
+        // before unmapping.
+        let rings_mr = unsafe { provider.register(rings.ptr, rings.len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)? };
+        // SAFETY: as above.
+        let staging_mr = unsafe { provider.register(staging.ptr, staging.len, Access::LOCAL_WRITE)? };
+        let mut qps = Vec::with_capacity(size as usize);
+        for r in 0..size {
+            qps.push(if r == rank { None } else { Some(provider.create_qp()?) });
+        }
+        let soft = provider.name() == "soft";
+        let max_eager = block - OVERHEAD;
+        let attr = TransportAttr {
+            kind: TransportKind::Ib,
+            max_inline: provider.max_inline().saturating_sub(OVERHEAD).min(max_eager),
+            max_eager,
+            max_rma: usize::MAX,
+            caps: Caps::AM | Caps::GET | Caps::PUT,
+            // Models: a host channel adapter (1.5 µs, 10 GB/s) or the soft provider's system
+            // calls (three per packet).
+            am_cost: if soft {
+                Cost { latency_ns: 3000.0, overhead_ns: 1500.0, bandwidth: 4e9 }
+            } else {
+                Cost { latency_ns: 1500.0, overhead_ns: 300.0, bandwidth: 10e9 }
+            },
+            rma_cost: if soft {
+                Cost { latency_ns: 2500.0, overhead_ns: 1500.0, bandwidth: 8e9 }
+            } else {
+                Cost { latency_ns: 2500.0, overhead_ns: 500.0, bandwidth: 10e9 }
+            },
+        };
+        Ok(DirectIb {
+            attr,
+            provider,
+            rank,
+            size,
+            credits,
+            block,
+            sync_limit: settings.sync_limit,
+            rings,
+            rings_mr,
+            staging,
+            staging_mr,
+            free_staging: (0..STAGING_BLOCKS as u32).rev().collect(),
+            qps,
+            peers: (0..size).map(|_| None).collect(),
+            active: Vec::new(),
+            ops: Vec::new(),
+            free_ops: Vec::new(),
+            exposed: HashMap::new(),
+            completions: Vec::with_capacity(64),
+            lost: Vec::new(),
+        })
+    }
+
+    /// The provider (for tests and reports).
+    pub fn provider(&self) -> &P {
+        &self.provider
+    }
+
+    fn ring_bytes(&self) -> usize {
+        self.credits * self.block
+    }
+
+    fn max_payload(&self) -> usize {
+        self.block - OVERHEAD
+    }
+
+    fn not_connected(peer: Rank) -> Error {
+        Error::Transport { kind: "ib", what: format!("rank {peer} is not connected over ib") }
+    }
+
+    fn peer_mut(&mut self, peer: Rank) -> Result<&mut Peer> {
+        self.peers.get_mut(peer as usize).and_then(Option::as_mut).ok_or_else(|| Self::not_connected(peer))
+    }
+
+    /// Writes one packet into the peer's ring. `WouldBlock` without a credit (data packets keep
+    /// one in reserve), a staging block or room on the queue pair.
+    fn send_packet(&mut self, to: Rank, kind: Kind, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) -> Result<Issued> {
+        let outstanding_max = self.provider.max_outstanding();
+        let (credits_max, block, inline_max) = (self.credits, self.block, self.provider.max_inline());
+        let p = self.peers.get_mut(to as usize).and_then(Option::as_mut).ok_or_else(|| Self::not_connected(to))?;
+        if p.reported {
+            return Err(if p.finished {
+                Error::PeerFinished { rank: to }
+            } else {
+                Error::PeerLost { rank: to, why: "its ib queue pair failed".into() }
+            });
+        }
+        let reserve = if kind == Kind::Data { 1 } else { 0 };
+        if p.credits <= reserve || p.outstanding >= outstanding_max {
+            return Ok(Issued::WouldBlock);
+        }
+        let Some(slot) = self.free_staging.pop() else { return Ok(Issued::WouldBlock) };
+        let staged = self.staging.ptr as usize + slot as usize * block;
+        // SAFETY: staging block `slot` was free: no write in flight reads it, and nothing else
+        // refers to it until its completion returns it to the free list.
+        let buf = unsafe { std::slice::from_raw_parts_mut(staged as *mut u8, block) };
+        let returned = p.unreturned.min(u16::MAX as usize);
+        let len = packet::encode(buf, p.sent, kind, returned as u16, hdr, payload);
+        let inline = len <= inline_max;
+        let wr = WorkRequest {
+            wr_id: wr_id(WrKind::Packet, to, slot),
+            opcode: Opcode::Write,
+            local_addr: staged as u64,
+            len,
+            lkey: self.staging_mr.lkey,
+            remote_addr: p.remote_ring + (p.sent % credits_max as u64) * block as u64,
+            rkey: p.remote_rkey,
+            inline,
+        };
+        if let Err(e) = self.provider.post(p.qp, &wr) {
+            self.free_staging.push(slot);
+            return Err(e);
+        }
+        p.outstanding += 1;
+        p.unreturned -= returned;
+        p.sent += 1;
+        p.credits -= 1;
+        Ok(Issued::Done)
+    }
+
+    /// Handles one completion.
+    fn complete(&mut self, c: Completion, sink: &mut dyn Sink) {
+        let (kind, peer, index) = wr_parts(c.wr_id);
+        if let Some(p) = self.peers.get_mut(peer as usize).and_then(Option::as_mut) {
+            p.outstanding = p.outstanding.saturating_sub(1);
+            if kind == WrKind::Heartbeat {
+                p.heartbeat_pending = false;
+            }
+        }
+        match kind {
+            WrKind::Packet => self.free_staging.push(index),
+            WrKind::Heartbeat => {}
+            WrKind::Rma => {
+                let Some(Some(op)) = self.ops.get_mut(index as usize) else { return };
+                op.parts_left -= 1;
+                if c.status != WcStatus::Success && op.error.is_none() {
+                    op.error = Some(c.status);
+                }
+                if op.parts_left == 0 {
+                    let Some(op) = self.ops[index as usize].take() else { return };
+                    self.free_ops.push(index);
+                    self.provider.deregister(&op.local);
+                    let result = match op.error {
+                        None => Ok(()),
+                        Some(s) => Err(Error::Transport {
+                            kind: "ib",
+                            what: format!("RDMA operation with rank {} failed: {s}", op.peer),
+                        }),
+                    };
+                    sink.completed(op.op, result);
+                }
+            }
+        }
+        if c.status != WcStatus::Success && c.status != WcStatus::Flushed {
+            self.fail_peer(peer, format!("ib work completion error: {}", c.status));
+        }
+    }
+
+    /// Marks `peer` failed; it is reported to the engine once.
+    fn fail_peer(&mut self, peer: Rank, why: String) {
+        if let Some(p) = self.peers.get_mut(peer as usize).and_then(Option::as_mut) {
+            if !p.reported {
+                p.reported = true;
+                self.lost.push((peer, why));
+            }
+        }
+    }
+
+    /// Delivers complete packets of `peer`'s ring, up to `budget`; returns how many.
+    fn poll_ring(&mut self, peer: Rank, budget: usize, sink: &mut dyn Sink) -> usize {
+        let (credits_max, block, max_payload) = (self.credits, self.block, self.max_payload());
+        let ring = self.rings.ptr as usize + peer as usize * self.ring_bytes();
+        let mut n = 0;
+        while n < budget {
+            let Some(p) = self.peers.get_mut(peer as usize).and_then(Option::as_mut) else { return n };
+            if p.finished {
+                return n;
+            }
+            let at = ring + (p.received % credits_max as u64) as usize * block;
+            // SAFETY: `at` is an 8-aligned word inside the rings mapping (blocks are multiples
+            // of 64 bytes). Acquire: once the tail is seen below, the payload written before it
+            // is visible (the provider places the tail last).
+            let w0 = unsafe { &*(at as *const AtomicU64) }.load(Ordering::Acquire);
+            if w0 == 0 {
+                return n;
+            }
+            let w = match packet::decode_word0(w0, max_payload) {
+                Ok(w) => w,
+                Err(why) => {
+                    let why = format!("malformed ib packet from rank {peer}: {why}");
+                    self.fail_peer(peer, why);
+                    return n;
+                }
+            };
+            let tail_at = at + packet::tail_offset(w.len);
+            // SAFETY: tail_offset(len) + 8 <= block for len <= max_payload; 8-aligned.
+            let tail = unsafe { &*(tail_at as *const AtomicU64) };
+            if tail.load(Ordering::Acquire) != packet::tail_value(p.received) {
+                return n; // still landing
+            }
+            p.credits += w.credits as usize;
+            p.received += 1;
+            p.unreturned += 1;
+            match w.kind {
+                Kind::Data => {
+                    let mut hdr = [0u8; Header::WIRE_LEN];
+                    // SAFETY: the block is complete (tail seen) and the sender does not write it
+                    // again before we return its credit, which happens after this call.
+                    let (h, payload) = unsafe {
+                        (
+                            std::slice::from_raw_parts((at + HEADER_OFFSET) as *const u8, Header::WIRE_LEN),
+                            std::slice::from_raw_parts((at + DATA_OFFSET) as *const u8, w.len),
+                        )
+                    };
+                    hdr.copy_from_slice(h);
+                    sink.message(peer, &hdr, payload);
+                    n += 1;
+                }
+                Kind::Sync => {}
+                // Not reported yet: the peer's last messages may still wait in another channel.
+                // Once its process is gone, the heartbeat fails and it is reported finished.
+                Kind::Bye => p.finished = true,
+            }
+            // Relaxed: the sender rewrites this block only after a later packet of ours returns
+            // its credit; posting that packet orders these stores before it.
+            tail.store(0, Ordering::Relaxed);
+            // SAFETY: as for the load above.
+            unsafe { &*(at as *const AtomicU64) }.store(0, Ordering::Relaxed);
+        }
+        n
+    }
+
+    /// Returns credits with a SYNC packet when the peer's view of free blocks falls under the
+    /// sync limit.
+    fn maybe_sync(&mut self, peer: Rank) {
+        let Some(p) = self.peers.get(peer as usize).and_then(Option::as_ref) else { return };
+        if p.reported || p.unreturned == 0 || self.credits - p.unreturned.min(self.credits) >= self.sync_limit {
+            return;
+        }
+        // WouldBlock: retried at the next progress; an error surfaces through completions.
+        let _ = self.send_packet(peer, Kind::Sync, &[0; Header::WIRE_LEN], &[]);
+    }
+
+    /// Registers `len` bytes at `ptr` for one operation.
+    fn register_local(&mut self, ptr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
+        // SAFETY: the engine keeps the buffer valid until the operation completes (Region's
+        // contract); the registration is released at completion.
+        unsafe { self.provider.register(ptr, len.max(1), access) }
+    }
+
+    fn decode_key(peer: Rank, key: &RemoteKey) -> Result<(u32, u64, u64)> {
+        let b = key.as_bytes();
+        if b.len() != KEY_LEN {
+            return Err(Error::Transport {
+                kind: "ib",
+                what: format!("bad remote key from rank {peer}: {} bytes, expected {KEY_LEN}", b.len()),
+            });
+        }
+        let u64_of = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap_or_default());
+        Ok((u32::from_le_bytes([b[0], b[1], b[2], b[3]]), u64_of(&b[4..12]), u64_of(&b[12..20])))
+    }
+
+    /// Posts a one-sided operation in parts of at most the provider's transfer size.
+    fn rma(
+        &mut self,
+        peer: Rank,
+        opcode: Opcode,
+        (local, len): (*mut u8, usize),
+        key: &RemoteKey,
+        offset: usize,
+        op: OpId,
+    ) -> Result<Issued> {
+        let (rkey, base, _len) = Self::decode_key(peer, key)?;
+        let remote = base.checked_add(offset as u64).ok_or_else(|| Error::Transport {
+            kind: "ib",
+            what: format!("remote offset {offset} overflows the key of rank {peer}"),
+        })?;
+        let max = self.provider.max_transfer();
+        let parts = len.div_ceil(max).max(1);
+        let limit = self.provider.max_outstanding();
+        let p = self.peer_mut(peer)?;
+        if p.reported {
+            return Err(Error::PeerLost { rank: peer, why: "its ib queue pair failed".into() });
+        }
+        if p.outstanding + parts > limit {
+            return Ok(Issued::WouldBlock);
+        }
+        let qp = p.qp;
+        let access = if opcode == Opcode::Read { Access::LOCAL_WRITE } else { Access(0) };
+        let mr = self.register_local(local, len, access)?;
+        let index = match self.free_ops.pop() {
+            Some(i) => i,
+            None => {
+                self.ops.push(None);
+                (self.ops.len() - 1) as u32
+            }
+        };
+        self.ops[index as usize] = Some(RmaOp { op, peer, parts_left: parts, error: None, local: mr });
+        for i in 0..parts {
+            let at = i * max;
+            let wr = WorkRequest {
+                wr_id: wr_id(WrKind::Rma, peer, index),
+                opcode,
+                local_addr: local as u64 + at as u64,
+                len: (len - at).min(max),
+                lkey: mr.lkey,
+                remote_addr: remote.wrapping_add(at as u64),
+                rkey,
+                inline: false,
+            };
+            if let Err(e) = self.provider.post(qp, &wr) {
+                // The parts posted so far still complete; the rest count as failed.
+                let o = self.ops[index as usize].as_mut().map(|o| {
+                    o.parts_left -= parts - i;
+                    o.error.get_or_insert(WcStatus::Flushed);
+                    o.parts_left
+                });
+                if o == Some(0) {
+                    self.ops[index as usize] = None;
+                    self.free_ops.push(index);
+                    self.provider.deregister(&mr);
+                    return Err(e);
+                }
+                break;
+            }
+            if let Ok(p) = self.peer_mut(peer) {
+                p.outstanding += 1;
+            }
+        }
+        Ok(Issued::Pending)
+    }
+
+    /// Polls completions into `sink`; returns how many.
+    fn poll_completions(&mut self, sink: &mut dyn Sink) -> usize {
+        let mut done = 0;
+        loop {
+            self.completions.clear();
+            let mut batch = std::mem::take(&mut self.completions);
+            let n = self.provider.poll(&mut batch, 64);
+            for c in batch.drain(..) {
+                self.complete(c, sink);
+            }
+            self.completions = batch;
+            done += n;
+            if n < 64 {
+                return done;
+            }
+        }
+    }
+
+    fn report_lost(&mut self, sink: &mut dyn Sink) {
+        for (peer, why) in std::mem::take(&mut self.lost) {
+            let finished = self.peers.get(peer as usize).and_then(Option::as_ref).is_some_and(|p| p.finished);
+            sink.peer_lost(
+                peer,
+                if finished { Error::PeerFinished { rank: peer } } else { Error::PeerLost { rank: peer, why } },
+            );
+        }
+    }
+}
+
+impl<P: Provider> Drop for DirectIb<P> {
+    fn drop(&mut self) {
+        for mr in self.exposed.values() {
+            self.provider.deregister(mr);
+        }
+        for op in self.ops.iter().flatten() {
+            self.provider.deregister(&op.local);
+        }
+        self.provider.deregister(&self.rings_mr);
+        self.provider.deregister(&self.staging_mr);
+    }
+}
+
+impl<P: Provider> Transport for DirectIb<P> {
+    fn attr(&self) -> &TransportAttr {
+        &self.attr
+    }
+
+    /// `"PRIB"`, provider name (u8 length + bytes), device endpoint (u32 length + bytes), rings
+    /// address u64 and rkey u32, credits u32, block u32, job size u32, then one queue pair
+    /// number u32 per rank (little endian).
+    fn address(&self) -> Address {
+        let name = self.provider.name().as_bytes();
+        let endpoint = self.provider.endpoint();
+        let mut a = Vec::with_capacity(40 + endpoint.len() + 4 * self.size as usize);
+        a.extend_from_slice(&ADDR_MAGIC.to_le_bytes());
+        a.push(name.len() as u8);
+        a.extend_from_slice(name);
+        a.extend_from_slice(&(endpoint.len() as u32).to_le_bytes());
+        a.extend_from_slice(&endpoint);
+        a.extend_from_slice(&self.rings_mr.addr.to_le_bytes());
+        a.extend_from_slice(&self.rings_mr.rkey.to_le_bytes());
+        a.extend_from_slice(&(self.credits as u32).to_le_bytes());
+        a.extend_from_slice(&(self.block as u32).to_le_bytes());
+        a.extend_from_slice(&self.size.to_le_bytes());
+        for q in &self.qps {
+            a.extend_from_slice(&q.map_or(0, |(_, n)| n).to_le_bytes());
+        }
+        a
+    }
+
+    fn add_peer(&mut self, peer: &PeerInfo, address: &[u8]) -> Reach {
+        let r = peer.rank;
+        let Some(Some((qp, _))) = self.qps.get(r as usize).copied() else {
+            return Reach::No(if r == self.rank {
+                "own rank (the loopback channel carries messages to oneself)".into()
+            } else {
+                format!("rank {r} outside a job of {} ranks", self.size)
+            });
+        };
+        let a = match parse_address(address) {
+            Ok(a) => a,
+            Err(why) => return Reach::No(why),
+        };
+        if a.provider != self.provider.name() {
+            return Reach::No(format!(
+                "rank {r} uses the {} provider, this process {}: set the same POLYRAIL_IB_PROVIDER everywhere",
+                a.provider,
+                self.provider.name()
+            ));
+        }
+        if a.credits != self.credits || a.block != self.block || a.size != self.size {
+            return Reach::No(format!(
+                "eager ring geometry differs: {} x {} B in a job of {} here, {} x {} B in a job of {} at rank {r} (set the same POLYRAIL_IB_CREDITS / POLYRAIL_IB_BLOCK everywhere)",
+                self.credits, self.block, self.size, a.credits, a.block, a.size
+            ));
+        }
+        let remote_qpn = a.qpns[self.rank as usize];
+        if let Err(e) = self.provider.connect(qp, &a.endpoint, remote_qpn) {
+            return Reach::No(e.to_string());
+        }
+        let ring_bytes = self.ring_bytes() as u64;
+        self.peers[r as usize] = Some(Peer {
+            qp,
+            remote_ring: a.rings + self.rank as u64 * ring_bytes,
+            remote_rkey: a.rings_rkey,
+            remote_heartbeat: a.rings + self.size as u64 * ring_bytes + (HEARTBEAT_BYTES as u64) * self.rank as u64,
+            sent: 0,
+            credits: self.credits,
+            received: 0,
+            unreturned: 0,
+            outstanding: 0,
+            heartbeat_pending: false,
+            finished: false,
+            reported: false,
+        });
+        self.active.push(r);
+        Reach::Yes(format!(
+            "{} provider: RC queue pair {} connected to queue pair {remote_qpn} of rank {r}; eager ring {} x {} B",
+            self.provider.name(),
+            qp,
+            self.credits,
+            self.block
+        ))
+    }
+
+    fn try_send(&mut self, peer: Rank, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) -> Result<Issued> {
+        if payload.len() > self.max_payload() {
+            return Err(Error::InvalidArgument(format!(
+                "ib packet payload of {} bytes exceeds the eager block capacity {}",
+                payload.len(),
+                self.max_payload()
+            )));
+        }
+        self.send_packet(peer, Kind::Data, hdr, payload)
+    }
+
+    fn progress(&mut self, budget: usize, sink: &mut dyn Sink) -> Result<usize> {
+        let mut n = self.poll_completions(sink);
+        for i in 0..self.active.len() {
+            let peer = self.active[i];
+            n += self.poll_ring(peer, budget, sink);
+            self.maybe_sync(peer);
+        }
+        if !self.lost.is_empty() {
+            self.report_lost(sink);
+        }
+        Ok(n)
+    }
+
+    fn expose(&mut self, region: Region) -> Result<RemoteKey> {
+        let mr = self.register_local(region.ptr as *mut u8, region.len, Access::ALL)?;
+        self.exposed.insert(mr.rkey, mr);
+        let mut k = [0u8; KEY_LEN];
+        k[..4].copy_from_slice(&mr.rkey.to_le_bytes());
+        k[4..12].copy_from_slice(&(region.ptr as u64).to_le_bytes());
+        k[12..20].copy_from_slice(&(region.len as u64).to_le_bytes());
+        RemoteKey::new(&k).ok_or_else(|| Error::InvalidArgument("remote key too long".into()))
+    }
+
+    fn unexpose(&mut self, key: &RemoteKey) {
+        if let Ok((rkey, _, _)) = Self::decode_key(self.rank, key) {
+            if let Some(mr) = self.exposed.remove(&rkey) {
+                self.provider.deregister(&mr);
+            }
+        }
+    }
+
+    fn get(&mut self, peer: Rank, key: &RemoteKey, offset: usize, into: RegionMut, op: OpId) -> Result<Issued> {
+        self.rma(peer, Opcode::Read, (into.ptr, into.len), key, offset, op)
+    }
+
+    fn put(&mut self, peer: Rank, from: Region, key: &RemoteKey, offset: usize, op: OpId) -> Result<Issued> {
+        // An RDMA write only reads the local buffer: the cast to *mut does not write.
+        self.rma(peer, Opcode::Write, (from.ptr as *mut u8, from.len), key, offset, op)
+    }
+
+    fn has_unread(&self, peer: Rank) -> bool {
+        let Some(p) = self.peers.get(peer as usize).and_then(Option::as_ref) else { return false };
+        let at = self.rings.ptr as usize
+            + peer as usize * self.ring_bytes()
+            + (p.received % self.credits as u64) as usize * self.block;
+        // SAFETY: as in poll_ring; a peek at word 0 only.
+        unsafe { &*(at as *const AtomicU64) }.load(Ordering::Relaxed) != 0
+    }
+
+    /// Writes a word into each idle peer's heartbeat area: a peer that is gone turns that write
+    /// into a completion error, which reports it lost.
+    fn check_peers(&mut self, sink: &mut dyn Sink) {
+        let limit = self.provider.max_outstanding();
+        let src = self.staging_mr;
+        for i in 0..self.active.len() {
+            let r = self.active[i];
+            let Some(p) = self.peers[r as usize].as_mut() else { continue };
+            if p.reported || p.heartbeat_pending || p.outstanding >= limit {
+                continue;
+            }
+            let wr = WorkRequest {
+                wr_id: wr_id(WrKind::Heartbeat, r, 0),
+                opcode: Opcode::Write,
+                local_addr: src.addr,
+                len: HEARTBEAT_BYTES,
+                lkey: src.lkey,
+                remote_addr: p.remote_heartbeat,
+                rkey: p.remote_rkey,
+                inline: true,
+            };
+            if self.provider.post(p.qp, &wr).is_ok() {
+                p.heartbeat_pending = true;
+                p.outstanding += 1;
+            }
+        }
+        self.poll_completions(sink);
+        self.report_lost(sink);
+    }
+
+    /// Tells every peer this process is done (BYE), then waits (bounded) until every write in
+    /// flight left: a process that exits tears its queue pairs down with it.
+    fn finalize(&mut self) {
+        for i in 0..self.active.len() {
+            let r = self.active[i];
+            let _ = self.send_packet(r, Kind::Bye, &[0; Header::WIRE_LEN], &[]);
+        }
+        struct Ignore;
+        impl Sink for Ignore {
+            fn message(&mut self, _: Rank, _: &[u8; Header::WIRE_LEN], _: &[u8]) {}
+            fn completed(&mut self, _: OpId, _: Result<()>) {}
+            fn peer_lost(&mut self, _: Rank, _: Error) {}
+        }
+        let start = Instant::now();
+        while self.peers.iter().flatten().any(|p| p.outstanding > 0) && start.elapsed() < FINALIZE_DRAIN {
+            if self.poll_completions(&mut Ignore) == 0 {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    fn describe(&self) -> String {
+        let lost = self.peers.iter().flatten().filter(|p| p.reported && !p.finished).count();
+        format!(
+            "{}; eager ring {} x {} B per peer (payload up to {} B), sync limit {}, {} peers connected{}",
+            self.provider.describe(),
+            self.credits,
+            self.block,
+            self.max_payload(),
+            self.sync_limit,
+            self.active.len(),
+            if lost > 0 { format!(", {lost} lost") } else { String::new() }
+        )
+    }
+}

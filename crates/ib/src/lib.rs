@@ -1,0 +1,63 @@
+//! polyrail-ib: the DirectIB channel (`ib`), InfiniBand verbs issued by the process itself, as
+//! DCFA-MPI and MVAPICH-PRISM's DirectIB do.
+//!
+//! - [`DirectIb`] carries every packet by RDMA write into a per-peer eager ring with credits
+//!   (DCFA-MPI's EAGER / SYNC packets, tail magic polled by the receiver), and moves rendezvous
+//!   data by RDMA read or write between registered user buffers.
+//! - It is generic over a [`Provider`]: real verbs through rdma-core (cargo feature `verbs`),
+//!   or the [`SoftProvider`], which implements the same semantics (RC queue pairs, completions,
+//!   registered regions with keys, RDMA read and write) with `process_vm_readv/writev` between
+//!   processes of one machine, for development and CI.
+//!
+//! [`open`] picks the provider from `POLYRAIL_IB_PROVIDER`.
+#![deny(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+mod direct;
+mod packet;
+pub mod provider;
+mod soft;
+#[cfg(feature = "verbs")]
+pub mod verbs;
+
+pub use direct::DirectIb;
+pub use provider::Provider;
+pub use soft::SoftProvider;
+
+use polyrail_core::config::IbProvider;
+use polyrail_core::{Config, Rank, Result, Transport};
+
+/// Why the `ib` channel does not run in this process (not an error: the policy simply has no
+/// `ib` channel).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unavailable(pub String);
+
+/// Opens the `ib` channel as `POLYRAIL_IB_PROVIDER` says: `Ok(Err(_))` when there is nothing to
+/// open (no RDMA device, and no reason to use the software provider); `Err` when opening failed.
+pub fn open(config: &Config, rank: Rank, size: u32) -> Result<std::result::Result<Box<dyn Transport>, Unavailable>> {
+    let soft =
+        || -> Result<Box<dyn Transport>> { Ok(Box::new(DirectIb::new(SoftProvider::new(), &config.ib, rank, size)?)) };
+    match config.ib.provider {
+        IbProvider::Soft => soft().map(Ok),
+        IbProvider::Verbs => match open_verbs(config)? {
+            Ok(p) => Ok(Ok(Box::new(DirectIb::new(p, &config.ib, rank, size)?))),
+            Err(Unavailable(why)) => Err(polyrail_core::Error::Transport { kind: "ib", what: why }),
+        },
+        IbProvider::Auto => match open_verbs(config)? {
+            Ok(p) => Ok(Ok(Box::new(DirectIb::new(p, &config.ib, rank, size)?))),
+            Err(_) if config.node.is_some() => soft().map(Ok),
+            Err(why) => Ok(Err(why)),
+        },
+    }
+}
+
+#[cfg(feature = "verbs")]
+fn open_verbs(config: &Config) -> Result<std::result::Result<verbs::VerbsProvider, Unavailable>> {
+    verbs::VerbsProvider::open(&config.ib)
+}
+
+#[cfg(not(feature = "verbs"))]
+fn open_verbs(_config: &Config) -> Result<std::result::Result<SoftProvider, Unavailable>> {
+    Ok(Err(Unavailable("no RDMA device (this build has no verbs provider: build with the `verbs` feature)".into())))
+}

@@ -1,0 +1,383 @@
+//! [`SoftProvider`]: RDMA semantics between processes of one machine, for development and CI.
+//!
+//! Each process keeps a registration table in its own memory. A peer that posts an RDMA write or
+//! read first reads the table entry its rkey names (with `process_vm_readv`, together with the
+//! table's header, so a recycled process id is noticed), checks key, access and bounds the way a
+//! responder HCA would, and only then moves the data with `process_vm_writev` / `readv` against
+//! the checked range. A wrong key, a range past the region or a forged length ends as a
+//! [`WcStatus::RemoteAccess`] completion and puts the queue pair in the error state, like real
+//! verbs; nothing outside a registered region is ever touched.
+//!
+//! Operations run to completion inside [`Provider::post`]; completions are queued for
+//! [`Provider::poll`]. A write of more than 8 bytes lands in two steps, the last 8 bytes after
+//! the rest, so a receiver polling a tail word (DirectIB's eager ring) sees the tail only after
+//! the data: the in-order placement real HCAs give.
+//!
+//! Limit: a deregistration that races with a peer's operation which already passed its check may
+//! still see that operation land (a real HCA fences this in hardware). DirectIB deregisters only
+//! memory whose operations completed.
+
+use crate::provider::{Access, Completion, MemoryRegion, Opcode, Provider, QpId, WcStatus, WorkRequest};
+use polyrail_core::{Error, Result};
+use std::collections::VecDeque;
+use std::io;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Magic of a soft provider's table header and endpoint: `b"PRSOFTMR"`.
+const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"PRSOFTMR");
+/// Registrations one process can hold at once.
+const TABLE_CAPACITY: usize = 4096;
+/// Largest transfer of one work request (the kernel copies at most this per call anyway).
+const MAX_TRANSFER: usize = 1 << 30;
+/// Work requests outstanding per queue pair (they complete at post, so this only bounds
+/// completions not yet polled).
+const MAX_OUTSTANDING: usize = 256;
+/// Bytes of an endpoint: magic, pid, table address, nonce.
+const ENDPOINT_LEN: usize = 28;
+
+/// One registration as peers read it: 32 bytes, `repr(C)`.
+#[repr(C)]
+struct Entry {
+    addr: AtomicU64,
+    len: AtomicU64,
+    /// 0 when free.
+    rkey: AtomicU32,
+    access: AtomicU32,
+    _pad: u64,
+}
+
+/// The table header peers read with every entry.
+#[repr(C)]
+struct Header {
+    magic: u64,
+    nonce: u64,
+    capacity: u64,
+    _pad: u64,
+}
+
+/// The registration table: a header and the entries, contiguous, at a stable address.
+#[repr(C)]
+struct Table {
+    header: Header,
+    entries: [Entry; TABLE_CAPACITY],
+}
+
+/// Entry as copied from a peer.
+#[derive(Clone, Copy, Default)]
+#[repr(C)]
+struct RawEntry {
+    addr: u64,
+    len: u64,
+    rkey: u32,
+    access: u32,
+    _pad: u64,
+}
+
+/// A peer process as a soft queue pair sees it.
+#[derive(Clone, Copy, Debug)]
+struct Remote {
+    pid: u32,
+    table: u64,
+    nonce: u64,
+}
+
+#[derive(Debug, Default)]
+struct SoftQp {
+    remote: Option<Remote>,
+    /// Set by the first failed completion; later requests are flushed.
+    failed: bool,
+}
+
+/// The software RDMA provider (`POLYRAIL_IB_PROVIDER=soft`). See the module documentation.
+pub struct SoftProvider {
+    pid: u32,
+    table: Box<Table>,
+    /// Generation per entry, so a reused slot gets a new key.
+    generations: Vec<u16>,
+    free: Vec<u16>,
+    qps: Vec<SoftQp>,
+    completions: VecDeque<Completion>,
+}
+
+impl std::fmt::Debug for SoftProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftProvider").field("pid", &self.pid).field("qps", &self.qps.len()).finish()
+    }
+}
+
+fn u64_at(b: &[u8], i: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[i..i + 8]);
+    u64::from_le_bytes(a)
+}
+
+impl SoftProvider {
+    /// A provider for this process. Allows any process of the user to read and write its
+    /// memory (Yama `PR_SET_PTRACER_ANY`, as the `cma` channel does).
+    pub fn new() -> SoftProvider {
+        // SAFETY: PR_SET_PTRACER takes an integer argument and only changes who may attach.
+        unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0) };
+        let pid = std::process::id();
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        let nonce = t.rotate_left(17) ^ (pid as u64) << 40 ^ 0x9e37_79b9_7f4a_7c15;
+        // SAFETY: every field of Table is an integer or an atomic integer, for which all-zero
+        // bytes are a valid value (free entries); the pointer comes from the global allocator
+        // with Table's layout, as Box::from_raw requires.
+        // Allocation failure aborts, as for any Box.
+        let mut table: Box<Table> = unsafe {
+            let layout = std::alloc::Layout::new::<Table>();
+            let ptr = std::alloc::alloc_zeroed(layout).cast::<Table>();
+            if ptr.is_null() {
+                std::alloc::handle_alloc_error(layout);
+            }
+            Box::from_raw(ptr)
+        };
+        table.header = Header { magic: TABLE_MAGIC, nonce, capacity: TABLE_CAPACITY as u64, _pad: 0 };
+        SoftProvider {
+            pid,
+            table,
+            generations: vec![0; TABLE_CAPACITY],
+            free: (0..TABLE_CAPACITY as u16).rev().collect(),
+            qps: Vec::new(),
+            completions: VecDeque::new(),
+        }
+    }
+
+    fn table_addr(&self) -> u64 {
+        &*self.table as *const Table as u64
+    }
+
+    /// Index of the entry a key names: keys are `generation << 16 | (index + 1)`.
+    fn key_index(key: u32) -> usize {
+        ((key & 0xffff) as usize).wrapping_sub(1)
+    }
+
+    /// Checks a local scatter element against this process's own table.
+    fn check_local(&self, wr: &WorkRequest) -> bool {
+        let i = Self::key_index(wr.lkey);
+        let Some(e) = self.table.entries.get(i) else { return false };
+        // Relaxed: the entry is only written by this thread.
+        let (addr, len) = (e.addr.load(Ordering::Relaxed), e.len.load(Ordering::Relaxed) as usize);
+        let mr = MemoryRegion { addr, len, lkey: wr.lkey, rkey: wr.lkey, handle: i };
+        let need = if wr.opcode == Opcode::Read { Access::LOCAL_WRITE } else { Access(0) };
+        e.rkey.load(Ordering::Relaxed) == wr.lkey
+            && Access(e.access.load(Ordering::Relaxed)).contains(need)
+            && mr.contains(wr.local_addr, wr.len)
+    }
+
+    /// Executes one request against `remote`; the status of its completion.
+    fn execute(remote: Remote, wr: &WorkRequest) -> WcStatus {
+        let i = Self::key_index(wr.rkey);
+        if i >= TABLE_CAPACITY {
+            return WcStatus::RemoteAccess;
+        }
+        // Read the header and the entry the key names in one call.
+        let mut header = [0u8; 32];
+        let mut entry = RawEntry::default();
+        let local = [
+            libc::iovec { iov_base: header.as_mut_ptr().cast(), iov_len: 32 },
+            libc::iovec { iov_base: (&mut entry as *mut RawEntry).cast(), iov_len: 32 },
+        ];
+        let entry_addr = remote.table + 32 + 32 * i as u64;
+        let remote_iov = [
+            libc::iovec { iov_base: remote.table as usize as *mut libc::c_void, iov_len: 32 },
+            libc::iovec { iov_base: entry_addr as usize as *mut libc::c_void, iov_len: 32 },
+        ];
+        // SAFETY: both local iovecs describe our own writable 32-byte buffers; the kernel checks
+        // the remote ranges.
+        let n =
+            unsafe { libc::process_vm_readv(remote.pid as libc::pid_t, local.as_ptr(), 2, remote_iov.as_ptr(), 2, 0) };
+        if n != 64 || u64_at(&header, 0) != TABLE_MAGIC || u64_at(&header, 8) != remote.nonce {
+            // Gone (ESRCH), or a recycled pid that is not our peer any more.
+            return WcStatus::RetryExceeded;
+        }
+        let need = if wr.opcode == Opcode::Write { Access::REMOTE_WRITE } else { Access::REMOTE_READ };
+        let region = MemoryRegion { addr: entry.addr, len: entry.len as usize, lkey: 0, rkey: entry.rkey, handle: i };
+        if wr.rkey == 0
+            || entry.rkey != wr.rkey
+            || !Access(entry.access).contains(need)
+            || !region.contains(wr.remote_addr, wr.len)
+        {
+            return WcStatus::RemoteAccess;
+        }
+        match vm_copy(remote.pid, wr.local_addr, wr.remote_addr, wr.len, wr.opcode == Opcode::Write) {
+            Ok(()) => WcStatus::Success,
+            Err(e) if e.raw_os_error() == Some(libc::EFAULT) => WcStatus::RemoteAccess,
+            Err(_) => WcStatus::RetryExceeded,
+        }
+    }
+}
+
+impl Default for SoftProvider {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Copies `len` bytes between local `local` and `remote` in process `pid`. A write of more than
+/// 8 bytes places the last 8 bytes in a separate step after the rest.
+fn vm_copy(pid: u32, local: u64, remote: u64, len: usize, write: bool) -> io::Result<()> {
+    if write && len > 8 {
+        copy_range(pid, local, remote, len - 8, true)?;
+        return copy_range(pid, local + (len - 8) as u64, remote + (len - 8) as u64, 8, true);
+    }
+    copy_range(pid, local, remote, len, write)
+}
+
+/// Copies `len` bytes with as many system calls as the kernel needs.
+fn copy_range(pid: u32, local: u64, remote: u64, len: usize, write: bool) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        let l = libc::iovec { iov_base: (local as usize + done) as *mut libc::c_void, iov_len: len - done };
+        let r = libc::iovec { iov_base: (remote as usize + done) as *mut libc::c_void, iov_len: len - done };
+        // SAFETY: the caller checked `local..local + len` against a registration of this
+        // process (so it is valid, and writable for a read); the kernel checks the remote range,
+        // which the caller checked against the peer's registration.
+        let n = unsafe {
+            if write {
+                libc::process_vm_writev(pid as libc::pid_t, &l, 1, &r, 1, 0)
+            } else {
+                libc::process_vm_readv(pid as libc::pid_t, &l, 1, &r, 1, 0)
+            }
+        };
+        match n {
+            n if n > 0 => done += n as usize,
+            0 => return Err(io::Error::other("no progress")),
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Provider for SoftProvider {
+    fn name(&self) -> &'static str {
+        "soft"
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "software RDMA provider (development and CI only: RDMA by process_vm_readv/writev against registered regions, pid {})",
+            self.pid
+        )
+    }
+
+    fn max_inline(&self) -> usize {
+        // Every write is executed at post time: the buffer is free at once whatever its size.
+        usize::MAX
+    }
+
+    fn max_transfer(&self) -> usize {
+        MAX_TRANSFER
+    }
+
+    fn max_outstanding(&self) -> usize {
+        MAX_OUTSTANDING
+    }
+
+    /// `"PRSOFTMR"`, pid u32, table address u64, nonce u64 (little endian).
+    fn endpoint(&self) -> Vec<u8> {
+        let mut e = Vec::with_capacity(ENDPOINT_LEN);
+        e.extend_from_slice(&TABLE_MAGIC.to_le_bytes());
+        e.extend_from_slice(&self.pid.to_le_bytes());
+        e.extend_from_slice(&self.table_addr().to_le_bytes());
+        e.extend_from_slice(&self.table.header.nonce.to_le_bytes());
+        e
+    }
+
+    unsafe fn register(&mut self, addr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
+        if (addr as u64).checked_add(len as u64).is_none() {
+            return Err(Error::InvalidArgument(format!("registration of {len} bytes at {addr:p} wraps around")));
+        }
+        let i = self.free.pop().ok_or_else(|| Error::Transport {
+            kind: "ib",
+            what: format!("soft provider: all {TABLE_CAPACITY} registrations in use"),
+        })? as usize;
+        self.generations[i] = self.generations[i].wrapping_add(1).max(1);
+        let key = (self.generations[i] as u32) << 16 | (i as u32 + 1);
+        let e = &self.table.entries[i];
+        e.addr.store(addr as u64, Ordering::Relaxed);
+        e.len.store(len as u64, Ordering::Relaxed);
+        e.access.store(access.0, Ordering::Relaxed);
+        // Release: a peer only learns the key after this returns; the kernel copy that reads the
+        // entry happens after that, so the fields above are in place.
+        e.rkey.store(key, Ordering::Release);
+        Ok(MemoryRegion { addr: addr as u64, len, lkey: key, rkey: key, handle: i })
+    }
+
+    fn deregister(&mut self, mr: &MemoryRegion) {
+        let Some(e) = self.table.entries.get(mr.handle) else { return };
+        if e.rkey.load(Ordering::Relaxed) != mr.rkey {
+            return;
+        }
+        // The key goes first: a peer reading the entry from now on is refused.
+        e.rkey.store(0, Ordering::Release);
+        e.len.store(0, Ordering::Relaxed);
+        self.free.push(mr.handle as u16);
+    }
+
+    fn create_qp(&mut self) -> Result<(QpId, u32)> {
+        self.qps.push(SoftQp::default());
+        Ok((self.qps.len() - 1, self.qps.len() as u32))
+    }
+
+    fn connect(&mut self, qp: QpId, remote_endpoint: &[u8], _remote_qpn: u32) -> Result<()> {
+        let bad = |why: String| Error::Transport { kind: "ib", what: format!("soft provider: {why}") };
+        if remote_endpoint.len() != ENDPOINT_LEN || u64_at(remote_endpoint, 0) != TABLE_MAGIC {
+            return Err(bad(format!(
+                "not a soft provider endpoint ({} bytes); every process must use the same POLYRAIL_IB_PROVIDER",
+                remote_endpoint.len()
+            )));
+        }
+        let pid =
+            u32::from_le_bytes([remote_endpoint[8], remote_endpoint[9], remote_endpoint[10], remote_endpoint[11]]);
+        let remote = Remote { pid, table: u64_at(remote_endpoint, 12), nonce: u64_at(remote_endpoint, 20) };
+        // Probe: read the peer's table header.
+        let mut header = [0u8; 32];
+        let l = libc::iovec { iov_base: header.as_mut_ptr().cast(), iov_len: 32 };
+        let r = libc::iovec { iov_base: remote.table as usize as *mut libc::c_void, iov_len: 32 };
+        // SAFETY: `l` is our own 32-byte buffer; the kernel checks the remote range.
+        let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &l, 1, &r, 1, 0) };
+        if n != 32 {
+            let e = io::Error::last_os_error();
+            return Err(bad(format!(
+                "cannot read the registration table of pid {pid}: {e} (Yama ptrace_scope, seccomp or another machine)"
+            )));
+        }
+        if u64_at(&header, 0) != TABLE_MAGIC || u64_at(&header, 8) != remote.nonce {
+            return Err(bad(format!("pid {pid} does not hold the registration table it published")));
+        }
+        let q = self.qps.get_mut(qp).ok_or_else(|| bad(format!("no queue pair {qp}")))?;
+        q.remote = Some(remote);
+        Ok(())
+    }
+
+    fn post(&mut self, qp: QpId, wr: &WorkRequest) -> Result<()> {
+        let local_ok = self.check_local(wr);
+        let q =
+            self.qps.get_mut(qp).ok_or_else(|| Error::Transport { kind: "ib", what: format!("no queue pair {qp}") })?;
+        let Some(remote) = q.remote else {
+            return Err(Error::Transport { kind: "ib", what: format!("queue pair {qp} is not connected") });
+        };
+        let status = if q.failed {
+            WcStatus::Flushed
+        } else if !local_ok {
+            WcStatus::LocalProtection
+        } else {
+            Self::execute(remote, wr)
+        };
+        q.failed |= status != WcStatus::Success;
+        self.completions.push_back(Completion { wr_id: wr.wr_id, status, qp });
+        Ok(())
+    }
+
+    fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
+        let n = max.min(self.completions.len());
+        out.extend(self.completions.drain(..n));
+        n
+    }
+}

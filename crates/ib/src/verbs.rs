@@ -1,0 +1,1 @@
+//! Real verbs through rdma-core (feature `verbs`): not written yet.

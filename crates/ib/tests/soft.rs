@@ -1,0 +1,256 @@
+//! The DirectIB channel over the software provider, two endpoints in one process.
+
+use polyrail_core::config::IbSettings;
+use polyrail_core::{Error, Header, Issued, OpId, PeerInfo, Rank, Reach, Region, RegionMut, Result, Sink, Transport};
+use polyrail_ib::provider::{Access, Completion, Opcode, Provider, WcStatus, WorkRequest};
+use polyrail_ib::{DirectIb, SoftProvider};
+
+#[derive(Default)]
+struct Recorder {
+    messages: Vec<(Rank, [u8; Header::WIRE_LEN], Vec<u8>)>,
+    completed: Vec<(OpId, Result<()>)>,
+    lost: Vec<(Rank, Error)>,
+}
+
+impl Sink for Recorder {
+    fn message(&mut self, from: Rank, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) {
+        self.messages.push((from, *hdr, payload.to_vec()));
+    }
+    fn completed(&mut self, op: OpId, result: Result<()>) {
+        self.completed.push((op, result));
+    }
+    fn peer_lost(&mut self, peer: Rank, why: Error) {
+        self.lost.push((peer, why));
+    }
+}
+
+fn info(rank: Rank) -> PeerInfo {
+    PeerInfo { rank, pid: std::process::id(), host: "h".into(), node: rank, cpus: vec![] }
+}
+
+fn pair(settings: &IbSettings) -> (DirectIb<SoftProvider>, DirectIb<SoftProvider>) {
+    let mut a = DirectIb::new(SoftProvider::new(), settings, 0, 2).unwrap();
+    let mut b = DirectIb::new(SoftProvider::new(), settings, 1, 2).unwrap();
+    let (aa, ba) = (a.address(), b.address());
+    assert!(matches!(a.add_peer(&info(1), &ba), Reach::Yes(_)));
+    assert!(matches!(b.add_peer(&info(0), &aa), Reach::Yes(_)));
+    (a, b)
+}
+
+fn hdr_of(i: u32) -> [u8; Header::WIRE_LEN] {
+    let mut h = [0u8; Header::WIRE_LEN];
+    h[..4].copy_from_slice(&i.to_le_bytes());
+    h
+}
+
+/// A fast sender and a receiver that reads a few packets now and then: nothing is lost or
+/// reordered, the sender is held back by credits (never overruns the ring) and never deadlocks.
+#[test]
+fn credits_hold_a_fast_sender_back_without_loss() {
+    let settings = IbSettings { credits: 8, block: 512, sync_limit: 2, ..IbSettings::default() };
+    let (mut a, mut b) = pair(&settings);
+    let (mut ra, mut rb) = (Recorder::default(), Recorder::default());
+    let total = 5000u32;
+    let (mut sent, mut would_block, mut rounds) = (0u32, 0u32, 0u32);
+    while rb.messages.len() < total as usize {
+        rounds += 1;
+        assert!(rounds < 1_000_000, "no progress: sent {sent}, received {}", rb.messages.len());
+        // The sender tries hard; at most 7 packets (8 credits, one reserved) are ever unread.
+        while sent < total {
+            let payload = vec![sent as u8; (sent as usize * 7) % 400];
+            match a.try_send(1, &hdr_of(sent), &payload).unwrap() {
+                Issued::Done => sent += 1,
+                Issued::WouldBlock => {
+                    would_block += 1;
+                    break;
+                }
+                Issued::Pending => unreachable!(),
+            }
+            assert!(sent as usize - rb.messages.len() <= 7, "ring overrun");
+        }
+        a.progress(64, &mut ra).unwrap();
+        // The slow receiver: 3 packets per round.
+        b.progress(3, &mut rb).unwrap();
+    }
+    assert!(would_block > 100, "the sender was never held back ({would_block})");
+    for (i, (from, h, p)) in rb.messages.iter().enumerate() {
+        assert_eq!(*from, 0);
+        assert_eq!(h, &hdr_of(i as u32), "order");
+        assert_eq!(p, &vec![i as u8; (i * 7) % 400]);
+    }
+    assert!(ra.lost.is_empty() && rb.lost.is_empty());
+}
+
+/// Both sides flood each other: credits come back through the reserved block.
+#[test]
+fn two_floods_never_deadlock() {
+    let settings = IbSettings { credits: 4, block: 256, sync_limit: 2, ..IbSettings::default() };
+    let (mut a, mut b) = pair(&settings);
+    let (mut ra, mut rb) = (Recorder::default(), Recorder::default());
+    let total = 3000usize;
+    let (mut sa, mut sb, mut rounds) = (0usize, 0usize, 0u32);
+    while ra.messages.len() < total || rb.messages.len() < total {
+        rounds += 1;
+        assert!(
+            rounds < 1_000_000,
+            "deadlock: a sent {sa}, b sent {sb}, a got {}, b got {}",
+            ra.messages.len(),
+            rb.messages.len()
+        );
+        while sa < total && a.try_send(1, &hdr_of(sa as u32), b"ab").unwrap() == Issued::Done {
+            sa += 1;
+        }
+        while sb < total && b.try_send(0, &hdr_of(sb as u32), b"ba").unwrap() == Issued::Done {
+            sb += 1;
+        }
+        a.progress(1, &mut ra).unwrap();
+        b.progress(1, &mut rb).unwrap();
+    }
+}
+
+#[test]
+fn get_and_put_move_registered_memory() {
+    let (mut a, mut b) = pair(&IbSettings::default());
+    let (mut ra, mut rb) = (Recorder::default(), Recorder::default());
+    let src: Vec<u8> = (0..3_000_000u32).map(|i| (i * 31) as u8).collect();
+    let key = a.expose(Region { ptr: src.as_ptr(), len: src.len() }).unwrap();
+    let mut dst = vec![0u8; 1_000_000];
+    let into = RegionMut { ptr: dst.as_mut_ptr(), len: dst.len() };
+    assert_eq!(b.get(0, &key, 1_000_000, into, 7).unwrap(), Issued::Pending);
+    b.progress(64, &mut rb).unwrap();
+    assert!(matches!(rb.completed[..], [(7, Ok(()))]));
+    assert_eq!(&dst[..], &src[1_000_000..2_000_000]);
+    // Put into exposed memory.
+    let mut target = vec![0u8; 4096];
+    let tkey = a.expose(Region { ptr: target.as_mut_ptr(), len: target.len() }).unwrap();
+    assert_eq!(b.put(0, Region { ptr: dst.as_ptr(), len: 100 }, &tkey, 10, 8).unwrap(), Issued::Pending);
+    b.progress(64, &mut rb).unwrap();
+    assert!(matches!(rb.completed[1], (8, Ok(()))));
+    assert_eq!(&target[10..110], &dst[..100]);
+    // Reading past the exposed region is a completion error, and nothing was read.
+    let mut small = vec![0xeeu8; 64];
+    let into = RegionMut { ptr: small.as_mut_ptr(), len: 64 };
+    assert_eq!(b.get(0, &tkey, 4096 - 32, into, 9).unwrap(), Issued::Pending);
+    b.progress(64, &mut rb).unwrap();
+    match &rb.completed[2] {
+        (9, Err(e)) => assert!(e.to_string().contains("remote access error"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(small.iter().all(|&x| x == 0xee));
+    // The failed queue pair takes the peer down, as with real verbs.
+    assert!(matches!(rb.lost[..], [(0, Error::PeerLost { .. })]));
+    a.unexpose(&key);
+    a.progress(64, &mut ra).unwrap();
+}
+
+/// Provider level: a wrong key, an offset past the region, a forged length and a deregistered
+/// key each end in a remote access error, and memory outside the region is never touched.
+#[test]
+fn soft_provider_checks_keys_and_bounds() {
+    let mut target = SoftProvider::new();
+    let mut initiator = SoftProvider::new();
+    // A guarded buffer: the region is the middle 4 KiB.
+    let mut mem = vec![0x11u8; 3 * 4096];
+    let region_start = unsafe { mem.as_mut_ptr().add(4096) };
+    let mr = unsafe { target.register(region_start, 4096, Access::ALL).unwrap() };
+    let mut src = vec![0x99u8; 8192];
+    let src_mr = unsafe { initiator.register(src.as_mut_ptr(), src.len(), Access::ALL).unwrap() };
+    let endpoint = target.endpoint();
+    let fresh_qp = |p: &mut SoftProvider| {
+        let (qp, _) = p.create_qp().unwrap();
+        p.connect(qp, &endpoint, 1).unwrap();
+        qp
+    };
+    let base = mr.addr;
+    let cases: Vec<(&str, u64, usize, u32, Opcode)> = vec![
+        ("in bounds", base + 100, 200, mr.rkey, Opcode::Write),
+        ("wrong key", base, 8, mr.rkey ^ 0x10000, Opcode::Write),
+        ("offset past the end", base + 4096, 8, mr.rkey, Opcode::Write),
+        ("forged length", base + 4000, 200, mr.rkey, Opcode::Write),
+        ("before the start", base - 8, 16, mr.rkey, Opcode::Write),
+        ("wrapping length", base + 8, usize::MAX - 4, mr.rkey, Opcode::Read),
+        ("read past the end", base + 4000, 200, mr.rkey, Opcode::Read),
+    ];
+    let mut out: Vec<Completion> = Vec::new();
+    for (what, remote_addr, len, rkey, opcode) in cases {
+        let qp = fresh_qp(&mut initiator);
+        let len_ok = len <= src.len();
+        let wr = WorkRequest {
+            wr_id: 1,
+            opcode,
+            local_addr: src.as_ptr() as u64,
+            len,
+            lkey: src_mr.lkey,
+            remote_addr,
+            rkey,
+            inline: false,
+        };
+        initiator.post(qp, &wr).unwrap();
+        out.clear();
+        assert_eq!(initiator.poll(&mut out, 8), 1);
+        let expect = if what == "in bounds" {
+            WcStatus::Success
+        } else if !len_ok {
+            WcStatus::LocalProtection
+        } else {
+            WcStatus::RemoteAccess
+        };
+        assert_eq!(out[0].status, expect, "{what}");
+        // A failed queue pair flushes what follows.
+        if expect != WcStatus::Success {
+            initiator.post(qp, &WorkRequest { rkey: mr.rkey, remote_addr: base, len: 8, ..wr }).unwrap();
+            out.clear();
+            initiator.poll(&mut out, 8);
+            assert_eq!(out[0].status, WcStatus::Flushed, "{what}");
+        }
+    }
+    assert!(mem[..4096].iter().all(|&x| x == 0x11), "bytes before the region were written");
+    assert!(mem[8192..].iter().all(|&x| x == 0x11), "bytes after the region were written");
+    assert!(mem[4096 + 100..4096 + 300].iter().all(|&x| x == 0x99));
+    // After deregistration the key is refused.
+    target.deregister(&mr);
+    let qp = fresh_qp(&mut initiator);
+    let wr = WorkRequest {
+        wr_id: 2,
+        opcode: Opcode::Write,
+        local_addr: src.as_ptr() as u64,
+        len: 8,
+        lkey: src_mr.lkey,
+        remote_addr: base,
+        rkey: mr.rkey,
+        inline: false,
+    };
+    initiator.post(qp, &wr).unwrap();
+    out.clear();
+    initiator.poll(&mut out, 8);
+    assert_eq!(out[0].status, WcStatus::RemoteAccess);
+}
+
+/// A peer that finalizes says BYE; one that vanishes is found by the heartbeat.
+#[test]
+fn finished_and_lost_peers_are_told_apart() {
+    let (mut a, mut b) = pair(&IbSettings::default());
+    let mut rb = Recorder::default();
+    a.finalize();
+    b.progress(64, &mut rb).unwrap();
+    b.check_peers(&mut rb);
+    assert!(rb.lost.is_empty(), "a finalized peer is reported only once it is gone");
+    drop(a);
+    b.check_peers(&mut rb);
+    assert!(matches!(rb.lost[..], [(0, Error::PeerFinished { rank: 0 })]), "{:?}", rb.lost);
+
+    // A peer whose process is gone: point a transport at a child process that exits.
+    let mut child = std::process::Command::new("sleep").arg("0").spawn().unwrap();
+    child.wait().unwrap();
+    let mut c = DirectIb::new(SoftProvider::new(), &IbSettings::default(), 0, 2).unwrap();
+    let d = DirectIb::new(SoftProvider::new(), &IbSettings::default(), 1, 2).unwrap();
+    // Forge d's endpoint to name the dead child's pid: the connect probe refuses it.
+    let mut addr = d.address();
+    let pid = child.id().to_le_bytes();
+    let at = addr.windows(4).position(|w| w == std::process::id().to_le_bytes()).unwrap();
+    addr[at..at + 4].copy_from_slice(&pid);
+    match c.add_peer(&info(1), &addr) {
+        Reach::No(why) => assert!(why.contains("cannot read the registration table"), "{why}"),
+        Reach::Yes(_) => panic!("a dead process was reached"),
+    }
+}
