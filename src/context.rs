@@ -1,5 +1,6 @@
 //! The user-facing endpoint: `Context`.
 
+use crate::buffer::RegisteredBuffer;
 use crate::driver::Driver;
 use crate::job::{Job, JobReport};
 use polyrail_core::bootstrap::Bootstrap;
@@ -49,6 +50,32 @@ pub struct Context {
 }
 
 impl Context {
+    /// Allocates `len` bytes registered once with every channel that registers memory (the
+    /// `ib` channel): messages sent from it or received into it skip per-message registration.
+    /// Give it back with [`Context::free_registered`].
+    pub fn alloc_registered(&mut self, len: usize) -> Result<RegisteredBuffer> {
+        let buf = RegisteredBuffer::map(len)?;
+        for i in 0..self.driver.channels.len() {
+            if let Err(e) = self.driver.channels[i].register_memory(buf.region()) {
+                for ch in &mut self.driver.channels[..i] {
+                    ch.unregister_memory(buf.region());
+                }
+                buf.unmap();
+                return Err(e);
+            }
+        }
+        Ok(buf)
+    }
+
+    /// Ends the registrations of a buffer from [`Context::alloc_registered`] and frees it. No
+    /// request may still use it.
+    pub fn free_registered(&mut self, buf: RegisteredBuffer) {
+        for ch in &mut self.driver.channels {
+            ch.unregister_memory(buf.region());
+        }
+        buf.unmap();
+    }
+
     /// Joins the job described by the environment: a PMI process manager (`polyrail run`,
     /// `mpiexec.hydra`, `srun --mpi=pmi2`) or, without one, a job of size 1. Configuration
     /// comes from the `POLYRAIL_*` variables.

@@ -20,12 +20,14 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod buffer;
 mod context;
 mod driver;
 mod job;
 pub mod launch;
 mod logging;
 
+pub use buffer::RegisteredBuffer;
 pub use context::{Completion, Context, Request};
 pub use job::{ChannelReport, JobReport, PeerReport};
 pub use polyrail_core::bootstrap::Bootstrap;

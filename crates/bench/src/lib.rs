@@ -13,7 +13,9 @@ use std::path::PathBuf;
 #[derive(Args, Clone, Debug)]
 pub struct Common {
     /// Channel to force: `auto` (the policy decides), `shm` (rings and send cells only; large
-    /// messages pipelined through cells) or `cma` (single copy for every non-empty message).
+    /// messages pipelined through cells), `cma` (single copy for every non-empty message) or
+    /// `ib` (each rank on its own virtual node: DirectIB over real verbs when there is an RDMA
+    /// device, else over the software provider).
     #[arg(long, default_value = "auto")]
     pub transport: String,
     /// Sizes to measure (comma-separated, with k/m suffixes).
@@ -31,20 +33,32 @@ pub struct Common {
     /// Append every point to this CSV file (`bench,transport,size,value,unit`).
     #[arg(long)]
     pub csv: Option<PathBuf>,
+    /// Send from and receive into buffers registered once (`Context::alloc_registered`)
+    /// instead of ordinary memory registered per message (matters for `ib`).
+    #[arg(long)]
+    pub registered: bool,
     /// Print nothing (with --csv: for runs driven by `compare`).
     #[arg(long, hide = true)]
     pub quiet: bool,
 }
 
 /// The `POLYRAIL_*` settings that force a channel: `auto` (none), `shm` (rings and send cells
-/// only), `cma` (single copy for every non-empty message).
+/// only), `cma` (single copy for every non-empty message), `ib` (none: the ranks are placed on
+/// different virtual nodes instead, see [`channel_nodes`]).
 pub fn channel_settings(transport: &str) -> anyhow::Result<&'static [(&'static str, &'static str)]> {
     Ok(match transport {
-        "auto" => &[],
+        "auto" | "ib" => &[],
         "shm" => &[("POLYRAIL_TRANSPORTS", "shm")],
         "cma" => &[("POLYRAIL_CMA_THRESHOLD", "1")],
-        other => anyhow::bail!("--transport {other} is not accepted: use auto, shm or cma"),
+        other => anyhow::bail!("--transport {other} is not accepted: use auto, shm, cma or ib"),
     })
+}
+
+/// Virtual node of each of `ranks` ranks: each on its own node for `ib` (so that they talk
+/// over ib only: real verbs when there is an RDMA device, else the software provider), none
+/// for the node-local channels.
+pub fn channel_nodes(transport: &str, ranks: u32) -> Option<Vec<u32>> {
+    (transport == "ib").then(|| (0..ranks).collect())
 }
 
 /// [`channel_settings`] as environment variables for a launched job.
@@ -52,11 +66,15 @@ pub fn transport_env(transport: &str) -> anyhow::Result<Vec<(OsString, OsString)
     Ok(channel_settings(transport)?.iter().map(|(k, v)| (k.into(), v.into())).collect())
 }
 
-/// [`channel_settings`] applied to the configuration from the environment.
+/// [`channel_settings`] applied to the configuration from the environment, for rank 0 of a job
+/// started with [`polyrail::launch::spawn_peers`] (its node too, see [`channel_nodes`]).
 pub fn channel_config(transport: &str) -> anyhow::Result<polyrail::Config> {
     let mut cfg = polyrail::Config::from_env()?;
     for (k, v) in channel_settings(transport)? {
         cfg.set(k, v)?;
+    }
+    if let Some(nodes) = channel_nodes(transport, 1) {
+        cfg.node = nodes.first().copied();
     }
     Ok(cfg)
 }

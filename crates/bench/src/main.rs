@@ -7,7 +7,7 @@
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
 use polyrail::launch::{launch, LaunchOptions};
-use polyrail_bench::{experiments, osu, transport_env, Common};
+use polyrail_bench::{channel_nodes, experiments, osu, transport_env, Common};
 use std::ffi::OsString;
 use std::path::PathBuf;
 
@@ -105,6 +105,7 @@ fn relaunch(ranks: u32, transport: &str, args: Vec<OsString>) -> anyhow::Result<
     let mut opts = LaunchOptions::new(ranks, exe);
     opts.args = args;
     opts.env = transport_env(transport)?;
+    opts.nodes = channel_nodes(transport, ranks);
     Ok(launch(&opts)?)
 }
 

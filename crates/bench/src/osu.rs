@@ -76,19 +76,51 @@ pub(crate) fn header(ctx: &Context, c: &Common, what: &str, unit: &str) {
 pub(crate) struct Run {
     pub ctx: Context,
     pub sizes: Vec<usize>,
-    pub sbuf: Vec<u8>,
-    pub rbuf: Vec<u8>,
+    pub sbuf: Buffer,
+    pub rbuf: Buffer,
+}
+
+/// A message buffer: ordinary memory, or registered once (`--registered`).
+pub(crate) enum Buffer {
+    Plain(Vec<u8>),
+    Registered(polyrail::RegisteredBuffer),
+}
+
+impl std::ops::Deref for Buffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Buffer::Plain(v) => v,
+            Buffer::Registered(b) => b,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Buffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            Buffer::Plain(v) => v,
+            Buffer::Registered(b) => b,
+        }
+    }
 }
 
 /// Joins the job (at least two ranks, or `what` says why not) and allocates the buffers.
 pub(crate) fn start(c: &Common, what: &str) -> anyhow::Result<Run> {
     let sizes = parse_sizes(&c.sizes)?;
-    let ctx = Context::init()?;
+    let mut ctx = Context::init()?;
     if ctx.size() < 2 {
         bail!("{what} needs at least 2 ranks");
     }
     let max = sizes.iter().copied().max().unwrap_or(0);
-    Ok(Run { ctx, sizes, sbuf: vec![b'a'; max], rbuf: vec![0u8; max] })
+    let (sbuf, rbuf) = if c.registered {
+        let mut s = ctx.alloc_registered(max)?;
+        s.fill(b'a');
+        (Buffer::Registered(s), Buffer::Registered(ctx.alloc_registered(max)?))
+    } else {
+        (Buffer::Plain(vec![b'a'; max]), Buffer::Plain(vec![0u8; max]))
+    };
+    Ok(Run { ctx, sizes, sbuf, rbuf })
 }
 
 /// osu_latency between ranks 0 and 1 (other ranks wait at the barrier).

@@ -300,6 +300,16 @@ pub trait Transport: Send {
     /// Ends the exposure of memory exposed with `expose`.
     fn unexpose(&mut self, _key: &RemoteKey) {}
 
+    /// Registers long-lived memory once, so that `expose`, `get` and `put` on any part of it
+    /// skip their per-operation registration (channels that need none ignore this). The memory
+    /// must stay valid until [`Transport::unregister_memory`].
+    fn register_memory(&mut self, _region: Region) -> Result<()> {
+        Ok(())
+    }
+
+    /// Ends a registration made with [`Transport::register_memory`].
+    fn unregister_memory(&mut self, _region: Region) {}
+
     /// Reads `into.len` bytes at `offset` of a peer's exposed memory.
     fn get(&mut self, peer: Rank, _key: &RemoteKey, _offset: usize, _into: RegionMut, _op: OpId) -> Result<Issued> {
         Err(Error::Transport { kind: self.attr().kind.name(), what: format!("cannot read memory of rank {peer}") })

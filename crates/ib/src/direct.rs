@@ -163,8 +163,10 @@ struct RmaOp {
     peer: Rank,
     parts_left: usize,
     error: Option<WcStatus>,
-    /// The registration of the local buffer, released when the last part completes.
+    /// The registration of the local buffer, and whether it was made for this operation only
+    /// (then it is released when the last part completes).
     local: MemoryRegion,
+    temporary: bool,
 }
 
 /// The DirectIB channel over provider `P`. See the module documentation.
@@ -191,6 +193,8 @@ pub struct DirectIb<P: Provider> {
     free_ops: Vec<u32>,
     /// Registrations made by `expose`, by rkey.
     exposed: HashMap<u32, MemoryRegion>,
+    /// Long-lived registrations (`register_memory`): operations inside them register nothing.
+    pinned: Vec<MemoryRegion>,
     completions: Vec<Completion>,
     /// Peers that failed and must be reported at the next `progress`.
     lost: Vec<(Rank, String)>,
@@ -258,6 +262,7 @@ impl<P: Provider> DirectIb<P> {
             ops: Vec::new(),
             free_ops: Vec::new(),
             exposed: HashMap::new(),
+            pinned: Vec::new(),
             completions: Vec::with_capacity(64),
             lost: Vec::new(),
         })
@@ -351,7 +356,9 @@ impl<P: Provider> DirectIb<P> {
                 if op.parts_left == 0 {
                     let Some(op) = self.ops[index as usize].take() else { return };
                     self.free_ops.push(index);
-                    self.provider.deregister(&op.local);
+                    if op.temporary {
+                        self.provider.deregister(&op.local);
+                    }
                     let result = match op.error {
                         None => Ok(()),
                         Some(s) => Err(Error::Transport {
@@ -453,11 +460,15 @@ impl<P: Provider> DirectIb<P> {
         let _ = self.send_packet(peer, Kind::Sync, &[0; Header::WIRE_LEN], &[]);
     }
 
-    /// Registers `len` bytes at `ptr` for one operation.
-    fn register_local(&mut self, ptr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
+    /// The registration for `len` bytes at `ptr`: a long-lived one covering them (`false`), or
+    /// one made now for this operation (`true`).
+    fn register_local(&mut self, ptr: *mut u8, len: usize, access: Access) -> Result<(MemoryRegion, bool)> {
+        if let Some(mr) = self.pinned.iter().find(|m| m.contains(ptr as u64, len)) {
+            return Ok((*mr, false));
+        }
         // SAFETY: the engine keeps the buffer valid until the operation completes (Region's
         // contract); the registration is released at completion.
-        unsafe { self.provider.register(ptr, len.max(1), access) }
+        Ok((unsafe { self.provider.register(ptr, len.max(1), access)? }, true))
     }
 
     fn decode_key(peer: Rank, key: &RemoteKey) -> Result<(u32, u64, u64)> {
@@ -499,7 +510,7 @@ impl<P: Provider> DirectIb<P> {
         }
         let qp = p.qp;
         let access = if opcode == Opcode::Read { Access::LOCAL_WRITE } else { Access(0) };
-        let mr = self.register_local(local, len, access)?;
+        let (mr, temporary) = self.register_local(local, len, access)?;
         let index = match self.free_ops.pop() {
             Some(i) => i,
             None => {
@@ -507,7 +518,7 @@ impl<P: Provider> DirectIb<P> {
                 (self.ops.len() - 1) as u32
             }
         };
-        self.ops[index as usize] = Some(RmaOp { op, peer, parts_left: parts, error: None, local: mr });
+        self.ops[index as usize] = Some(RmaOp { op, peer, parts_left: parts, error: None, local: mr, temporary });
         for i in 0..parts {
             let at = i * max;
             let wr = WorkRequest {
@@ -530,7 +541,9 @@ impl<P: Provider> DirectIb<P> {
                 if o == Some(0) {
                     self.ops[index as usize] = None;
                     self.free_ops.push(index);
-                    self.provider.deregister(&mr);
+                    if temporary {
+                        self.provider.deregister(&mr);
+                    }
                     return Err(e);
                 }
                 break;
@@ -576,8 +589,11 @@ impl<P: Provider> Drop for DirectIb<P> {
         for mr in self.exposed.values() {
             self.provider.deregister(mr);
         }
-        for op in self.ops.iter().flatten() {
+        for op in self.ops.iter().flatten().filter(|o| o.temporary) {
             self.provider.deregister(&op.local);
+        }
+        for mr in &self.pinned {
+            self.provider.deregister(mr);
         }
         self.provider.deregister(&self.rings_mr);
         self.provider.deregister(&self.staging_mr);
@@ -692,8 +708,10 @@ impl<P: Provider> Transport for DirectIb<P> {
     }
 
     fn expose(&mut self, region: Region) -> Result<RemoteKey> {
-        let mr = self.register_local(region.ptr as *mut u8, region.len, Access::ALL)?;
-        self.exposed.insert(mr.rkey, mr);
+        let (mr, temporary) = self.register_local(region.ptr as *mut u8, region.len, Access::ALL)?;
+        if temporary {
+            self.exposed.insert(mr.rkey, mr);
+        }
         let mut k = [0u8; KEY_LEN];
         k[..4].copy_from_slice(&mr.rkey.to_le_bytes());
         k[4..12].copy_from_slice(&(region.ptr as u64).to_le_bytes());
@@ -706,6 +724,21 @@ impl<P: Provider> Transport for DirectIb<P> {
             if let Some(mr) = self.exposed.remove(&rkey) {
                 self.provider.deregister(&mr);
             }
+        }
+    }
+
+    fn register_memory(&mut self, region: Region) -> Result<()> {
+        // SAFETY: the caller keeps the memory valid until unregister_memory (the trait's
+        // contract).
+        let mr = unsafe { self.provider.register(region.ptr as *mut u8, region.len.max(1), Access::ALL)? };
+        self.pinned.push(mr);
+        Ok(())
+    }
+
+    fn unregister_memory(&mut self, region: Region) {
+        if let Some(i) = self.pinned.iter().position(|m| m.addr == region.ptr as u64 && m.len == region.len.max(1)) {
+            let mr = self.pinned.swap_remove(i);
+            self.provider.deregister(&mr);
         }
     }
 

@@ -433,6 +433,25 @@ fn lost_peer_fails_its_requests_and_wildcards() {
     assert!(refused.is_err());
 }
 
+#[test]
+fn messages_a_finished_peer_left_behind_still_match() {
+    let mut sim = Sim::new(2, one_sided_route);
+    let _s = send(&mut sim, 1, 0, 9, b"last");
+    sim.settle();
+    sim.engines[0].handle_peer_lost(1, Error::PeerFinished { rank: 1 });
+    let mut buf = [0u8; 4];
+    let q = recv(&mut sim, 0, Source::Rank(1), TagMatch::Tag(9), &mut buf);
+    assert_eq!(result(&mut sim, 0, q).unwrap().len, 4);
+    assert_eq!(&buf, b"last");
+    // Nothing else is left: the next receive naming it fails at once.
+    let mut more = [0u8; 4];
+    // SAFETY: the post is refused, so the buffer is never used.
+    let refused = unsafe {
+        sim.engines[0].post_recv(Source::Rank(1), TagMatch::Any, 0, RegionMut { ptr: more.as_mut_ptr(), len: 4 })
+    };
+    assert!(matches!(refused, Err(Error::PeerFinished { rank: 1 })));
+}
+
 // ---- property test against a reference model ---------------------------------------------
 
 #[derive(Clone, Debug)]
