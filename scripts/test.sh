@@ -54,6 +54,9 @@ timeout 300 target/release/polyrail-bench bibw --quick --sizes 4k,1m
 timeout 300 target/release/polyrail-bench mbw-mr --quick -n 4 --sizes 8,64k
 timeout 300 target/release/polyrail-bench skew --quick --messages 20 --repeats 1 --sizes 4k,64k
 timeout 300 target/release/polyrail-bench overlap --quick --sizes 1m
+timeout 300 target/release/polyrail-bench latency --quick --transport ib --sizes 8,64k,1m
+timeout 300 target/release/polyrail-bench bw --quick --transport ib --registered --sizes 64k,1m
+timeout 300 target/release/polyrail-bench discovery --quick --policies all,dynamic:8
 csv=$(mktemp -d)/points.csv
 timeout 300 target/release/polyrail-bench compare --quick --sizes 8,64k --csv "$csv"
 grep -q '^latency,' "$csv"

@@ -1,6 +1,6 @@
 //! Drives the sans-IO engine: executes its actions on the channels, polls the channels, waits.
 
-use polyrail_core::config::WaitMode;
+use polyrail_core::config::{PollPolicy, WaitMode};
 use polyrail_core::engine::{Action, Engine, Payload, ReqId, Status};
 use polyrail_core::{Caps, Error, Header, Issued, Rank, Result, Transport, TransportKind};
 use std::collections::VecDeque;
@@ -35,10 +35,67 @@ pub(crate) struct Driver {
     blocked: Vec<VecDeque<Action>>,
     blocked_peers: usize,
     last_liveness: Instant,
+    poll: PollPlan,
+}
+
+/// Polling priority between channels (Chai Ch. 7, `POLYRAIL_POLL`): the primary channel is polled
+/// on every round, the others on every `ratio`-th.
+#[derive(Debug)]
+struct PollPlan {
+    policy: PollPolicy,
+    /// Index in `polled` of the primary channel (lowest modelled active-message latency).
+    primary: usize,
+    ratio: u32,
+    round: u32,
+    /// Arrivals since the last recomputation: from the primary channel, from the others.
+    from_primary: u32,
+    from_others: u32,
+}
+
+impl PollPlan {
+    fn new(policy: PollPolicy, channels: &[Box<dyn Transport>], polled: &[usize]) -> PollPlan {
+        let latency = |i: usize| {
+            let a = channels[polled[i]].attr();
+            if a.caps.contains(Caps::AM) {
+                a.am_cost.latency_ns
+            } else {
+                f64::INFINITY
+            }
+        };
+        let primary = (0..polled.len()).min_by(|&a, &b| latency(a).total_cmp(&latency(b))).unwrap_or(0);
+        let ratio = match policy {
+            PollPolicy::All | PollPolicy::Dynamic(_) => 1,
+            PollPolicy::Static(r) => r,
+        };
+        PollPlan { policy, primary, ratio, round: 0, from_primary: 0, from_others: 0 }
+    }
+
+    /// Whether the secondary channels are polled on this round.
+    #[inline]
+    fn others_due(&mut self) -> bool {
+        self.round = self.round.wrapping_add(1);
+        self.ratio <= 1 || self.round % self.ratio == 0
+    }
+
+    /// Counts arrivals; with a dynamic policy, recomputes the ratio every `h` arrivals.
+    #[inline]
+    fn count(&mut self, primary: usize, others: usize) {
+        let PollPolicy::Dynamic(h) = self.policy else { return };
+        self.from_primary += primary as u32;
+        self.from_others += others as u32;
+        if self.from_primary + self.from_others >= h {
+            self.ratio = match self.from_others {
+                0 => h + 1,
+                n => self.from_primary / n + 1,
+            };
+            self.from_primary = 0;
+            self.from_others = 0;
+        }
+    }
 }
 
 impl Driver {
-    pub fn new(engine: Engine, channels: Vec<Box<dyn Transport>>, wait: WaitMode) -> Self {
+    pub fn new(engine: Engine, channels: Vec<Box<dyn Transport>>, wait: WaitMode, poll: PollPolicy) -> Self {
         let n = engine.size() as usize;
         let polled: Vec<usize> = channels
             .iter()
@@ -55,7 +112,9 @@ impl Driver {
             [only] if channels[only].attr().caps.contains(Caps::WAKEUP) => Some(only),
             _ => None,
         };
+        let poll = PollPlan::new(poll, &channels, &polled);
         Driver {
+            poll,
             engine,
             channels,
             polled,
@@ -166,9 +225,22 @@ impl Driver {
     /// One round: poll every channel, run the actions that follow. Returns arrivals seen.
     #[inline]
     pub fn progress(&mut self) -> Result<usize> {
-        let mut n = 0;
-        for &i in &self.polled {
-            n += self.channels[i].progress(64, &mut self.engine)?;
+        let primary = self.polled.get(self.poll.primary).copied();
+        let mut n = match primary {
+            Some(i) => self.channels[i].progress(64, &mut self.engine)?,
+            None => 0,
+        };
+        if self.polled.len() > 1 {
+            let mut others = 0;
+            if self.poll.others_due() {
+                for &i in &self.polled {
+                    if Some(i) != primary {
+                        others += self.channels[i].progress(64, &mut self.engine)?;
+                    }
+                }
+            }
+            self.poll.count(n, others);
+            n += others;
         }
         if self.self_sent {
             if let Some(i) = self.loopback {

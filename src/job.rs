@@ -245,7 +245,7 @@ impl Job {
         let channel_kinds = channels.iter().map(|c| c.attr().kind).collect();
         let report =
             JobReport { topology: topology.summary.clone(), binding, channels: channel_reports, channel_kinds, peers };
-        let driver = Driver::new(engine, channels, config.wait);
+        let driver = Driver::new(engine, channels, config.wait, config.poll);
         Ok(Job { bootstrap: boot, driver, report, config })
     }
 

@@ -228,3 +228,46 @@ pub fn overlap(c: &Common, compute_us: u64, period_us: u64) -> anyhow::Result<()
     ctx.finalize()?;
     Ok(())
 }
+
+/// Chai §7.3.1, message discovery: rank 1 (a shared-memory peer of the root) and rank 2 (on
+/// another virtual node, so its messages come over `ib`) each send a burst of `burst` messages to
+/// rank 0, which receives them (8 bytes each) with ANY_SOURCE. Reported per source: the mean time from the
+/// start of the round until the root received each message, under the job's `POLYRAIL_POLL`.
+/// Rank 0 prints one table row, labelled with `POLYRAIL_POLL`.
+pub fn discovery(c: &Common, burst: usize) -> anyhow::Result<()> {
+    let Run { mut ctx, sbuf, mut rbuf, .. } = start(c, "discovery")?;
+    if ctx.size() != 3 {
+        anyhow::bail!("discovery needs 3 ranks (root, a shared-memory peer, a network peer)");
+    }
+    let size = 8.min(sbuf.len());
+    let rounds = if c.quick { 20 } else { 300 };
+    let (mut sum, mut count) = ([0.0f64; 3], [0usize; 3]);
+    for _ in 0..rounds {
+        ctx.barrier()?;
+        if ctx.rank() == 0 {
+            let t0 = Instant::now();
+            for _ in 0..2 * burst {
+                let st = ctx.recv(polyrail::ANY_SOURCE, 3, &mut rbuf[..size])?;
+                let src = st.source as usize;
+                if src < 3 {
+                    sum[src] += t0.elapsed().as_secs_f64() * 1e6;
+                    count[src] += 1;
+                }
+            }
+        } else {
+            for _ in 0..burst {
+                ctx.send(0, 3, &sbuf[..size])?;
+            }
+        }
+    }
+    let mean = |i: usize| if count[i] == 0 { f64::NAN } else { sum[i] / count[i] as f64 };
+    if ctx.rank() == 0 {
+        let label = std::env::var("POLYRAIL_POLL").unwrap_or_else(|_| "dynamic:8 (default)".into());
+        println!("{label:<22}{:>16.2}{:>16.2}", mean(1), mean(2));
+        append_csv(c, &format!("discovery_shm[{label}]"), size, mean(1), "us")?;
+        append_csv(c, &format!("discovery_net[{label}]"), size, mean(2), "us")?;
+    }
+    ctx.barrier()?;
+    ctx.finalize()?;
+    Ok(())
+}

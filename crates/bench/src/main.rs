@@ -58,9 +58,19 @@ enum Cmd {
         #[arg(long, default_value_t = 100)]
         period: u64,
     },
-    /// Message discovery time under static and dynamic polling priority (Chai §7.3.1).
-    /// Needs a network channel beside shared memory; none exists yet, so it says so.
-    Discovery(Common),
+    /// Message discovery time under static and dynamic polling priority (Chai §7.3.1): a
+    /// shared-memory peer and a network peer (another virtual node, over ib) send bursts to one
+    /// root; one job per POLYRAIL_POLL policy.
+    Discovery {
+        #[command(flatten)]
+        common: Common,
+        /// Messages per sender and round.
+        #[arg(long, default_value_t = 32)]
+        burst: usize,
+        /// Polling policies to compare (POLYRAIL_POLL values).
+        #[arg(long, value_delimiter = ',', default_value = "all,static:50,static:1000,dynamic:8")]
+        policies: Vec<String>,
+    },
     /// Latency and bandwidth of every channel (auto, shm, cma) in one table.
     /// Medians, ratios and SVG plots from a comparison CSV (scripts/compare-peers.sh).
     Report {
@@ -132,12 +142,28 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             experiments::skew(&common, messages, c1, c2, repeats).map(|_| 0)
         }
         Cmd::Overlap { common, compute, period } => experiments::overlap(&common, compute, period).map(|_| 0),
-        Cmd::Discovery(_) => {
-            eprintln!(
-                "polyrail-bench discovery: needs a network channel beside shared memory (DirectIB); \
-                 this build has only node-local channels, so there is nothing to measure yet"
+        Cmd::Discovery { common, burst, policies } => {
+            if under_launcher() {
+                return experiments::discovery(&common, burst).map(|_| 0);
+            }
+            println!(
+                "# polyrail-bench discovery: burst of {burst} 8-byte messages from a shm peer and an ib peer per round"
             );
-            Ok(2)
+            println!("# mean time until the root received each message (us)");
+            println!("{:<22}{:>16}{:>16}", "# POLYRAIL_POLL", "shm peer", "network peer");
+            let exe = std::env::current_exe().context("cannot find the polyrail-bench executable")?;
+            let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+            for policy in &policies {
+                let mut opts = LaunchOptions::new(3, exe.clone());
+                opts.args = args.clone();
+                opts.nodes = Some(vec![0, 0, 1]);
+                opts.env = vec![("POLYRAIL_POLL".into(), policy.into())];
+                let code = launch(&opts)?;
+                if code != 0 {
+                    bail!("discovery with POLYRAIL_POLL={policy} failed with status {code}");
+                }
+            }
+            Ok(0)
         }
         Cmd::Compare { sizes, quick, csv } => compare(&sizes, quick, csv),
         Cmd::Report { input, out } => polyrail_bench::report::report(&input, &out).map(|_| 0),

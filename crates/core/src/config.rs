@@ -117,6 +117,22 @@ pub enum WaitMode {
     Adaptive,
 }
 
+/// How the progress engine shares its polls between channels (`POLYRAIL_POLL`, Chai Ch. 7).
+///
+/// The primary channel (the active-message channel with the lowest modelled latency: shared
+/// memory) is polled on every round; the others every `ratio`-th round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollPolicy {
+    /// Every channel on every round (`all`).
+    All,
+    /// A fixed ratio (`static:R`, R >= 1).
+    Static(u32),
+    /// Every `h` arrivals (`dynamic:H`), the ratio becomes m/n + 1, where m arrivals came from the
+    /// primary channel and n from the others; with n = 0 it becomes h + 1 (the others are still
+    /// polled, once per h + 1 rounds).
+    Dynamic(u32),
+}
+
 /// Which PMI wire protocol to speak to the process manager (`POLYRAIL_PMI`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum PmiVersion {
@@ -221,6 +237,9 @@ pub struct Config {
     /// only when it sleeps, which costs them one memory fence per message unless the mode is
     /// `spin`; use the same mode in every process of a job.
     pub wait: WaitMode,
+    /// `POLYRAIL_POLL`: polling priority between channels: `all`, `static:R` or `dynamic:H`
+    /// (default `dynamic:8`, Chai's h = 8-10).
+    pub poll: PollPolicy,
     /// `POLYRAIL_NODE`: the virtual node this process is on, set by `polyrail run --layout`.
     /// Processes on different nodes never use node-local channels. Default: unset (node 0).
     pub node: Option<u32>,
@@ -244,6 +263,7 @@ impl Default for Config {
             pmi: PmiVersion::Pmi1,
             wait: WaitMode::Adaptive,
             skew: Some(SkewPolicy { limit: 0, window: 8, eager_up_to: 64 << 10 }),
+            poll: PollPolicy::Dynamic(8),
             node: None,
             ib: IbSettings::default(),
         }
@@ -265,6 +285,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("POLYRAIL_PMI", "PMI protocol spoken to the launcher: 1 or 2"),
     ("POLYRAIL_WAIT", "how to wait for arrivals: spin, block or adaptive (default)"),
     ("POLYRAIL_SKEW", "skew feedback LIMIT:WINDOW:SIZE (default 0:8:64k) or off"),
+    ("POLYRAIL_POLL", "polling priority between channels: all, static:R or dynamic:H (default dynamic:8)"),
     ("POLYRAIL_NODE", "virtual node of this process (set by `polyrail run --layout`)"),
     ("POLYRAIL_IB_PROVIDER", "RDMA provider of the ib channel: auto (default), verbs or soft"),
     ("POLYRAIL_IB_DEVICE", "RDMA device and port NAME[:PORT], e.g. rxe0:1 (default: first device)"),
@@ -385,6 +406,16 @@ impl Config {
                     "block" => WaitMode::Block,
                     "adaptive" => WaitMode::Adaptive,
                     _ => return Err(bad("spin, block or adaptive")),
+                }
+            }
+            "POLYRAIL_POLL" => {
+                let accepted = "all, static:R or dynamic:H with R, H from 1 to 100000";
+                let n = |x: &str| x.parse::<u32>().ok().filter(|n| (1..=100_000).contains(n));
+                self.poll = match value.split_once(':') {
+                    None if value == "all" => PollPolicy::All,
+                    Some(("static", r)) => PollPolicy::Static(n(r).ok_or_else(|| bad(accepted))?),
+                    Some(("dynamic", h)) => PollPolicy::Dynamic(n(h).ok_or_else(|| bad(accepted))?),
+                    _ => return Err(bad(accepted)),
                 }
             }
             "POLYRAIL_NODE" => self.node = Some(value.parse().map_err(|_| bad("a node number from 0"))?),
@@ -666,6 +697,29 @@ mod tests {
         assert_eq!(cfg(&[("POLYRAIL_WAIT", "block")]).unwrap().wait, WaitMode::Block);
         let e = cfg(&[("POLYRAIL_LOG", "loud")]).unwrap_err().to_string();
         assert!(e.contains("loud") && e.contains("debug"), "{e}");
+        assert_eq!(cfg(&[("POLYRAIL_POLL", "static:50")]).unwrap().poll, PollPolicy::Static(50));
+        assert_eq!(cfg(&[("POLYRAIL_POLL", "all")]).unwrap().poll, PollPolicy::All);
+        for bad in ["static", "static:0", "dynamic:x", "sometimes:3"] {
+            let e = cfg(&[("POLYRAIL_POLL", bad)]).unwrap_err().to_string();
+            assert!(e.contains("POLYRAIL_POLL") && e.contains("dynamic:H"), "{bad}: {e}");
+        }
+        let ib =
+            cfg(&[("POLYRAIL_IB_DEVICE", "rxe0:2"), ("POLYRAIL_IB_CREDITS", "16"), ("POLYRAIL_NODE", "3")]).unwrap();
+        assert_eq!((ib.ib.device, ib.ib.credits, ib.node), (Some(("rxe0".into(), 2)), 16, Some(3)));
+        for (var, bad) in [
+            ("POLYRAIL_IB_PROVIDER", "hca"),
+            ("POLYRAIL_IB_DEVICE", "rxe0:0"),
+            ("POLYRAIL_IB_DEVICE", ":1"),
+            ("POLYRAIL_IB_BLOCK", "1000"),
+            ("POLYRAIL_IB_CREDITS", "2"),
+            ("POLYRAIL_IB_SYNC_LIMIT", "1"),
+            ("POLYRAIL_NODE", "-1"),
+        ] {
+            let e = cfg(&[(var, bad)]).unwrap_err().to_string();
+            assert!(e.contains(var) && e.contains(bad), "{var}={bad}: {e}");
+        }
+        let e = cfg(&[("POLYRAIL_IB_CREDITS", "8"), ("POLYRAIL_IB_SYNC_LIMIT", "9")]).unwrap_err().to_string();
+        assert!(e.contains("POLYRAIL_IB_SYNC_LIMIT") && e.contains("at most POLYRAIL_IB_CREDITS"), "{e}");
         let e = cfg(&[("POLYRAIL_FROBNICATE", "1")]).unwrap_err().to_string();
         assert!(e.contains("POLYRAIL_FROBNICATE") && e.contains("POLYRAIL_TRANSPORTS"), "{e}");
     }
