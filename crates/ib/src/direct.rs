@@ -417,6 +417,16 @@ impl<P: Provider> DirectIb<P> {
             if tail.load(Ordering::Acquire) != packet::tail_value(p.received) {
                 return n; // still landing
             }
+            // A peer can only return blocks we wrote and it has not returned yet.
+            if p.credits + w.credits as usize > credits_max {
+                let why = format!(
+                    "malformed ib packet from rank {peer}: returns {} credits, only {} outstanding",
+                    w.credits,
+                    credits_max - p.credits
+                );
+                self.fail_peer(peer, why);
+                return n;
+            }
             p.credits += w.credits as usize;
             p.received += 1;
             p.unreturned += 1;

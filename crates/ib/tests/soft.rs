@@ -254,3 +254,51 @@ fn finished_and_lost_peers_are_told_apart() {
         Reach::Yes(_) => panic!("a dead process was reached"),
     }
 }
+
+/// A forged block in the ring (unknown kind, impossible length, too many credits) is a named
+/// protocol error for that peer, not a crash or an out-of-bounds read.
+#[test]
+fn malformed_packets_fail_the_peer_with_a_reason() {
+    let cases: [(u64, &str); 3] = [
+        (9 << 32, "unknown packet kind 9"),
+        (1 << 32 | 100_000, "exceeds the block's payload capacity"),
+        (2 << 32 | 500 << 48, "returns 500 credits"),
+    ];
+    for (word0, why) in cases {
+        let (_a, mut b) = pair(&IbSettings::default());
+        // b's address: "PRIB", name length + "soft", endpoint length + 28 bytes, rings, rkey.
+        let addr = b.address();
+        let at = 4 + 1 + 4 + 4 + 28;
+        let rings = u64::from_le_bytes(addr[at..at + 8].try_into().unwrap());
+        let rkey = u32::from_le_bytes(addr[at + 8..at + 12].try_into().unwrap());
+        // Rank 0's ring in b is the first one: forge its first block with a second provider.
+        let mut forger = SoftProvider::new();
+        let mut block = vec![0u8; 64];
+        block[..8].copy_from_slice(&word0.to_le_bytes());
+        // The tail of block 0 (empty payload): the block counts as landed.
+        block[56..64].copy_from_slice(&0x5052_4942_7461_696c_u64.to_le_bytes());
+        let mr = unsafe { forger.register(block.as_mut_ptr(), 64, Access::ALL).unwrap() };
+        let (qp, _) = forger.create_qp().unwrap();
+        forger.connect(qp, &addr[13..41], 1).unwrap();
+        let wr = WorkRequest {
+            wr_id: 0,
+            opcode: Opcode::Write,
+            local_addr: block.as_ptr() as u64,
+            len: 64,
+            lkey: mr.lkey,
+            remote_addr: rings,
+            rkey,
+            inline: false,
+        };
+        forger.post(qp, &wr).unwrap();
+        let mut out = Vec::new();
+        forger.poll(&mut out, 4);
+        assert_eq!(out[0].status, WcStatus::Success);
+        let mut rb = Recorder::default();
+        b.progress(64, &mut rb).unwrap();
+        match &rb.lost[..] {
+            [(0, Error::PeerLost { why: w, .. })] => assert!(w.contains(why), "{w}"),
+            other => panic!("{why}: {other:?}"),
+        }
+    }
+}
