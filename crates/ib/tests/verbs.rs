@@ -1,0 +1,460 @@
+//! The DirectIB channel and the provider over real verbs (rdma-core), on the device that
+//! `POLYRAIL_IB_DEVICE` / `POLYRAIL_IB_GID_INDEX` name (default: the first device, GID index 0),
+//! two endpoints in one process. Soft-RoCE in a VM: `scripts/ib-vm-test.sh`.
+//!
+//! Without an RDMA device every test says it is skipped and passes, unless
+//! `IB_TEST_REQUIRE_DEVICE=1` is set (then a missing device fails them).
+#![cfg(feature = "verbs")]
+
+use polyrail_core::config::IbSettings;
+use polyrail_core::{Error, Header, Issued, OpId, PeerInfo, Rank, Reach, Region, RegionMut, Result, Sink, Transport};
+use polyrail_ib::provider::{Access, Completion, MemoryRegion, Opcode, Provider, QpId, WcStatus, WorkRequest};
+use polyrail_ib::verbs::VerbsProvider;
+use polyrail_ib::{DirectIb, Unavailable};
+use std::time::{Duration, Instant};
+
+/// How long any one wait may take (Soft-RoCE under emulation is slow).
+const PATIENCE: Duration = Duration::from_secs(120);
+
+/// The settings from the environment, or `None` (test skipped) when there is no RDMA device.
+fn settings(test: &str) -> Option<IbSettings> {
+    let cfg = polyrail_core::Config::from_env().expect("POLYRAIL_* variables");
+    match VerbsProvider::open(&cfg.ib) {
+        Ok(Ok(p)) => {
+            eprintln!("{test}: on {}", p.describe());
+            Some(cfg.ib)
+        }
+        Ok(Err(Unavailable(why))) => {
+            if std::env::var_os("IB_TEST_REQUIRE_DEVICE").is_some_and(|v| v == "1") {
+                panic!("{test}: IB_TEST_REQUIRE_DEVICE=1 but {why}");
+            }
+            eprintln!("{test}: skipped: {why}");
+            None
+        }
+        Err(e) => panic!("{test}: opening the verbs provider: {e}"),
+    }
+}
+
+fn open(s: &IbSettings) -> VerbsProvider {
+    VerbsProvider::open(s).expect("open").expect("device")
+}
+
+#[derive(Default)]
+struct Recorder {
+    messages: Vec<(Rank, [u8; Header::WIRE_LEN], Vec<u8>)>,
+    completed: Vec<(OpId, Result<()>)>,
+    lost: Vec<(Rank, Error)>,
+}
+
+impl Sink for Recorder {
+    fn message(&mut self, from: Rank, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) {
+        self.messages.push((from, *hdr, payload.to_vec()));
+    }
+    fn completed(&mut self, op: OpId, result: Result<()>) {
+        self.completed.push((op, result));
+    }
+    fn peer_lost(&mut self, peer: Rank, why: Error) {
+        self.lost.push((peer, why));
+    }
+}
+
+fn info(rank: Rank) -> PeerInfo {
+    PeerInfo { rank, pid: std::process::id(), host: "h".into(), node: rank, cpus: vec![] }
+}
+
+fn pair(settings: &IbSettings) -> (DirectIb<VerbsProvider>, DirectIb<VerbsProvider>) {
+    let mut a = DirectIb::new(open(settings), settings, 0, 2).unwrap();
+    let mut b = DirectIb::new(open(settings), settings, 1, 2).unwrap();
+    let (aa, ba) = (a.address(), b.address());
+    match a.add_peer(&info(1), &ba) {
+        Reach::Yes(how) => eprintln!("0 -> 1: {how}"),
+        Reach::No(why) => panic!("0 -> 1: {why}"),
+    }
+    match b.add_peer(&info(0), &aa) {
+        Reach::Yes(how) => eprintln!("1 -> 0: {how}"),
+        Reach::No(why) => panic!("1 -> 0: {why}"),
+    }
+    (a, b)
+}
+
+fn hdr_of(i: u32) -> [u8; Header::WIRE_LEN] {
+    let mut h = [0u8; Header::WIRE_LEN];
+    h[..4].copy_from_slice(&i.to_le_bytes());
+    h
+}
+
+/// Runs `step` until it returns true; panics with `what` after [`PATIENCE`].
+fn until(what: &str, mut step: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !step() {
+        assert!(start.elapsed() < PATIENCE, "timed out: {what}");
+    }
+}
+
+/// A fast sender and a receiver that reads a few packets now and then: nothing is lost or
+/// reordered, the sender is held back by credits (never overruns the ring) and never deadlocks.
+#[test]
+fn credits_hold_a_fast_sender_back_without_loss() {
+    let Some(env) = settings("credits") else { return };
+    let settings = IbSettings { credits: 8, block: 512, sync_limit: 2, ..env };
+    let (mut a, mut b) = pair(&settings);
+    let (mut ra, mut rb) = (Recorder::default(), Recorder::default());
+    let total = 5000u32;
+    let (mut sent, mut would_block) = (0u32, 0u32);
+    let start = Instant::now();
+    until("5000 packets through a ring of 8", || {
+        // The sender tries hard; at most 7 packets (8 credits, one reserved) are ever unread.
+        while sent < total {
+            let payload = vec![sent as u8; (sent as usize * 7) % 400];
+            match a.try_send(1, &hdr_of(sent), &payload).unwrap() {
+                Issued::Done => sent += 1,
+                Issued::WouldBlock => {
+                    would_block += 1;
+                    break;
+                }
+                Issued::Pending => unreachable!(),
+            }
+            assert!(sent as usize - rb.messages.len() <= 7, "ring overrun");
+        }
+        a.progress(64, &mut ra).unwrap();
+        // The slow receiver: 3 packets per round.
+        b.progress(3, &mut rb).unwrap();
+        rb.messages.len() >= total as usize
+    });
+    eprintln!(
+        "credits: {total} packets in {:.2} s, sender held back {would_block} times",
+        start.elapsed().as_secs_f64()
+    );
+    assert!(would_block > 100, "the sender was never held back ({would_block})");
+    assert_eq!(rb.messages.len(), total as usize);
+    for (i, (from, h, p)) in rb.messages.iter().enumerate() {
+        assert_eq!(*from, 0);
+        assert_eq!(h, &hdr_of(i as u32), "order");
+        assert_eq!(p, &vec![i as u8; (i * 7) % 400]);
+    }
+    assert!(ra.lost.is_empty() && rb.lost.is_empty(), "{:?} {:?}", ra.lost, rb.lost);
+}
+
+/// Both sides flood each other: credits come back through the reserved block.
+#[test]
+fn two_floods_never_deadlock() {
+    let Some(env) = settings("floods") else { return };
+    let settings = IbSettings { credits: 4, block: 256, sync_limit: 2, ..env };
+    let (mut a, mut b) = pair(&settings);
+    let (mut ra, mut rb) = (Recorder::default(), Recorder::default());
+    let total = 3000usize;
+    let (mut sa, mut sb) = (0usize, 0usize);
+    let start = Instant::now();
+    until("two floods of 3000 packets", || {
+        while sa < total && a.try_send(1, &hdr_of(sa as u32), b"ab").unwrap() == Issued::Done {
+            sa += 1;
+        }
+        while sb < total && b.try_send(0, &hdr_of(sb as u32), b"ba").unwrap() == Issued::Done {
+            sb += 1;
+        }
+        a.progress(1, &mut ra).unwrap();
+        b.progress(1, &mut rb).unwrap();
+        ra.messages.len() >= total && rb.messages.len() >= total
+    });
+    eprintln!("floods: 2 x {total} packets in {:.2} s", start.elapsed().as_secs_f64());
+    for (i, (_, h, p)) in rb.messages.iter().enumerate() {
+        assert_eq!((h, &p[..]), (&hdr_of(i as u32), &b"ab"[..]));
+    }
+    for (i, (_, h, p)) in ra.messages.iter().enumerate() {
+        assert_eq!((h, &p[..]), (&hdr_of(i as u32), &b"ba"[..]));
+    }
+    assert!(ra.lost.is_empty() && rb.lost.is_empty());
+}
+
+/// Progresses `t` until `rec` holds `n` completions.
+fn wait_completed(t: &mut DirectIb<VerbsProvider>, rec: &mut Recorder, n: usize) {
+    until(&format!("{n} completions"), || {
+        t.progress(64, rec).unwrap();
+        rec.completed.len() >= n
+    });
+}
+
+#[test]
+fn get_and_put_move_registered_memory() {
+    let Some(env) = settings("get/put") else { return };
+    let (mut a, mut b) = pair(&env);
+    let (mut ra, mut rb) = (Recorder::default(), Recorder::default());
+    let max = b.provider().max_transfer();
+    // Big enough to be split into several requests when the port's messages are small (rxe).
+    let big = if max <= 8 << 20 { max + (1 << 20) + 12345 } else { 3 << 20 };
+    let src: Vec<u8> = (0..big as u32 + (1 << 20)).map(|i| (i.wrapping_mul(31) ^ (i >> 11)) as u8).collect();
+    let key = a.expose(Region { ptr: src.as_ptr(), len: src.len() }).unwrap();
+    // Get of 1 MiB at an offset.
+    let mut dst = vec![0u8; 1 << 20];
+    let t = Instant::now();
+    let into = RegionMut { ptr: dst.as_mut_ptr(), len: dst.len() };
+    assert_eq!(b.get(0, &key, 1 << 20, into, 7).unwrap(), Issued::Pending);
+    wait_completed(&mut b, &mut rb, 1);
+    assert!(matches!(rb.completed[..], [(7, Ok(()))]), "{:?}", rb.completed);
+    assert!(dst == src[1 << 20..2 << 20], "get: data differs");
+    eprintln!("get/put: get of 1 MiB in {:.3} s", t.elapsed().as_secs_f64());
+    // A get larger than one request.
+    let mut whole = vec![0u8; big];
+    let t = Instant::now();
+    let into = RegionMut { ptr: whole.as_mut_ptr(), len: whole.len() };
+    assert_eq!(b.get(0, &key, 1000, into, 8).unwrap(), Issued::Pending);
+    wait_completed(&mut b, &mut rb, 2);
+    assert!(matches!(rb.completed[1], (8, Ok(()))), "{:?}", rb.completed);
+    assert!(whole == src[1000..1000 + big], "split get: data differs");
+    eprintln!(
+        "get/put: get of {big} B ({} requests of at most {max} B) in {:.3} s",
+        big.div_ceil(max),
+        t.elapsed().as_secs_f64()
+    );
+    // Put of 2 MiB into exposed memory, at an offset, surrounded by bytes that must stay.
+    let mut target = vec![0x5au8; 3 << 20];
+    let tkey = a.expose(Region { ptr: target.as_mut_ptr(), len: target.len() }).unwrap();
+    let t = Instant::now();
+    assert_eq!(b.put(0, Region { ptr: whole.as_ptr(), len: 2 << 20 }, &tkey, 4096 + 10, 9).unwrap(), Issued::Pending);
+    wait_completed(&mut b, &mut rb, 3);
+    assert!(matches!(rb.completed[2], (9, Ok(()))), "{:?}", rb.completed);
+    eprintln!("get/put: put of 2 MiB in {:.3} s", t.elapsed().as_secs_f64());
+    assert!(target[4096 + 10..4096 + 10 + (2 << 20)] == whole[..2 << 20], "put: data differs");
+    assert!(target[..4096 + 10].iter().all(|&x| x == 0x5a), "put wrote before its range");
+    assert!(target[4096 + 10 + (2 << 20)..].iter().all(|&x| x == 0x5a), "put wrote after its range");
+    // Reading past the exposed region is a completion error, and nothing was read.
+    let mut small = vec![0xeeu8; 64];
+    let into = RegionMut { ptr: small.as_mut_ptr(), len: 64 };
+    assert_eq!(b.get(0, &tkey, (3 << 20) - 32, into, 10).unwrap(), Issued::Pending);
+    wait_completed(&mut b, &mut rb, 4);
+    match &rb.completed[3] {
+        (10, Err(e)) => assert!(e.to_string().contains("remote access error"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(small.iter().all(|&x| x == 0xee));
+    // The failed queue pair takes the peer down.
+    until("the peer reported lost", || {
+        b.progress(64, &mut rb).unwrap();
+        !rb.lost.is_empty()
+    });
+    assert!(matches!(rb.lost[..], [(0, Error::PeerLost { .. })]), "{:?}", rb.lost);
+    a.unexpose(&key);
+    a.unexpose(&tkey);
+    a.progress(64, &mut ra).unwrap();
+}
+
+/// A connected pair of queue pairs: `(initiator's, target's)`.
+fn qp_pair(initiator: &mut VerbsProvider, target: &mut VerbsProvider) -> (QpId, QpId) {
+    let (iq, inum) = initiator.create_qp().unwrap();
+    let (tq, tnum) = target.create_qp().unwrap();
+    initiator.connect(iq, &target.endpoint(), tnum).unwrap();
+    target.connect(tq, &initiator.endpoint(), inum).unwrap();
+    (iq, tq)
+}
+
+/// Polls `p` until one completion arrives.
+fn one_completion(p: &mut VerbsProvider, what: &str) -> Completion {
+    let mut out: Vec<Completion> = Vec::new();
+    until(&format!("completion of {what}"), || p.poll(&mut out, 8) > 0 || !out.is_empty());
+    assert_eq!(out.len(), 1, "{what}: {out:?}");
+    out[0]
+}
+
+/// Provider level: a wrong key, an offset past the region, a forged length, a local range
+/// past its registration and a deregistered key each end in an error completion, and memory
+/// outside the region is never touched.
+#[test]
+fn verbs_provider_checks_keys_and_bounds() {
+    let Some(env) = settings("keys and bounds") else { return };
+    let mut target = open(&env);
+    let mut initiator = open(&env);
+    // A guarded buffer: the region is the middle 4 KiB.
+    let mut mem = vec![0x11u8; 3 * 4096];
+    // SAFETY: offset 4096 lies inside the 12 KiB vector.
+    let region_start = unsafe { mem.as_mut_ptr().add(4096) };
+    // SAFETY: `mem` outlives the registration (deregistered below, before `mem` is dropped).
+    let mr = unsafe { target.register(region_start, 4096, Access::ALL).unwrap() };
+    // The initiator's memory: 16 KiB, of which the first 8 KiB are registered.
+    let mut src = vec![0x99u8; 16384];
+    // SAFETY: `src` (16 KiB) outlives the registration of its first 8 KiB.
+    let src_mr: MemoryRegion = unsafe { initiator.register(src.as_mut_ptr(), 8192, Access::ALL).unwrap() };
+    let base = mr.addr;
+    // (what, local offset in src, remote address, length, rkey, opcode, expected status)
+    let cases: Vec<(&str, u64, u64, usize, u32, Opcode, WcStatus)> = vec![
+        ("in bounds", 0, base + 100, 200, mr.rkey, Opcode::Write, WcStatus::Success),
+        ("inline in bounds", 0, base + 300, 8, mr.rkey, Opcode::Write, WcStatus::Success),
+        ("read in bounds", 0, base + 1000, 200, mr.rkey, Opcode::Read, WcStatus::Success),
+        ("wrong key", 0, base, 8, mr.rkey ^ 0x100, Opcode::Write, WcStatus::RemoteAccess),
+        ("offset past the end", 0, base + 4096, 8, mr.rkey, Opcode::Write, WcStatus::RemoteAccess),
+        ("forged length", 0, base + 4000, 200, mr.rkey, Opcode::Write, WcStatus::RemoteAccess),
+        ("before the start", 0, base - 8, 16, mr.rkey, Opcode::Write, WcStatus::RemoteAccess),
+        ("read past the end", 0, base + 4000, 200, mr.rkey, Opcode::Read, WcStatus::RemoteAccess),
+        ("read with a wrong key", 0, base, 8, mr.rkey ^ 0x100, Opcode::Read, WcStatus::RemoteAccess),
+        ("local range past its registration", 8192 - 8, base, 16, mr.rkey, Opcode::Write, WcStatus::LocalProtection),
+    ];
+    for (what, local_off, remote_addr, len, rkey, opcode, expect) in cases {
+        let (qp, _) = qp_pair(&mut initiator, &mut target);
+        if opcode == Opcode::Read {
+            src[..len].fill(0x99);
+        }
+        let wr = WorkRequest {
+            wr_id: 1,
+            opcode,
+            local_addr: src.as_ptr() as u64 + local_off,
+            len,
+            lkey: src_mr.lkey,
+            remote_addr,
+            rkey,
+            inline: what.starts_with("inline"),
+        };
+        initiator.post(qp, &wr).unwrap();
+        let c = one_completion(&mut initiator, what);
+        assert_eq!((c.wr_id, c.qp, c.status), (1, qp, expect), "{what}");
+        eprintln!("keys and bounds: {what}: {}", c.status);
+        if opcode == Opcode::Read && expect == WcStatus::Success {
+            assert!(src[..len].iter().all(|&x| x == 0x11), "{what}: data");
+        }
+        if opcode == Opcode::Read && expect != WcStatus::Success {
+            assert!(src[..len].iter().all(|&x| x == 0x99), "{what}: a failed read wrote local memory");
+        }
+        // A failed queue pair flushes what follows.
+        if expect != WcStatus::Success {
+            let next = WorkRequest {
+                wr_id: 2,
+                local_addr: src.as_ptr() as u64,
+                rkey: mr.rkey,
+                remote_addr: base,
+                len: 8,
+                inline: false,
+                ..wr
+            };
+            match initiator.post(qp, &next) {
+                Ok(()) => {
+                    let c = one_completion(&mut initiator, &format!("{what}: the request after"));
+                    assert_eq!((c.wr_id, c.status), (2, WcStatus::Flushed), "{what}");
+                }
+                Err(e) => eprintln!("keys and bounds: {what}: the failed queue pair refused a request: {e}"),
+            }
+        }
+    }
+    // A request too long for the port is refused at post.
+    let (qp, _) = qp_pair(&mut initiator, &mut target);
+    let huge = WorkRequest {
+        wr_id: 3,
+        opcode: Opcode::Read,
+        local_addr: src.as_ptr() as u64,
+        len: usize::MAX - 4,
+        lkey: src_mr.lkey,
+        remote_addr: base + 8,
+        rkey: mr.rkey,
+        inline: false,
+    };
+    assert!(initiator.post(qp, &huge).is_err());
+    assert!(mem[..4096].iter().all(|&x| x == 0x11), "bytes before the region were written");
+    assert!(mem[8192..].iter().all(|&x| x == 0x11), "bytes after the region were written");
+    assert!(mem[4096 + 100..4096 + 300].iter().all(|&x| x == 0x99));
+    assert!(mem[4096 + 300..4096 + 308].iter().all(|&x| x == 0x99));
+    assert!(mem[4096..4096 + 100].iter().all(|&x| x == 0x11));
+    assert!(mem[4096 + 308..8192].iter().all(|&x| x == 0x11));
+    // After deregistration the key is refused.
+    target.deregister(&mr);
+    let wr = WorkRequest {
+        wr_id: 4,
+        opcode: Opcode::Write,
+        local_addr: src.as_ptr() as u64,
+        len: 8,
+        lkey: src_mr.lkey,
+        remote_addr: base,
+        rkey: mr.rkey,
+        inline: false,
+    };
+    initiator.post(qp, &wr).unwrap();
+    assert_eq!(one_completion(&mut initiator, "deregistered key").status, WcStatus::RemoteAccess);
+    assert!(mem.iter().all(|&x| x == 0x11 || x == 0x99));
+    assert!(mem[4096..4104].iter().all(|&x| x == 0x11), "a deregistered region was written");
+    initiator.deregister(&src_mr);
+}
+
+/// The send queue depth is enforced at post, and every request completes exactly once.
+#[test]
+fn full_send_queue_is_refused_and_every_request_completes() {
+    let Some(env) = settings("send queue") else { return };
+    let mut target = open(&env);
+    let mut initiator = open(&env);
+    let mut mem = vec![0u8; 4096];
+    // SAFETY: `mem` outlives the registration (deregistered at the end).
+    let mr = unsafe { target.register(mem.as_mut_ptr(), mem.len(), Access::ALL).unwrap() };
+    let mut src = vec![7u8; 64];
+    // SAFETY: `src` outlives the registration (deregistered at the end).
+    let src_mr = unsafe { initiator.register(src.as_mut_ptr(), src.len(), Access(0)).unwrap() };
+    let (qp, _) = qp_pair(&mut initiator, &mut target);
+    let depth = initiator.max_outstanding();
+    let mut posted = 0u64;
+    let mut refused = false;
+    while posted < depth as u64 + 1 {
+        let wr = WorkRequest {
+            wr_id: posted,
+            opcode: Opcode::Write,
+            local_addr: src.as_ptr() as u64,
+            len: 64,
+            lkey: src_mr.lkey,
+            remote_addr: mr.addr + (posted % 64) * 64,
+            rkey: mr.rkey,
+            inline: posted % 2 == 0,
+        };
+        if initiator.post(qp, &wr).is_err() {
+            refused = true;
+            break;
+        }
+        posted += 1;
+    }
+    assert!(refused && posted == depth as u64, "depth {depth}: posted {posted} before a refusal");
+    let mut out = Vec::new();
+    until("every completion", || {
+        initiator.poll(&mut out, 64);
+        out.len() >= posted as usize
+    });
+    let mut ids: Vec<u64> = out.iter().map(|c| c.wr_id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..posted).collect::<Vec<_>>());
+    assert!(out.iter().all(|c| c.status == WcStatus::Success && c.qp == qp));
+    assert!(mem.iter().all(|&x| x == 7));
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(initiator.poll(&mut out, 64), 0, "a request completed twice");
+    initiator.deregister(&src_mr);
+    target.deregister(&mr);
+}
+
+/// A peer that finalizes says BYE; once its queue pair is gone, the heartbeat finds it and it
+/// is reported finished, not lost.
+#[test]
+fn finished_peer_is_found_by_the_heartbeat() {
+    let Some(env) = settings("finished peer") else { return };
+    let (mut a, mut b) = pair(&env);
+    let mut rb = Recorder::default();
+    a.finalize();
+    b.progress(64, &mut rb).unwrap();
+    b.check_peers(&mut rb);
+    assert!(rb.lost.is_empty(), "a finalized peer is reported only once it is gone");
+    drop(a);
+    let t = Instant::now();
+    until("the heartbeat to a destroyed queue pair failing", || {
+        b.check_peers(&mut rb);
+        !rb.lost.is_empty()
+    });
+    eprintln!("finished peer: found gone after {:.2} s", t.elapsed().as_secs_f64());
+    assert!(matches!(rb.lost[..], [(0, Error::PeerFinished { rank: 0 })]), "{:?}", rb.lost);
+}
+
+/// A named device that does not exist is an error, not "unavailable".
+#[test]
+fn unknown_device_is_an_error() {
+    let Some(env) = settings("unknown device") else { return };
+    let s = IbSettings { device: Some(("no-such-device9".into(), 1)), ..env.clone() };
+    match VerbsProvider::open(&s) {
+        Err(e) => assert!(e.to_string().contains("does not exist"), "{e}"),
+        Ok(Ok(_)) => panic!("opened a device that does not exist"),
+        Ok(Err(why)) => panic!("{why:?}"),
+    }
+    let dev = env.device.clone().map_or_else(|| None, |(n, _)| Some(n));
+    if let Some(name) = dev {
+        let s = IbSettings { device: Some((name, 9)), ..env };
+        let e = VerbsProvider::open(&s).expect_err("port 9 opened");
+        assert!(e.to_string().contains("port"), "{e}");
+    }
+}
