@@ -403,20 +403,40 @@ impl<P: Provider> DirectIb<P> {
             if w0 == 0 {
                 return n;
             }
+            // Word 0 may still be landing: an RDMA write need not place its first 8 bytes at
+            // once (rxe copies bytes). Blocks are zeroed after use, so the length read so far
+            // is at most the real one: one above the block's capacity is malformed already;
+            // otherwise wait for the tail it points to, then read word 0 again and judge it.
+            let len = (w0 & 0xffff_ffff) as usize;
+            if len > max_payload {
+                let why = format!("malformed ib packet from rank {peer}: length {len} exceeds the block's payload capacity {max_payload}");
+                self.fail_peer(peer, why);
+                return n;
+            }
+            let tail_at = at + packet::tail_offset(len);
+            // SAFETY: tail_offset(len) + 8 <= block for len <= max_payload; 8-aligned.
+            let tail = unsafe { &*(tail_at as *const AtomicU64) };
+            if tail.load(Ordering::Acquire) != packet::tail_value(p.received) {
+                return n; // still landing
+            }
+            // SAFETY: as for the first load of word 0.
+            let w0 = unsafe { &*(at as *const AtomicU64) }.load(Ordering::Acquire);
             let w = match packet::decode_word0(w0, max_payload) {
-                Ok(w) => w,
+                Ok(w) if w.len == len => w,
+                Ok(w) => {
+                    let why = format!(
+                        "malformed ib packet from rank {peer}: length {} read after its tail landed, {len} before",
+                        w.len
+                    );
+                    self.fail_peer(peer, why);
+                    return n;
+                }
                 Err(why) => {
                     let why = format!("malformed ib packet from rank {peer}: {why}");
                     self.fail_peer(peer, why);
                     return n;
                 }
             };
-            let tail_at = at + packet::tail_offset(w.len);
-            // SAFETY: tail_offset(len) + 8 <= block for len <= max_payload; 8-aligned.
-            let tail = unsafe { &*(tail_at as *const AtomicU64) };
-            if tail.load(Ordering::Acquire) != packet::tail_value(p.received) {
-                return n; // still landing
-            }
             // A peer can only return blocks we wrote and it has not returned yet.
             if p.credits + w.credits as usize > credits_max {
                 let why = format!(
