@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# ib-vm-bench.sh - polyrail's ib channel beside perftest on real verbs (Soft-RoCE), in one VM run.
+#
+# Usage: scripts/ib-vm-bench.sh [--no-build] [--out DIR] [--repeats N]
+#
+# Builds polyrail-bench with the `verbs` feature (into IB_VM_TARGET_DIR, default
+# <repo>/target/verbs, as scripts/ib-vm-test.sh does), boots ONE guest with scripts/rxe-vm.sh
+# and runs there, N times each (default 3), alternating tools:
+#   - perftest ib_write_lat (one-way latency, average) and ib_write_bw / ib_read_bw (bandwidth,
+#     average; perftest's MB are MiB, converted to 10^6 bytes here);
+#   - polyrail-bench latency and bw --transport ib (two ranks on two virtual nodes, real verbs),
+#     with ordinary buffers and with --registered buffers.
+# Client and server of each tool are pinned to the guest's two vCPUs. The guest runs under TCG
+# emulation: absolute numbers are only proof that things work; the ratios polyrail/perftest from
+# the same run are what count. Writes DIR/ib-vm.csv (tool,mode,size,rep,value,unit) and
+# DIR/ib-vm.md (medians and ratios); DIR defaults to docs/benchmarks.
+set -euo pipefail
+
+SELF=$(readlink -f "${BASH_SOURCE[0]}")
+REPO=$(cd "$(dirname "$SELF")/.." && pwd)
+TARGET_DIR=${IB_VM_TARGET_DIR:-$REPO/target/verbs}
+OUT=$REPO/docs/benchmarks
+REPEATS=3
+BUILD=1
+LAT_SIZES="8 1024 8192 65536"
+BW_SIZES="4096 65536 262144"
+
+while (($#)); do
+    case $1 in
+    --no-build) BUILD=0; shift ;;
+    --out) OUT=${2:?--out needs a directory}; shift 2 ;;
+    --repeats) REPEATS=${2:?--repeats needs a count}; shift 2 ;;
+    -h | --help) sed -n '2,18p' "$SELF" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "ib-vm-bench: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+[[ $REPEATS =~ ^[1-9][0-9]*$ ]] || { echo "ib-vm-bench: --repeats needs a positive count" >&2; exit 2; }
+
+if ((BUILD)); then
+    (cd "$REPO" && CARGO_TARGET_DIR=$TARGET_DIR cargo build --release -p polyrail-bench --features polyrail/verbs)
+fi
+BENCH=$TARGET_DIR/release/polyrail-bench
+[[ -x $BENCH ]] || { echo "ib-vm-bench: $BENCH missing (run without --no-build)" >&2; exit 1; }
+
+# The guest's script: one line per point, `RESULT tool mode size rep value unit`.
+GUEST=$(mktemp)
+trap 'rm -f "$GUEST"' EXIT
+cat > "$GUEST" <<EOF
+lat_sizes="$LAT_SIZES"; bw_sizes="$BW_SIZES"; repeats=$REPEATS
+EOF
+cat >> "$GUEST" <<'EOF'
+export POLYRAIL_IB_PROVIDER=verbs
+pt() { # perftest server and client: tool, size, extra args; prints the client's output
+    taskset -c 0 "$1" -d rxe0 -i 1 -x 1 -s "$2" $3 > /dev/null 2>&1 &
+    sleep 1
+    taskset -c 1 "$1" -d rxe0 -i 1 -x 1 -s "$2" $3 10.77.0.1 2>&1
+    wait
+}
+rep=1
+while [ $rep -le $repeats ]; do
+    for s in $lat_sizes; do
+        # Columns: bytes iterations t_min t_max t_typical t_avg ...
+        v=$(pt ib_write_lat "$s" "-n 300" | awk -v s="$s" '$1 == s { print $6 }')
+        echo "RESULT perftest write_lat $s $rep ${v:-nan} us"
+    done
+    polyrail-bench latency --transport ib --iters 300 --sizes "$(echo $lat_sizes | tr ' ' ,)" 2>&1 |
+        awk -v r=$rep '$1 ~ /^[0-9]+$/ { print "RESULT polyrail latency " $1 " " r " " $2 " us" }'
+    for s in $bw_sizes; do
+        # Columns: bytes iterations peak average(MiB/s) msgrate; MiB -> 10^6 bytes.
+        for t in write read; do
+            v=$(pt ib_${t}_bw "$s" "-n 200" | awk -v s="$s" '$1 == s { printf "%.2f", $4 * 1.048576 }')
+            echo "RESULT perftest ${t}_bw $s $rep ${v:-nan} MB/s"
+        done
+    done
+    for mode in plain registered; do
+        flag=""; [ $mode = registered ] && flag=--registered
+        polyrail-bench bw --transport ib --iters 4 $flag --sizes "$(echo $bw_sizes | tr ' ' ,)" 2>&1 |
+            awk -v r=$rep -v m=$mode '$1 ~ /^[0-9]+$/ { print "RESULT polyrail bw-" m " " $1 " " r " " $2 " MB/s" }'
+    done
+    rep=$((rep + 1))
+done
+EOF
+
+mkdir -p "$OUT"
+RAW=$(mktemp)
+trap 'rm -f "$GUEST" "$RAW"' EXIT
+echo "ib-vm-bench: running in the guest ($REPEATS repeats; several minutes under TCG)" >&2
+"$REPO/scripts/rxe-vm.sh" --timeout 3000 --bin "$BENCH" -- "$(cat "$GUEST")" | tee "$RAW" | grep -v '^RESULT' >&2 || true
+CSV=$OUT/ib-vm.csv
+echo "tool,mode,size,rep,value,unit" > "$CSV"
+awk '$1 == "RESULT" { print $2 "," $3 "," $4 "," $5 "," $6 "," $7 }' "$RAW" >> "$CSV"
+n=$(($(wc -l < "$CSV") - 1))
+((n > 0)) || { echo "ib-vm-bench: no results" >&2; exit 1; }
+
+# Medians and ratios.
+python3 - "$CSV" "$OUT/ib-vm.md" <<'EOF'
+import csv, statistics, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+med = {}
+for r in rows:
+    try:
+        v = float(r["value"])
+    except ValueError:
+        continue
+    if v == v:
+        med.setdefault((r["tool"], r["mode"], int(r["size"])), []).append(v)
+med = {k: statistics.median(v) for k, v in med.items()}
+def get(t, m, s):
+    return med.get((t, m, s))
+def fmt(x):
+    return "-" if x is None else f"{x:.2f}"
+def ratio(a, b):
+    return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}"
+out = ["| size | perftest ib_write_lat (us) | polyrail ib (us) | polyrail / perftest |", "|---|---|---|---|"]
+for s in sorted({k[2] for k in med if k[1] == "write_lat"}):
+    a, b = get("polyrail", "latency", s), get("perftest", "write_lat", s)
+    out.append(f"| {s} | {fmt(b)} | {fmt(a)} | {ratio(a, b)} |")
+out += ["", "| size | ib_write_bw (MB/s) | ib_read_bw (MB/s) | polyrail (MB/s) | polyrail registered (MB/s) | polyrail / best perftest | registered / best perftest |",
+        "|---|---|---|---|---|---|---|"]
+for s in sorted({k[2] for k in med if k[1] == "write_bw"}):
+    w, r = get("perftest", "write_bw", s), get("perftest", "read_bw", s)
+    best = max([x for x in (w, r) if x is not None], default=None)
+    p, q = get("polyrail", "bw-plain", s), get("polyrail", "bw-registered", s)
+    out.append(f"| {s} | {fmt(w)} | {fmt(r)} | {fmt(p)} | {fmt(q)} | {ratio(p, best)} | {ratio(q, best)} |")
+text = "\n".join(out) + "\n"
+open(sys.argv[2], "w").write(text)
+print(text)
+EOF
