@@ -9,7 +9,8 @@
 #   - perftest ib_write_lat (one-way latency, average) and ib_write_bw / ib_read_bw (bandwidth,
 #     average; perftest's MB are MiB, converted to 10^6 bytes here);
 #   - polyrail-bench latency and bw --transport ib (two ranks on two virtual nodes, real verbs),
-#     with ordinary buffers and with --registered buffers.
+#     with ordinary buffers (registered per rendezvous) and with --registered buffers.
+# POLYRAIL_* variables of the caller reach the guest (e.g. POLYRAIL_IB_EAGER_LIMIT=64k).
 # Client and server of each tool are pinned to the guest's two vCPUs. The guest runs under TCG
 # emulation: absolute numbers are only proof that things work; the ratios polyrail/perftest from
 # the same run are what count. Writes DIR/ib-vm.csv (tool,mode,size,rep,value,unit) and
@@ -63,8 +64,11 @@ while [ $rep -le $repeats ]; do
         v=$(pt ib_write_lat "$s" "-n 300" | awk -v s="$s" '$1 == s { print $6 }')
         echo "RESULT perftest write_lat $s $rep ${v:-nan} us"
     done
-    polyrail-bench latency --transport ib --iters 300 --sizes "$(echo $lat_sizes | tr ' ' ,)" 2>&1 |
-        awk -v r=$rep '$1 ~ /^[0-9]+$/ { print "RESULT polyrail latency " $1 " " r " " $2 " us" }'
+    for mode in plain registered; do
+        flag=""; [ $mode = registered ] && flag=--registered
+        polyrail-bench latency --transport ib --iters 300 $flag --sizes "$(echo $lat_sizes | tr ' ' ,)" 2>&1 |
+            awk -v r=$rep -v m=$mode '$1 ~ /^[0-9]+$/ { print "RESULT polyrail latency-" m " " $1 " " r " " $2 " us" }'
+    done
     for s in $bw_sizes; do
         # Columns: bytes iterations peak average(MiB/s) msgrate; MiB -> 10^6 bytes.
         for t in write read; do
@@ -111,10 +115,11 @@ def fmt(x):
     return "-" if x is None else f"{x:.2f}"
 def ratio(a, b):
     return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}"
-out = ["| size | perftest ib_write_lat (us) | polyrail ib (us) | polyrail / perftest |", "|---|---|---|---|"]
+out = ["| size | perftest ib_write_lat (us) | polyrail (us) | polyrail registered (us) | polyrail / perftest | registered / perftest |",
+       "|---|---|---|---|---|---|"]
 for s in sorted({k[2] for k in med if k[1] == "write_lat"}):
-    a, b = get("polyrail", "latency", s), get("perftest", "write_lat", s)
-    out.append(f"| {s} | {fmt(b)} | {fmt(a)} | {ratio(a, b)} |")
+    a, q, b = get("polyrail", "latency-plain", s), get("polyrail", "latency-registered", s), get("perftest", "write_lat", s)
+    out.append(f"| {s} | {fmt(b)} | {fmt(a)} | {fmt(q)} | {ratio(a, b)} | {ratio(q, b)} |")
 out += ["", "| size | ib_write_bw (MB/s) | ib_read_bw (MB/s) | polyrail (MB/s) | polyrail registered (MB/s) | polyrail / best perftest | registered / best perftest |",
         "|---|---|---|---|---|---|---|"]
 for s in sorted({k[2] for k in med if k[1] == "write_bw"}):
