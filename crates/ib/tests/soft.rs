@@ -1,116 +1,31 @@
 //! The DirectIB channel over the software provider, two endpoints in one process.
 
 use polyrail_core::config::IbSettings;
-use polyrail_core::{Error, Header, Issued, OpId, PeerInfo, Rank, Reach, Region, RegionMut, Result, Sink, Transport};
+use polyrail_core::{Error, Issued, Reach, Region, RegionMut, Transport};
 use polyrail_ib::provider::{Access, Completion, Opcode, Provider, WcStatus, WorkRequest};
 use polyrail_ib::{DirectIb, SoftProvider};
 
-#[derive(Default)]
-struct Recorder {
-    messages: Vec<(Rank, [u8; Header::WIRE_LEN], Vec<u8>)>,
-    completed: Vec<(OpId, Result<()>)>,
-    lost: Vec<(Rank, Error)>,
+mod common;
+
+use common::{info, pair, Recorder};
+
+fn soft_pair(settings: &IbSettings) -> (DirectIb<SoftProvider>, DirectIb<SoftProvider>) {
+    pair(SoftProvider::new, settings)
 }
 
-impl Sink for Recorder {
-    fn message(&mut self, from: Rank, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) {
-        self.messages.push((from, *hdr, payload.to_vec()));
-    }
-    fn completed(&mut self, op: OpId, result: Result<()>) {
-        self.completed.push((op, result));
-    }
-    fn peer_lost(&mut self, peer: Rank, why: Error) {
-        self.lost.push((peer, why));
-    }
-}
-
-fn info(rank: Rank) -> PeerInfo {
-    PeerInfo { rank, pid: std::process::id(), host: "h".into(), node: rank, cpus: vec![] }
-}
-
-fn pair(settings: &IbSettings) -> (DirectIb<SoftProvider>, DirectIb<SoftProvider>) {
-    let mut a = DirectIb::new(SoftProvider::new(), settings, 0, 2).unwrap();
-    let mut b = DirectIb::new(SoftProvider::new(), settings, 1, 2).unwrap();
-    let (aa, ba) = (a.address(), b.address());
-    assert!(matches!(a.add_peer(&info(1), &ba), Reach::Yes(_)));
-    assert!(matches!(b.add_peer(&info(0), &aa), Reach::Yes(_)));
-    (a, b)
-}
-
-fn hdr_of(i: u32) -> [u8; Header::WIRE_LEN] {
-    let mut h = [0u8; Header::WIRE_LEN];
-    h[..4].copy_from_slice(&i.to_le_bytes());
-    h
-}
-
-/// A fast sender and a receiver that reads a few packets now and then: nothing is lost or
-/// reordered, the sender is held back by credits (never overruns the ring) and never deadlocks.
 #[test]
 fn credits_hold_a_fast_sender_back_without_loss() {
-    let settings = IbSettings { credits: 8, block: 512, sync_limit: 2, ..IbSettings::default() };
-    let (mut a, mut b) = pair(&settings);
-    let (mut ra, mut rb) = (Recorder::default(), Recorder::default());
-    let total = 5000u32;
-    let (mut sent, mut would_block, mut rounds) = (0u32, 0u32, 0u32);
-    while rb.messages.len() < total as usize {
-        rounds += 1;
-        assert!(rounds < 1_000_000, "no progress: sent {sent}, received {}", rb.messages.len());
-        // The sender tries hard; at most 7 packets (8 credits, one reserved) are ever unread.
-        while sent < total {
-            let payload = vec![sent as u8; (sent as usize * 7) % 400];
-            match a.try_send(1, &hdr_of(sent), &payload).unwrap() {
-                Issued::Done => sent += 1,
-                Issued::WouldBlock => {
-                    would_block += 1;
-                    break;
-                }
-                Issued::Pending => unreachable!(),
-            }
-            assert!(sent as usize - rb.messages.len() <= 7, "ring overrun");
-        }
-        a.progress(64, &mut ra).unwrap();
-        // The slow receiver: 3 packets per round.
-        b.progress(3, &mut rb).unwrap();
-    }
-    assert!(would_block > 100, "the sender was never held back ({would_block})");
-    for (i, (from, h, p)) in rb.messages.iter().enumerate() {
-        assert_eq!(*from, 0);
-        assert_eq!(h, &hdr_of(i as u32), "order");
-        assert_eq!(p, &vec![i as u8; (i * 7) % 400]);
-    }
-    assert!(ra.lost.is_empty() && rb.lost.is_empty());
+    common::credits_hold_a_fast_sender_back(SoftProvider::new, &IbSettings::default());
 }
 
-/// Both sides flood each other: credits come back through the reserved block.
 #[test]
 fn two_floods_never_deadlock() {
-    let settings = IbSettings { credits: 4, block: 256, sync_limit: 2, ..IbSettings::default() };
-    let (mut a, mut b) = pair(&settings);
-    let (mut ra, mut rb) = (Recorder::default(), Recorder::default());
-    let total = 3000usize;
-    let (mut sa, mut sb, mut rounds) = (0usize, 0usize, 0u32);
-    while ra.messages.len() < total || rb.messages.len() < total {
-        rounds += 1;
-        assert!(
-            rounds < 1_000_000,
-            "deadlock: a sent {sa}, b sent {sb}, a got {}, b got {}",
-            ra.messages.len(),
-            rb.messages.len()
-        );
-        while sa < total && a.try_send(1, &hdr_of(sa as u32), b"ab").unwrap() == Issued::Done {
-            sa += 1;
-        }
-        while sb < total && b.try_send(0, &hdr_of(sb as u32), b"ba").unwrap() == Issued::Done {
-            sb += 1;
-        }
-        a.progress(1, &mut ra).unwrap();
-        b.progress(1, &mut rb).unwrap();
-    }
+    common::two_floods_never_deadlock(SoftProvider::new, &IbSettings::default());
 }
 
 #[test]
 fn get_and_put_move_registered_memory() {
-    let (mut a, mut b) = pair(&IbSettings::default());
+    let (mut a, mut b) = soft_pair(&IbSettings::default());
     let (mut ra, mut rb) = (Recorder::default(), Recorder::default());
     let src: Vec<u8> = (0..3_000_000u32).map(|i| (i * 31) as u8).collect();
     let key = a.expose(Region { ptr: src.as_ptr(), len: src.len() }).unwrap();
@@ -229,7 +144,7 @@ fn soft_provider_checks_keys_and_bounds() {
 /// A peer that finalizes says BYE; one that vanishes is found by the heartbeat.
 #[test]
 fn finished_and_lost_peers_are_told_apart() {
-    let (mut a, mut b) = pair(&IbSettings::default());
+    let (mut a, mut b) = soft_pair(&IbSettings::default());
     let mut rb = Recorder::default();
     a.finalize();
     b.progress(64, &mut rb).unwrap();
@@ -265,7 +180,7 @@ fn malformed_packets_fail_the_peer_with_a_reason() {
         (2 << 32 | 500 << 48, "returns 500 credits"),
     ];
     for (word0, why) in cases {
-        let (_a, mut b) = pair(&IbSettings::default());
+        let (_a, mut b) = soft_pair(&IbSettings::default());
         // b's address: "PRIB", name length + "soft", endpoint length + 28 bytes, rings, rkey.
         let addr = b.address();
         let at = 4 + 1 + 4 + 4 + 28;

@@ -6,15 +6,15 @@
 //! `IB_TEST_REQUIRE_DEVICE=1` is set (then a missing device fails them).
 #![cfg(feature = "verbs")]
 
+mod common;
+
+use common::{pair, until, Recorder};
 use polyrail_core::config::IbSettings;
-use polyrail_core::{Error, Header, Issued, OpId, PeerInfo, Rank, Reach, Region, RegionMut, Result, Sink, Transport};
+use polyrail_core::{Error, Issued, Region, RegionMut, Transport};
 use polyrail_ib::provider::{Access, Completion, MemoryRegion, Opcode, Provider, QpId, WcStatus, WorkRequest};
 use polyrail_ib::verbs::VerbsProvider;
 use polyrail_ib::{DirectIb, Unavailable};
 use std::time::{Duration, Instant};
-
-/// How long any one wait may take (Soft-RoCE under emulation is slow).
-const PATIENCE: Duration = Duration::from_secs(120);
 
 /// The settings from the environment, or `None` (test skipped) when there is no RDMA device.
 fn settings(test: &str) -> Option<IbSettings> {
@@ -39,131 +39,24 @@ fn open(s: &IbSettings) -> VerbsProvider {
     VerbsProvider::open(s).expect("open").expect("device")
 }
 
-#[derive(Default)]
-struct Recorder {
-    messages: Vec<(Rank, [u8; Header::WIRE_LEN], Vec<u8>)>,
-    completed: Vec<(OpId, Result<()>)>,
-    lost: Vec<(Rank, Error)>,
+fn verbs_pair(settings: &IbSettings) -> (DirectIb<VerbsProvider>, DirectIb<VerbsProvider>) {
+    pair(|| open(settings), settings)
 }
 
-impl Sink for Recorder {
-    fn message(&mut self, from: Rank, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) {
-        self.messages.push((from, *hdr, payload.to_vec()));
-    }
-    fn completed(&mut self, op: OpId, result: Result<()>) {
-        self.completed.push((op, result));
-    }
-    fn peer_lost(&mut self, peer: Rank, why: Error) {
-        self.lost.push((peer, why));
-    }
-}
-
-fn info(rank: Rank) -> PeerInfo {
-    PeerInfo { rank, pid: std::process::id(), host: "h".into(), node: rank, cpus: vec![] }
-}
-
-fn pair(settings: &IbSettings) -> (DirectIb<VerbsProvider>, DirectIb<VerbsProvider>) {
-    let mut a = DirectIb::new(open(settings), settings, 0, 2).unwrap();
-    let mut b = DirectIb::new(open(settings), settings, 1, 2).unwrap();
-    let (aa, ba) = (a.address(), b.address());
-    match a.add_peer(&info(1), &ba) {
-        Reach::Yes(how) => eprintln!("0 -> 1: {how}"),
-        Reach::No(why) => panic!("0 -> 1: {why}"),
-    }
-    match b.add_peer(&info(0), &aa) {
-        Reach::Yes(how) => eprintln!("1 -> 0: {how}"),
-        Reach::No(why) => panic!("1 -> 0: {why}"),
-    }
-    (a, b)
-}
-
-fn hdr_of(i: u32) -> [u8; Header::WIRE_LEN] {
-    let mut h = [0u8; Header::WIRE_LEN];
-    h[..4].copy_from_slice(&i.to_le_bytes());
-    h
-}
-
-/// Runs `step` until it returns true; panics with `what` after [`PATIENCE`].
-fn until(what: &str, mut step: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !step() {
-        assert!(start.elapsed() < PATIENCE, "timed out: {what}");
-    }
-}
-
-/// A fast sender and a receiver that reads a few packets now and then: nothing is lost or
-/// reordered, the sender is held back by credits (never overruns the ring) and never deadlocks.
 #[test]
 fn credits_hold_a_fast_sender_back_without_loss() {
     let Some(env) = settings("credits") else { return };
-    let settings = IbSettings { credits: 8, block: 512, sync_limit: 2, ..env };
-    let (mut a, mut b) = pair(&settings);
-    let (mut ra, mut rb) = (Recorder::default(), Recorder::default());
-    let total = 5000u32;
-    let (mut sent, mut would_block) = (0u32, 0u32);
     let start = Instant::now();
-    until("5000 packets through a ring of 8", || {
-        // The sender tries hard; at most 7 packets (8 credits, one reserved) are ever unread.
-        while sent < total {
-            let payload = vec![sent as u8; (sent as usize * 7) % 400];
-            match a.try_send(1, &hdr_of(sent), &payload).unwrap() {
-                Issued::Done => sent += 1,
-                Issued::WouldBlock => {
-                    would_block += 1;
-                    break;
-                }
-                Issued::Pending => unreachable!(),
-            }
-            assert!(sent as usize - rb.messages.len() <= 7, "ring overrun");
-        }
-        a.progress(64, &mut ra).unwrap();
-        // The slow receiver: 3 packets per round.
-        b.progress(3, &mut rb).unwrap();
-        rb.messages.len() >= total as usize
-    });
-    eprintln!(
-        "credits: {total} packets in {:.2} s, sender held back {would_block} times",
-        start.elapsed().as_secs_f64()
-    );
-    assert!(would_block > 100, "the sender was never held back ({would_block})");
-    assert_eq!(rb.messages.len(), total as usize);
-    for (i, (from, h, p)) in rb.messages.iter().enumerate() {
-        assert_eq!(*from, 0);
-        assert_eq!(h, &hdr_of(i as u32), "order");
-        assert_eq!(p, &vec![i as u8; (i * 7) % 400]);
-    }
-    assert!(ra.lost.is_empty() && rb.lost.is_empty(), "{:?} {:?}", ra.lost, rb.lost);
+    let held = common::credits_hold_a_fast_sender_back(|| open(&env), &env);
+    eprintln!("credits: 5000 packets in {:.2} s, sender held back {held} times", start.elapsed().as_secs_f64());
 }
 
-/// Both sides flood each other: credits come back through the reserved block.
 #[test]
 fn two_floods_never_deadlock() {
     let Some(env) = settings("floods") else { return };
-    let settings = IbSettings { credits: 4, block: 256, sync_limit: 2, ..env };
-    let (mut a, mut b) = pair(&settings);
-    let (mut ra, mut rb) = (Recorder::default(), Recorder::default());
-    let total = 3000usize;
-    let (mut sa, mut sb) = (0usize, 0usize);
     let start = Instant::now();
-    until("two floods of 3000 packets", || {
-        while sa < total && a.try_send(1, &hdr_of(sa as u32), b"ab").unwrap() == Issued::Done {
-            sa += 1;
-        }
-        while sb < total && b.try_send(0, &hdr_of(sb as u32), b"ba").unwrap() == Issued::Done {
-            sb += 1;
-        }
-        a.progress(1, &mut ra).unwrap();
-        b.progress(1, &mut rb).unwrap();
-        ra.messages.len() >= total && rb.messages.len() >= total
-    });
-    eprintln!("floods: 2 x {total} packets in {:.2} s", start.elapsed().as_secs_f64());
-    for (i, (_, h, p)) in rb.messages.iter().enumerate() {
-        assert_eq!((h, &p[..]), (&hdr_of(i as u32), &b"ab"[..]));
-    }
-    for (i, (_, h, p)) in ra.messages.iter().enumerate() {
-        assert_eq!((h, &p[..]), (&hdr_of(i as u32), &b"ba"[..]));
-    }
-    assert!(ra.lost.is_empty() && rb.lost.is_empty());
+    common::two_floods_never_deadlock(|| open(&env), &env);
+    eprintln!("floods: 2 x 3000 packets in {:.2} s", start.elapsed().as_secs_f64());
 }
 
 /// Progresses `t` until `rec` holds `n` completions.
@@ -177,7 +70,7 @@ fn wait_completed(t: &mut DirectIb<VerbsProvider>, rec: &mut Recorder, n: usize)
 #[test]
 fn get_and_put_move_registered_memory() {
     let Some(env) = settings("get/put") else { return };
-    let (mut a, mut b) = pair(&env);
+    let (mut a, mut b) = verbs_pair(&env);
     let (mut ra, mut rb) = (Recorder::default(), Recorder::default());
     let max = b.provider().max_transfer();
     // Big enough to be split into several requests when the port's messages are small (rxe).
@@ -425,7 +318,7 @@ fn full_send_queue_is_refused_and_every_request_completes() {
 #[test]
 fn finished_peer_is_found_by_the_heartbeat() {
     let Some(env) = settings("finished peer") else { return };
-    let (mut a, mut b) = pair(&env);
+    let (mut a, mut b) = verbs_pair(&env);
     let mut rb = Recorder::default();
     a.finalize();
     b.progress(64, &mut rb).unwrap();
