@@ -383,6 +383,22 @@ mod tests {
     }
 
     #[test]
+    fn remote_peers_use_ib_with_its_eager_limit_and_no_split() {
+        let ib = attr(TransportKind::Ib, Caps::AM | Caps::GET | Caps::PUT, 8128);
+        let c = [Candidate { id: 3, attr: &ib }];
+        let r = build_route(TopoClass::RemoteNode, &c, &Config::default()).unwrap();
+        assert_eq!((r.am, r.frag), (3, 8128));
+        assert_eq!(r.lookup(8191).protocol, Protocol::Eager);
+        assert_eq!(r.lookup(8192).protocol, Protocol::RndvGet);
+        assert!(r.lookup(8192).reason.contains("POLYRAIL_IB_EAGER_LIMIT"));
+        // A NIC copies: no split rendezvous, whatever POLYRAIL_SPLIT_THRESHOLD says.
+        assert_eq!(r.lookup(64 << 20).protocol, Protocol::RndvGet);
+        let mut cfg = Config::default();
+        cfg.set("POLYRAIL_IB_EAGER_LIMIT", "32k").unwrap();
+        assert_eq!(build_route(TopoClass::RemoteNode, &c, &cfg).unwrap().rndv_threshold(), Some(32 << 10));
+    }
+
+    #[test]
     fn no_am_channel_no_route() {
         let cma = attr(TransportKind::Cma, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
         assert!(build_route(TopoClass::SharedL3, &[Candidate { id: 0, attr: &cma }], &Config::default()).is_none());
