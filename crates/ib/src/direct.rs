@@ -149,11 +149,25 @@ struct Peer {
     unreturned: usize,
     /// Work requests posted on the queue pair and not completed.
     outstanding: usize,
+    /// The queue pair is ready to send (it moves there before the first request: connected on
+    /// first use; it is ready to receive from `add_peer` on).
+    sending: bool,
     heartbeat_pending: bool,
     /// The peer said BYE (it finalized): when it is found gone, it finished rather than failed.
     finished: bool,
     /// Reported lost or finished to the engine.
     reported: bool,
+}
+
+impl Peer {
+    /// Moves the queue pair to ready-to-send before the first request (connected on first use).
+    fn ready_to_send<P: Provider>(&mut self, provider: &mut P) -> Result<()> {
+        if !self.sending {
+            provider.ready_to_send(self.qp)?;
+            self.sending = true;
+        }
+        Ok(())
+    }
 }
 
 /// One one-sided operation in flight.
@@ -289,12 +303,22 @@ impl<P: Provider> DirectIb<P> {
         self.peers.get_mut(peer as usize).and_then(Option::as_mut).ok_or_else(|| Self::not_connected(peer))
     }
 
+    /// The peer, its queue pair made ready to send if this is the first request to it.
+    fn sending_peer(&mut self, peer: Rank) -> Result<&mut Peer> {
+        let p = self.peers.get_mut(peer as usize).and_then(Option::as_mut).ok_or_else(|| Self::not_connected(peer))?;
+        p.ready_to_send(&mut self.provider)?;
+        Ok(p)
+    }
+
     /// Writes one packet into the peer's ring. `WouldBlock` without a credit (data packets keep
     /// one in reserve), a staging block or room on the queue pair.
     fn send_packet(&mut self, to: Rank, kind: Kind, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) -> Result<Issued> {
         let outstanding_max = self.provider.max_outstanding();
         let (credits_max, block, inline_max) = (self.credits, self.block, self.provider.max_inline());
         let p = self.peers.get_mut(to as usize).and_then(Option::as_mut).ok_or_else(|| Self::not_connected(to))?;
+        if !p.reported {
+            p.ready_to_send(&mut self.provider)?;
+        }
         if p.reported {
             return Err(if p.finished {
                 Error::PeerFinished { rank: to }
@@ -531,7 +555,7 @@ impl<P: Provider> DirectIb<P> {
         let max = self.provider.max_transfer();
         let parts = len.div_ceil(max).max(1);
         let limit = self.provider.max_outstanding();
-        let p = self.peer_mut(peer)?;
+        let p = self.sending_peer(peer)?;
         if p.reported {
             return Err(Error::PeerLost { rank: peer, why: "its ib queue pair failed".into() });
         }
@@ -699,13 +723,14 @@ impl<P: Provider> Transport for DirectIb<P> {
             received: 0,
             unreturned: 0,
             outstanding: 0,
+            sending: false,
             heartbeat_pending: false,
             finished: false,
             reported: false,
         });
         self.active.push(r);
         Reach::Yes(format!(
-            "{} provider: RC queue pair {} connected to queue pair {remote_qpn} of rank {r}; eager ring {} x {} B",
+            "{} provider: RC queue pair {} connected to queue pair {remote_qpn} of rank {r} (ready to send on first use); eager ring {} x {} B",
             self.provider.name(),
             qp,
             self.credits,
@@ -799,6 +824,9 @@ impl<P: Provider> Transport for DirectIb<P> {
             let r = self.active[i];
             let Some(p) = self.peers[r as usize].as_mut() else { continue };
             if p.reported || p.heartbeat_pending || p.outstanding >= limit {
+                continue;
+            }
+            if p.ready_to_send(&mut self.provider).is_err() {
                 continue;
             }
             let wr = WorkRequest {

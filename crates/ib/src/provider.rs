@@ -176,9 +176,13 @@ pub trait Provider: Send {
     /// Creates a reliable-connected queue pair; returns it and its number for the peer.
     fn create_qp(&mut self) -> Result<(QpId, u32)>;
 
-    /// Connects `qp` to queue pair `remote_qpn` at the device `remote_endpoint` (moves it to
-    /// ready-to-receive and ready-to-send).
+    /// Connects `qp` to queue pair `remote_qpn` at the device `remote_endpoint` and makes it
+    /// ready to receive: from now on the peer's requests land.
     fn connect(&mut self, qp: QpId, remote_endpoint: &[u8], remote_qpn: u32) -> Result<()>;
+
+    /// Makes a connected queue pair ready to send (a no-op when it is). DirectIB calls it before
+    /// its first request to the peer: queue pairs are connected on first use.
+    fn ready_to_send(&mut self, qp: QpId) -> Result<()>;
 
     /// Posts a work request on `qp`. `Err` means it was not posted (queue full, not connected).
     fn post(&mut self, qp: QpId, wr: &WorkRequest) -> Result<()>;

@@ -84,6 +84,8 @@ struct Remote {
 #[derive(Debug, Default)]
 struct SoftQp {
     remote: Option<Remote>,
+    /// Ready to send (moved there on first use, as with real verbs).
+    sending: bool,
     /// Set by the first failed completion; later requests are flushed.
     failed: bool,
 }
@@ -356,12 +358,22 @@ impl Provider for SoftProvider {
         Ok(())
     }
 
+    fn ready_to_send(&mut self, qp: QpId) -> Result<()> {
+        match self.qps.get_mut(qp) {
+            Some(q) if q.remote.is_some() => {
+                q.sending = true;
+                Ok(())
+            }
+            _ => Err(Error::Transport { kind: "ib", what: format!("soft provider: queue pair {qp} is not connected") }),
+        }
+    }
+
     fn post(&mut self, qp: QpId, wr: &WorkRequest) -> Result<()> {
         let local_ok = self.check_local(wr);
         let q =
             self.qps.get_mut(qp).ok_or_else(|| Error::Transport { kind: "ib", what: format!("no queue pair {qp}") })?;
-        let Some(remote) = q.remote else {
-            return Err(Error::Transport { kind: "ib", what: format!("queue pair {qp} is not connected") });
+        let (Some(remote), true) = (q.remote, q.sending) else {
+            return Err(Error::Transport { kind: "ib", what: format!("queue pair {qp} is not ready to send") });
         };
         let status = if q.failed {
             WcStatus::Flushed

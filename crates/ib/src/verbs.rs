@@ -180,7 +180,10 @@ impl Endpoint {
 struct Qp {
     qp: *mut ffi::ibv_qp,
     num: u32,
+    /// Ready to receive (the peer's requests land).
     connected: bool,
+    /// Ready to send (moved there on first use).
+    sending: bool,
     /// Posted requests whose completions were not polled yet.
     outstanding: u32,
 }
@@ -652,7 +655,7 @@ impl Provider for VerbsProvider {
         // SAFETY: a live queue pair just created.
         let num = unsafe { (*qp).qp_num };
         let id = self.qps.len();
-        self.qps.push(Qp { qp, num, connected: false, outstanding: 0 });
+        self.qps.push(Qp { qp, num, connected: false, sending: false, outstanding: 0 });
         self.by_num.insert(num, id);
         if cap.max_send_wr < self.depth || cap.max_inline_data < self.inline {
             return Err(transport(format!(
@@ -721,6 +724,19 @@ impl Provider for VerbsProvider {
             | M::IBV_QP_MAX_DEST_RD_ATOMIC
             | M::IBV_QP_MIN_RNR_TIMER;
         self.modify(qp, &mut a, mask, "RTR (ready to receive)")?;
+        self.qps[qp].connected = true;
+        Ok(())
+    }
+
+    fn ready_to_send(&mut self, qp: QpId) -> Result<()> {
+        let q = self.qps.get(qp).ok_or_else(|| transport(format!("verbs provider: no queue pair {qp}")))?;
+        if !q.connected {
+            return Err(transport(format!("verbs provider: queue pair {qp} is not connected")));
+        }
+        if q.sending {
+            return Ok(());
+        }
+        use ffi::ibv_qp_attr_mask as M;
         let mut a = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_RTS,
             timeout: ACK_TIMEOUT,
@@ -737,15 +753,15 @@ impl Provider for VerbsProvider {
             | M::IBV_QP_SQ_PSN
             | M::IBV_QP_MAX_QP_RD_ATOMIC;
         self.modify(qp, &mut a, mask, "RTS (ready to send)")?;
-        self.qps[qp].connected = true;
+        self.qps[qp].sending = true;
         Ok(())
     }
 
     fn post(&mut self, qp: QpId, wr: &WorkRequest) -> Result<()> {
         let (depth, inline_max, max_msg) = (self.depth, self.inline as usize, self.max_msg);
         let q = self.qps.get_mut(qp).ok_or_else(|| transport(format!("verbs provider: no queue pair {qp}")))?;
-        if !q.connected {
-            return Err(transport(format!("queue pair {qp} is not connected")));
+        if !q.sending {
+            return Err(transport(format!("queue pair {qp} is not ready to send")));
         }
         if q.outstanding >= depth {
             return Err(transport(format!("send queue of queue pair {qp} is full ({depth} requests not completed)")));

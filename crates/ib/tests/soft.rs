@@ -74,6 +74,7 @@ fn soft_provider_checks_keys_and_bounds() {
     let fresh_qp = |p: &mut SoftProvider| {
         let (qp, _) = p.create_qp().unwrap();
         p.connect(qp, &endpoint, 1).unwrap();
+        p.ready_to_send(qp).unwrap();
         qp
     };
     let base = mr.addr;
@@ -195,6 +196,7 @@ fn malformed_packets_fail_the_peer_with_a_reason() {
         let mr = unsafe { forger.register(block.as_mut_ptr(), 64, Access::ALL).unwrap() };
         let (qp, _) = forger.create_qp().unwrap();
         forger.connect(qp, &addr[13..41], 1).unwrap();
+        forger.ready_to_send(qp).unwrap();
         let wr = WorkRequest {
             wr_id: 0,
             opcode: Opcode::Write,

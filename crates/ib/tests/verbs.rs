@@ -137,6 +137,8 @@ fn qp_pair(initiator: &mut VerbsProvider, target: &mut VerbsProvider) -> (QpId, 
     let (tq, tnum) = target.create_qp().unwrap();
     initiator.connect(iq, &target.endpoint(), tnum).unwrap();
     target.connect(tq, &initiator.endpoint(), inum).unwrap();
+    initiator.ready_to_send(iq).unwrap();
+    target.ready_to_send(tq).unwrap();
     (iq, tq)
 }
 
