@@ -525,7 +525,9 @@ impl<P: Provider> DirectIb<P> {
         Ok((unsafe { self.provider.register(ptr, len.max(1), access)? }, true))
     }
 
-    fn decode_key(peer: Rank, key: &RemoteKey) -> Result<(u32, u64, u64)> {
+    /// The rkey and start address of a key made by `expose` (its length is checked by the
+    /// peer's device, not here).
+    fn decode_key(peer: Rank, key: &RemoteKey) -> Result<(u32, u64)> {
         let b = key.as_bytes();
         if b.len() != KEY_LEN {
             return Err(Error::Transport {
@@ -533,8 +535,8 @@ impl<P: Provider> DirectIb<P> {
                 what: format!("bad remote key from rank {peer}: {} bytes, expected {KEY_LEN}", b.len()),
             });
         }
-        let u64_of = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap_or_default());
-        Ok((u32::from_le_bytes([b[0], b[1], b[2], b[3]]), u64_of(&b[4..12]), u64_of(&b[12..20])))
+        let addr = u64::from_le_bytes(b[4..12].try_into().unwrap_or_default());
+        Ok((u32::from_le_bytes([b[0], b[1], b[2], b[3]]), addr))
     }
 
     /// Posts a one-sided operation in parts of at most the provider's transfer size.
@@ -547,7 +549,7 @@ impl<P: Provider> DirectIb<P> {
         offset: usize,
         op: OpId,
     ) -> Result<Issued> {
-        let (rkey, base, _len) = Self::decode_key(peer, key)?;
+        let (rkey, base) = Self::decode_key(peer, key)?;
         let remote = base.checked_add(offset as u64).ok_or_else(|| Error::Transport {
             kind: "ib",
             what: format!("remote offset {offset} overflows the key of rank {peer}"),
@@ -775,7 +777,7 @@ impl<P: Provider> Transport for DirectIb<P> {
     }
 
     fn unexpose(&mut self, key: &RemoteKey) {
-        if let Ok((rkey, _, _)) = Self::decode_key(self.rank, key) {
+        if let Ok((rkey, _)) = Self::decode_key(self.rank, key) {
             if let Some(mr) = self.exposed.remove(&rkey) {
                 self.provider.deregister(&mr);
             }
