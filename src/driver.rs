@@ -12,6 +12,9 @@ const SPIN_BEFORE_YIELD: u32 = 2000;
 /// sleeper costs tens of microseconds, and on a virtual machine whose vCPU went idle, up to a
 /// millisecond: polling first keeps that cost off messages that follow each other closely.
 const ADAPTIVE_SPIN: Duration = Duration::from_micros(200);
+/// Longest sleep on the shared-memory doorbell while another channel (which cannot ring it, such
+/// as `ib`) is polled too: an arrival there waits at most this long to be seen.
+const NAP: Duration = Duration::from_micros(100);
 /// Idle polls before a waiting process sleeps with `POLYRAIL_WAIT=block`.
 const SPIN_BEFORE_BLOCK: u32 = 64;
 /// How often a waiting process checks that its peers are alive.
@@ -29,8 +32,11 @@ pub(crate) struct Driver {
     self_sent: bool,
     /// How to wait (`POLYRAIL_WAIT`).
     wait: WaitMode,
-    /// The channel a waiting process sleeps on: the one polled channel, if it can wake us.
+    /// The channel a waiting process sleeps on: a polled channel that can wake us.
     sleeper: Option<usize>,
+    /// How long one sleep may last: until the liveness check when the sleeper is the only
+    /// polled channel; a short nap when other channels (which cannot wake us) are polled too.
+    nap: Duration,
     /// Per peer: actions that would have blocked, in order (later sends queue behind them).
     blocked: Vec<VecDeque<Action>>,
     blocked_peers: usize,
@@ -108,10 +114,8 @@ impl Driver {
             .map(|(i, _)| i)
             .collect();
         let loopback = channels.iter().position(|c| c.attr().kind == TransportKind::Loopback);
-        let sleeper = match polled[..] {
-            [only] if channels[only].attr().caps.contains(Caps::WAKEUP) => Some(only),
-            _ => None,
-        };
+        let sleeper = polled.iter().copied().find(|&i| channels[i].attr().caps.contains(Caps::WAKEUP));
+        let nap = if polled.len() > 1 { NAP } else { LIVENESS_PERIOD };
         let poll = PollPlan::new(poll, &channels, &polled);
         Driver {
             poll,
@@ -122,6 +126,7 @@ impl Driver {
             self_sent: false,
             wait,
             sleeper,
+            nap,
             blocked: (0..n).map(|_| VecDeque::new()).collect(),
             blocked_peers: 0,
             last_liveness: Instant::now(),
@@ -322,12 +327,12 @@ impl Driver {
         self.sleeper.is_some() && self.blocked_peers == 0 && !self.self_sent
     }
 
-    /// Sleeps on the doorbell until an arrival (or the liveness period) ends it.
+    /// Sleeps on the doorbell until an arrival, or the nap, ends it.
     fn sleep_once(&mut self) {
         let Some(i) = self.sleeper else { return };
         let ch = &mut self.channels[i];
         if ch.arm() {
-            ch.sleep(LIVENESS_PERIOD);
+            ch.sleep(self.nap);
         }
         ch.disarm();
     }

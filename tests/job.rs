@@ -434,17 +434,24 @@ fn main() {
     }
     // Oversubscribed: 8 ranks on this machine's cores, 6 of them blocked in a receive. They must
     // sleep on the doorbell, not spin (the issue asks under 1 % CPU; 3 % leaves room for noise).
-    let out = std::env::temp_dir().join(format!("polyrail-jobtest-{}-sleepers", std::process::id()));
-    let out_s = out.to_string_lossy().into_owned();
-    let code = job(8, "sleepers", &[("JOBTEST_OUT", &out_s)]);
-    check(format!("sleepers -n 8: job status {code}"), code == 0);
-    for r in 2..8 {
-        let f = format!("{out_s}.{r}");
-        let seen = std::fs::read_to_string(&f).unwrap_or_default();
-        let _ = std::fs::remove_file(&f);
-        let v: Vec<f64> = seen.split(' ').filter_map(|x| x.parse().ok()).collect();
-        let ok = v.len() == 2 && v[1] >= 900.0 && v[0] < 0.03 * v[1];
-        check(format!("sleepers -n 8: rank {r} used {seen:?} (cpu ms, wall ms) while blocked"), ok);
+    // On two virtual nodes the sleepers also poll ib, which cannot ring the doorbell: they nap
+    // on it (100 µs at a time) instead of sleeping through.
+    for nodes in [1u32, 2] {
+        let out = std::env::temp_dir().join(format!("polyrail-jobtest-{}-sleepers-{nodes}", std::process::id()));
+        let out_s = out.to_string_lossy().into_owned();
+        let code = job_on(8, nodes, "sleepers", &[("JOBTEST_OUT", &out_s)]);
+        check(format!("sleepers -n 8 on {nodes} node(s): job status {code}"), code == 0);
+        for r in 2..8 {
+            let f = format!("{out_s}.{r}");
+            let seen = std::fs::read_to_string(&f).unwrap_or_default();
+            let _ = std::fs::remove_file(&f);
+            let v: Vec<f64> = seen.split(' ').filter_map(|x| x.parse().ok()).collect();
+            let ok = v.len() == 2 && v[1] >= 900.0 && v[0] < 0.03 * v[1];
+            check(
+                format!("sleepers -n 8 on {nodes} node(s): rank {r} used {seen:?} (cpu ms, wall ms) while blocked"),
+                ok,
+            );
+        }
     }
     for (name, nodes, env) in [("2 nodes", 2, &[][..]), ("ib only", 1, CHANNELS[6].2)] {
         let t = Instant::now();
