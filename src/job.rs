@@ -73,16 +73,15 @@ fn parse_info(rank: Rank, v: &str) -> Result<PeerInfo> {
     Ok(PeerInfo { rank, pid, host, node, cpus })
 }
 
-/// Longest value put under one key; longer ones are split (Hydra's PMI-1 values are limited).
-const MAX_VALUE: usize = 512;
-
-/// Puts a value of any length: long ones as `chunks:N` under `key` and the pieces under `key.I`.
+/// Puts a value of any length: one longer than the process manager takes (the ib address grows
+/// with the job) as `chunks:N` under `key` and the pieces under `key.I`.
 fn put_long(boot: &mut dyn Bootstrap, key: &str, value: &str) -> Result<()> {
-    if value.len() <= MAX_VALUE {
+    let max = boot.max_value_len().max(16);
+    if value.len() <= max {
         return boot.put(key, value);
     }
     // Values are ASCII (hex), so byte offsets are character boundaries.
-    let chunks: Vec<&str> = value.as_bytes().chunks(MAX_VALUE).map(|c| std::str::from_utf8(c).unwrap_or("")).collect();
+    let chunks: Vec<&str> = value.as_bytes().chunks(max).map(|c| std::str::from_utf8(c).unwrap_or("")).collect();
     boot.put(key, &format!("chunks:{}", chunks.len()))?;
     for (i, c) in chunks.iter().enumerate() {
         boot.put(&format!("{key}.{i}"), c)?;
@@ -264,5 +263,55 @@ impl Job {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use polyrail_core::bootstrap::Singleton;
+
+    /// A bootstrap whose values hold at most 16 bytes.
+    struct Small(Singleton);
+
+    impl Bootstrap for Small {
+        fn rank(&self) -> Rank {
+            0
+        }
+        fn size(&self) -> u32 {
+            1
+        }
+        fn job_id(&self) -> &str {
+            self.0.job_id()
+        }
+        fn max_value_len(&self) -> usize {
+            16
+        }
+        fn put(&mut self, key: &str, value: &str) -> Result<()> {
+            assert!(value.len() <= 16, "{key}={value} is too long");
+            self.0.put(key, value)
+        }
+        fn fence(&mut self) -> Result<()> {
+            Ok(())
+        }
+        fn get(&mut self, key: &str) -> Result<String> {
+            self.0.get(key)
+        }
+        fn finalize(&mut self) -> Result<()> {
+            Ok(())
+        }
+        fn abort(&mut self, code: i32, msg: &str) {
+            self.0.abort(code, msg)
+        }
+    }
+
+    #[test]
+    fn long_values_are_split_over_keys() {
+        let mut b = Small(Singleton::new());
+        let long = encode_hex(&(0..100u8).collect::<Vec<_>>());
+        put_long(&mut b, "pa0.ib", &long).unwrap();
+        put_long(&mut b, "pa0.shm", "abcd").unwrap();
+        assert_eq!(get_long(&mut b, "pa0.ib").unwrap(), long);
+        assert_eq!(get_long(&mut b, "pa0.shm").unwrap(), "abcd");
     }
 }
