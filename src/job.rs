@@ -241,6 +241,12 @@ impl Job {
             }
             peers.push(PeerReport { rank: r, class, reach, route });
         }
+        // Connected queue pairs (ib) drop what arrives before they are ready to receive, which
+        // they are once add_peer ran: every process has added its peers before anyone sends.
+        // Every process fences here, whatever channels it started, so the count always matches
+        // (a fence is a barrier under PMI-1; where a PMI-2 fence is not, the queue pairs'
+        // retries cover the gap).
+        boot.fence()?;
         let channel_kinds = channels.iter().map(|c| c.attr().kind).collect();
         let report =
             JobReport { topology: topology.summary.clone(), binding, channels: channel_reports, channel_kinds, peers };
