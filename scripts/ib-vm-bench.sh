@@ -57,6 +57,13 @@ pt() { # perftest server and client: tool, size, extra args; prints the client's
     taskset -c 1 "$1" -d rxe0 -i 1 -x 1 -s "$2" $3 10.77.0.1 2>&1
     wait
 }
+pb() { # polyrail-bench: bench, iterations, sizes, unit; both buffer kinds
+    for mode in plain registered; do
+        flag=""; [ $mode = registered ] && flag=--registered
+        polyrail-bench "$1" --transport ib --iters "$2" $flag --sizes "$(echo $3 | tr ' ' ,)" 2>&1 |
+            awk -v r=$rep -v m=$mode -v b="$1" -v u="$4" '$1 ~ /^[0-9]+$/ { print "RESULT polyrail " b "-" m " " $1 " " r " " $2 " " u }'
+    done
+}
 rep=1
 while [ $rep -le $repeats ]; do
     for s in $lat_sizes; do
@@ -64,11 +71,7 @@ while [ $rep -le $repeats ]; do
         v=$(pt ib_write_lat "$s" "-n 300" | awk -v s="$s" '$1 == s { print $6 }')
         echo "RESULT perftest write_lat $s $rep ${v:-nan} us"
     done
-    for mode in plain registered; do
-        flag=""; [ $mode = registered ] && flag=--registered
-        polyrail-bench latency --transport ib --iters 300 $flag --sizes "$(echo $lat_sizes | tr ' ' ,)" 2>&1 |
-            awk -v r=$rep -v m=$mode '$1 ~ /^[0-9]+$/ { print "RESULT polyrail latency-" m " " $1 " " r " " $2 " us" }'
-    done
+    pb latency 300 "$lat_sizes" us
     for s in $bw_sizes; do
         # Columns: bytes iterations peak average(MiB/s) msgrate; MiB -> 10^6 bytes.
         for t in write read; do
@@ -76,11 +79,7 @@ while [ $rep -le $repeats ]; do
             echo "RESULT perftest ${t}_bw $s $rep ${v:-nan} MB/s"
         done
     done
-    for mode in plain registered; do
-        flag=""; [ $mode = registered ] && flag=--registered
-        polyrail-bench bw --transport ib --iters 4 $flag --sizes "$(echo $bw_sizes | tr ' ' ,)" 2>&1 |
-            awk -v r=$rep -v m=$mode '$1 ~ /^[0-9]+$/ { print "RESULT polyrail bw-" m " " $1 " " r " " $2 " MB/s" }'
-    done
+    pb bw 4 "$bw_sizes" MB/s
     rep=$((rep + 1))
 done
 EOF

@@ -1,5 +1,6 @@
 //! [`RegisteredBuffer`]: memory registered once with the channels that need registration.
 
+use polyrail_core::AnonMemory;
 use std::ops::{Deref, DerefMut};
 
 /// Memory that polyrail allocated and registered once with every channel that registers memory
@@ -12,75 +13,63 @@ use std::ops::{Deref, DerefMut};
 /// registered) until the process ends, so that no transfer can ever land in memory that was
 /// reused for something else.
 pub struct RegisteredBuffer {
-    ptr: *mut u8,
+    /// The memory; `None` once given back (then it was unmapped).
+    memory: Option<AnonMemory>,
     len: usize,
-    freed: bool,
 }
-
-// SAFETY: the buffer owns its mapping exclusively; it is plain memory.
-unsafe impl Send for RegisteredBuffer {}
 
 impl RegisteredBuffer {
     /// Maps `len` zeroed bytes (at least one page).
     pub(crate) fn map(len: usize) -> polyrail_core::Result<RegisteredBuffer> {
-        // SAFETY: an anonymous private mapping without an address hint; the result is checked.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len.max(1),
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(polyrail_core::Error::last_os(format_args!("mapping a registered buffer of {len} bytes")));
-        }
-        Ok(RegisteredBuffer { ptr: ptr.cast(), len, freed: false })
+        Ok(RegisteredBuffer { memory: Some(AnonMemory::new(len, "a registered buffer")?), len })
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        self.memory.as_ref().map_or(std::ptr::NonNull::dangling().as_ptr(), AnonMemory::ptr)
     }
 
     /// The memory as channels see it.
     pub(crate) fn region(&self) -> polyrail_core::Region {
-        polyrail_core::Region { ptr: self.ptr, len: self.len }
+        polyrail_core::Region { ptr: self.ptr(), len: self.len }
     }
 
     /// Unmaps the memory; the caller ended its registrations first.
     pub(crate) fn unmap(mut self) {
-        self.freed = true;
-        // SAFETY: the mapping made in `map`, unmapped once (`freed` keeps Drop away).
-        unsafe { libc::munmap(self.ptr.cast(), self.len.max(1)) };
+        self.memory = None;
     }
 }
 
 impl Deref for RegisteredBuffer {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr..ptr + len` is mapped, initialized (zero-filled) and owned by self.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+        // SAFETY: `ptr..ptr + len` is mapped (at least `len` bytes), zero-initialized at
+        // first and owned by self; the buffer is never used after `unmap` consumed it.
+        unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
     }
 }
 
 impl DerefMut for RegisteredBuffer {
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in deref, and `&mut self` makes the access exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len) }
     }
 }
 
 impl std::fmt::Debug for RegisteredBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RegisteredBuffer").field("ptr", &self.ptr).field("len", &self.len).finish()
+        f.debug_struct("RegisteredBuffer").field("ptr", &self.ptr()).field("len", &self.len).finish()
     }
 }
 
 impl Drop for RegisteredBuffer {
     fn drop(&mut self) {
-        if !self.freed {
+        if let Some(memory) = self.memory.take() {
             tracing::debug!(
                 "a registered buffer of {} bytes was dropped without Context::free_registered: it stays mapped",
                 self.len
             );
+            // Peers or a device may still write it: the mapping must never be reused.
+            std::mem::forget(memory);
         }
     }
 }

@@ -34,9 +34,6 @@ pub(crate) struct Driver {
     wait: WaitMode,
     /// The channel a waiting process sleeps on: a polled channel that can wake us.
     sleeper: Option<usize>,
-    /// How long one sleep may last: until the liveness check when the sleeper is the only
-    /// polled channel; a short nap when other channels (which cannot wake us) are polled too.
-    nap: Duration,
     /// Per peer: actions that would have blocked, in order (later sends queue behind them).
     blocked: Vec<VecDeque<Action>>,
     blocked_peers: usize,
@@ -115,7 +112,6 @@ impl Driver {
             .collect();
         let loopback = channels.iter().position(|c| c.attr().kind == TransportKind::Loopback);
         let sleeper = polled.iter().copied().find(|&i| channels[i].attr().caps.contains(Caps::WAKEUP));
-        let nap = if polled.len() > 1 { NAP } else { LIVENESS_PERIOD };
         let poll = PollPlan::new(poll, &channels, &polled);
         Driver {
             poll,
@@ -126,7 +122,6 @@ impl Driver {
             self_sent: false,
             wait,
             sleeper,
-            nap,
             blocked: (0..n).map(|_| VecDeque::new()).collect(),
             blocked_peers: 0,
             last_liveness: Instant::now(),
@@ -327,12 +322,14 @@ impl Driver {
         self.sleeper.is_some() && self.blocked_peers == 0 && !self.self_sent
     }
 
-    /// Sleeps on the doorbell until an arrival, or the nap, ends it.
+    /// Sleeps on the doorbell until an arrival ends it, or the liveness period; only a short
+    /// nap when other polled channels (which cannot ring the doorbell) may deliver meanwhile.
     fn sleep_once(&mut self) {
         let Some(i) = self.sleeper else { return };
+        let timeout = if self.polled.len() > 1 { NAP } else { LIVENESS_PERIOD };
         let ch = &mut self.channels[i];
         if ch.arm() {
-            ch.sleep(self.nap);
+            ch.sleep(timeout);
         }
         ch.disarm();
     }

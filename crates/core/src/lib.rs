@@ -17,6 +17,7 @@ pub mod config;
 pub mod engine;
 mod error;
 mod header;
+mod memory;
 pub mod policy;
 mod size;
 mod transport;
@@ -24,6 +25,7 @@ mod transport;
 pub use config::Config;
 pub use error::{Error, Rank, Result};
 pub use header::{Header, PacketKind};
+pub use memory::AnonMemory;
 pub use size::{format_size, parse_size};
 pub use transport::{
     Address, Caps, Cost, Issued, OpId, PeerInfo, Reach, Region, RegionMut, RemoteKey, Sink, Transport, TransportAttr,

@@ -13,8 +13,8 @@ use crate::packet::{self, Kind, DATA_OFFSET, HEADER_OFFSET, OVERHEAD};
 use crate::provider::{Access, Completion, MemoryRegion, Opcode, Provider, QpId, WcStatus, WorkRequest};
 use polyrail_core::config::IbSettings;
 use polyrail_core::{
-    Address, Caps, Cost, Error, Header, Issued, OpId, PeerInfo, Rank, Reach, Region, RegionMut, RemoteKey, Result,
-    Sink, Transport, TransportAttr, TransportKind,
+    Address, AnonMemory, Caps, Cost, Error, Header, Issued, OpId, PeerInfo, Rank, Reach, Region, RegionMut, RemoteKey,
+    Result, Sink, Transport, TransportAttr, TransportKind,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,44 +53,6 @@ fn wr_parts(id: u64) -> (WrKind, Rank, u32) {
         _ => WrKind::Heartbeat,
     };
     (kind, ((id >> 32) & 0x3fff_ffff) as Rank, id as u32)
-}
-
-/// Anonymous, zeroed, page-aligned memory.
-struct Mapping {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: the mapping is plain memory owned by this value; access to it is governed by the
-// transport that owns it.
-unsafe impl Send for Mapping {}
-
-impl Mapping {
-    fn new(len: usize) -> Result<Mapping> {
-        let len = len.max(1);
-        // SAFETY: an anonymous private mapping with no address hint; the result is checked.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(Error::last_os(format_args!("mapping {len} bytes for ib rings and staging")));
-        }
-        Ok(Mapping { ptr: ptr.cast(), len })
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: `ptr..ptr + len` is the mapping made in `new`, unmapped once.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
 }
 
 /// What a peer published.
@@ -193,9 +155,9 @@ pub struct DirectIb<P: Provider> {
     block: usize,
     sync_limit: usize,
     /// Incoming rings, one per peer rank, then the heartbeat area.
-    rings: Mapping,
+    rings: AnonMemory,
     rings_mr: MemoryRegion,
-    staging: Mapping,
+    staging: AnonMemory,
     staging_mr: MemoryRegion,
     free_staging: Vec<u32>,
     /// Queue pair and its number, per rank (none for this rank).
@@ -225,13 +187,14 @@ impl<P: Provider> DirectIb<P> {
     pub fn new(mut provider: P, settings: &IbSettings, rank: Rank, size: u32) -> Result<DirectIb<P>> {
         let (credits, block) = (settings.credits, settings.block);
         let ring_bytes = credits * block;
-        let rings = Mapping::new(ring_bytes * size as usize + HEARTBEAT_BYTES * size as usize)?;
-        let staging = Mapping::new(STAGING_BLOCKS * block)?;
+        let rings = AnonMemory::new(ring_bytes * size as usize + HEARTBEAT_BYTES * size as usize, "ib rings")?;
+        let staging = AnonMemory::new(STAGING_BLOCKS * block, "ib staging")?;
         // SAFETY: both mappings live as long as the transport, which deregisters them in Drop
         // before unmapping.
-        let rings_mr = unsafe { provider.register(rings.ptr, rings.len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)? };
+        let rings_mr =
+            unsafe { provider.register(rings.ptr(), rings.len(), Access::LOCAL_WRITE | Access::REMOTE_WRITE)? };
         // SAFETY: as above.
-        let staging_mr = unsafe { provider.register(staging.ptr, staging.len, Access::LOCAL_WRITE)? };
+        let staging_mr = unsafe { provider.register(staging.ptr(), staging.len(), Access::LOCAL_WRITE)? };
         let mut qps = Vec::with_capacity(size as usize);
         for r in 0..size {
             qps.push(if r == rank { None } else { Some(provider.create_qp()?) });
@@ -331,7 +294,7 @@ impl<P: Provider> DirectIb<P> {
             return Ok(Issued::WouldBlock);
         }
         let Some(slot) = self.free_staging.pop() else { return Ok(Issued::WouldBlock) };
-        let staged = self.staging.ptr as usize + slot as usize * block;
+        let staged = self.staging.ptr() as usize + slot as usize * block;
         // SAFETY: staging block `slot` was free: no write in flight reads it, and nothing else
         // refers to it until its completion returns it to the free list.
         let buf = unsafe { std::slice::from_raw_parts_mut(staged as *mut u8, block) };
@@ -412,7 +375,7 @@ impl<P: Provider> DirectIb<P> {
     /// Delivers complete packets of `peer`'s ring, up to `budget`; returns how many.
     fn poll_ring(&mut self, peer: Rank, budget: usize, sink: &mut dyn Sink) -> usize {
         let (credits_max, block, max_payload) = (self.credits, self.block, self.max_payload());
-        let ring = self.rings.ptr as usize + peer as usize * self.ring_bytes();
+        let ring = self.rings.ptr() as usize + peer as usize * self.ring_bytes();
         let mut n = 0;
         while n < budget {
             let Some(p) = self.peers.get_mut(peer as usize).and_then(Option::as_mut) else { return n };
@@ -810,7 +773,7 @@ impl<P: Provider> Transport for DirectIb<P> {
 
     fn has_unread(&self, peer: Rank) -> bool {
         let Some(p) = self.peers.get(peer as usize).and_then(Option::as_ref) else { return false };
-        let at = self.rings.ptr as usize
+        let at = self.rings.ptr() as usize
             + peer as usize * self.ring_bytes()
             + (p.received % self.credits as u64) as usize * self.block;
         // SAFETY: as in poll_ring; a peek at word 0 only.
