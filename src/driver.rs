@@ -140,11 +140,13 @@ impl Driver {
         let peer = match &a {
             Action::Send { to, .. } => *to,
             Action::Get { peer, .. } | Action::Put { peer, .. } => *peer,
-            Action::Expose { channel, region, op } => {
-                let key = self.channels[*channel as usize].expose(*region);
+            Action::Expose { channel, region, access, op } => {
+                let key = self.channels[*channel as usize].expose(*region, *access);
                 return self.engine.handle_exposed(*op, key);
             }
-            Action::Unexpose { channel, key } => return self.channels[*channel as usize].unexpose(key),
+            Action::Unexpose { channel, key, written } => {
+                return self.channels[*channel as usize].unexpose(key, written.clone())
+            }
         };
         let q = &mut self.blocked[peer as usize];
         if !q.is_empty() {

@@ -176,6 +176,9 @@ pub struct IbSettings {
     /// `POLYRAIL_IB_SYNC_LIMIT`: a receiver sends a credit-only SYNC packet when the sender's
     /// view of free blocks would fall under this (DCFA's CreditSyncLimit). Default 2.
     pub sync_limit: usize,
+    /// `POLYRAIL_IB_BOUNCE`: largest rendezvous message copied through pre-registered bounce
+    /// buffers instead of registering the user's memory; 0 never bounces. Default 64k.
+    pub bounce: usize,
 }
 
 impl Default for IbSettings {
@@ -188,6 +191,7 @@ impl Default for IbSettings {
             block: 8 << 10,
             eager_limit: 8 << 10,
             sync_limit: 2,
+            bounce: 64 << 10,
         }
     }
 }
@@ -294,6 +298,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("POLYRAIL_IB_BLOCK", "bytes per ib eager ring block (default 8k)"),
     ("POLYRAIL_IB_EAGER_LIMIT", "smallest message sent by rendezvous over ib (default 8k)"),
     ("POLYRAIL_IB_SYNC_LIMIT", "free blocks under which a receiver returns credits at once (default 2)"),
+    ("POLYRAIL_IB_BOUNCE", "largest ib rendezvous copied through pre-registered buffers, 0 = never (default 64k)"),
 ];
 
 impl Config {
@@ -448,6 +453,7 @@ impl Config {
             }
             "POLYRAIL_IB_EAGER_LIMIT" => self.ib.eager_limit = size_in(0, 1 << 30)?,
             "POLYRAIL_IB_SYNC_LIMIT" => self.ib.sync_limit = size_in(2, 4096)?,
+            "POLYRAIL_IB_BOUNCE" => self.ib.bounce = size_in(0, 16 << 20)?,
             _ => {
                 let known: Vec<&str> = VARIABLES.iter().map(|(n, _)| *n).collect();
                 return Err(Error::config(
@@ -706,6 +712,7 @@ mod tests {
         let ib =
             cfg(&[("POLYRAIL_IB_DEVICE", "rxe0:2"), ("POLYRAIL_IB_CREDITS", "16"), ("POLYRAIL_NODE", "3")]).unwrap();
         assert_eq!((ib.ib.device, ib.ib.credits, ib.node), (Some(("rxe0".into(), 2)), 16, Some(3)));
+        assert_eq!(cfg(&[("POLYRAIL_IB_BOUNCE", "0")]).unwrap().ib.bounce, 0);
         for (var, bad) in [
             ("POLYRAIL_IB_PROVIDER", "hca"),
             ("POLYRAIL_IB_DEVICE", "rxe0:0"),
@@ -713,6 +720,8 @@ mod tests {
             ("POLYRAIL_IB_BLOCK", "1000"),
             ("POLYRAIL_IB_CREDITS", "2"),
             ("POLYRAIL_IB_SYNC_LIMIT", "1"),
+            ("POLYRAIL_IB_BOUNCE", "32m"),
+            ("POLYRAIL_IB_BOUNCE", "some"),
             ("POLYRAIL_NODE", "-1"),
         ] {
             let e = cfg(&[(var, bad)]).unwrap_err().to_string();

@@ -28,6 +28,6 @@ pub use header::{Header, PacketKind};
 pub use memory::AnonMemory;
 pub use size::{format_size, parse_size};
 pub use transport::{
-    Address, Caps, Cost, Issued, OpId, PeerInfo, Reach, Region, RegionMut, RemoteKey, Sink, Transport, TransportAttr,
-    TransportKind,
+    Address, Caps, Cost, Issued, OpId, PeerAccess, PeerInfo, Reach, Region, RegionMut, RemoteKey, Sink, Transport,
+    TransportAttr, TransportKind,
 };

@@ -7,6 +7,7 @@
 use crate::error::{Error, Rank, Result};
 use crate::header::Header;
 use std::fmt;
+use std::ops::Range;
 
 /// Stable short names of the channels, as used in `POLYRAIL_TRANSPORTS` and reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -215,6 +216,15 @@ impl fmt::Debug for RemoteKey {
     }
 }
 
+/// What peers do with memory a process exposes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerAccess {
+    /// Peers read it: the source of a send, pulled by the receiver.
+    Read,
+    /// Peers write it: the destination of a receive, pushed by the sender.
+    Write,
+}
+
 /// Local memory handed to a transport for a one-sided operation.
 ///
 /// Holds a raw pointer: whoever builds one promises the memory stays valid (and, for
@@ -292,13 +302,17 @@ pub trait Transport: Send {
     /// Delivers up to `budget` arrivals and completions to `sink`; returns how many.
     fn progress(&mut self, budget: usize, sink: &mut dyn Sink) -> Result<usize>;
 
-    /// Makes local memory accessible to peers' `get`/`put`; returns its key.
-    fn expose(&mut self, _region: Region) -> Result<RemoteKey> {
+    /// Makes local memory accessible to peers' `get` (`PeerAccess::Read`) or `put`
+    /// (`PeerAccess::Write`); returns its key. A transport may expose a stand-in buffer instead
+    /// (a copy of a source, a bounce area for a destination, see [`Transport::unexpose`]).
+    fn expose(&mut self, _region: Region, _access: PeerAccess) -> Result<RemoteKey> {
         Err(Error::Transport { kind: self.attr().kind.name(), what: "cannot expose memory".into() })
     }
 
-    /// Ends the exposure of memory exposed with `expose`.
-    fn unexpose(&mut self, _key: &RemoteKey) {}
+    /// Ends the exposure of memory exposed with `expose`. `written` is the part of the region
+    /// (offsets from its start) that peers wrote and the owner wants: a transport that exposed a
+    /// stand-in for a destination copies that part into the region before it returns.
+    fn unexpose(&mut self, _key: &RemoteKey, _written: Range<usize>) {}
 
     /// Registers long-lived memory once, so that `expose`, `get` and `put` on any part of it
     /// skip their per-operation registration (channels that need none ignore this). The memory

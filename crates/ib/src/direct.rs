@@ -1,7 +1,9 @@
 //! [`DirectIb`]: the `ib` channel. Every packet travels by RDMA write into the peer's eager ring
 //! (DCFA-MPI §3.4): per ordered pair, a ring of `credits` blocks in the receiver's memory that
 //! only the sender writes. Rendezvous data moves by RDMA read (`get`) or write (`put`) between
-//! registered user buffers, driven by the engine's state machines.
+//! registered user buffers, driven by the engine's state machines. Messages up to
+//! `POLYRAIL_IB_BOUNCE` from memory that is not registered already are copied through a pool of
+//! pre-registered bounce buffers instead ([`BouncePool`]): cheaper than registering their pages.
 //!
 //! Credits: the sender may write a block only when it holds a credit for it. Every packet
 //! carries the credits its sender returns (blocks of the other direction's ring it consumed);
@@ -9,14 +11,16 @@
 //! limit sends a credit-only SYNC packet. Data packets leave one credit unused, reserved for
 //! SYNC and BYE packets, so two processes that flood each other can always return credits.
 
+use crate::bounce::{self, BouncePool};
 use crate::packet::{self, Kind, DATA_OFFSET, HEADER_OFFSET, OVERHEAD};
 use crate::provider::{Access, Completion, MemoryRegion, Opcode, Provider, QpId, WcStatus, WorkRequest};
 use polyrail_core::config::IbSettings;
 use polyrail_core::{
-    Address, AnonMemory, Caps, Cost, Error, Header, Issued, OpId, PeerInfo, Rank, Reach, Region, RegionMut, RemoteKey,
-    Result, Sink, Transport, TransportAttr, TransportKind,
+    format_size, Address, AnonMemory, Caps, Cost, Error, Header, Issued, OpId, PeerAccess, PeerInfo, Rank, Reach,
+    Region, RegionMut, RemoteKey, Result, Sink, Transport, TransportAttr, TransportKind,
 };
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -132,6 +136,18 @@ impl Peer {
     }
 }
 
+/// Where the local memory of a one-sided operation or an exposure lives.
+#[derive(Debug)]
+enum Local {
+    /// Inside a long-lived registration (`register_memory`).
+    Pinned,
+    /// Registered for this operation only; deregistered when it ends.
+    Registered(MemoryRegion),
+    /// Bounce slot `slot` stands in for `len` bytes of user memory at `user` (an address: the
+    /// transport must stay `Send`).
+    Bounce { slot: u32, user: usize, len: usize },
+}
+
 /// One one-sided operation in flight.
 #[derive(Debug)]
 struct RmaOp {
@@ -139,10 +155,9 @@ struct RmaOp {
     peer: Rank,
     parts_left: usize,
     error: Option<WcStatus>,
-    /// The registration of the local buffer, and whether it was made for this operation only
-    /// (then it is released when the last part completes).
-    local: MemoryRegion,
-    temporary: bool,
+    /// Its local memory; a read into a bounce slot is copied to the user's buffer at the end.
+    local: Local,
+    reads: bool,
 }
 
 /// The DirectIB channel over provider `P`. See the module documentation.
@@ -167,8 +182,11 @@ pub struct DirectIb<P: Provider> {
     active: Vec<Rank>,
     ops: Vec<Option<RmaOp>>,
     free_ops: Vec<u32>,
-    /// Registrations made by `expose`, by rkey.
-    exposed: HashMap<u32, MemoryRegion>,
+    /// Exposures that hold a registration or a bounce slot, by the rkey and address in their key.
+    exposed: HashMap<(u32, u64), Local>,
+    /// `POLYRAIL_IB_BOUNCE`, and the pool (made at its first use).
+    bounce_limit: usize,
+    bounce: Option<BouncePool>,
     /// Long-lived registrations (`register_memory`): operations inside them register nothing.
     pinned: Vec<MemoryRegion>,
     completions: Vec<Completion>,
@@ -239,6 +257,8 @@ impl<P: Provider> DirectIb<P> {
             ops: Vec::new(),
             free_ops: Vec::new(),
             exposed: HashMap::new(),
+            bounce_limit: settings.bounce,
+            bounce: None,
             pinned: Vec::new(),
             completions: Vec::with_capacity(64),
             lost: Vec::new(),
@@ -343,9 +363,8 @@ impl<P: Provider> DirectIb<P> {
                 if op.parts_left == 0 {
                     let Some(op) = self.ops[index as usize].take() else { return };
                     self.free_ops.push(index);
-                    if op.temporary {
-                        self.provider.deregister(&op.local);
-                    }
+                    let landed = if op.reads && op.error.is_none() { 0..usize::MAX } else { 0..0 };
+                    self.release_local(op.local, landed);
                     let result = match op.error {
                         None => Ok(()),
                         Some(s) => Err(Error::Transport {
@@ -477,20 +496,83 @@ impl<P: Provider> DirectIb<P> {
         let _ = self.send_packet(peer, Kind::Sync, &[0; Header::WIRE_LEN], &[]);
     }
 
-    /// The registration for `len` bytes at `ptr`: a long-lived one covering them (`false`), or
-    /// one made now for this operation (`true`).
-    fn register_local(&mut self, ptr: *mut u8, len: usize, access: Access) -> Result<(MemoryRegion, bool)> {
-        if let Some(mr) = self.pinned.iter().find(|m| m.contains(ptr as u64, len)) {
-            return Ok((*mr, false));
+    /// A free bounce slot for `len` bytes, making the pool at first use; `None` when the message
+    /// is too large to bounce or every slot is busy (then it registers).
+    fn bounce_slot(&mut self, len: usize) -> Option<u32> {
+        if len == 0 || len > self.bounce_limit {
+            return None;
         }
-        // SAFETY: the engine keeps the buffer valid until the operation completes (Region's
-        // contract); the registration is released at completion.
-        Ok((unsafe { self.provider.register(ptr, len.max(1), access)? }, true))
+        if self.bounce.is_none() {
+            match BouncePool::new(&mut self.provider, self.bounce_limit) {
+                Ok(pool) => self.bounce = Some(pool),
+                Err(e) => {
+                    // Registration still works: stop trying to bounce.
+                    tracing::warn!("ib: no bounce buffers ({e}); registering every rendezvous buffer");
+                    self.bounce_limit = 0;
+                    return None;
+                }
+            }
+        }
+        self.bounce.as_mut()?.take()
     }
 
-    /// The rkey and start address of a key made by `expose` (its length is checked by the
-    /// peer's device, not here).
-    fn decode_key(peer: Rank, key: &RemoteKey) -> Result<(u32, u64)> {
+    /// Local memory for `len` bytes at `ptr`: the long-lived registration covering them, a
+    /// bounce slot (filled from `ptr` when `fill`), or a registration made now with `access`.
+    /// Returns the address and lkey to use and what to release afterwards.
+    fn local_memory(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+        fill: bool,
+    ) -> Result<(u64, MemoryRegion, Local)> {
+        if let Some(mr) = self.pinned.iter().find(|m| m.contains(ptr as u64, len)) {
+            return Ok((ptr as u64, *mr, Local::Pinned));
+        }
+        if let Some(slot) = self.bounce_slot(len) {
+            let pool = self.bounce.as_ref().expect("bounce_slot made the pool");
+            let at = pool.addr(slot);
+            if fill {
+                // SAFETY: the caller's `len` bytes at `ptr` are valid for reads (Region's
+                // contract); the slot holds at least `len` bytes and nothing else uses it.
+                unsafe { std::ptr::copy_nonoverlapping(ptr, at, len) };
+            }
+            return Ok((at as u64, *pool.region(), Local::Bounce { slot, user: ptr as usize, len }));
+        }
+        // SAFETY: the engine keeps the buffer valid until the operation or exposure ends
+        // (Region's contract); the registration is released then.
+        let mr = unsafe { self.provider.register(ptr, len.max(1), access)? };
+        Ok((ptr as u64, mr, Local::Registered(mr)))
+    }
+
+    /// Ends the use of local memory from [`DirectIb::local_memory`]. For a bounce slot, copies
+    /// the bytes of `landed` (offsets, clipped to the slot's length) to the user's memory first.
+    fn release_local(&mut self, local: Local, landed: Range<usize>) {
+        match local {
+            Local::Pinned => {}
+            Local::Registered(mr) => self.provider.deregister(&mr),
+            Local::Bounce { slot, user, len } => {
+                let Some(pool) = self.bounce.as_mut() else { return };
+                let range = landed.start.min(len)..landed.end.min(len);
+                if !range.is_empty() {
+                    // SAFETY: the slot holds `len` bytes the peer or the device wrote; the user
+                    // memory is a destination of `len` bytes the engine keeps valid until the
+                    // request it belongs to ends, which is after this call.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            pool.addr(slot).add(range.start),
+                            (user as *mut u8).add(range.start),
+                            range.len(),
+                        )
+                    };
+                }
+                pool.give_back(slot);
+            }
+        }
+    }
+
+    /// The rkey, start address and length of a key made by `expose`.
+    fn decode_key(peer: Rank, key: &RemoteKey) -> Result<(u32, u64, u64)> {
         let b = key.as_bytes();
         if b.len() != KEY_LEN {
             return Err(Error::Transport {
@@ -499,7 +581,8 @@ impl<P: Provider> DirectIb<P> {
             });
         }
         let addr = u64::from_le_bytes(b[4..12].try_into().unwrap_or_default());
-        Ok((u32::from_le_bytes([b[0], b[1], b[2], b[3]]), addr))
+        let len = u64::from_le_bytes(b[12..20].try_into().unwrap_or_default());
+        Ok((u32::from_le_bytes([b[0], b[1], b[2], b[3]]), addr, len))
     }
 
     /// Posts a one-sided operation in parts of at most the provider's transfer size.
@@ -512,11 +595,17 @@ impl<P: Provider> DirectIb<P> {
         offset: usize,
         op: OpId,
     ) -> Result<Issued> {
-        let (rkey, base) = Self::decode_key(peer, key)?;
-        let remote = base.checked_add(offset as u64).ok_or_else(|| Error::Transport {
-            kind: "ib",
-            what: format!("remote offset {offset} overflows the key of rank {peer}"),
-        })?;
+        let (rkey, base, exposed) = Self::decode_key(peer, key)?;
+        // The peer's device checks the registration; this checks the exposure, which may be a
+        // part of one (a bounce slot, a pinned pool), and names the problem without failing
+        // the queue pair.
+        if (offset as u64).checked_add(len as u64).is_none_or(|end| end > exposed) {
+            return Err(Error::Transport {
+                kind: "ib",
+                what: format!("bytes {offset}..+{len} lie outside the {exposed} bytes rank {peer} exposed"),
+            });
+        }
+        let remote = base.wrapping_add(offset as u64);
         let max = self.provider.max_transfer();
         let parts = len.div_ceil(max).max(1);
         let limit = self.provider.max_outstanding();
@@ -528,8 +617,9 @@ impl<P: Provider> DirectIb<P> {
             return Ok(Issued::WouldBlock);
         }
         let qp = p.qp;
-        let access = if opcode == Opcode::Read { Access::LOCAL_WRITE } else { Access(0) };
-        let (mr, temporary) = self.register_local(local, len, access)?;
+        let reads = opcode == Opcode::Read;
+        let access = if reads { Access::LOCAL_WRITE } else { Access(0) };
+        let (local_addr, mr, local) = self.local_memory(local, len, access, !reads)?;
         let index = match self.free_ops.pop() {
             Some(i) => i,
             None => {
@@ -537,13 +627,13 @@ impl<P: Provider> DirectIb<P> {
                 (self.ops.len() - 1) as u32
             }
         };
-        self.ops[index as usize] = Some(RmaOp { op, peer, parts_left: parts, error: None, local: mr, temporary });
+        self.ops[index as usize] = Some(RmaOp { op, peer, parts_left: parts, error: None, local, reads });
         for i in 0..parts {
             let at = i * max;
             let wr = WorkRequest {
                 wr_id: wr_id(WrKind::Rma, peer, index),
                 opcode,
-                local_addr: local as u64 + at as u64,
+                local_addr: local_addr + at as u64,
                 len: (len - at).min(max),
                 lkey: mr.lkey,
                 remote_addr: remote.wrapping_add(at as u64),
@@ -558,11 +648,10 @@ impl<P: Provider> DirectIb<P> {
                     o.parts_left
                 });
                 if o == Some(0) {
-                    self.ops[index as usize] = None;
-                    self.free_ops.push(index);
-                    if temporary {
-                        self.provider.deregister(&mr);
+                    if let Some(op) = self.ops[index as usize].take() {
+                        self.release_local(op.local, 0..0);
                     }
+                    self.free_ops.push(index);
                     return Err(e);
                 }
                 break;
@@ -605,11 +694,15 @@ impl<P: Provider> DirectIb<P> {
 
 impl<P: Provider> Drop for DirectIb<P> {
     fn drop(&mut self) {
-        for mr in self.exposed.values() {
-            self.provider.deregister(mr);
+        let exposed = self.exposed.drain().map(|(_, l)| l);
+        let in_flight = self.ops.iter_mut().flatten().map(|o| std::mem::replace(&mut o.local, Local::Pinned));
+        for local in exposed.chain(in_flight).collect::<Vec<_>>() {
+            if let Local::Registered(mr) = local {
+                self.provider.deregister(&mr);
+            }
         }
-        for op in self.ops.iter().flatten().filter(|o| o.temporary) {
-            self.provider.deregister(&op.local);
+        if let Some(pool) = &self.bounce {
+            pool.release(&mut self.provider);
         }
         for mr in &self.pinned {
             self.provider.deregister(mr);
@@ -727,22 +820,28 @@ impl<P: Provider> Transport for DirectIb<P> {
         Ok(n)
     }
 
-    fn expose(&mut self, region: Region) -> Result<RemoteKey> {
-        let (mr, temporary) = self.register_local(region.ptr as *mut u8, region.len, Access::ALL)?;
-        if temporary {
-            self.exposed.insert(mr.rkey, mr);
+    /// A source is copied into a bounce slot now; a destination's slot is copied out at
+    /// `unexpose`. Registrations made here allow only `access`.
+    fn expose(&mut self, region: Region, access: PeerAccess) -> Result<RemoteKey> {
+        let (reads, flags) = match access {
+            PeerAccess::Read => (true, Access::REMOTE_READ),
+            PeerAccess::Write => (false, Access::REMOTE_WRITE | Access::LOCAL_WRITE),
+        };
+        let (addr, mr, local) = self.local_memory(region.ptr as *mut u8, region.len, flags, reads)?;
+        if !matches!(local, Local::Pinned) {
+            self.exposed.insert((mr.rkey, addr), local);
         }
         let mut k = [0u8; KEY_LEN];
         k[..4].copy_from_slice(&mr.rkey.to_le_bytes());
-        k[4..12].copy_from_slice(&(region.ptr as u64).to_le_bytes());
+        k[4..12].copy_from_slice(&addr.to_le_bytes());
         k[12..20].copy_from_slice(&(region.len as u64).to_le_bytes());
         RemoteKey::new(&k).ok_or_else(|| Error::InvalidArgument("remote key too long".into()))
     }
 
-    fn unexpose(&mut self, key: &RemoteKey) {
-        if let Ok((rkey, _)) = Self::decode_key(self.rank, key) {
-            if let Some(mr) = self.exposed.remove(&rkey) {
-                self.provider.deregister(&mr);
+    fn unexpose(&mut self, key: &RemoteKey, written: Range<usize>) {
+        if let Ok((rkey, addr, _)) = Self::decode_key(self.rank, key) {
+            if let Some(local) = self.exposed.remove(&(rkey, addr)) {
+                self.release_local(local, written);
             }
         }
     }
@@ -837,12 +936,16 @@ impl<P: Provider> Transport for DirectIb<P> {
     fn describe(&self) -> String {
         let lost = self.peers.iter().flatten().filter(|p| p.reported && !p.finished).count();
         format!(
-            "{}; eager ring {} x {} B per peer (payload up to {} B), sync limit {}, {} peers connected{}",
+            "{}; eager ring {} x {} B per peer (payload up to {} B), sync limit {}, {}, {} peers connected{}",
             self.provider.describe(),
             self.credits,
             self.block,
             self.max_payload(),
             self.sync_limit,
+            match self.bounce_limit {
+                0 => "every rendezvous buffer registered".to_string(),
+                n => format!("rendezvous up to {} through {} bounce buffers", format_size(n), bounce::SLOTS),
+            },
             self.active.len(),
             if lost > 0 { format!(", {lost} lost") } else { String::new() }
         )

@@ -1,7 +1,7 @@
 //! The DirectIB channel over the software provider, two endpoints in one process.
 
 use polyrail_core::config::IbSettings;
-use polyrail_core::{Error, Issued, Reach, Region, RegionMut, Transport};
+use polyrail_core::{Error, Issued, PeerAccess, Reach, Region, RegionMut, Transport};
 use polyrail_ib::provider::{Access, Completion, Opcode, Provider, WcStatus, WorkRequest};
 use polyrail_ib::{DirectIb, SoftProvider};
 
@@ -25,10 +25,10 @@ fn two_floods_never_deadlock() {
 
 #[test]
 fn get_and_put_move_registered_memory() {
-    let (mut a, mut b) = soft_pair(&IbSettings::default());
+    let (mut a, mut b) = soft_pair(&IbSettings { bounce: 0, ..IbSettings::default() });
     let (mut ra, mut rb) = (Recorder::default(), Recorder::default());
     let src: Vec<u8> = (0..3_000_000u32).map(|i| (i * 31) as u8).collect();
-    let key = a.expose(Region { ptr: src.as_ptr(), len: src.len() }).unwrap();
+    let key = a.expose(Region { ptr: src.as_ptr(), len: src.len() }, PeerAccess::Read).unwrap();
     let mut dst = vec![0u8; 1_000_000];
     let into = RegionMut { ptr: dst.as_mut_ptr(), len: dst.len() };
     assert_eq!(b.get(0, &key, 1_000_000, into, 7).unwrap(), Issued::Pending);
@@ -37,25 +37,86 @@ fn get_and_put_move_registered_memory() {
     assert_eq!(&dst[..], &src[1_000_000..2_000_000]);
     // Put into exposed memory.
     let mut target = vec![0u8; 4096];
-    let tkey = a.expose(Region { ptr: target.as_mut_ptr(), len: target.len() }).unwrap();
+    let tkey = a.expose(Region { ptr: target.as_mut_ptr(), len: target.len() }, PeerAccess::Write).unwrap();
     assert_eq!(b.put(0, Region { ptr: dst.as_ptr(), len: 100 }, &tkey, 10, 8).unwrap(), Issued::Pending);
     b.progress(64, &mut rb).unwrap();
     assert!(matches!(rb.completed[1], (8, Ok(()))));
     assert_eq!(&target[10..110], &dst[..100]);
-    // Reading past the exposed region is a completion error, and nothing was read.
+    // Past the exposed range: refused before anything is posted, the connection stays.
     let mut small = vec![0xeeu8; 64];
     let into = RegionMut { ptr: small.as_mut_ptr(), len: 64 };
-    assert_eq!(b.get(0, &tkey, 4096 - 32, into, 9).unwrap(), Issued::Pending);
+    let e = b.get(0, &tkey, 4096 - 32, into, 9).unwrap_err();
+    assert!(e.to_string().contains("outside the 4096 bytes"), "{e}");
+    // A key forged to claim more than was registered: the provider refuses it with a
+    // completion error, nothing is read, and the failed queue pair takes the peer down.
+    let e = b.get(0, &common::widened(&tkey, 4096), 4096 - 32, into, 10).unwrap();
+    assert_eq!(e, Issued::Pending);
     b.progress(64, &mut rb).unwrap();
     match &rb.completed[2] {
-        (9, Err(e)) => assert!(e.to_string().contains("remote access error"), "{e}"),
+        (10, Err(e)) => assert!(e.to_string().contains("remote access error"), "{e}"),
         other => panic!("{other:?}"),
     }
     assert!(small.iter().all(|&x| x == 0xee));
-    // The failed queue pair takes the peer down, as with real verbs.
     assert!(matches!(rb.lost[..], [(0, Error::PeerLost { .. })]));
-    a.unexpose(&key);
+    a.unexpose(&key, 0..0);
+    a.unexpose(&tkey, 0..0);
     a.progress(64, &mut ra).unwrap();
+}
+
+/// A source exposed for reading cannot be written through its key.
+#[test]
+fn read_only_exposures_refuse_writes() {
+    let (mut a, mut b) = soft_pair(&IbSettings { bounce: 0, ..IbSettings::default() });
+    let mut rb = Recorder::default();
+    let src = vec![7u8; 4096];
+    let key = a.expose(Region { ptr: src.as_ptr(), len: src.len() }, PeerAccess::Read).unwrap();
+    let junk = [0u8; 16];
+    assert_eq!(b.put(0, Region { ptr: junk.as_ptr(), len: 16 }, &key, 0, 1).unwrap(), Issued::Pending);
+    b.progress(64, &mut rb).unwrap();
+    assert!(matches!(&rb.completed[..], [(1, Err(_))]), "{:?}", rb.completed);
+    assert!(std::hint::black_box(&src).iter().all(|&x| x == 7));
+    a.unexpose(&key, 0..0);
+}
+
+/// Medium messages go through bounce buffers on both sides: a get lands in the user's buffer
+/// at its completion, a put into an exposed destination when the exposure ends, and only the
+/// bytes the owner names; with every slot busy, exposures register instead.
+#[test]
+fn medium_messages_bounce_and_land_in_place() {
+    let settings = IbSettings::default();
+    assert_eq!(settings.bounce, 64 << 10);
+    let (mut a, mut b) = soft_pair(&settings);
+    let (mut ra, mut rb) = (Recorder::default(), Recorder::default());
+    assert!(a.describe().contains("rendezvous up to 64k through 64 bounce buffers"), "{}", a.describe());
+    // More sources than slots, so the last ones register.
+    let sources: Vec<Vec<u8>> = (0..70u32).map(|i| (0..10_000u32).map(|j| (j * 7 + i) as u8).collect()).collect();
+    let keys: Vec<_> =
+        sources.iter().map(|s| a.expose(Region { ptr: s.as_ptr(), len: s.len() }, PeerAccess::Read).unwrap()).collect();
+    let mut outs = vec![vec![0u8; 10_000]; 70];
+    for (i, (k, o)) in keys.iter().zip(&mut outs).enumerate() {
+        let into = RegionMut { ptr: o.as_mut_ptr(), len: o.len() };
+        assert_eq!(b.get(0, k, 0, into, i as u64).unwrap(), Issued::Pending);
+        b.progress(64, &mut rb).unwrap();
+    }
+    assert_eq!(rb.completed.len(), 70);
+    assert!(rb.completed.iter().all(|(_, r)| r.is_ok()));
+    assert!(outs == sources, "gets through bounce buffers: data differs");
+    for k in &keys {
+        a.unexpose(k, 0..0);
+    }
+    // A destination: nothing reaches it before the exposure ends, then only `written`.
+    let mut target = vec![0x5au8; 8192];
+    let tkey = a.expose(Region { ptr: target.as_mut_ptr(), len: target.len() }, PeerAccess::Write).unwrap();
+    let data: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
+    assert_eq!(b.put(0, Region { ptr: data.as_ptr(), len: data.len() }, &tkey, 100, 99).unwrap(), Issued::Pending);
+    b.progress(64, &mut rb).unwrap();
+    assert!(matches!(rb.completed.last(), Some((99, Ok(())))));
+    assert!(std::hint::black_box(&target).iter().all(|&x| x == 0x5a), "the put went to a bounce buffer");
+    a.unexpose(&tkey, 100..1100);
+    assert_eq!(&target[100..1100], &data[..]);
+    assert!(target[..100].iter().chain(&target[1100..]).all(|&x| x == 0x5a));
+    a.progress(64, &mut ra).unwrap();
+    assert!(ra.lost.is_empty() && rb.lost.is_empty());
 }
 
 /// Provider level: a wrong key, an offset past the region, a forged length and a deregistered

@@ -10,7 +10,7 @@ mod common;
 
 use common::{pair, until, Recorder};
 use polyrail_core::config::IbSettings;
-use polyrail_core::{Error, Issued, Region, RegionMut, Transport};
+use polyrail_core::{Error, Issued, PeerAccess, Region, RegionMut, Transport};
 use polyrail_ib::provider::{Access, Completion, MemoryRegion, Opcode, Provider, QpId, WcStatus, WorkRequest};
 use polyrail_ib::verbs::VerbsProvider;
 use polyrail_ib::{DirectIb, Unavailable};
@@ -76,7 +76,7 @@ fn get_and_put_move_registered_memory() {
     // Big enough to be split into several requests when the port's messages are small (rxe).
     let big = if max <= 8 << 20 { max + (1 << 20) + 12345 } else { 3 << 20 };
     let src: Vec<u8> = (0..big as u32 + (1 << 20)).map(|i| (i.wrapping_mul(31) ^ (i >> 11)) as u8).collect();
-    let key = a.expose(Region { ptr: src.as_ptr(), len: src.len() }).unwrap();
+    let key = a.expose(Region { ptr: src.as_ptr(), len: src.len() }, PeerAccess::Read).unwrap();
     // Get of 1 MiB at an offset.
     let mut dst = vec![0u8; 1 << 20];
     let t = Instant::now();
@@ -101,7 +101,7 @@ fn get_and_put_move_registered_memory() {
     );
     // Put of 2 MiB into exposed memory, at an offset, surrounded by bytes that must stay.
     let mut target = vec![0x5au8; 3 << 20];
-    let tkey = a.expose(Region { ptr: target.as_mut_ptr(), len: target.len() }).unwrap();
+    let tkey = a.expose(Region { ptr: target.as_mut_ptr(), len: target.len() }, PeerAccess::Write).unwrap();
     let t = Instant::now();
     assert_eq!(b.put(0, Region { ptr: whole.as_ptr(), len: 2 << 20 }, &tkey, 4096 + 10, 9).unwrap(), Issued::Pending);
     wait_completed(&mut b, &mut rb, 3);
@@ -110,10 +110,15 @@ fn get_and_put_move_registered_memory() {
     assert!(target[4096 + 10..4096 + 10 + (2 << 20)] == whole[..2 << 20], "put: data differs");
     assert!(target[..4096 + 10].iter().all(|&x| x == 0x5a), "put wrote before its range");
     assert!(target[4096 + 10 + (2 << 20)..].iter().all(|&x| x == 0x5a), "put wrote after its range");
-    // Reading past the exposed region is a completion error, and nothing was read.
+    // Past the exposed range: refused before anything is posted.
     let mut small = vec![0xeeu8; 64];
     let into = RegionMut { ptr: small.as_mut_ptr(), len: 64 };
-    assert_eq!(b.get(0, &tkey, (3 << 20) - 32, into, 10).unwrap(), Issued::Pending);
+    let e = b.get(0, &key, src.len() - 32, into, 10).unwrap_err();
+    assert!(e.to_string().contains("outside the"), "{e}");
+    // A key forged to claim more than was registered: the device refuses it with a completion
+    // error, and nothing was read.
+    let forged = common::widened(&key, 4096);
+    assert_eq!(b.get(0, &forged, src.len() - 32, into, 10).unwrap(), Issued::Pending);
     wait_completed(&mut b, &mut rb, 4);
     match &rb.completed[3] {
         (10, Err(e)) => assert!(e.to_string().contains("remote access error"), "{e}"),
@@ -126,8 +131,8 @@ fn get_and_put_move_registered_memory() {
         !rb.lost.is_empty()
     });
     assert!(matches!(rb.lost[..], [(0, Error::PeerLost { .. })]), "{:?}", rb.lost);
-    a.unexpose(&key);
-    a.unexpose(&tkey);
+    a.unexpose(&key, 0..0);
+    a.unexpose(&tkey, 0..0);
     a.progress(64, &mut ra).unwrap();
 }
 

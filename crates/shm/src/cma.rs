@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::io;
 
 use polyrail_core::{
-    Address, Caps, Cost, Error, Header, Issued, OpId, PeerInfo, Rank, Reach, Region, RegionMut, RemoteKey, Result,
-    Sink, Transport, TransportAttr, TransportKind,
+    Address, Caps, Cost, Error, Header, Issued, OpId, PeerAccess, PeerInfo, Rank, Reach, Region, RegionMut, RemoteKey,
+    Result, Sink, Transport, TransportAttr, TransportKind,
 };
 
 use crate::key::PidKey;
@@ -246,7 +246,7 @@ impl Transport for CmaTransport {
         Ok(0)
     }
 
-    fn expose(&mut self, region: Region) -> Result<RemoteKey> {
+    fn expose(&mut self, region: Region, _access: PeerAccess) -> Result<RemoteKey> {
         Ok(PidKey { pid: self.pid, addr: region.ptr as u64, len: region.len as u64 }.encode())
     }
 

@@ -1,10 +1,11 @@
 //! [`Loopback`]: messages from a process to itself, and one-sided copies within it.
 
 use std::collections::VecDeque;
+use std::ops::Range;
 
 use polyrail_core::{
-    Address, Caps, Cost, Error, Header, Issued, OpId, PeerInfo, Rank, Reach, Region, RegionMut, RemoteKey, Result,
-    Sink, Transport, TransportAttr, TransportKind,
+    Address, Caps, Cost, Error, Header, Issued, OpId, PeerAccess, PeerInfo, Rank, Reach, Region, RegionMut, RemoteKey,
+    Result, Sink, Transport, TransportAttr, TransportKind,
 };
 
 use crate::key::PidKey;
@@ -130,12 +131,12 @@ impl Transport for Loopback {
         Ok(done)
     }
 
-    fn expose(&mut self, region: Region) -> Result<RemoteKey> {
+    fn expose(&mut self, region: Region, _access: PeerAccess) -> Result<RemoteKey> {
         self.exposed.push((region.ptr as u64, region.len as u64));
         Ok(PidKey { pid: self.pid, addr: region.ptr as u64, len: region.len as u64 }.encode())
     }
 
-    fn unexpose(&mut self, key: &RemoteKey) {
+    fn unexpose(&mut self, key: &RemoteKey, _written: Range<usize>) {
         if let Ok(k) = PidKey::decode(key) {
             if let Some(i) = self.exposed.iter().position(|&(a, l)| a == k.addr && l == k.len) {
                 self.exposed.swap_remove(i);

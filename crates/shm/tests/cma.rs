@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use polyrail_core::{Caps, Error, Issued, Reach, Region, RegionMut, RemoteKey, Transport};
+use polyrail_core::{Caps, Error, Issued, PeerAccess, Reach, Region, RegionMut, RemoteKey, Transport};
 use polyrail_shm::CmaTransport;
 
 const LEN: usize = (1 << 20) + 3;
@@ -23,7 +23,7 @@ fn child_entry() {
         "expose" => {
             let mut c = CmaTransport::new().with_host(HOST);
             let mut buf = pattern(1, LEN);
-            let key = c.expose(Region { ptr: buf.as_ptr(), len: buf.len() }).unwrap();
+            let key = c.expose(Region { ptr: buf.as_ptr(), len: buf.len() }, PeerAccess::Write).unwrap();
             say(&hex(&c.address()));
             say(&hex(key.as_bytes()));
             assert_eq!(hear(), "check");
@@ -167,7 +167,7 @@ fn get_and_put_within_one_process() {
     let mut c = CmaTransport::new().with_host(HOST);
     assert!(matches!(c.add_peer(&peer(0), &c.address()), Reach::Yes(_)));
     let mut buf = pattern(9, 4096);
-    let key = c.expose(Region { ptr: buf.as_ptr(), len: buf.len() }).unwrap();
+    let key = c.expose(Region { ptr: buf.as_ptr(), len: buf.len() }, PeerAccess::Write).unwrap();
     let mut out = vec![0u8; 100];
     c.get(0, &key, 50, RegionMut { ptr: out.as_mut_ptr(), len: 100 }, 0).unwrap();
     assert_eq!(out, pattern(9, 4096)[50..150]);

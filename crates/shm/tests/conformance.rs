@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use polyrail_core::{Caps, Config, Issued, Rank, Reach, Region, RegionMut, Transport};
+use polyrail_core::{Caps, Config, Issued, PeerAccess, Rank, Reach, Region, RegionMut, Transport};
 use polyrail_shm::{CmaTransport, Loopback, ShmTransport};
 
 /// Two endpoints: `a` sends to rank `to`, `b` receives from rank `from`. For a channel to
@@ -148,7 +148,7 @@ fn rma_get_put(p: &mut dyn Pair) {
     }
     let to = p.to();
     let mut target = pattern(4, 8192);
-    let key = p.b().expose(Region { ptr: target.as_ptr(), len: target.len() }).unwrap();
+    let key = p.b().expose(Region { ptr: target.as_ptr(), len: target.len() }, PeerAccess::Write).unwrap();
     let mut got = vec![0u8; 4096];
     let r = p.a().get(to, &key, 4096, RegionMut { ptr: got.as_mut_ptr(), len: 4096 }, 1).unwrap();
     if r == Issued::Pending {
@@ -161,7 +161,7 @@ fn rma_get_put(p: &mut dyn Pair) {
     assert_eq!(std::hint::black_box(&mut target)[8092..], src[..]);
     assert!(p.a().get(to, &key, 8092, RegionMut { ptr: got.as_mut_ptr(), len: 101 }, 3).is_err(), "{}", p.name());
     assert!(p.a().put(to, Region { ptr: src.as_ptr(), len: 100 }, &key, 8093, 4).is_err(), "{}", p.name());
-    p.b().unexpose(&key);
+    p.b().unexpose(&key, 0..0);
 }
 
 fn suite(p: &mut dyn Pair) {

@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use polyrail_core::{Issued, Reach, Region, RegionMut, RemoteKey, Transport, TransportKind};
+use polyrail_core::{Issued, PeerAccess, Reach, Region, RegionMut, RemoteKey, Transport, TransportKind};
 use polyrail_shm::Loopback;
 
 #[test]
@@ -46,7 +46,7 @@ fn a_full_queue_would_block() {
 fn get_put_with_checked_keys() {
     let mut l = Loopback::new(0);
     let mut buf = pattern(5, 1000);
-    let key = l.expose(Region { ptr: buf.as_ptr(), len: 1000 }).unwrap();
+    let key = l.expose(Region { ptr: buf.as_ptr(), len: 1000 }, PeerAccess::Write).unwrap();
     let mut out = vec![0u8; 10];
     assert_eq!(l.get(0, &key, 990, RegionMut { ptr: out.as_mut_ptr(), len: 10 }, 1).unwrap(), Issued::Done);
     assert_eq!(out, pattern(5, 1000)[990..]);
@@ -65,6 +65,6 @@ fn get_put_with_checked_keys() {
     let e = l.get(0, &RemoteKey::new(&wider).unwrap(), 0, RegionMut { ptr: out.as_mut_ptr(), len: 1 }, 5).unwrap_err();
     assert!(e.to_string().contains("not memory this process exposed"), "{e}");
     assert!(l.get(1, &key, 0, RegionMut { ptr: out.as_mut_ptr(), len: 1 }, 6).is_err());
-    l.unexpose(&key);
+    l.unexpose(&key, 0..0);
     assert!(l.get(0, &key, 0, RegionMut { ptr: out.as_mut_ptr(), len: 1 }, 7).is_err());
 }

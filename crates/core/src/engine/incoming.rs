@@ -9,7 +9,7 @@ use super::{
 use crate::error::{Error, Rank, Result};
 use crate::header::{Header, PacketKind};
 use crate::policy::Protocol;
-use crate::transport::{Region, RemoteKey};
+use crate::transport::{PeerAccess, Region, RemoteKey};
 
 impl Engine {
     /// A packet arrived from `from`. A malformed or unexpected packet is an error naming the
@@ -79,7 +79,7 @@ impl Engine {
             unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), req.ptr, payload.len()) };
             req.received = payload.len();
             if req.received == len {
-                req.finish_ok();
+                self.finish(id);
             } else {
                 self.track_fragments(from, hdr.seq, len, payload.len(), FragTarget::Req(id));
             }
@@ -174,7 +174,7 @@ impl Engine {
                 unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), req.ptr.add(off), payload.len()) };
                 req.received += payload.len();
                 if done {
-                    req.finish_ok();
+                    self.finish(id);
                 }
             }
             FragTarget::Unexpected => {
@@ -254,13 +254,13 @@ impl Engine {
             let split = split as usize;
             req.split = split;
             req.peer_key = key;
+            req.peer_writes = split..len;
             req.pending = (split > 0) as u32 + (split < len) as u32;
             if split > 0 {
                 self.start_own_copy(id);
             } else if req.pending == 0 {
                 // An empty message: nothing to copy on either side.
-                req.finish_ok();
-                self.release_key(id);
+                self.finish(id);
             }
             return Ok(());
         }
@@ -276,13 +276,15 @@ impl Engine {
             return Ok(());
         }
         req.split = split;
+        req.peer_writes = split..len;
         req.pending = 2; // our get and the sender's FIN after its put
         match req.own_key {
             Some(k) => self.send_cts(id, k),
             None => {
                 req.expose_for = Some(ExposeFor::Cts);
                 let region = Region { ptr: req.ptr, len: req.cap };
-                self.actions.push_back(Action::Expose { channel, region, op: op_id(id, OpKind::Exposed) });
+                let access = PeerAccess::Write;
+                self.actions.push_back(Action::Expose { channel, region, access, op: op_id(id, OpKind::Exposed) });
             }
         }
         Ok(())
@@ -339,7 +341,7 @@ impl Engine {
         if split < req.len {
             self.start_own_copy(id);
         } else if req.pending == 0 {
-            req.finish_ok();
+            self.finish(id);
         }
         Ok(())
     }
@@ -366,8 +368,7 @@ impl Engine {
         unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), req.ptr.add(req.received), payload.len()) };
         req.received += payload.len();
         if req.received == req.len {
-            req.finish_ok();
-            self.release_key(id);
+            self.finish(id);
         }
         Ok(())
     }
@@ -376,9 +377,7 @@ impl Engine {
         if hdr.sreq != 0 {
             let id = self.named_request(from, hdr.sreq, Dir::Send, "FIN")?;
             if hdr.flags & Header::TRUNCATED != 0 {
-                let req = self.reqs.get_mut(id).expect("checked live");
-                req.finish_ok();
-                self.release_key(id);
+                self.finish(id);
             } else {
                 self.count_down(id);
             }
@@ -499,7 +498,7 @@ impl Engine {
                     unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), req.ptr, received) };
                     req.received = received;
                     if received == ux.len {
-                        req.finish_ok();
+                        self.finish(id);
                     }
                     FragTarget::Req(id)
                 };
@@ -535,6 +534,7 @@ impl Engine {
         req.rtr_seq = seen;
         req.expose_for = Some(ExposeFor::Rtr);
         let region = Region { ptr: req.ptr, len: cap };
-        self.actions.push_back(Action::Expose { channel, region, op: op_id(id, OpKind::Exposed) });
+        let access = PeerAccess::Write;
+        self.actions.push_back(Action::Expose { channel, region, access, op: op_id(id, OpKind::Exposed) });
     }
 }

@@ -36,7 +36,7 @@ use crate::config::SkewPolicy;
 use crate::error::{Error, Rank, Result};
 use crate::header::{Header, PacketKind};
 use crate::policy::{ChannelId, PeerRoute, Protocol};
-use crate::transport::{OpId, Region, RegionMut, RemoteKey, Sink};
+use crate::transport::{OpId, PeerAccess, Region, RegionMut, RemoteKey, Sink};
 use requests::{Dir, ExposeFor, Req, Requests};
 use std::collections::VecDeque;
 use types::{op_id, split_op, OpKind};
@@ -349,6 +349,7 @@ impl Engine {
                         self.actions.push_back(Action::Expose {
                             channel: data_ch,
                             region: buf,
+                            access: PeerAccess::Read,
                             op: op_id(id, OpKind::Exposed),
                         });
                     } else {
@@ -362,6 +363,7 @@ impl Engine {
                     self.actions.push_back(Action::Expose {
                         channel: data_ch,
                         region: buf,
+                        access: PeerAccess::Read,
                         op: op_id(id, OpKind::Exposed),
                     });
                 }
@@ -675,15 +677,28 @@ impl Engine {
         }
         req.pending = req.pending.saturating_sub(1);
         if req.pending == 0 {
+            self.finish(id);
+        }
+    }
+
+    /// Ends a request successfully and releases its exposure.
+    pub(super) fn finish(&mut self, id: ReqId) {
+        if let Some(req) = self.reqs.get_mut(id) {
             req.finish_ok();
             self.release_key(id);
         }
     }
 
+    /// Ends the exposure of a request's buffer, if it has one, with what the peer wrote there
+    /// (nothing when the request failed).
     fn release_key(&mut self, id: ReqId) {
         let Some(req) = self.reqs.get_mut(id) else { return };
         if let Some(key) = req.own_key.take() {
-            self.actions.push_back(Action::Unexpose { channel: req.channel, key });
+            let written = match req.result {
+                Some(Ok(_)) => std::mem::replace(&mut req.peer_writes, 0..0),
+                _ => 0..0,
+            };
+            self.actions.push_back(Action::Unexpose { channel: req.channel, key, written });
         }
     }
 

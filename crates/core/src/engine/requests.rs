@@ -4,6 +4,7 @@ use super::types::{ReqId, Status, TagMatch};
 use crate::error::{Rank, Result};
 use crate::policy::{ChannelId, Protocol};
 use crate::transport::RemoteKey;
+use std::ops::Range;
 
 /// What a pending `Expose` is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +57,8 @@ pub(super) struct Req {
     pub split: usize,
     /// Key of our exposed buffer, released at completion.
     pub own_key: Option<RemoteKey>,
+    /// Receives: the part of the buffer the peer writes through `own_key` (its put).
+    pub peer_writes: Range<usize>,
     /// Key of the peer's buffer.
     pub peer_key: Option<RemoteKey>,
     /// The peer's request id (wire form), once known.
@@ -91,6 +94,7 @@ impl Req {
             received: 0,
             split: 0,
             own_key: None,
+            peer_writes: 0..0,
             peer_key: None,
             peer_req: 0,
             rtr_seq: 0,

@@ -16,13 +16,26 @@ struct Packet {
     payload: Vec<u8>,
 }
 
-/// A job of engines in one process; keys are (address, length) of the exposing engine's memory.
+/// Memory a rank exposed: its region, and the stand-in peers really access when the sim plays
+/// a channel that bounces (a copy of a source, a scratch area for a destination).
+struct Exposure {
+    key: RemoteKey,
+    region: Region,
+    stand_in: Option<Vec<u8>>,
+}
+
+/// A job of engines in one process; keys are (address, length) of the exposing engine's memory
+/// (or of its stand-in).
 struct Sim {
     engines: Vec<Engine>,
     /// Packets to each rank, in order.
     wires: Vec<VecDeque<Packet>>,
     /// Ordered packets delivered (to, from, seq), for the reference model.
     delivered: Vec<(Rank, Rank, u32)>,
+    /// Expose stand-ins instead of the memory itself, as a channel with bounce buffers does.
+    stand_ins: bool,
+    /// Live exposures, per rank.
+    exposed: Vec<Vec<Exposure>>,
 }
 
 fn route(frag: usize, protocols: &[(usize, Protocol)]) -> PeerRoute {
@@ -56,7 +69,31 @@ impl Sim {
                 e.set_route(p, r());
             }
         }
-        Sim { engines, wires: (0..n).map(|_| VecDeque::new()).collect(), delivered: Vec::new() }
+        Sim {
+            engines,
+            wires: (0..n).map(|_| VecDeque::new()).collect(),
+            delivered: Vec::new(),
+            stand_ins: false,
+            exposed: (0..n).map(|_| Vec::new()).collect(),
+        }
+    }
+
+    /// A sim whose one-sided channel exposes stand-ins (see [`Exposure`]).
+    fn bouncing(n: u32, r: impl Fn() -> PeerRoute) -> Sim {
+        Sim { stand_ins: true, ..Sim::new(n, r) }
+    }
+
+    /// No rank holds more exposures than it has requests: finished ones released theirs.
+    fn assert_exposures_released(&self) {
+        for (e, x) in self.engines.iter().zip(&self.exposed) {
+            assert!(
+                x.len() <= e.running_requests(),
+                "rank {} holds {} exposures for {} running requests",
+                e.rank(),
+                x.len(),
+                e.running_requests()
+            );
+        }
     }
 
     /// Runs every queued action of every engine (not delivering packets).
@@ -93,14 +130,37 @@ impl Sim {
                     e.handle_sent(op);
                 }
             }
-            Action::Expose { channel, region, op } => {
+            Action::Expose { channel, region, access, op } => {
                 assert_eq!(channel, RMA);
+                let stand_in = self.stand_ins.then(|| match access {
+                    // SAFETY: the engine exposes live request buffers.
+                    PeerAccess::Read => unsafe { std::slice::from_raw_parts(region.ptr, region.len) }.to_vec(),
+                    PeerAccess::Write => vec![0xee; region.len],
+                });
+                let addr = stand_in.as_ref().map_or(region.ptr as u64, |s| s.as_ptr() as u64);
                 let mut k = Vec::new();
-                k.extend_from_slice(&(region.ptr as u64).to_le_bytes());
+                k.extend_from_slice(&addr.to_le_bytes());
                 k.extend_from_slice(&(region.len as u64).to_le_bytes());
-                e.handle_exposed(op, Ok(RemoteKey::new(&k).unwrap()));
+                let key = RemoteKey::new(&k).unwrap();
+                self.exposed[me as usize].push(Exposure { key, region, stand_in });
+                e.handle_exposed(op, Ok(key));
             }
-            Action::Unexpose { .. } => {}
+            Action::Unexpose { key, written, .. } => {
+                let x = &mut self.exposed[me as usize];
+                let i = x.iter().position(|x| x.key == key).expect("unexpose of a key that is not exposed");
+                let x = x.swap_remove(i);
+                assert!(written.end <= x.region.len, "written {written:?} outside {} bytes", x.region.len);
+                if let Some(s) = x.stand_in {
+                    // SAFETY: the request's buffer lives until its result is taken, after this.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            s[written.clone()].as_ptr(),
+                            (x.region.ptr as *mut u8).add(written.start),
+                            written.len(),
+                        )
+                    };
+                }
+            }
             Action::Get { key, offset, into, op, .. } => {
                 let (addr, len) = decode_key(&key);
                 assert!(offset + into.len <= len, "get out of the exposed region");
@@ -176,9 +236,14 @@ fn result(sim: &mut Sim, me: Rank, id: ReqId) -> Result<Status> {
     sim.engines[me as usize].take_result(id).expect("request finished")
 }
 
-/// Sends `len` bytes 0 -> 1 with the receive posted before or after, checks data and status.
+/// Sends `len` bytes 0 -> 1 with the receive posted before or after, checks data and status,
+/// over a channel that exposes memory directly and over one that bounces.
 fn transfer(r: fn() -> PeerRoute, len: usize, recv_first: bool) {
-    let mut sim = Sim::new(2, r);
+    transfer_in(Sim::new(2, r), len, recv_first);
+    transfer_in(Sim::bouncing(2, r), len, recv_first);
+}
+
+fn transfer_in(mut sim: Sim, len: usize, recv_first: bool) {
     let data = pattern(len as u8, len);
     let mut out = vec![0u8; len + 7];
     let (s, q);
@@ -196,6 +261,7 @@ fn transfer(r: fn() -> PeerRoute, len: usize, recv_first: bool) {
     assert_eq!(result(&mut sim, 1, q).unwrap(), Status { source: 0, tag: 5, len });
     assert_eq!(&out[..len], &data[..], "len {len} recv_first {recv_first}");
     assert_eq!(sim.engines[0].active_requests() + sim.engines[1].active_requests(), 0);
+    assert!(sim.exposed.iter().all(Vec::is_empty), "every exposure released");
 }
 
 #[test]
@@ -259,7 +325,12 @@ fn simultaneous_rts_wins_over_rtr() {
 
 #[test]
 fn eager_meets_a_receive_that_expected_rendezvous() {
-    let mut sim = Sim::new(2, one_sided_route);
+    eager_meets_rtr(Sim::new(2, one_sided_route));
+    // A bounce area for the receive must not be copied over the eager data.
+    eager_meets_rtr(Sim::bouncing(2, one_sided_route));
+}
+
+fn eager_meets_rtr(mut sim: Sim) {
     let mut big = vec![0u8; 8000];
     let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut big);
     sim.settle();
@@ -277,6 +348,7 @@ fn eager_meets_a_receive_that_expected_rendezvous() {
     sim.settle();
     assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
     assert_eq!(out, data);
+    assert!(sim.exposed.iter().all(Vec::is_empty), "the RTR's exposure was released");
 }
 
 #[test]
@@ -512,8 +584,9 @@ proptest! {
     /// with every mix of wildcards; what each receive got must be what MPI matching over the
     /// actual arrival order gives.
     #[test]
-    fn matches_reference_model(ops in prop::collection::vec(op(), 1..60), stream in any::<bool>()) {
-        let mut sim = Sim::new(3, if stream { stream_route } else { one_sided_route });
+    fn matches_reference_model(ops in prop::collection::vec(op(), 1..60), stream in any::<bool>(), bounce in any::<bool>()) {
+        let r = if stream { stream_route } else { one_sided_route };
+        let mut sim = if bounce { Sim::bouncing(3, r) } else { Sim::new(3, r) };
         let mut send_bufs: Vec<Vec<u8>> = Vec::new();
         let mut sends = Vec::new();
         let mut seqs = [0u32; 2];
@@ -553,6 +626,7 @@ proptest! {
             }
         }
         sim.settle();
+        sim.assert_exposures_released();
         // Every send finishes once settled, unless its receive was never posted.
         let arrivals: Vec<(Rank, u32, u32, usize)> = sim.delivered.iter().filter(|d| d.0 == 2).map(|&(_, from, seq)| {
             let m = meta.iter().find(|m| m.0 == from && m.2 == seq).unwrap();

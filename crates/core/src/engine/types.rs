@@ -3,7 +3,8 @@
 use crate::error::Rank;
 use crate::header::Header;
 use crate::policy::ChannelId;
-use crate::transport::{OpId, Region, RegionMut, RemoteKey};
+use crate::transport::{OpId, PeerAccess, Region, RegionMut, RemoteKey};
+use std::ops::Range;
 
 /// Where a receive accepts messages from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -157,15 +158,20 @@ pub enum Action {
         channel: ChannelId,
         /// Memory.
         region: Region,
+        /// Whether peers read or write it.
+        access: PeerAccess,
         /// Completion to report.
         op: OpId,
     },
-    /// End an exposure made for a finished request.
+    /// End an exposure made for a request that finished. Execute it before the request's
+    /// result is shown to the user: the channel may copy what the peer wrote into place.
     Unexpose {
         /// Channel it was exposed on.
         channel: ChannelId,
         /// The key.
         key: RemoteKey,
+        /// The part of the memory the peer wrote (empty for sources and failed requests).
+        written: Range<usize>,
     },
     /// Read `into.len` bytes at `offset` of the peer's memory named by `key`; report with
     /// `Engine::handle_completion(op, result)`.

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use polyrail_core::config::IbSettings;
-use polyrail_core::{Error, Header, Issued, OpId, PeerInfo, Rank, Reach, Result, Sink, Transport};
+use polyrail_core::{Error, Header, Issued, OpId, PeerInfo, Rank, Reach, RemoteKey, Result, Sink, Transport};
 use polyrail_ib::{DirectIb, Provider};
 use std::time::{Duration, Instant};
 
@@ -125,4 +125,13 @@ pub fn two_floods_never_deadlock<P: Provider>(open: impl Fn() -> P, env: &IbSett
         }
     }
     assert!(ra.lost.is_empty() && rb.lost.is_empty());
+}
+
+/// `key` (an `ib` key: rkey u32, address u64, length u64) claiming `extra` more bytes than it
+/// covers: a forged length that only the peer's device can refuse.
+pub fn widened(key: &RemoteKey, extra: u64) -> RemoteKey {
+    let mut b = key.as_bytes().to_vec();
+    let len = u64::from_le_bytes(b[12..20].try_into().unwrap());
+    b[12..20].copy_from_slice(&(len + extra).to_le_bytes());
+    RemoteKey::new(&b).unwrap()
 }
