@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ib-vm-bench.sh - polyrail's ib channel beside perftest on real verbs (Soft-RoCE), in one VM run.
 #
-# Usage: scripts/ib-vm-bench.sh [--no-build] [--out DIR] [--repeats N]
+# Usage: scripts/ib-vm-bench.sh [--no-build] [--out DIR] [--repeats N] [--mtu BYTES]
 #
 # Builds polyrail-bench with the `verbs` feature (into IB_VM_TARGET_DIR, default
 # <repo>/target/verbs, as scripts/ib-vm-test.sh does), boots ONE guest with scripts/rxe-vm.sh
@@ -13,8 +13,12 @@
 # POLYRAIL_* variables of the caller reach the guest (e.g. POLYRAIL_IB_EAGER_LIMIT=64k).
 # Client and server of each tool are pinned to the guest's two vCPUs. The guest runs under TCG
 # emulation: absolute numbers are only proof that things work; the ratios polyrail/perftest from
-# the same run are what count. Writes DIR/ib-vm.csv (tool,mode,size,rep,value,unit) and
-# DIR/ib-vm.md (medians and ratios); DIR defaults to docs/benchmarks.
+# the same run are what count: each ratio is the median over repeats of polyrail's value over
+# perftest's from the same repeat (minutes apart, so the host's drift cancels). --mtu sets the
+# RoCE path MTU of rxe0 (256, 512, 1024, 2048 or 4096; default 1024, what a 1500-byte Ethernet
+# MTU gives; InfiniBand fabrics run 2048 or 4096) for both tools. Writes DIR/ib-vm.csv
+# (tool,mode,size,rep,value,unit) and DIR/ib-vm.md (medians and ratios); DIR defaults to
+# docs/benchmarks, or docs/benchmarks/mtu-BYTES with --mtu other than 1024.
 set -euo pipefail
 
 SELF=$(readlink -f "${BASH_SOURCE[0]}")
@@ -23,19 +27,24 @@ TARGET_DIR=${IB_VM_TARGET_DIR:-$REPO/target/verbs}
 OUT=$REPO/docs/benchmarks
 REPEATS=3
 BUILD=1
+MTU=1024
+OUT_SET=0
 LAT_SIZES="8 1024 8192 65536"
 BW_SIZES="4096 65536 262144"
 
 while (($#)); do
     case $1 in
     --no-build) BUILD=0; shift ;;
-    --out) OUT=${2:?--out needs a directory}; shift 2 ;;
+    --out) OUT=${2:?--out needs a directory}; OUT_SET=1; shift 2 ;;
+    --mtu) MTU=${2:?--mtu needs a size}; shift 2 ;;
     --repeats) REPEATS=${2:?--repeats needs a count}; shift 2 ;;
-    -h | --help) sed -n '2,18p' "$SELF" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,22p' "$SELF" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "ib-vm-bench: unknown argument $1" >&2; exit 2 ;;
     esac
 done
 [[ $REPEATS =~ ^[1-9][0-9]*$ ]] || { echo "ib-vm-bench: --repeats needs a positive count" >&2; exit 2; }
+case $MTU in 256 | 512 | 1024 | 2048 | 4096) ;; *) echo "ib-vm-bench: --mtu takes 256, 512, 1024, 2048 or 4096, not $MTU" >&2; exit 2 ;; esac
+((MTU == 1024 || OUT_SET)) || OUT=$OUT/mtu-$MTU
 
 if ((BUILD)); then
     (cd "$REPO" && CARGO_TARGET_DIR=$TARGET_DIR cargo build --release -p polyrail-bench --features polyrail/verbs)
@@ -47,10 +56,15 @@ BENCH=$TARGET_DIR/release/polyrail-bench
 GUEST=$(mktemp)
 trap 'rm -f "$GUEST"' EXIT
 cat > "$GUEST" <<EOF
-lat_sizes="$LAT_SIZES"; bw_sizes="$BW_SIZES"; repeats=$REPEATS
+lat_sizes="$LAT_SIZES"; bw_sizes="$BW_SIZES"; repeats=$REPEATS; mtu=$MTU
 EOF
 cat >> "$GUEST" <<'EOF'
 export POLYRAIL_IB_PROVIDER=verbs
+# rxe derives its path MTU from the netdev's: leave room for the Ethernet, IP, UDP and RoCE headers.
+ip link set dummy0 mtu $((mtu + 200))
+active=$(ibv_devinfo -d rxe0 | awk '/active_mtu/ { print $2 }')
+echo "guest: rxe0 active_mtu $active" >&2
+[ "$active" = "$mtu" ] || { echo "guest: wanted path MTU $mtu, rxe0 has $active" >&2; exit 1; }
 pt() { # perftest server and client: tool, size, extra args; prints the client's output
     taskset -c 0 "$1" -d rxe0 -i 1 -x 1 -s "$2" $3 > /dev/null 2>&1 &
     sleep 1
@@ -107,25 +121,35 @@ for r in rows:
         continue
     if v == v:
         med.setdefault((r["tool"], r["mode"], int(r["size"])), []).append(v)
+by_rep = {(r["tool"], r["mode"], int(r["size"]), r["rep"]): float(r["value"]) for r in rows if r["value"] not in ("nan", "")}
 med = {k: statistics.median(v) for k, v in med.items()}
+def paired(tool, mode, size, refs):
+    """Median over repeats of tool/mode over the largest of refs (perftest modes), same repeat."""
+    ratios = []
+    for (t, m, s, rep), v in by_rep.items():
+        if (t, m, s) != (tool, mode, size):
+            continue
+        ref = [by_rep.get(("perftest", x, size, rep)) for x in refs]
+        ref = [x for x in ref if x]
+        if ref:
+            ratios.append(v / max(ref))
+    return f"{statistics.median(ratios):.2f}" if ratios else "-"
+
 def get(t, m, s):
     return med.get((t, m, s))
 def fmt(x):
     return "-" if x is None else f"{x:.2f}"
-def ratio(a, b):
-    return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}"
 out = ["| size | perftest ib_write_lat (us) | polyrail (us) | polyrail registered (us) | polyrail / perftest | registered / perftest |",
        "|---|---|---|---|---|---|"]
 for s in sorted({k[2] for k in med if k[1] == "write_lat"}):
     a, q, b = get("polyrail", "latency-plain", s), get("polyrail", "latency-registered", s), get("perftest", "write_lat", s)
-    out.append(f"| {s} | {fmt(b)} | {fmt(a)} | {fmt(q)} | {ratio(a, b)} | {ratio(q, b)} |")
+    out.append(f"| {s} | {fmt(b)} | {fmt(a)} | {fmt(q)} | {paired('polyrail', 'latency-plain', s, ['write_lat'])} | {paired('polyrail', 'latency-registered', s, ['write_lat'])} |")
 out += ["", "| size | ib_write_bw (MB/s) | ib_read_bw (MB/s) | polyrail (MB/s) | polyrail registered (MB/s) | polyrail / best perftest | registered / best perftest |",
         "|---|---|---|---|---|---|---|"]
 for s in sorted({k[2] for k in med if k[1] == "write_bw"}):
     w, r = get("perftest", "write_bw", s), get("perftest", "read_bw", s)
-    best = max([x for x in (w, r) if x is not None], default=None)
     p, q = get("polyrail", "bw-plain", s), get("polyrail", "bw-registered", s)
-    out.append(f"| {s} | {fmt(w)} | {fmt(r)} | {fmt(p)} | {fmt(q)} | {ratio(p, best)} | {ratio(q, best)} |")
+    out.append(f"| {s} | {fmt(w)} | {fmt(r)} | {fmt(p)} | {fmt(q)} | {paired('polyrail', 'bw-plain', s, ['write_bw', 'read_bw'])} | {paired('polyrail', 'bw-registered', s, ['write_bw', 'read_bw'])} |")
 text = "\n".join(out) + "\n"
 open(sys.argv[2], "w").write(text)
 print(text)

@@ -197,6 +197,7 @@ impl Driver {
         match issued {
             Ok(Issued::Done) => self.engine.handle_completion(op, Ok(())),
             Ok(Issued::Pending) => {}
+            Ok(Issued::Ordered) => self.engine.handle_ordered(op),
             Ok(Issued::WouldBlock) => return Some(a),
             Err(e) => self.engine.handle_completion(op, Err(e)),
         }

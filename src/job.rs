@@ -3,7 +3,7 @@
 use crate::driver::Driver;
 use polyrail_core::bootstrap::{self, decode_hex, encode_hex, Bootstrap};
 use polyrail_core::engine::Engine;
-use polyrail_core::policy::topology::{current_binding, TopoClass, Topology};
+use polyrail_core::policy::topology::{current_binding, DeviceLocality, TopoClass, Topology};
 use polyrail_core::policy::{build_route, Candidate, PeerRoute};
 use polyrail_core::{Caps, Config, Error, PeerInfo, Rank, Reach, Result, Transport, TransportKind};
 use polyrail_shm::{host_identity, CmaTransport, Loopback, ShmTransport};
@@ -39,6 +39,8 @@ pub struct JobReport {
     pub topology: String,
     /// This process's CPU binding.
     pub binding: Vec<usize>,
+    /// RDMA devices and their PCI locality.
+    pub devices: Vec<DeviceLocality>,
     /// Channels.
     pub channels: Vec<ChannelReport>,
     /// Channel kinds by channel id (for reading routes).
@@ -248,8 +250,14 @@ impl Job {
         // retries cover the gap).
         boot.fence()?;
         let channel_kinds = channels.iter().map(|c| c.attr().kind).collect();
-        let report =
-            JobReport { topology: topology.summary.clone(), binding, channels: channel_reports, channel_kinds, peers };
+        let report = JobReport {
+            topology: topology.summary,
+            binding,
+            devices: topology.devices,
+            channels: channel_reports,
+            channel_kinds,
+            peers,
+        };
         let driver = Driver::new(engine, channels, config.wait, config.poll);
         Ok(Job { bootstrap: boot, driver, report, config })
     }

@@ -32,7 +32,10 @@ pub use context::{Completion, Context, Request};
 pub use job::{ChannelReport, JobReport, PeerReport};
 pub use polyrail_core::bootstrap::Bootstrap;
 pub use polyrail_core::engine::{Source, Status, TagMatch};
-pub use polyrail_core::policy::{topology::TopoClass, PeerRoute, Protocol, RouteEntry};
+pub use polyrail_core::policy::{
+    topology::{DeviceLocality, TopoClass},
+    PeerRoute, Protocol, RouteEntry,
+};
 pub use polyrail_core::{config, format_size, parse_size, Config, Error, Rank, Reach, Result, TransportKind};
 /// This machine's identity (host name and boot id), as the channels compare it between ranks.
 pub use polyrail_shm::host_identity;

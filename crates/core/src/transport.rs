@@ -259,6 +259,11 @@ pub enum Issued {
     Done,
     /// Started; completion comes through [`Sink::completed`].
     Pending,
+    /// A `put` started from a copy: the local buffer may be reused now, and the data lands
+    /// before anything sent later on this channel to the same peer (a failure stops those
+    /// too), so a notice sent that way may leave at once. Completion still comes through
+    /// [`Sink::completed`].
+    Ordered,
     /// No resources now (ring full, no free cell); try again after `progress`.
     WouldBlock,
 }

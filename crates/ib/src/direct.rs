@@ -654,13 +654,17 @@ impl<P: Provider> DirectIb<P> {
                     self.free_ops.push(index);
                     return Err(e);
                 }
-                break;
+                // Its completion reports the failure.
+                return Ok(Issued::Pending);
             }
             if let Ok(p) = self.peer_mut(peer) {
                 p.outstanding += 1;
             }
         }
-        Ok(Issued::Pending)
+        // A write from a bounce slot left the user's buffer alone, and an RC queue pair places
+        // it before any later packet to the peer (and flushes those if it fails).
+        let bounced = matches!(self.ops[index as usize], Some(RmaOp { local: Local::Bounce { .. }, .. }));
+        Ok(if bounced && !reads { Issued::Ordered } else { Issued::Pending })
     }
 
     /// Polls completions into `sink`; returns how many.

@@ -116,7 +116,7 @@ fn am_in_order(p: &mut dyn Pair) {
                     p.name()
                 );
             }
-            Issued::Pending => panic!("{}: active messages complete at once", p.name()),
+            Issued::Pending | Issued::Ordered => panic!("{}: active messages complete at once", p.name()),
         }
     }
     while p.b().progress(usize::MAX, &mut sink).unwrap() > 0 {}

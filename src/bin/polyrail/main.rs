@@ -175,6 +175,12 @@ fn format_report(ctx: &Context) -> String {
     );
     let _ = writeln!(s, "topology: {}", r.topology);
     let _ = writeln!(s, "binding:  cpus {:?}", r.binding);
+    if r.devices.is_empty() {
+        let _ = writeln!(s, "devices:  no RDMA device");
+    }
+    for d in &r.devices {
+        let _ = writeln!(s, "device:   {}", d.describe(&r.binding));
+    }
     let _ = writeln!(s, "channels:");
     for c in &r.channels {
         let _ = writeln!(s, "  {:<6} {:<10} {}", c.kind.name(), c.status, c.detail);

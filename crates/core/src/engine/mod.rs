@@ -507,13 +507,25 @@ impl Engine {
         }
     }
 
+    /// A `Put` answered [`Issued::Ordered`](crate::Issued::Ordered): when the request's notice
+    /// to the peer goes over the same channel it cannot overtake the data, so the put counts as
+    /// done now (its completion, when it comes, is then ignored).
+    pub fn handle_ordered(&mut self, op: OpId) {
+        let Some((id, OpKind::Copy)) = split_op(op) else { return };
+        let Some(req) = self.reqs.get(id) else { return };
+        if am_of(&self.peers, req.peer) == req.channel {
+            self.handle_completion(op, Ok(()));
+        }
+    }
+
     /// A `Get` or `Put` finished.
     pub fn handle_completion(&mut self, op: OpId, result: Result<()>) {
         let Some((id, OpKind::Copy)) = split_op(op) else { return };
         let Some(req) = self.reqs.get_mut(id) else { return };
-        if req.result.is_some() {
+        if req.result.is_some() || req.copied {
             return;
         }
+        req.copied = true;
         if let Err(e) = result {
             return self.fail(id, e);
         }

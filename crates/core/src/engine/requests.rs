@@ -59,6 +59,8 @@ pub(super) struct Req {
     pub own_key: Option<RemoteKey>,
     /// Receives: the part of the buffer the peer writes through `own_key` (its put).
     pub peer_writes: Range<usize>,
+    /// Our one-sided copy was reported done (an ordered put may be reported twice).
+    pub copied: bool,
     /// Key of the peer's buffer.
     pub peer_key: Option<RemoteKey>,
     /// The peer's request id (wire form), once known.
@@ -95,6 +97,7 @@ impl Req {
             split: 0,
             own_key: None,
             peer_writes: 0..0,
+            copied: false,
             peer_key: None,
             peer_req: 0,
             rtr_seq: 0,

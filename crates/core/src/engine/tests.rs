@@ -36,6 +36,9 @@ struct Sim {
     stand_ins: bool,
     /// Live exposures, per rank.
     exposed: Vec<Vec<Exposure>>,
+    /// Answer puts with `Issued::Ordered` (data placed at once) and keep their completions
+    /// here, to be delivered late.
+    ordered_puts: Option<Vec<(Rank, OpId)>>,
 }
 
 fn route(frag: usize, protocols: &[(usize, Protocol)]) -> PeerRoute {
@@ -75,6 +78,7 @@ impl Sim {
             delivered: Vec::new(),
             stand_ins: false,
             exposed: (0..n).map(|_| Vec::new()).collect(),
+            ordered_puts: None,
         }
     }
 
@@ -115,8 +119,7 @@ impl Sim {
     fn execute(&mut self, me: Rank, a: Action) {
         let e = &mut self.engines[me as usize];
         match a {
-            Action::Send { channel, to, hdr, payload, op } => {
-                assert_eq!(channel, AM);
+            Action::Send { to, hdr, payload, op, .. } => {
                 let mut raw = [0u8; Header::WIRE_LEN];
                 hdr.encode(&mut raw);
                 let payload = match payload {
@@ -173,7 +176,13 @@ impl Sim {
                 assert!(offset + from.len <= len, "put out of the exposed region");
                 // SAFETY: as for Get.
                 unsafe { std::ptr::copy_nonoverlapping(from.ptr, (addr + offset) as *mut u8, from.len) };
-                e.handle_completion(op, Ok(()));
+                match &mut self.ordered_puts {
+                    Some(late) => {
+                        late.push((me, op));
+                        e.handle_ordered(op);
+                    }
+                    None => e.handle_completion(op, Ok(())),
+                }
             }
         }
     }
@@ -306,6 +315,36 @@ fn receiver_first_uses_rtr_and_put() {
     assert_eq!(out, data);
     sim.settle();
     assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
+}
+
+/// Puts answered `Ordered` on a channel that also carries the peer's packets (as ib does) end
+/// their request at once; their late completions, even failed ones, change nothing. Over
+/// another channel the request waits for the completion.
+#[test]
+fn ordered_puts_let_the_notice_leave_early() {
+    let one_channel = || PeerRoute { am: RMA, ..one_sided_route() };
+    for (r, early) in [(one_channel as fn() -> PeerRoute, true), (one_sided_route, false)] {
+        for len in [2000, 100_000] {
+            let mut sim = Sim { ordered_puts: Some(Vec::new()), ..Sim::new(2, r) };
+            let data = pattern(7, len);
+            let mut out = vec![0u8; len];
+            let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
+            sim.settle();
+            let s = send(&mut sim, 0, 1, 1, &data);
+            sim.settle();
+            let late = sim.ordered_puts.replace(Vec::new()).unwrap();
+            assert_eq!(late.len(), 1, "one put (receiver first)");
+            assert_eq!(sim.engines[0].is_done(s), early, "len {len}");
+            assert_eq!(sim.engines[1].is_done(q), early, "len {len}");
+            for (i, (rank, op)) in late.into_iter().enumerate() {
+                let result = if early && i == 0 { Err(Error::InvalidArgument("late failure".into())) } else { Ok(()) };
+                sim.engines[rank as usize].handle_completion(op, result);
+            }
+            sim.settle();
+            assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
+            assert_eq!(out, data);
+        }
+    }
 }
 
 #[test]

@@ -1,6 +1,8 @@
-//! Where two ranks sit relative to each other, from the hardware topology (hwloc).
+//! Where two ranks sit relative to each other, from the hardware topology (hwloc), and where
+//! the RDMA devices sit (their PCI locality).
 
 use std::fmt;
+use std::path::Path;
 
 /// The closest level of the machine two ranks share.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -66,6 +68,8 @@ pub struct Topology {
     cpus: Vec<CpuPlace>,
     /// One line per level, for `polyrail info`.
     pub summary: String,
+    /// RDMA devices and the CPUs next to them.
+    pub devices: Vec<DeviceLocality>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -80,10 +84,12 @@ struct CpuPlace {
 impl Topology {
     /// Reads the topology with hwloc. Never fails: without hwloc data every pair is `unbound`.
     pub fn detect() -> Topology {
-        match detect_hwloc() {
+        let mut t = match detect_hwloc() {
             Some(t) => t,
-            None => Topology { cpus: Vec::new(), summary: "hwloc gave no topology".into() },
-        }
+            None => Topology { summary: "hwloc gave no topology".into(), ..Topology::default() },
+        };
+        t.devices = rdma_devices(Path::new(RDMA_CLASS_DIR));
+        t
     }
 
     /// A synthetic topology for tests: `places[cpu] = (core, l2, l3, package)`.
@@ -98,7 +104,7 @@ impl Topology {
                 numa: Some(package),
             })
             .collect();
-        Topology { cpus, summary: format!("synthetic, {} cpus", places.len()) }
+        Topology { cpus, summary: format!("synthetic, {} cpus", places.len()), devices: Vec::new() }
     }
 
     /// Number of logical CPUs known.
@@ -176,7 +182,101 @@ fn detect_hwloc() -> Option<Topology> {
     for p in &mut cpus {
         p.numa = p.package;
     }
-    Some(Topology { cpus, summary: format!("{n} cpus: {}", summary.join(", ")) })
+    Some(Topology { cpus, summary: format!("{n} cpus: {}", summary.join(", ")), devices: Vec::new() })
+}
+
+/// Where the kernel lists RDMA devices.
+pub const RDMA_CLASS_DIR: &str = "/sys/class/infiniband";
+
+/// Where an RDMA device's PCI slot attaches: the CPUs and NUMA node next to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceLocality {
+    /// Device name (`mlx5_0`, `rxe0`).
+    pub name: String,
+    /// CPUs local to the device's PCI bus; empty when the device has no PCI parent (a software
+    /// device such as Soft-RoCE) or the kernel does not say.
+    pub cpus: Vec<usize>,
+    /// Its NUMA node, when the kernel knows one.
+    pub numa: Option<u32>,
+}
+
+impl DeviceLocality {
+    /// Whether a process bound to `binding` runs next to the device (every CPU of the binding
+    /// is local to it); `None` when the process is not bound or the device's locality unknown.
+    pub fn is_near(&self, binding: &[usize]) -> Option<bool> {
+        if binding.is_empty() || self.cpus.is_empty() {
+            return None;
+        }
+        Some(binding.iter().all(|c| self.cpus.contains(c)))
+    }
+
+    /// One line for `polyrail info`: the locality and where a process bound to `binding` is.
+    pub fn describe(&self, binding: &[usize]) -> String {
+        if self.cpus.is_empty() {
+            return format!("{}: no PCI locality (a software device, or the kernel does not say)", self.name);
+        }
+        let numa = self.numa.map_or(String::new(), |n| format!(", NUMA node {n}"));
+        let here = match self.is_near(binding) {
+            Some(true) => "this process runs next to it",
+            Some(false) => "this process runs away from it (traffic crosses the inter-socket link)",
+            None => "this process is not bound",
+        };
+        format!("{}: PCI slot local to cpus {}{numa}; {here}", self.name, cpu_ranges(&self.cpus))
+    }
+}
+
+/// The RDMA devices listed in `class_dir` (normally [`RDMA_CLASS_DIR`]) with their PCI
+/// locality, read from the files hwloc's Linux backend reads (`device/local_cpulist`,
+/// `device/numa_node`): the hwloc2 binding does not expose hwloc's I/O object filter.
+pub fn rdma_devices(class_dir: &Path) -> Vec<DeviceLocality> {
+    let Ok(entries) = std::fs::read_dir(class_dir) else { return Vec::new() };
+    let mut devices: Vec<DeviceLocality> = entries
+        .flatten()
+        .map(|e| {
+            let dev = e.path().join("device");
+            let read = |f: &str| std::fs::read_to_string(dev.join(f)).ok();
+            DeviceLocality {
+                name: e.file_name().to_string_lossy().into_owned(),
+                cpus: read("local_cpulist").and_then(|s| parse_cpu_list(s.trim())).unwrap_or_default(),
+                numa: read("numa_node").and_then(|s| s.trim().parse().ok()),
+            }
+        })
+        .collect();
+    devices.sort_by(|a, b| a.name.cmp(&b.name));
+    devices
+}
+
+/// A kernel CPU list (`0-3,8,10-11`); `None` when malformed.
+fn parse_cpu_list(s: &str) -> Option<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.parse().ok()?, b.parse().ok()?);
+                if b < a || b - a > 1 << 16 {
+                    return None;
+                }
+                cpus.extend(a..=b);
+            }
+            None => cpus.push(part.parse().ok()?),
+        }
+    }
+    Some(cpus)
+}
+
+/// `[0, 1, 2, 5]` as `0-2,5`.
+fn cpu_ranges(cpus: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j { cpus[i].to_string() } else { format!("{}-{}", cpus[i], cpus[j]) });
+        i = j + 1;
+    }
+    out.join(",")
 }
 
 /// The logical CPUs this process may run on (its binding).
@@ -206,6 +306,35 @@ mod tests {
         assert_eq!(t.classify(&[0, 2], &[1]), TopoClass::SharedL3);
         assert_eq!(t.classify(&[], &[1]), TopoClass::Unknown);
         assert_eq!(t.classify(&[9], &[1]), TopoClass::Unknown);
+    }
+
+    #[test]
+    fn rdma_device_locality_from_sysfs() {
+        let root = std::env::temp_dir().join(format!("polyrail-sysfs-{}", std::process::id()));
+        let hca = root.join("mlx5_0/device");
+        std::fs::create_dir_all(&hca).unwrap();
+        std::fs::write(hca.join("local_cpulist"), "0-3,8-11\n").unwrap();
+        std::fs::write(hca.join("numa_node"), "1\n").unwrap();
+        std::fs::create_dir_all(root.join("rxe0")).unwrap();
+        let bad = root.join("zz_bad/device");
+        std::fs::create_dir_all(&bad).unwrap();
+        std::fs::write(bad.join("local_cpulist"), "3-1").unwrap();
+        std::fs::write(bad.join("numa_node"), "-1").unwrap();
+        let devs = rdma_devices(&root);
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(devs.len(), 3);
+        let (hca, rxe, bad) = (&devs[0], &devs[1], &devs[2]);
+        assert_eq!(hca.cpus, [0, 1, 2, 3, 8, 9, 10, 11]);
+        assert_eq!(hca.numa, Some(1));
+        assert_eq!(hca.is_near(&[2]), Some(true));
+        assert_eq!(hca.is_near(&[3, 4]), Some(false));
+        assert_eq!(hca.is_near(&[]), None);
+        assert!(hca.describe(&[9]).contains("cpus 0-3,8-11, NUMA node 1; this process runs next to it"));
+        assert!(hca.describe(&[5]).contains("away from it"));
+        assert_eq!((rxe.name.as_str(), rxe.cpus.is_empty(), rxe.numa), ("rxe0", true, None));
+        assert!(rxe.describe(&[0]).contains("no PCI locality"));
+        assert_eq!((bad.cpus.is_empty(), bad.numa), (true, None), "malformed files give no locality");
+        assert!(rdma_devices(Path::new("/nonexistent/polyrail")).is_empty());
     }
 
     #[test]

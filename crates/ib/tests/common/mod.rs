@@ -81,7 +81,7 @@ pub fn credits_hold_a_fast_sender_back<P: Provider>(open: impl Fn() -> P, env: &
                     would_block += 1;
                     break;
                 }
-                Issued::Pending => unreachable!("eager packets finish at once"),
+                Issued::Pending | Issued::Ordered => unreachable!("eager packets finish at once"),
             }
             assert!(sent as usize - rb.messages.len() <= 7, "ring overrun");
         }
