@@ -15,6 +15,11 @@ const ADAPTIVE_SPIN: Duration = Duration::from_micros(200);
 /// Longest sleep on the shared-memory doorbell while another channel (which cannot ring it, such
 /// as `ib`) is polled too: an arrival there waits at most this long to be seen.
 const NAP: Duration = Duration::from_micros(100);
+/// With `POLYRAIL_WAIT=adaptive`, how long an idle process polls before such naps: a nap may
+/// add up to [`NAP`] to a message that arrives during it, so a process waiting for replies
+/// that take a while (a network round trip, a peer computing briefly) keeps polling; one idle
+/// for longer is blocked for real and naps.
+const SPIN_BEFORE_NAP: Duration = Duration::from_millis(10);
 /// Idle polls before a waiting process sleeps with `POLYRAIL_WAIT=block`.
 const SPIN_BEFORE_BLOCK: u32 = 64;
 /// How often a waiting process checks that its peers are alive.
@@ -293,7 +298,8 @@ impl Driver {
                     if idle % 256 == 0 && idle_since.is_none() {
                         idle_since = Some(Instant::now());
                     }
-                    idle % 256 == 0 && idle_since.is_some_and(|t| t.elapsed() >= ADAPTIVE_SPIN)
+                    let spin = if self.naps() { SPIN_BEFORE_NAP } else { ADAPTIVE_SPIN };
+                    idle % 256 == 0 && idle_since.is_some_and(|t| t.elapsed() >= spin)
                 }
             };
             if may_sleep && self.can_sleep() {
@@ -325,11 +331,16 @@ impl Driver {
         self.sleeper.is_some() && self.blocked_peers == 0 && !self.self_sent
     }
 
+    /// Whether sleeping means a nap: other polled channels cannot ring the doorbell.
+    fn naps(&self) -> bool {
+        self.polled.len() > 1
+    }
+
     /// Sleeps on the doorbell until an arrival ends it, or the liveness period; only a short
     /// nap when other polled channels (which cannot ring the doorbell) may deliver meanwhile.
     fn sleep_once(&mut self) {
         let Some(i) = self.sleeper else { return };
-        let timeout = if self.polled.len() > 1 { NAP } else { LIVENESS_PERIOD };
+        let timeout = if self.naps() { NAP } else { LIVENESS_PERIOD };
         let ch = &mut self.channels[i];
         if ch.arm() {
             ch.sleep(timeout);

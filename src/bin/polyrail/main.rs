@@ -47,8 +47,9 @@ enum Cmd {
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<OsString>,
     },
-    /// Show the topology, each channel with its probe result, and per peer the route table
-    /// (size range -> protocol and channel) with the reason for each entry.
+    /// Show the topology, the RDMA devices and their PCI locality, each channel with its probe
+    /// result, and per peer the route table (size range -> protocol and channel) with the reason
+    /// for each entry.
     ///
     /// Started alone, it starts itself as a 2-process job so that the probes between two
     /// processes are real; under a launcher, rank 0 reports.
