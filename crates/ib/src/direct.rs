@@ -620,6 +620,9 @@ impl<P: Provider> DirectIb<P> {
         let reads = opcode == Opcode::Read;
         let access = if reads { Access::LOCAL_WRITE } else { Access(0) };
         let (local_addr, mr, local) = self.local_memory(local, len, access, !reads)?;
+        // A write from a bounce slot left the user's buffer alone, and an RC queue pair places
+        // it before any later packet to the peer (and flushes those if it fails).
+        let ordered = !reads && matches!(local, Local::Bounce { .. });
         let index = match self.free_ops.pop() {
             Some(i) => i,
             None => {
@@ -661,10 +664,7 @@ impl<P: Provider> DirectIb<P> {
                 p.outstanding += 1;
             }
         }
-        // A write from a bounce slot left the user's buffer alone, and an RC queue pair places
-        // it before any later packet to the peer (and flushes those if it fails).
-        let bounced = matches!(self.ops[index as usize], Some(RmaOp { local: Local::Bounce { .. }, .. }));
-        Ok(if bounced && !reads { Issued::Ordered } else { Issued::Pending })
+        Ok(if ordered { Issued::Ordered } else { Issued::Pending })
     }
 
     /// Polls completions into `sink`; returns how many.

@@ -510,43 +510,35 @@ impl VerbsProvider {
     }
 }
 
+/// Logs a failed release: the caller has nothing else to do about it.
+fn warn_failed(what: &str, rc: c_int) {
+    if rc != 0 {
+        tracing::warn!("{what}: {}", verb_error(rc));
+    }
+}
+
 impl Drop for VerbsProvider {
     fn drop(&mut self) {
         // Queue pairs, then the completion queue they use, then registrations, then the
         // protection domain they belong to, then the context.
         for q in self.qps.drain(..) {
             // SAFETY: a live queue pair of this provider, destroyed once.
-            let rc = unsafe { ffi::ibv_destroy_qp(q.qp) };
-            if rc != 0 {
-                tracing::warn!("ibv_destroy_qp: {}", verb_error(rc));
-            }
+            warn_failed("ibv_destroy_qp", unsafe { ffi::ibv_destroy_qp(q.qp) });
         }
         if !self.cq.is_null() {
             // SAFETY: the completion queue, no longer used by any queue pair, destroyed once.
-            let rc = unsafe { ffi::ibv_destroy_cq(self.cq) };
-            if rc != 0 {
-                tracing::warn!("ibv_destroy_cq: {}", verb_error(rc));
-            }
+            warn_failed("ibv_destroy_cq", unsafe { ffi::ibv_destroy_cq(self.cq) });
         }
         for mr in self.mrs.drain(..).filter(|m| !m.is_null()) {
             // SAFETY: a registration of this provider not deregistered yet.
-            let rc = unsafe { ffi::ibv_dereg_mr(mr) };
-            if rc != 0 {
-                tracing::warn!("ibv_dereg_mr: {}", verb_error(rc));
-            }
+            warn_failed("ibv_dereg_mr", unsafe { ffi::ibv_dereg_mr(mr) });
         }
         if !self.pd.is_null() {
             // SAFETY: the protection domain, with nothing left in it, deallocated once.
-            let rc = unsafe { ffi::ibv_dealloc_pd(self.pd) };
-            if rc != 0 {
-                tracing::warn!("ibv_dealloc_pd: {}", verb_error(rc));
-            }
+            warn_failed("ibv_dealloc_pd", unsafe { ffi::ibv_dealloc_pd(self.pd) });
         }
         // SAFETY: the context opened in `open`, with every object in it destroyed, closed once.
-        let rc = unsafe { ffi::ibv_close_device(self.ctx) };
-        if rc != 0 {
-            tracing::warn!("ibv_close_device: {}", verb_error(rc));
-        }
+        warn_failed("ibv_close_device", unsafe { ffi::ibv_close_device(self.ctx) });
     }
 }
 
@@ -639,10 +631,7 @@ impl Provider for VerbsProvider {
             return;
         }
         // SAFETY: as above; deregistered once (the slot is cleared below).
-        let rc = unsafe { ffi::ibv_dereg_mr(raw) };
-        if rc != 0 {
-            tracing::warn!("ibv_dereg_mr: {}", verb_error(rc));
-        }
+        warn_failed("ibv_dereg_mr", unsafe { ffi::ibv_dereg_mr(raw) });
         self.mrs[mr.handle] = ptr::null_mut();
         self.free_mrs.push(mr.handle);
     }

@@ -7,7 +7,7 @@ use polyrail_ib::{DirectIb, SoftProvider};
 
 mod common;
 
-use common::{info, pair, Recorder};
+use common::{info, pair, request, Recorder};
 
 fn soft_pair(settings: &IbSettings) -> (DirectIb<SoftProvider>, DirectIb<SoftProvider>) {
     pair(SoftProvider::new, settings)
@@ -153,16 +153,7 @@ fn soft_provider_checks_keys_and_bounds() {
     for (what, remote_addr, len, rkey, opcode) in cases {
         let qp = fresh_qp(&mut initiator);
         let len_ok = len <= src.len();
-        let wr = WorkRequest {
-            wr_id: 1,
-            opcode,
-            local_addr: src.as_ptr() as u64,
-            len,
-            lkey: src_mr.lkey,
-            remote_addr,
-            rkey,
-            inline: false,
-        };
+        let wr = request(1, opcode, src.as_ptr() as u64, src_mr.lkey, remote_addr, rkey, len);
         initiator.post(qp, &wr).unwrap();
         out.clear();
         assert_eq!(initiator.poll(&mut out, 8), 1);
@@ -188,16 +179,7 @@ fn soft_provider_checks_keys_and_bounds() {
     // After deregistration the key is refused.
     target.deregister(&mr);
     let qp = fresh_qp(&mut initiator);
-    let wr = WorkRequest {
-        wr_id: 2,
-        opcode: Opcode::Write,
-        local_addr: src.as_ptr() as u64,
-        len: 8,
-        lkey: src_mr.lkey,
-        remote_addr: base,
-        rkey: mr.rkey,
-        inline: false,
-    };
+    let wr = request(2, Opcode::Write, src.as_ptr() as u64, src_mr.lkey, base, mr.rkey, 8);
     initiator.post(qp, &wr).unwrap();
     out.clear();
     initiator.poll(&mut out, 8);
@@ -259,16 +241,7 @@ fn malformed_packets_fail_the_peer_with_a_reason() {
         let (qp, _) = forger.create_qp().unwrap();
         forger.connect(qp, &addr[13..41], 1).unwrap();
         forger.ready_to_send(qp).unwrap();
-        let wr = WorkRequest {
-            wr_id: 0,
-            opcode: Opcode::Write,
-            local_addr: block.as_ptr() as u64,
-            len: 64,
-            lkey: mr.lkey,
-            remote_addr: rings,
-            rkey,
-            inline: false,
-        };
+        let wr = request(0, Opcode::Write, block.as_ptr() as u64, mr.lkey, rings, rkey, 64);
         forger.post(qp, &wr).unwrap();
         let mut out = Vec::new();
         forger.poll(&mut out, 4);

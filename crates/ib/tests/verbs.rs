@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{pair, until, Recorder};
+use common::{pair, request, until, Recorder};
 use polyrail_core::config::IbSettings;
 use polyrail_core::{Error, Issued, PeerAccess, Region, RegionMut, Transport};
 use polyrail_ib::provider::{Access, Completion, MemoryRegion, Opcode, Provider, QpId, WcStatus, WorkRequest};
@@ -193,14 +193,8 @@ fn verbs_provider_checks_keys_and_bounds() {
             src[..len].fill(0x99);
         }
         let wr = WorkRequest {
-            wr_id: 1,
-            opcode,
-            local_addr: src.as_ptr() as u64 + local_off,
-            len,
-            lkey: src_mr.lkey,
-            remote_addr,
-            rkey,
             inline: what.starts_with("inline"),
+            ..request(1, opcode, src.as_ptr() as u64 + local_off, src_mr.lkey, remote_addr, rkey, len)
         };
         initiator.post(qp, &wr).unwrap();
         let c = one_completion(&mut initiator, what);
@@ -234,16 +228,7 @@ fn verbs_provider_checks_keys_and_bounds() {
     }
     // A request too long for the port is refused at post.
     let (qp, _) = qp_pair(&mut initiator, &mut target);
-    let huge = WorkRequest {
-        wr_id: 3,
-        opcode: Opcode::Read,
-        local_addr: src.as_ptr() as u64,
-        len: usize::MAX - 4,
-        lkey: src_mr.lkey,
-        remote_addr: base + 8,
-        rkey: mr.rkey,
-        inline: false,
-    };
+    let huge = request(3, Opcode::Read, src.as_ptr() as u64, src_mr.lkey, base + 8, mr.rkey, usize::MAX - 4);
     assert!(initiator.post(qp, &huge).is_err());
     assert!(mem[..4096].iter().all(|&x| x == 0x11), "bytes before the region were written");
     assert!(mem[8192..].iter().all(|&x| x == 0x11), "bytes after the region were written");
@@ -253,16 +238,7 @@ fn verbs_provider_checks_keys_and_bounds() {
     assert!(mem[4096 + 308..8192].iter().all(|&x| x == 0x11));
     // After deregistration the key is refused.
     target.deregister(&mr);
-    let wr = WorkRequest {
-        wr_id: 4,
-        opcode: Opcode::Write,
-        local_addr: src.as_ptr() as u64,
-        len: 8,
-        lkey: src_mr.lkey,
-        remote_addr: base,
-        rkey: mr.rkey,
-        inline: false,
-    };
+    let wr = request(4, Opcode::Write, src.as_ptr() as u64, src_mr.lkey, base, mr.rkey, 8);
     initiator.post(qp, &wr).unwrap();
     assert_eq!(one_completion(&mut initiator, "deregistered key").status, WcStatus::RemoteAccess);
     assert!(mem.iter().all(|&x| x == 0x11 || x == 0x99));
@@ -288,14 +264,16 @@ fn full_send_queue_is_refused_and_every_request_completes() {
     let mut refused = false;
     while posted < depth as u64 + 1 {
         let wr = WorkRequest {
-            wr_id: posted,
-            opcode: Opcode::Write,
-            local_addr: src.as_ptr() as u64,
-            len: 64,
-            lkey: src_mr.lkey,
-            remote_addr: mr.addr + (posted % 64) * 64,
-            rkey: mr.rkey,
             inline: posted % 2 == 0,
+            ..request(
+                posted,
+                Opcode::Write,
+                src.as_ptr() as u64,
+                src_mr.lkey,
+                mr.addr + (posted % 64) * 64,
+                mr.rkey,
+                64,
+            )
         };
         if initiator.post(qp, &wr).is_err() {
             refused = true;

@@ -4,6 +4,7 @@
 
 use polyrail_core::config::IbSettings;
 use polyrail_core::{Error, Header, Issued, OpId, PeerInfo, Rank, Reach, RemoteKey, Result, Sink, Transport};
+use polyrail_ib::provider::{Opcode, WorkRequest};
 use polyrail_ib::{DirectIb, Provider};
 use std::time::{Duration, Instant};
 
@@ -134,4 +135,18 @@ pub fn widened(key: &RemoteKey, extra: u64) -> RemoteKey {
     let len = u64::from_le_bytes(b[12..20].try_into().unwrap());
     b[12..20].copy_from_slice(&(len + extra).to_le_bytes());
     RemoteKey::new(&b).unwrap()
+}
+
+/// A work request for `len` bytes between `local_addr` (under `lkey`) and the peer's
+/// `remote_addr` (under `rkey`), not inline.
+pub fn request(
+    wr_id: u64,
+    opcode: Opcode,
+    local_addr: u64,
+    lkey: u32,
+    remote_addr: u64,
+    rkey: u32,
+    len: usize,
+) -> WorkRequest {
+    WorkRequest { wr_id, opcode, local_addr, len, lkey, remote_addr, rkey, inline: false }
 }
