@@ -285,9 +285,11 @@ impl Context {
         let (from, tag) = (from.into(), tag.into());
         let mut found = None;
         let check = |e: &polyrail_core::engine::Engine| e.probe(from, tag, USER_CTX);
-        self.driver.wait_until(|e| {
-            found = check(e);
-            found.is_some() || probe_hopeless(e, from)
+        self.driver.probing(|d| {
+            d.wait_until(|e| {
+                found = check(e);
+                found.is_some() || probe_hopeless(e, from)
+            })
         })?;
         found.ok_or_else(|| match from {
             Source::Rank(r) => self.driver.engine.peer_error(r).unwrap_or(Error::PeerFinished { rank: r }),
@@ -303,7 +305,7 @@ impl Context {
         if let Some(s) = self.driver.engine.probe(from, tag, USER_CTX) {
             return Ok(Some(s));
         }
-        self.driver.progress()?;
+        self.driver.probing(Driver::progress)?;
         Ok(self.driver.engine.probe(from, tag, USER_CTX))
     }
 

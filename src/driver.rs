@@ -2,6 +2,7 @@
 
 use polyrail_core::config::{PollPolicy, WaitMode};
 use polyrail_core::engine::{Action, Engine, Payload, ReqId, Status};
+use polyrail_core::policy::{ChannelId, ChannelSet};
 use polyrail_core::{Caps, Error, Header, Issued, Rank, Result, Transport, TransportKind};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -24,6 +25,10 @@ const SPIN_BEFORE_NAP: Duration = Duration::from_millis(10);
 const SPIN_BEFORE_BLOCK: u32 = 64;
 /// How often a waiting process checks that its peers are alive.
 const LIVENESS_PERIOD: Duration = Duration::from_millis(100);
+/// A channel whose poll is a system call is polled when an arrival is awaited on it, and on
+/// every this many rounds anyway, so that messages nobody waits for yet (and credits for
+/// peers' sends) do not sit in it forever.
+const SYSCALL_POLL_EVERY: u32 = 256;
 
 /// The engine, the channels, and the sends that could not leave yet.
 pub(crate) struct Driver {
@@ -44,6 +49,12 @@ pub(crate) struct Driver {
     blocked_peers: usize,
     last_liveness: Instant,
     poll: PollPlan,
+    /// Polled channels whose poll is a system call ([`Caps::POLL_IS_SYSCALL`]).
+    syscall_polled: ChannelSet,
+    /// Rounds since such channels were last polled whatever the engine awaits.
+    syscall_skipped: u32,
+    /// Poll every channel on every round (see [`Driver::probing`]).
+    poll_everything: bool,
 }
 
 /// Polling priority between channels (Chai Ch. 7, `POLYRAIL_POLL`): the primary channel is polled
@@ -118,7 +129,14 @@ impl Driver {
         let loopback = channels.iter().position(|c| c.attr().kind == TransportKind::Loopback);
         let sleeper = polled.iter().copied().find(|&i| channels[i].attr().caps.contains(Caps::WAKEUP));
         let poll = PollPlan::new(poll, &channels, &polled);
+        let mut syscall_polled = ChannelSet::EMPTY;
+        for &i in polled.iter().filter(|&&i| channels[i].attr().caps.contains(Caps::POLL_IS_SYSCALL)) {
+            syscall_polled.insert(i as ChannelId);
+        }
         Driver {
+            syscall_polled,
+            syscall_skipped: 0,
+            poll_everything: false,
             poll,
             engine,
             channels,
@@ -233,16 +251,17 @@ impl Driver {
     /// One round: poll every channel, run the actions that follow. Returns arrivals seen.
     #[inline]
     pub fn progress(&mut self) -> Result<usize> {
+        let skip = self.skipped_this_round();
         let primary = self.polled.get(self.poll.primary).copied();
         let mut n = match primary {
-            Some(i) => self.channels[i].progress(64, &mut self.engine)?,
-            None => 0,
+            Some(i) if !skip.contains(i as ChannelId) => self.channels[i].progress(64, &mut self.engine)?,
+            _ => 0,
         };
         if self.polled.len() > 1 {
             let mut others = 0;
             if self.poll.others_due() {
                 for &i in &self.polled {
-                    if Some(i) != primary {
+                    if Some(i) != primary && !skip.contains(i as ChannelId) {
                         others += self.channels[i].progress(64, &mut self.engine)?;
                     }
                 }
@@ -261,6 +280,39 @@ impl Driver {
         }
         self.drain();
         Ok(n)
+    }
+
+    /// The channels not polled on this round: those whose poll is a system call, unless an
+    /// arrival is awaited on them (a receive, a rendezvous or a copy under way, a send waiting
+    /// for credits), a probe is looking, or it is their periodic turn (Chai Ch. 7).
+    #[inline]
+    fn skipped_this_round(&mut self) -> ChannelSet {
+        if self.syscall_polled.is_empty() || self.poll_everything || self.blocked_peers > 0 {
+            return ChannelSet::EMPTY;
+        }
+        self.syscall_skipped += 1;
+        if self.syscall_skipped >= SYSCALL_POLL_EVERY {
+            self.syscall_skipped = 0;
+            return ChannelSet::EMPTY;
+        }
+        let awaited = self.engine.awaited_channels();
+        let mut skip = ChannelSet::EMPTY;
+        for &i in &self.polled {
+            let c = i as ChannelId;
+            if self.syscall_polled.contains(c) && !awaited.contains(c) {
+                skip.insert(c);
+            }
+        }
+        skip
+    }
+
+    /// Runs `f` polling every channel on every round: a probe looks for messages that no
+    /// request awaits yet.
+    pub fn probing<R>(&mut self, f: impl FnOnce(&mut Driver) -> R) -> R {
+        self.poll_everything = true;
+        let r = f(self);
+        self.poll_everything = false;
+        r
     }
 
     /// Checks peers' liveness now.
@@ -403,5 +455,115 @@ impl Driver {
             }
         }
         self.engine.discard(req);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use polyrail_core::engine::{Source, TagMatch};
+    use polyrail_core::policy::{PeerRoute, Protocol, RouteEntry};
+    use polyrail_core::{Address, Cost, PeerInfo, Reach, RegionMut, Sink, TransportAttr};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// A channel that delivers nothing and counts how often it is polled.
+    struct Counted {
+        attr: TransportAttr,
+        polls: Arc<AtomicUsize>,
+    }
+
+    impl Counted {
+        fn channel(caps: Caps, latency_ns: f64) -> (Box<dyn Transport>, Arc<AtomicUsize>) {
+            let polls = Arc::new(AtomicUsize::new(0));
+            let cost = Cost { latency_ns, overhead_ns: 0.0, bandwidth: 1e9 };
+            let attr = TransportAttr {
+                kind: TransportKind::Scif,
+                max_inline: 64,
+                max_eager: 1024,
+                max_rma: 0,
+                caps: Caps::AM | caps,
+                am_cost: cost,
+                rma_cost: cost,
+            };
+            (Box::new(Counted { attr, polls: polls.clone() }), polls)
+        }
+    }
+
+    impl Transport for Counted {
+        fn attr(&self) -> &TransportAttr {
+            &self.attr
+        }
+        fn address(&self) -> Address {
+            Vec::new()
+        }
+        fn add_peer(&mut self, _: &PeerInfo, _: &[u8]) -> Reach {
+            Reach::Yes(String::new())
+        }
+        fn try_send(&mut self, _: Rank, _: &[u8; Header::WIRE_LEN], _: &[u8]) -> Result<Issued> {
+            Ok(Issued::Done)
+        }
+        fn progress(&mut self, _: usize, _: &mut dyn Sink) -> Result<usize> {
+            self.polls.fetch_add(1, Ordering::Relaxed);
+            Ok(0)
+        }
+    }
+
+    /// Rank 0 of 3: rank 1 over a cheap channel (0), rank 2 over one whose poll is a system
+    /// call (1). Returns the driver and the poll counters of both channels.
+    fn job() -> (Driver, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        let (cheap, cheap_polls) = Counted::channel(Caps::empty(), 200.0);
+        let (syscall, syscall_polls) = Counted::channel(Caps::POLL_IS_SYSCALL, 2000.0);
+        let mut engine = Engine::new(0, 3);
+        for (peer, am) in [(1, 0), (2, 1)] {
+            let entries =
+                vec![RouteEntry { upto: usize::MAX, protocol: Protocol::Eager, channel: am, reason: String::new() }];
+            engine.set_route(peer, PeerRoute { am, frag: 1024, entries });
+        }
+        let driver = Driver::new(engine, vec![cheap, syscall], WaitMode::Spin, PollPolicy::All);
+        (driver, cheap_polls, syscall_polls)
+    }
+
+    fn rounds(d: &mut Driver, n: usize) {
+        for _ in 0..n {
+            d.progress().unwrap();
+        }
+    }
+
+    fn polls(c: &AtomicUsize) -> usize {
+        c.swap(0, Ordering::Relaxed)
+    }
+
+    #[test]
+    fn a_syscall_channel_is_polled_when_an_arrival_is_awaited_on_it() {
+        let (mut d, cheap, syscall) = job();
+        rounds(&mut d, 1024);
+        assert_eq!(polls(&cheap), 1024);
+        assert_eq!(polls(&syscall), 1024 / SYSCALL_POLL_EVERY as usize, "only its periodic turns while idle");
+
+        // A receive from the cheap channel's peer does not make the other one polled.
+        let mut buf = [0u8; 8];
+        let region = RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() };
+        // SAFETY: `buf` outlives the requests, which are discarded before it goes.
+        let near = unsafe { d.engine.post_recv(Source::Rank(1), TagMatch::Any, 0, region) }.unwrap();
+        rounds(&mut d, 1024);
+        assert_eq!(polls(&syscall), 1024 / SYSCALL_POLL_EVERY as usize);
+        d.abandon(near);
+
+        // A receive from its peer, or from anyone, does.
+        for src in [Source::Rank(2), Source::Any] {
+            // SAFETY: as above.
+            let r = unsafe { d.engine.post_recv(src, TagMatch::Any, 0, region) }.unwrap();
+            rounds(&mut d, 100);
+            assert_eq!(polls(&syscall), 100, "{src:?}");
+            d.abandon(r);
+            rounds(&mut d, 100);
+            assert!(polls(&syscall) <= 1, "{src:?}: polled again after the receive went");
+        }
+
+        // So does a probe, which looks for messages no receive awaits.
+        d.probing(|d| rounds(d, 100));
+        assert_eq!(polls(&syscall), 100);
+        assert_eq!(polls(&cheap), 1024 + 4 * 100 + 100, "the cheap channel is polled on every round");
     }
 }

@@ -168,10 +168,12 @@ pub struct IbSettings {
     pub gid_index: u8,
     /// `POLYRAIL_IB_CREDITS`: blocks in each peer's eager ring (DCFA's MaxCredit). Default 64.
     pub credits: usize,
-    /// `POLYRAIL_IB_BLOCK`: bytes per eager ring block, headers included. Default 8k.
+    /// `POLYRAIL_IB_BLOCK`: payload bytes per eager ring block (each block has 64 bytes of
+    /// header and tail on top). Default 8k, DCFA-MPI's block.
     pub block: usize,
-    /// `POLYRAIL_IB_EAGER_LIMIT`: smallest message sent to a peer by rendezvous over `ib`
-    /// (smaller ones go eagerly through the ring). Default 8k (DCFA-MPI's EagerUpperLimit).
+    /// `POLYRAIL_IB_EAGER_LIMIT`: largest message sent to a peer eagerly through the ring
+    /// (larger ones go by rendezvous). Default 8k (DCFA-MPI's EagerUpperLimit): with the
+    /// default block, one packet.
     pub eager_limit: usize,
     /// `POLYRAIL_IB_SYNC_LIMIT`: a receiver sends a credit-only SYNC packet when the sender's
     /// view of free blocks would fall under this (DCFA's CreditSyncLimit). Default 2.
@@ -295,8 +297,8 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("POLYRAIL_IB_DEVICE", "RDMA device and port NAME[:PORT], e.g. rxe0:1 (default: first device)"),
     ("POLYRAIL_IB_GID_INDEX", "GID index for RoCE addressing (default 0)"),
     ("POLYRAIL_IB_CREDITS", "blocks per peer in the ib eager ring (default 64)"),
-    ("POLYRAIL_IB_BLOCK", "bytes per ib eager ring block (default 8k)"),
-    ("POLYRAIL_IB_EAGER_LIMIT", "smallest message sent by rendezvous over ib (default 8k)"),
+    ("POLYRAIL_IB_BLOCK", "payload bytes per ib eager ring block (default 8k)"),
+    ("POLYRAIL_IB_EAGER_LIMIT", "largest message sent eagerly over ib (default 8k)"),
     ("POLYRAIL_IB_SYNC_LIMIT", "free blocks under which a receiver returns credits at once (default 2)"),
     ("POLYRAIL_IB_BOUNCE", "largest ib rendezvous copied through pre-registered buffers, 0 = never (default 64k)"),
 ];

@@ -203,7 +203,8 @@ impl<P: Provider> std::fmt::Debug for DirectIb<P> {
 impl<P: Provider> DirectIb<P> {
     /// Sets up rings, staging and one queue pair per peer of a job of `size` ranks.
     pub fn new(mut provider: P, settings: &IbSettings, rank: Rank, size: u32) -> Result<DirectIb<P>> {
-        let (credits, block) = (settings.credits, settings.block);
+        // A block holds `settings.block` bytes of payload plus the packet's header and tail.
+        let (credits, block) = (settings.credits, settings.block + OVERHEAD);
         let ring_bytes = credits * block;
         let rings = AnonMemory::new(ring_bytes * size as usize + HEARTBEAT_BYTES * size as usize, "ib rings")?;
         let staging = AnonMemory::new(STAGING_BLOCKS * block, "ib staging")?;

@@ -35,7 +35,7 @@ pub use types::{Action, Payload, ReqId, Source, Status, TagMatch};
 use crate::config::SkewPolicy;
 use crate::error::{Error, Rank, Result};
 use crate::header::{Header, PacketKind};
-use crate::policy::{ChannelId, PeerRoute, Protocol};
+use crate::policy::{ChannelId, ChannelSet, PeerRoute, Protocol};
 use crate::transport::{OpId, PeerAccess, Region, RegionMut, RemoteKey, Sink};
 use requests::{Dir, ExposeFor, Req, Requests};
 use std::collections::VecDeque;
@@ -155,6 +155,8 @@ pub struct Engine {
     post_counter: u64,
     arrival_counter: u64,
     skew: Option<SkewPolicy>,
+    /// Cache of [`Engine::awaited_channels`]; `None` after anything that may change it.
+    awaited: Option<ChannelSet>,
 }
 
 impl Engine {
@@ -170,6 +172,7 @@ impl Engine {
             post_counter: 0,
             arrival_counter: 0,
             skew: None,
+            awaited: None,
         }
     }
 
@@ -203,6 +206,7 @@ impl Engine {
 
     /// Sets the route table to `peer`.
     pub fn set_route(&mut self, peer: Rank, route: PeerRoute) {
+        self.touched();
         if let Some(p) = self.peers.get_mut(peer as usize) {
             p.route = Some(route);
         }
@@ -255,6 +259,48 @@ impl Engine {
         self.reqs.ids().filter(|&id| !self.is_done(id)).count()
     }
 
+    /// Channels on which something this process waits for can arrive: the active-message
+    /// channel of every peer a running request needs (a match, a CTS or FIN, credits for a
+    /// blocked send) or that is part-way through an eager message, and the channel of every
+    /// one-sided copy under way. With an ANY_SOURCE receive posted, every channel. The driver
+    /// polls channels whose poll is a system call ([`crate::Caps::POLL_IS_SYSCALL`]) only when
+    /// they are in this set (Chai Ch. 7). Cached until the next mutator or event.
+    pub fn awaited_channels(&mut self) -> ChannelSet {
+        if let Some(s) = self.awaited {
+            return s;
+        }
+        let s = self.compute_awaited();
+        self.awaited = Some(s);
+        s
+    }
+
+    /// [`Engine::awaited_channels`] from scratch.
+    fn compute_awaited(&self) -> ChannelSet {
+        if !self.wild.is_empty() {
+            return ChannelSet::ALL;
+        }
+        let mut s = ChannelSet::EMPTY;
+        for id in self.reqs.ids() {
+            let Some(r) = self.reqs.get(id).filter(|r| r.result.is_none()) else { continue };
+            s.insert(am_of(&self.peers, r.peer));
+            if r.protocol.is_one_sided() {
+                s.insert(r.channel);
+            }
+        }
+        for p in self.peers.iter().filter(|p| !p.incoming.is_empty()) {
+            if let Some(route) = &p.route {
+                s.insert(route.am);
+            }
+        }
+        s
+    }
+
+    /// Something that may change [`Engine::awaited_channels`] happened.
+    #[inline]
+    fn touched(&mut self) {
+        self.awaited = None;
+    }
+
     // ---- mutators -----------------------------------------------------------------------
 
     /// The fast path of a small blocking send: when a `len`-byte message to `to` goes eager in
@@ -285,6 +331,7 @@ impl Engine {
     /// # Safety
     /// As for [`Engine::post_send`].
     pub unsafe fn post_prepared_send(&mut self, to: Rank, channel: ChannelId, hdr: Header, buf: Region) -> ReqId {
+        self.touched();
         let id =
             self.reqs.insert(Req::new(Dir::Send, to, TagMatch::Tag(hdr.tag), hdr.ctx, buf.ptr as *mut u8, buf.len));
         let req = self.reqs.get_mut(id).expect("just inserted");
@@ -300,6 +347,7 @@ impl Engine {
     /// `buf` must stay valid and unmodified until the request's result was taken (or the
     /// request failed).
     pub unsafe fn post_send(&mut self, to: Rank, tag: u32, ctx: u16, buf: Region) -> Result<ReqId> {
+        self.touched();
         let skew = self.skew;
         let peer = self.usable_peer(to)?;
         let route = peer.route.as_ref().ok_or_else(|| Error::Unreachable { rank: to, why: "no route".into() })?;
@@ -378,6 +426,7 @@ impl Engine {
     /// `buf` must stay valid and not be accessed otherwise until the request's result was
     /// taken (or the request failed).
     pub unsafe fn post_recv(&mut self, src: Source, tag: TagMatch, ctx: u16, buf: RegionMut) -> Result<ReqId> {
+        self.touched();
         if let Source::Rank(r) = src {
             // A peer that finished may have left messages behind: those still match.
             if let Err(e) = self.usable_peer(r) {
@@ -427,6 +476,7 @@ impl Engine {
     /// says so); returns how many. Used when the process finishes: such a receive could only
     /// keep it waiting forever.
     pub fn cancel_unmatched_receives(&mut self) -> usize {
+        self.touched();
         let ids: Vec<ReqId> = self
             .reqs
             .ids()
@@ -449,6 +499,7 @@ impl Engine {
     /// Forgets a request whose result will never be taken (e.g. its handle was dropped after
     /// an error). A running receive is withdrawn from matching.
     pub fn discard(&mut self, req: ReqId) {
+        self.touched();
         if self.reqs.get(req).is_some_and(|r| r.result.is_none()) {
             self.fail(req, Error::InvalidArgument("request discarded".into()));
         }
@@ -459,6 +510,7 @@ impl Engine {
 
     /// A send action with `op` left the process.
     pub fn handle_sent(&mut self, op: OpId) {
+        self.touched();
         if let Some((id, OpKind::Sent)) = split_op(op) {
             self.count_down(id);
         }
@@ -468,6 +520,7 @@ impl Engine {
     /// the key takes the exposure's place in the action order (so an RTS keeps its message's
     /// place among the sends to its peer).
     pub fn handle_exposed(&mut self, op: OpId, key: Result<RemoteKey>) {
+        self.touched();
         let before = self.actions.len();
         self.exposed(op, key);
         let added = self.actions.len() - before;
@@ -520,6 +573,7 @@ impl Engine {
 
     /// A `Get` or `Put` finished.
     pub fn handle_completion(&mut self, op: OpId, result: Result<()>) {
+        self.touched();
         let Some((id, OpKind::Copy)) = split_op(op) else { return };
         let Some(req) = self.reqs.get_mut(id) else { return };
         if req.result.is_some() || req.copied {
@@ -543,6 +597,7 @@ impl Engine {
 
     /// `peer` is gone: fail every request that needs it.
     pub fn handle_peer_lost(&mut self, peer: Rank, why: Error) {
+        self.touched();
         let Some(p) = self.peers.get_mut(peer as usize) else { return };
         if p.gone.is_some() {
             return;

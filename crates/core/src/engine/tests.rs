@@ -108,6 +108,7 @@ impl Sim {
                 while let Some(a) = self.engines[i].poll_action() {
                     any = true;
                     self.execute(i as Rank, a);
+                    self.check_awaited(i as Rank);
                 }
             }
             if !any {
@@ -197,7 +198,16 @@ impl Sim {
         if let Err(e) = self.engines[to as usize].handle_message(p.from, &p.hdr, &p.payload) {
             panic!("rank {to} refused {hdr:?} from {}: {e}", p.from);
         }
+        self.check_awaited(to);
         true
+    }
+
+    /// The engine's cached awaited channels are what its state says: no event forgot to
+    /// invalidate the cache.
+    fn check_awaited(&mut self, rank: Rank) {
+        let e = &mut self.engines[rank as usize];
+        let cached = e.awaited_channels();
+        assert_eq!(cached, e.compute_awaited(), "rank {rank}: stale awaited channels");
     }
 
     /// Runs until nothing moves.
@@ -448,6 +458,51 @@ fn any_source_and_any_tag_meet_rendezvous() {
     assert_eq!(result(&mut sim, 2, q2).unwrap(), Status { source: 1, tag: 8, len: 70 });
     assert_eq!(&o1[..5000], &a[..]);
     assert_eq!(&o2[..70], &b[..]);
+}
+
+#[test]
+fn awaited_channels_follow_what_the_engine_waits_for() {
+    // Rank 0 reaches rank 1 with packets on channel 0 and rank 2 on channel 2; both one-sided
+    // on channel 1.
+    const FAR: ChannelId = 2;
+    let mut sim = Sim::new(3, one_sided_route);
+    let far = PeerRoute { am: FAR, ..one_sided_route() };
+    sim.engines[0].set_route(2, far.clone());
+    sim.engines[2].set_route(0, far);
+    let awaited = |sim: &mut Sim| {
+        let s = sim.engines[0].awaited_channels();
+        [AM, RMA, FAR].map(|c| s.contains(c))
+    };
+    assert_eq!(awaited(&mut sim), [false; 3], "nothing posted, nothing awaited");
+
+    // A receive naming rank 2 waits on rank 2's channel only, until it matches.
+    let mut small = [0u8; 10];
+    let q = recv(&mut sim, 0, Source::Rank(2), TagMatch::Any, &mut small);
+    assert_eq!(awaited(&mut sim), [false, false, true]);
+    let msg = pattern(1, 10);
+    let s = send(&mut sim, 2, 0, 3, &msg);
+    sim.settle();
+    assert!(result(&mut sim, 2, s).is_ok() && result(&mut sim, 0, q).is_ok());
+    assert_eq!(awaited(&mut sim), [false; 3]);
+
+    // A rendezvous send waits for rank 1's packets and for its one-sided copy.
+    let data = pattern(2, 5000);
+    let s = send(&mut sim, 0, 1, 4, &data);
+    sim.run_actions();
+    assert_eq!(awaited(&mut sim), [true, true, false]);
+    let mut out = vec![0u8; 5000];
+    let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(4), &mut out);
+    sim.settle();
+    assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
+    assert_eq!(awaited(&mut sim), [false; 3]);
+
+    // An ANY_SOURCE receive may be met on any channel.
+    let q = recv(&mut sim, 0, Source::Any, TagMatch::Any, &mut small);
+    assert_eq!(awaited(&mut sim), [true; 3]);
+    let s = send(&mut sim, 1, 0, 5, &msg[..4]);
+    sim.settle();
+    assert!(result(&mut sim, 1, s).is_ok() && result(&mut sim, 0, q).is_ok());
+    assert_eq!(awaited(&mut sim), [false; 3]);
 }
 
 #[test]

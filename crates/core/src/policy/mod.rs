@@ -15,6 +15,36 @@ use topology::TopoClass;
 /// Index of a channel (transport) in the process's channel list.
 pub type ChannelId = u8;
 
+/// A set of channels. Channels from 63 up share one member: adding one of them adds them all
+/// (a conservative answer to "poll this channel?"; no process has that many).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChannelSet(u64);
+
+impl ChannelSet {
+    /// No channel.
+    pub const EMPTY: ChannelSet = ChannelSet(0);
+    /// Every channel.
+    pub const ALL: ChannelSet = ChannelSet(u64::MAX);
+
+    /// Adds `c`.
+    #[inline]
+    pub fn insert(&mut self, c: ChannelId) {
+        self.0 |= 1 << c.min(63);
+    }
+
+    /// Whether `c` is in the set.
+    #[inline]
+    pub fn contains(self, c: ChannelId) -> bool {
+        self.0 & 1 << c.min(63) != 0
+    }
+
+    /// Whether the set has no channel.
+    #[inline]
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
 /// How a message of some size travels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Protocol {
@@ -149,9 +179,13 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
                 (None, Some((t, path))) if rma.attr.kind == TransportKind::Cma => {
                     (t, format!("measured by `polyrail tune`, POLYRAIL_TUNING={path}"))
                 }
-                _ if rma.attr.kind == TransportKind::Ib => {
-                    (cfg.ib.eager_limit, "POLYRAIL_IB_EAGER_LIMIT, DCFA-MPI's default 8k".to_string())
-                }
+                _ if rma.attr.kind == TransportKind::Ib => (
+                    cfg.ib.eager_limit.saturating_add(1),
+                    format!(
+                        "POLYRAIL_IB_EAGER_LIMIT={}, the largest eager message; DCFA-MPI's 8k by default",
+                        format_size(cfg.ib.eager_limit)
+                    ),
+                ),
                 _ => {
                     let class_t = class_default_threshold(class);
                     match model_crossover(am.attr, rma.attr) {
@@ -388,14 +422,14 @@ mod tests {
         let c = [Candidate { id: 3, attr: &ib }];
         let r = build_route(TopoClass::RemoteNode, &c, &Config::default()).unwrap();
         assert_eq!((r.am, r.frag), (3, 8128));
-        assert_eq!(r.lookup(8191).protocol, Protocol::Eager);
-        assert_eq!(r.lookup(8192).protocol, Protocol::RndvGet);
-        assert!(r.lookup(8192).reason.contains("POLYRAIL_IB_EAGER_LIMIT"));
+        assert_eq!(r.lookup(8192).protocol, Protocol::Eager);
+        assert_eq!(r.lookup(8193).protocol, Protocol::RndvGet);
+        assert!(r.lookup(8193).reason.contains("POLYRAIL_IB_EAGER_LIMIT=8k"));
         // A NIC copies: no split rendezvous, whatever POLYRAIL_SPLIT_THRESHOLD says.
         assert_eq!(r.lookup(64 << 20).protocol, Protocol::RndvGet);
         let mut cfg = Config::default();
         cfg.set("POLYRAIL_IB_EAGER_LIMIT", "32k").unwrap();
-        assert_eq!(build_route(TopoClass::RemoteNode, &c, &cfg).unwrap().rndv_threshold(), Some(32 << 10));
+        assert_eq!(build_route(TopoClass::RemoteNode, &c, &cfg).unwrap().rndv_threshold(), Some((32 << 10) + 1));
     }
 
     #[test]
