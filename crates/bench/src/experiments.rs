@@ -231,33 +231,55 @@ pub fn overlap(c: &Common, compute_us: u64, period_us: u64) -> anyhow::Result<()
 
 /// Chai §7.3.1, message discovery: rank 1 (a shared-memory peer of the root) and rank 2 (on
 /// another virtual node, so its messages come over `ib`) each send a burst of `burst` messages to
-/// rank 0, which receives them (8 bytes each) with ANY_SOURCE. Reported per source: the mean time from the
-/// start of the round until the root received each message, under the job's `POLYRAIL_POLL`.
-/// Rank 0 prints one table row, labelled with `POLYRAIL_POLL`.
+/// rank 0, which receives them (8 bytes each) with ANY_SOURCE. Ranks from 3 up are quiet network
+/// peers: they send nothing, but the root's ib channel polls their rings too. Reported per
+/// source: the mean time from the start of the round until the root received each message,
+/// under the job's `POLYRAIL_POLL`. Rank 0 prints one table row, labelled with `POLYRAIL_POLL`.
 pub fn discovery(c: &Common, burst: usize) -> anyhow::Result<()> {
+    const GO: u32 = 4;
+    const DATA: u32 = 3;
     let Run { mut ctx, sbuf, mut rbuf, .. } = start(c, "discovery")?;
-    if ctx.size() != 3 {
+    if ctx.size() < 3 {
         anyhow::bail!("discovery needs 3 ranks (root, a shared-memory peer, a network peer)");
     }
     let size = 8.min(sbuf.len());
     let rounds = if c.quick { 20 } else { 300 };
     let (mut sum, mut count) = ([0.0f64; 3], [0usize; 3]);
-    for _ in 0..rounds {
-        ctx.barrier()?;
-        if ctx.rank() == 0 {
-            let t0 = Instant::now();
-            for _ in 0..2 * burst {
-                let st = ctx.recv(polyrail::ANY_SOURCE, 3, &mut rbuf[..size])?;
-                let src = st.source as usize;
-                if src < 3 {
-                    sum[src] += t0.elapsed().as_secs_f64() * 1e6;
-                    count[src] += 1;
+    match ctx.rank() {
+        0 => {
+            for _ in 0..rounds {
+                // Start the round: the senders wait for this, the root's clock starts.
+                for r in 1..3 {
+                    ctx.send(r, GO, &[])?;
+                }
+                let t0 = Instant::now();
+                for _ in 0..2 * burst {
+                    let st = ctx.recv(polyrail::ANY_SOURCE, DATA, &mut rbuf[..size])?;
+                    let src = st.source as usize;
+                    if src < 3 {
+                        sum[src] += t0.elapsed().as_secs_f64() * 1e6;
+                        count[src] += 1;
+                    }
                 }
             }
-        } else {
-            for _ in 0..burst {
-                ctx.send(0, 3, &sbuf[..size])?;
+            for r in 3..ctx.size() {
+                ctx.send(r, GO, &[])?;
             }
+        }
+        1 | 2 => {
+            for _ in 0..rounds {
+                ctx.recv(0, GO, &mut [])?;
+                for _ in 0..burst {
+                    ctx.send(0, DATA, &sbuf[..size])?;
+                }
+            }
+        }
+        _ => {
+            // Quiet: look for the end now and then, without taking a core from the others.
+            while ctx.iprobe(0, GO)?.is_none() {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            ctx.recv(0, GO, &mut [])?;
         }
     }
     let mean = |i: usize| if count[i] == 0 { f64::NAN } else { sum[i] / count[i] as f64 };

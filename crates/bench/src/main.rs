@@ -70,6 +70,10 @@ enum Cmd {
         /// Polling policies to compare (POLYRAIL_POLL values).
         #[arg(long, value_delimiter = ',', default_value = "all,static:50,static:1000,dynamic:8")]
         policies: Vec<String>,
+        /// Extra ranks on the network peer's node that send nothing: each is one more ring
+        /// the root's ib channel polls.
+        #[arg(long, default_value_t = 0)]
+        quiet_peers: u32,
     },
     /// Latency and bandwidth of every channel (auto, shm, cma) in one table.
     /// Medians, ratios and SVG plots from a comparison CSV (scripts/compare-peers.sh).
@@ -142,21 +146,21 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             experiments::skew(&common, messages, c1, c2, repeats).map(|_| 0)
         }
         Cmd::Overlap { common, compute, period } => experiments::overlap(&common, compute, period).map(|_| 0),
-        Cmd::Discovery { common, burst, policies } => {
+        Cmd::Discovery { common, burst, policies, quiet_peers } => {
             if under_launcher() {
                 return experiments::discovery(&common, burst).map(|_| 0);
             }
             println!(
-                "# polyrail-bench discovery: burst of {burst} 8-byte messages from a shm peer and an ib peer per round"
+                "# polyrail-bench discovery: burst of {burst} 8-byte messages from a shm peer and an ib peer per round; {quiet_peers} quiet ib peers"
             );
             println!("# mean time until the root received each message (us)");
             println!("{:<22}{:>16}{:>16}", "# POLYRAIL_POLL", "shm peer", "network peer");
             let exe = std::env::current_exe().context("cannot find the polyrail-bench executable")?;
             let args: Vec<OsString> = std::env::args_os().skip(1).collect();
             for policy in &policies {
-                let mut opts = LaunchOptions::new(3, exe.clone());
+                let mut opts = LaunchOptions::new(3 + quiet_peers, exe.clone());
                 opts.args = args.clone();
-                opts.nodes = Some(vec![0, 0, 1]);
+                opts.nodes = Some((0..3 + quiet_peers).map(|r| (r >= 2) as u32).collect());
                 opts.env = vec![("POLYRAIL_POLL".into(), policy.into())];
                 let code = launch(&opts)?;
                 if code != 0 {

@@ -15,6 +15,7 @@ use crate::bounce::{self, BouncePool};
 use crate::packet::{self, Kind, DATA_OFFSET, HEADER_OFFSET, OVERHEAD};
 use crate::provider::{Access, Completion, MemoryRegion, Opcode, Provider, QpId, WcStatus, WorkRequest};
 use polyrail_core::config::IbSettings;
+use polyrail_core::policy::sweep::PeerSweep;
 use polyrail_core::{
     format_size, Address, AnonMemory, Caps, Cost, Error, Header, Issued, OpId, PeerAccess, PeerInfo, Rank, Reach,
     Region, RegionMut, RemoteKey, Result, Sink, Transport, TransportAttr, TransportKind,
@@ -180,6 +181,8 @@ pub struct DirectIb<P: Provider> {
     peers: Vec<Option<Peer>>,
     /// Ranks of connected peers, the order rings are polled in.
     active: Vec<Rank>,
+    /// Which rings `progress` reads (see [`PeerSweep`]).
+    sweep: PeerSweep,
     ops: Vec<Option<RmaOp>>,
     free_ops: Vec<u32>,
     /// Exposures that hold a registration or a bounce slot, by the rkey and address in their key.
@@ -255,6 +258,7 @@ impl<P: Provider> DirectIb<P> {
             qps,
             peers: (0..size).map(|_| None).collect(),
             active: Vec::new(),
+            sweep: PeerSweep::default(),
             ops: Vec::new(),
             free_ops: Vec::new(),
             exposed: HashMap::new(),
@@ -814,11 +818,17 @@ impl<P: Provider> Transport for DirectIb<P> {
 
     fn progress(&mut self, budget: usize, sink: &mut dyn Sink) -> Result<usize> {
         let mut n = self.poll_completions(sink);
-        for i in 0..self.active.len() {
-            let peer = self.active[i];
-            n += self.poll_ring(peer, budget, sink);
+        // Polling priority (Chai Ch. 7): the ring that delivered last on every call, all of
+        // them now and then, so that idle peers do not make every call slower. Credits are
+        // returned as rings are read (a SYNC that would block is retried at the ring's next poll).
+        let mut sweep = std::mem::take(&mut self.sweep);
+        let active = std::mem::take(&mut self.active);
+        n += sweep.run(&active, budget, |peer, left| {
+            let got = self.poll_ring(peer, left, sink);
             self.maybe_sync(peer);
-        }
+            got
+        });
+        (self.sweep, self.active) = (sweep, active);
         if !self.lost.is_empty() {
             self.report_lost(sink);
         }

@@ -10,6 +10,7 @@
 use std::sync::atomic::{fence, Ordering};
 
 use polyrail_core::config::WaitMode;
+use polyrail_core::policy::sweep::PeerSweep;
 use polyrail_core::{
     Address, Caps, Config, Cost, Error, Header, Issued, PeerInfo, Rank, Reach, Result, Sink, Transport, TransportAttr,
     TransportKind,
@@ -65,14 +66,8 @@ pub struct ShmTransport {
     peers: Vec<Option<Peer>>,
     /// Ranks of connected peers, in the order `progress` visits them.
     active: Vec<u32>,
-    /// Where the next `progress` starts in `active` (round robin).
-    next: usize,
-    /// The peer that delivered last: polled on every `progress` call.
-    hot: Option<u32>,
-    /// `progress` calls so far (the others are swept every `SWEEP_EVERY`).
-    calls: u32,
-    /// The call of the last sweep over every peer.
-    last_sweep: u32,
+    /// Which of them `progress` polls (the last to deliver on every call, all now and then).
+    sweep: PeerSweep,
     cells: SendCells,
     /// Whether senders check a peer's `sleeping` flag after each message (`POLYRAIL_WAIT` is not
     /// `spin`).
@@ -82,9 +77,6 @@ pub struct ShmTransport {
     /// Dropped after the peers: our rings stay mapped while producers exist.
     seg: OwnSegment,
 }
-
-/// Every how many `progress` calls the peers other than the last active one are polled.
-const SWEEP_EVERY: u32 = 32;
 
 /// After a message to the peer owning `map` was published: wakes the peer if it sleeps.
 #[inline]
@@ -209,10 +201,7 @@ impl ShmTransport {
             layout,
             peers: (0..size).map(|_| None).collect(),
             active: Vec::new(),
-            next: 0,
-            hot: None,
-            calls: 0,
-            last_sweep: 0,
+            sweep: PeerSweep::default(),
             cells: SendCells::new(area, size),
             ring_doorbells: cfg.wait != WaitMode::Spin,
             armed_at: 0,
@@ -351,40 +340,11 @@ impl Transport for ShmTransport {
     }
 
     fn progress(&mut self, budget: usize, sink: &mut dyn Sink) -> Result<usize> {
-        let n = self.active.len();
-        if n == 0 {
-            return Ok(0);
-        }
-        // Polling priority (Chai Ch. 7): the peer that delivered last is polled on every call,
-        // every peer about every SWEEP_EVERY-th call, so that idle peers do not slow the
-        // discovery of the busy one's messages. A sweep due while the hot peer delivers waits
-        // for a call where it does not, but never longer than 8 sweep periods: a busy peer
-        // cannot starve the others.
-        self.calls = self.calls.wrapping_add(1);
-        let since = self.calls.wrapping_sub(self.last_sweep);
-        let mut done = 0;
-        if let Some(hot) = self.hot {
-            done = self.poll_peer(hot, budget, sink);
-            let overdue = since >= 8 * SWEEP_EVERY;
-            if since < SWEEP_EVERY || (done > 0 && !overdue) || done >= budget {
-                return Ok(done);
-            }
-        }
-        self.last_sweep = self.calls;
-        let start = self.next;
-        self.next = if start + 1 >= n { 0 } else { start + 1 };
-        for step in 0..n {
-            let i = if start + step >= n { start + step - n } else { start + step };
-            let rank = self.active[i];
-            let got = self.poll_peer(rank, budget - done, sink);
-            if got > 0 {
-                self.hot = Some(rank);
-            }
-            done += got;
-            if done >= budget {
-                break;
-            }
-        }
+        // Polling priority (Chai Ch. 7): idle peers do not slow the busy one's messages.
+        let mut sweep = std::mem::take(&mut self.sweep);
+        let active = std::mem::take(&mut self.active);
+        let done = sweep.run(&active, budget, |rank, left| self.poll_peer(rank, left, sink));
+        (self.sweep, self.active) = (sweep, active);
         Ok(done)
     }
 

@@ -5,6 +5,7 @@
 //! ([`crate::TransportAttr`]), the pair's topology class and the `POLYRAIL_*` overrides, and
 //! every entry carries the reason it was chosen, for `polyrail info`.
 
+pub mod sweep;
 pub mod topology;
 
 use crate::config::{Config, RouteRule};
