@@ -295,15 +295,7 @@ impl Driver {
             self.syscall_skipped = 0;
             return ChannelSet::EMPTY;
         }
-        let awaited = self.engine.awaited_channels();
-        let mut skip = ChannelSet::EMPTY;
-        for &i in &self.polled {
-            let c = i as ChannelId;
-            if self.syscall_polled.contains(c) && !awaited.contains(c) {
-                skip.insert(c);
-            }
-        }
-        skip
+        self.syscall_polled.without(self.engine.awaited_channels())
     }
 
     /// Runs `f` polling every channel on every round: a probe looks for messages that no

@@ -44,6 +44,12 @@ impl ChannelSet {
     pub fn is_empty(self) -> bool {
         self.0 == 0
     }
+
+    /// The channels of `self` that are not in `other`.
+    #[inline]
+    pub fn without(self, other: ChannelSet) -> ChannelSet {
+        ChannelSet(self.0 & !other.0)
+    }
 }
 
 /// How a message of some size travels.
