@@ -27,7 +27,9 @@ pub enum PacketKind {
     Fin = 6,
     /// Ready-to-receive: a receive is posted before the send; payload is its buffer's key,
     /// `offset` is how many messages of the sender the receiver had seen when it posted it,
-    /// `len` the buffer's capacity, flag [`Header::ANY_TAG`] when it takes any tag.
+    /// `seq` how many receives posted before it wait for the same messages (it takes the
+    /// matching message after those), `len` the buffer's capacity, flag [`Header::ANY_TAG`]
+    /// when it takes any tag.
     Rtr = 7,
     /// Skew feedback (Chai §6.3.2): `offset` 1 = "I am lagging behind you: send medium messages
     /// eagerly", 0 = "caught up".

@@ -1,10 +1,10 @@
 //! The receiving half of the engine: packets from peers, matching, unexpected messages.
 
-use super::requests::{Dir, ExposeFor};
+use super::requests::{Dir, ExposeFor, Req};
 use super::types::{op_id, OpKind};
 use super::{
     am_of, split_point, Action, Engine, FragTarget, Incoming, Payload, ReqId, Rtr, Source, TagMatch, Unexpected,
-    UxBody, MAX_EAGER_LEN, SEND_HISTORY,
+    UxBody, MAX_EAGER_LEN, MAX_RTR_PLACE, SEND_HISTORY,
 };
 use crate::error::{Error, Rank, Result};
 use crate::header::{Header, PacketKind};
@@ -405,16 +405,28 @@ impl Engine {
                 format!("RTR claims {seen} messages seen, only {} were sent", p.next_send_seq),
             ));
         }
-        // Stale when a send the receiver had not seen yet matches it: that send takes the
-        // receive (RTS wins; an eager one is a misprediction the receiver copies as usual).
-        let stale = in_flight as usize > SEND_HISTORY
-            || (0..in_flight).any(|k| {
-                let (t, c) = p.history[seen.wrapping_add(k) as usize % SEND_HISTORY];
-                c == hdr.ctx && tag.matches(t)
-            });
-        if !stale {
-            let cap = usize::try_from(hdr.len).unwrap_or(usize::MAX);
-            p.rtrs.push_back(Rtr { tag, ctx: hdr.ctx, rreq: hdr.rreq, cap, key });
+        // The receive takes the `place`-th matching send the receiver had not seen (earlier
+        // receives for the same messages take the ones before). Stale when that send happened
+        // already: it took the receive (RTS wins; an eager one is a misprediction the receiver
+        // copies as usual).
+        let place = hdr.seq;
+        let sent = if in_flight as usize > SEND_HISTORY {
+            None
+        } else {
+            Some(
+                (0..in_flight)
+                    .filter(|&k| {
+                        let (t, c) = p.history[seen.wrapping_add(k) as usize % SEND_HISTORY];
+                        c == hdr.ctx && tag.matches(t)
+                    })
+                    .count() as u32,
+            )
+        };
+        if let Some(ahead) = sent.and_then(|n| place.checked_sub(n)) {
+            if p.rtrs.len() < MAX_RTR_PLACE as usize {
+                let cap = usize::try_from(hdr.len).unwrap_or(usize::MAX);
+                p.rtrs.push_back(Rtr { ahead, tag, ctx: hdr.ctx, rreq: hdr.rreq, cap, key });
+            }
         }
         Ok(())
     }
@@ -475,10 +487,26 @@ impl Engine {
         }
     }
 
-    /// Whether a receive posted earlier could take a message that `(r, tag, ctx)` takes.
-    pub(super) fn has_overlapping_posted(&self, r: Rank, tag: TagMatch, ctx: u16) -> bool {
-        let overlaps = |id: &ReqId| self.reqs.get(*id).is_some_and(|q| q.ctx == ctx && q.tag.overlaps(tag));
-        self.peers[r as usize].posted.iter().any(overlaps) || self.wild.iter().any(overlaps)
+    /// Which of `r`'s messages matching `(tag, ctx)` a receive posted now will take, counted
+    /// from the first one not seen yet: the number of earlier receives waiting for the same
+    /// messages. `None` when an earlier receive overlaps it without taking exactly the same
+    /// messages (another tag pattern, or ANY_SOURCE), or too many wait: then the place depends on
+    /// what arrives, and no receive-first hint can name it.
+    pub(super) fn place_among_posted(&self, r: Rank, tag: TagMatch, ctx: u16) -> Option<u32> {
+        let overlaps = |q: &Req| q.ctx == ctx && q.tag.overlaps(tag);
+        if self.wild.iter().any(|id| self.reqs.get(*id).is_some_and(overlaps)) {
+            return None;
+        }
+        let mut place = 0u32;
+        for q in self.peers[r as usize].posted.iter().filter_map(|id| self.reqs.get(*id)) {
+            if overlaps(q) {
+                if q.tag != tag || place >= MAX_RTR_PLACE {
+                    return None;
+                }
+                place += 1;
+            }
+        }
+        Some(place)
     }
 
     /// Receive `id` met an unexpected message.
@@ -517,9 +545,9 @@ impl Engine {
         }
     }
 
-    /// Receive-first hint: when this receive is the first that can take `r`'s message and its
-    /// size goes by one-sided copy, expose the buffer and send an RTR.
-    pub(super) fn maybe_send_rtr(&mut self, id: ReqId, r: Rank, cap: usize) {
+    /// Receive-first hint: when this receive takes the `place`-th of `r`'s matching messages not
+    /// seen yet and its size goes by one-sided copy, expose the buffer and send an RTR.
+    pub(super) fn maybe_send_rtr(&mut self, id: ReqId, r: Rank, cap: usize, place: u32) {
         let Some((protocol, channel)) = self.route(r).map(|rt| {
             let e = rt.lookup(cap);
             (e.protocol, e.channel)
@@ -532,7 +560,7 @@ impl Engine {
         let seen = self.peers[r as usize].expected_seq;
         let req = self.reqs.get_mut(id).expect("live request");
         req.channel = channel;
-        req.rtr_seq = seen;
+        (req.rtr_seq, req.rtr_place) = (seen, place);
         req.expose_for = Some(ExposeFor::Rtr);
         let region = Region { ptr: req.ptr, len: cap };
         let access = PeerAccess::Write;

@@ -17,7 +17,8 @@
 //!   sender writes the back (`put`) and sends `Fin`;
 //! - receiver-first rendezvous: `Rtr` with the receive buffer's key → the sender's matching send
 //!   writes (`put`) → `Fin` (with an `Rts` in front that orders the message and, for the split
-//!   protocol, lets the receiver pull the front);
+//!   protocol, lets the receiver pull the front); every receive of a window posted for the same
+//!   messages sends one, naming its place among them;
 //! - simultaneous: an `Rtr` that crossed the sender's `Rts` is dropped (RTS wins);
 //! - mispredictions: an eager message meeting a receive that sent an `Rtr` is copied as usual
 //!   (the sender drops the stale `Rtr`); an `Rts` too large for its receive is a truncation;
@@ -43,6 +44,10 @@ use types::{op_id, split_op, OpKind};
 
 /// How many past sends per peer are remembered to tell a stale `Rtr`.
 const SEND_HISTORY: usize = 64;
+/// Receive-first hints are sent for at most this many receives waiting for the same messages
+/// from one peer, and a sender keeps at most this many hints per peer (more are dropped: a hint
+/// is only an offer, the send then goes sender-first).
+const MAX_RTR_PLACE: u32 = 1024;
 /// Largest eager message accepted from a peer (a bigger claimed length is a protocol error).
 const MAX_EAGER_LEN: u64 = 256 << 20;
 
@@ -56,8 +61,10 @@ enum Gone {
 }
 
 /// A receive-first hint from a peer: its receive buffer, waiting for a matching send.
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug)]
 struct Rtr {
+    /// How many more matching sends go to receives posted before this one.
+    ahead: u32,
     tag: TagMatch,
     ctx: u16,
     rreq: u32,
@@ -462,10 +469,10 @@ impl Engine {
         match src {
             Source::Any => self.wild.push_back(id),
             Source::Rank(r) => {
-                let first = !self.has_overlapping_posted(r, tag, ctx);
+                let place = self.place_among_posted(r, tag, ctx);
                 self.peers[r as usize].posted.push_back(id);
-                if first && r != self.me {
-                    self.maybe_send_rtr(id, r, buf.len);
+                if let Some(place) = place.filter(|_| r != self.me) {
+                    self.maybe_send_rtr(id, r, buf.len, place);
                 }
             }
         }
@@ -551,8 +558,8 @@ impl Engine {
             Some(ExposeFor::Rtr) if !req.matched => {
                 let mut hdr = Header::new(PacketKind::Rtr);
                 hdr.flags = if req.tag == TagMatch::Any { Header::ANY_TAG } else { 0 };
-                (hdr.tag, hdr.ctx, hdr.len, hdr.rreq, hdr.offset) =
-                    (req.tag_value(), req.ctx, req.cap as u64, id.wire(), req.rtr_seq as u64);
+                (hdr.tag, hdr.ctx, hdr.seq, hdr.len, hdr.rreq, hdr.offset) =
+                    (req.tag_value(), req.ctx, req.rtr_place, req.cap as u64, id.wire(), req.rtr_seq as u64);
                 let (to, am) = (req.peer, am_of(&self.peers, req.peer));
                 self.actions.push_back(Action::Send { channel: am, to, hdr, payload: Payload::Key(key), op: None });
             }
@@ -685,14 +692,30 @@ impl Engine {
         }
     }
 
-    /// Removes and returns the first receive-first hint matching a send of `(tag, ctx)`: the
-    /// send will match that receive, whatever protocol it uses.
+    /// Counts a send of `(tag, ctx)` against the receive-first hints: returns the one for the
+    /// receive this send will match, whatever protocol it uses; the send moves the others for
+    /// the same messages one place closer.
     fn take_rtr(peer: &mut Peer, tag: u32, ctx: u16) -> Option<Rtr> {
         if peer.rtrs.is_empty() {
             return None;
         }
-        let i = peer.rtrs.iter().position(|r| r.ctx == ctx && r.tag.matches(tag))?;
-        peer.rtrs.remove(i)
+        let mut taken = None;
+        peer.rtrs.retain_mut(|r| {
+            if r.ctx != ctx || !r.tag.matches(tag) {
+                return true;
+            }
+            if r.ahead > 0 {
+                r.ahead -= 1;
+                return true;
+            }
+            // This send takes that receive. A second hint for the same place (only a confused
+            // peer sends one) names a receive no send can reach now: drop it too.
+            if taken.is_none() {
+                taken = Some(*r);
+            }
+            false
+        });
+        taken
     }
 
     /// Receiver-first send: RTS naming the receiver's request (and our key when it pulls the

@@ -65,8 +65,10 @@ pub(super) struct Req {
     pub peer_key: Option<RemoteKey>,
     /// The peer's request id (wire form), once known.
     pub peer_req: u32,
-    /// Receives: the sender's next sequence id when a receive-first hint was sent.
+    /// Receives with a receive-first hint: how many of the sender's messages the receiver had
+    /// seen, and how many receives posted earlier wait for the same messages.
     pub rtr_seq: u32,
+    pub rtr_place: u32,
     pub expose_for: Option<ExposeFor>,
     pub result: Option<Result<Status>>,
 }
@@ -101,6 +103,7 @@ impl Req {
             peer_key: None,
             peer_req: 0,
             rtr_seq: 0,
+            rtr_place: 0,
             expose_for: None,
             result: None,
         }

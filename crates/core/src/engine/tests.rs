@@ -327,6 +327,76 @@ fn receiver_first_uses_rtr_and_put() {
     assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
 }
 
+/// A window of receives posted first for the same messages: each one's RTR names its place, so
+/// every send writes straight into its receive, including when a send crossed the RTRs.
+#[test]
+fn a_window_of_receives_goes_receiver_first() {
+    let mut sim = Sim::new(2, one_sided_route);
+    let data: Vec<Vec<u8>> = (0..8).map(|i| pattern(i, 2000 + 1000 * (i as usize % 3))).collect();
+    let mut outs: Vec<Vec<u8>> = (0..8).map(|_| vec![0u8; 5000]).collect();
+    let mut other = vec![0u8; 2000];
+    let mut qs = Vec::new();
+    for (i, out) in outs.iter_mut().enumerate() {
+        qs.push(recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), out));
+        if i == 3 {
+            // Another tag does not take a place among them, and gets its own RTR.
+            qs.push(recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(2), &mut other));
+        }
+    }
+    sim.run_actions();
+    let places: Vec<(u32, u32)> = sim.wires[0]
+        .iter()
+        .map(|p| Header::decode(1, &p.hdr).unwrap())
+        .filter(|h| h.kind == PacketKind::Rtr)
+        .map(|h| (h.tag, h.seq))
+        .collect();
+    let mut expected: Vec<(u32, u32)> = (0..8).map(|i| (1, i)).collect();
+    expected.insert(4, (2, 0));
+    assert_eq!(places, expected);
+    // The first send crosses the RTRs: its own RTR is stale, the others move one place up.
+    let mut sends = vec![send(&mut sim, 0, 1, 1, &data[0])];
+    sim.settle();
+    assert_eq!(outs[0][..data[0].len()], data[0][..]);
+    assert_eq!(sim.engines[0].peers[1].rtrs.len(), 8);
+    for d in &data[1..] {
+        sends.push(send(&mut sim, 0, 1, 1, d));
+    }
+    let tag2 = pattern(9, 2000);
+    sends.push(send(&mut sim, 0, 1, 2, &tag2));
+    sim.run_actions();
+    // Written before any packet of these sends reached the receiver.
+    for (out, d) in outs.iter().zip(&data).skip(1) {
+        assert_eq!(out[..d.len()], d[..]);
+    }
+    assert_eq!(other, tag2);
+    assert!(sim.engines[0].peers[1].rtrs.is_empty());
+    sim.settle();
+    for s in sends {
+        assert!(result(&mut sim, 0, s).is_ok());
+    }
+    for q in qs {
+        assert!(result(&mut sim, 1, q).is_ok());
+    }
+    sim.assert_exposures_released();
+}
+
+/// Receives that take different messages (another tag pattern, ANY_SOURCE) before this one
+/// make its place depend on arrivals: no RTR then.
+#[test]
+fn no_rtr_when_the_place_depends_on_arrivals() {
+    let mut sim = Sim::new(3, one_sided_route);
+    let mut bufs = vec![vec![0u8; 3000]; 4];
+    let [a, b, c, d] = &mut bufs[..] else { unreachable!() };
+    recv(&mut sim, 1, Source::Rank(0), TagMatch::Any, a);
+    recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), b);
+    recv(&mut sim, 2, Source::Any, TagMatch::Tag(1), c);
+    recv(&mut sim, 2, Source::Rank(0), TagMatch::Tag(1), d);
+    sim.run_actions();
+    let rtrs: Vec<Header> = sim.wires[0].iter().map(|p| Header::decode(1, &p.hdr).unwrap()).collect();
+    assert_eq!(rtrs.len(), 1, "only the first ANY_TAG receive sends an RTR: {rtrs:?}");
+    assert_eq!((rtrs[0].flags & Header::ANY_TAG, rtrs[0].seq), (Header::ANY_TAG, 0));
+}
+
 /// Puts answered `Ordered` on a channel that also carries the peer's packets (as ib does) end
 /// their request at once; their late completions, even failed ones, change nothing. Over
 /// another channel the request waits for the completion.
