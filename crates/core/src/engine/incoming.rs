@@ -200,6 +200,9 @@ impl Engine {
             )
         };
         let matched = self.match_posted(from, hdr.tag, hdr.ctx);
+        if let Some(id) = matched {
+            self.learn_from_rtr(id, from, hdr.rreq != 0);
+        }
         if hdr.rreq != 0 {
             // Receiver first: the sender used our RTR; that receive must be the one matching.
             let named = ReqId::from_wire(hdr.rreq);
@@ -213,6 +216,28 @@ impl Engine {
                 self.push_unexpected(from, &hdr, UxBody::Rts { hdr, key });
                 Ok(())
             }
+        }
+    }
+
+    /// A rendezvous message from `from` met receive `id`: if that receive had sent an RTR,
+    /// whether the sender `used` it says whether hints for receives behind others would pay.
+    fn learn_from_rtr(&mut self, id: ReqId, from: Rank, used: bool) {
+        let Some(req) = self.reqs.get(id).filter(|r| r.rtr_sent) else { return };
+        let (first, me) = (req.rtr_place == 0, self.me);
+        let p = &mut self.peers[from as usize];
+        let window_rtrs = if used && first {
+            true
+        } else if !used && !first {
+            false
+        } else {
+            return;
+        };
+        if p.window_rtrs != window_rtrs {
+            p.window_rtrs = window_rtrs;
+            tracing::debug!(
+                "rank {me}: route from rank {from} changed: receives behind others {} receive-first hints",
+                if window_rtrs { "send" } else { "no longer send" }
+            );
         }
     }
 

@@ -129,6 +129,11 @@ struct Peer {
     unread_hint: usize,
     /// Sender side: the peer said it lags; medium messages go eagerly.
     peer_lags: bool,
+    /// Whether receives posted behind others for the same messages send an RTR too. They pay
+    /// only when receives are posted well before the sends (a window's hints usually arrive
+    /// after the sender posted its window, and each costs an exposure and a packet): on after
+    /// the hint of a first receive was used, off after one behind others was not.
+    window_rtrs: bool,
 }
 
 impl Peer {
@@ -147,6 +152,7 @@ impl Peer {
             told_lagging: false,
             unread_hint: 0,
             peer_lags: false,
+            window_rtrs: false,
         }
     }
 }
@@ -471,7 +477,8 @@ impl Engine {
             Source::Rank(r) => {
                 let place = self.place_among_posted(r, tag, ctx);
                 self.peers[r as usize].posted.push_back(id);
-                if let Some(place) = place.filter(|_| r != self.me) {
+                let window_rtrs = self.peers[r as usize].window_rtrs;
+                if let Some(place) = place.filter(|&p| r != self.me && (p == 0 || window_rtrs)) {
                     self.maybe_send_rtr(id, r, buf.len, place);
                 }
             }
@@ -556,6 +563,7 @@ impl Engine {
             Some(ExposeFor::RtsAfterRtr) => self.send_rts_after_rtr(id, Some(key)),
             Some(ExposeFor::Cts) => self.send_cts(id, key),
             Some(ExposeFor::Rtr) if !req.matched => {
+                req.rtr_sent = true;
                 let mut hdr = Header::new(PacketKind::Rtr);
                 hdr.flags = if req.tag == TagMatch::Any { Header::ANY_TAG } else { 0 };
                 (hdr.tag, hdr.ctx, hdr.seq, hdr.len, hdr.rreq, hdr.offset) =

@@ -66,9 +66,11 @@ pub(super) struct Req {
     /// The peer's request id (wire form), once known.
     pub peer_req: u32,
     /// Receives with a receive-first hint: how many of the sender's messages the receiver had
-    /// seen, and how many receives posted earlier wait for the same messages.
+    /// seen, how many receives posted earlier wait for the same messages, and whether the RTR
+    /// went out.
     pub rtr_seq: u32,
     pub rtr_place: u32,
+    pub rtr_sent: bool,
     pub expose_for: Option<ExposeFor>,
     pub result: Option<Result<Status>>,
 }
@@ -104,6 +106,7 @@ impl Req {
             peer_req: 0,
             rtr_seq: 0,
             rtr_place: 0,
+            rtr_sent: false,
             expose_for: None,
             result: None,
         }

@@ -327,11 +327,19 @@ fn receiver_first_uses_rtr_and_put() {
     assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
 }
 
-/// A window of receives posted first for the same messages: each one's RTR names its place, so
-/// every send writes straight into its receive, including when a send crossed the RTRs.
+/// A window of receives posted first for the same messages: once a first receive's RTR was
+/// used, each one's RTR names its place, so every send writes straight into its receive,
+/// including when a send crossed the RTRs.
 #[test]
 fn a_window_of_receives_goes_receiver_first() {
     let mut sim = Sim::new(2, one_sided_route);
+    let mut first = vec![0u8; 2000];
+    let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut first);
+    sim.settle();
+    let s = send(&mut sim, 0, 1, 1, &pattern(8, 2000));
+    sim.settle();
+    assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
+    assert!(sim.engines[1].peers[0].window_rtrs, "a used RTR turns window hints on");
     let data: Vec<Vec<u8>> = (0..8).map(|i| pattern(i, 2000 + 1000 * (i as usize % 3))).collect();
     let mut outs: Vec<Vec<u8>> = (0..8).map(|_| vec![0u8; 5000]).collect();
     let mut other = vec![0u8; 2000];
@@ -378,6 +386,33 @@ fn a_window_of_receives_goes_receiver_first() {
         assert!(result(&mut sim, 1, q).is_ok());
     }
     sim.assert_exposures_released();
+}
+
+/// Window hints that arrive after the sender posted its window (as in osu_bw) only cost: the
+/// first one not used turns them off, and the first receive's hint alone is sent again.
+#[test]
+fn unused_window_rtrs_turn_off() {
+    let mut sim = Sim::new(2, one_sided_route);
+    sim.engines[1].peers[0].window_rtrs = true;
+    let data = pattern(5, 3000);
+    let mut outs = vec![vec![0u8; 3000]; 3];
+    let qs: Vec<ReqId> = outs.iter_mut().map(|o| recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), o)).collect();
+    let ss: Vec<ReqId> = (0..3).map(|_| send(&mut sim, 0, 1, 1, &data)).collect();
+    sim.settle(); // the RTRs crossed the RTSs: all stale
+    for (q, s) in qs.into_iter().zip(ss) {
+        assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
+    }
+    assert!(outs.iter().all(|o| *o == data));
+    assert!(!sim.engines[1].peers[0].window_rtrs);
+    let qs: Vec<ReqId> = outs.iter_mut().map(|o| recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), o)).collect();
+    sim.run_actions();
+    let rtrs = sim.wires[0].iter().filter(|p| Header::decode(1, &p.hdr).unwrap().kind == PacketKind::Rtr).count();
+    assert_eq!(rtrs, 1);
+    for q in qs {
+        send(&mut sim, 0, 1, 1, &data);
+        sim.settle();
+        assert!(result(&mut sim, 1, q).is_ok());
+    }
 }
 
 /// Receives that take different messages (another tag pattern, ANY_SOURCE) before this one
@@ -748,9 +783,17 @@ proptest! {
     /// with every mix of wildcards; what each receive got must be what MPI matching over the
     /// actual arrival order gives.
     #[test]
-    fn matches_reference_model(ops in prop::collection::vec(op(), 1..60), stream in any::<bool>(), bounce in any::<bool>()) {
+    fn matches_reference_model(
+        ops in prop::collection::vec(op(), 1..60),
+        stream in any::<bool>(),
+        bounce in any::<bool>(),
+        window_rtrs in any::<bool>(),
+    ) {
         let r = if stream { stream_route } else { one_sided_route };
         let mut sim = if bounce { Sim::bouncing(3, r) } else { Sim::new(3, r) };
+        for p in &mut sim.engines[2].peers {
+            p.window_rtrs = window_rtrs;
+        }
         let mut send_bufs: Vec<Vec<u8>> = Vec::new();
         let mut sends = Vec::new();
         let mut seqs = [0u32; 2];
