@@ -510,7 +510,7 @@ mod tests {
         for (peer, am) in [(1, 0), (2, 1)] {
             let entries =
                 vec![RouteEntry { upto: usize::MAX, protocol: Protocol::Eager, channel: am, reason: String::new() }];
-            engine.set_route(peer, PeerRoute { am, frag: 1024, entries });
+            engine.set_route(peer, PeerRoute { am, frag: 1024, entries, stream_eager: None });
         }
         let driver = Driver::new(engine, vec![cheap, syscall], WaitMode::Spin, PollPolicy::All);
         (driver, cheap_polls, syscall_polls)

@@ -237,6 +237,13 @@ impl Job {
                             );
                         }
                     }
+                    if let Some(st) = rt.stream_eager.as_ref().filter(|_| r != rank) {
+                        tracing::debug!(
+                            "rank {rank}: route to rank {r}: in a stream of sends, single copy up to {} goes eager: {}",
+                            polyrail_core::format_size(st.upto),
+                            st.reason
+                        );
+                    }
                     engine.set_route(r, rt.clone())
                 }
                 None => tracing::warn!("rank {rank}: no channel reaches rank {r}"),

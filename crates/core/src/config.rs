@@ -104,6 +104,18 @@ pub struct SkewPolicy {
     pub eager_up_to: usize,
 }
 
+/// Eager sends in a stream (`POLYRAIL_STREAM_EAGER`), see [`Config::stream_eager`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum StreamEager {
+    /// Below 1.5 times the pair's single-copy threshold, at most `POLYRAIL_EAGER_LIMIT`.
+    #[default]
+    Auto,
+    /// Never: the route table alone decides.
+    Off,
+    /// Up to this many bytes.
+    UpTo(usize),
+}
+
 /// How a process waits for arrivals (`POLYRAIL_WAIT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum WaitMode {
@@ -218,6 +230,13 @@ pub struct Config {
     /// receiver pulls the front, the sender pushes the back). Default 32k (measured: see
     /// `docs/benchmarks.md`); `off` disables.
     pub split_threshold: Option<usize>,
+    /// `POLYRAIL_STREAM_EAGER`: messages that would go by single copy go eagerly through send
+    /// cells instead when no message came from the peer since the last send to it (a stream, as
+    /// in osu_bw): there both processes copy at once and no message waits for a handshake. `auto`
+    /// (default): below 1.5 times the pair's single-copy threshold (measured by osu_bw: 32 KiB
+    /// streams faster through cells, 48 KiB by single copy; see `docs/benchmarks.md`), at most
+    /// `POLYRAIL_EAGER_LIMIT`; `off`; or the largest such message.
+    pub stream_eager: StreamEager,
     /// `POLYRAIL_EAGER_LIMIT`: largest message sent eagerly through send cells when single copy
     /// is not used; larger ones wait for the receiver (rendezvous) and stream through cells.
     /// Default 64k.
@@ -261,6 +280,7 @@ impl Default for Config {
             tuning: None,
             routes: Vec::new(),
             split_threshold: Some(32 << 10),
+            stream_eager: StreamEager::Auto,
             eager_limit: 64 << 10,
             shm_slots: 256,
             shm_cell_size: 16 << 10,
@@ -283,6 +303,10 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("POLYRAIL_ROUTE", "route overrides CLASS:LO-HI:CHANNEL[/PROTOCOL],... e.g. all:0-64k:shm,socket:1m-:cma/get"),
     ("POLYRAIL_TUNING", "file of measured thresholds written by `polyrail tune`"),
     ("POLYRAIL_SPLIT_THRESHOLD", "smallest single-copy message both processes copy, or `off`"),
+    (
+        "POLYRAIL_STREAM_EAGER",
+        "largest single-copy message sent eagerly in a stream of sends to a peer: auto (default), off or a size",
+    ),
     ("POLYRAIL_EAGER_LIMIT", "largest eager message through send cells (default 64k)"),
     ("POLYRAIL_SHM_SLOTS", "64-byte slots per shared-memory ring (power of two, default 256)"),
     ("POLYRAIL_SHM_CELL_SIZE", "bytes per send cell (default 16k)"),
@@ -359,6 +383,13 @@ impl Config {
                     None
                 } else {
                     Some(size_in(4096, 1 << 40).map_err(|_| bad("`off` or a size of at least 4k"))?)
+                }
+            }
+            "POLYRAIL_STREAM_EAGER" => {
+                self.stream_eager = match value {
+                    "auto" => StreamEager::Auto,
+                    "off" => StreamEager::Off,
+                    _ => StreamEager::UpTo(size_in(0, 1 << 30).map_err(|_| bad("`auto`, `off` or a size up to 1g"))?),
                 }
             }
             "POLYRAIL_EAGER_LIMIT" => self.eager_limit = size_in(0, 1 << 30)?,
@@ -639,6 +670,10 @@ mod tests {
         assert!(e.contains("l9") && e.contains("shared-l3"), "{e}");
         assert!(cfg(&[("POLYRAIL_CMA_THRESHOLD", "socket:lots")]).is_err());
         assert_eq!(cfg(&[("POLYRAIL_SPLIT_THRESHOLD", "off")]).unwrap().split_threshold, None);
+        assert_eq!(cfg(&[("POLYRAIL_STREAM_EAGER", "48k")]).unwrap().stream_eager, StreamEager::UpTo(48 << 10));
+        assert_eq!(cfg(&[("POLYRAIL_STREAM_EAGER", "off")]).unwrap().stream_eager, StreamEager::Off);
+        let e = cfg(&[("POLYRAIL_STREAM_EAGER", "always")]).unwrap_err().to_string();
+        assert!(e.contains("POLYRAIL_STREAM_EAGER") && e.contains("always") && e.contains("`auto`"), "{e}");
     }
 
     #[test]

@@ -218,6 +218,15 @@ fn format_report(ctx: &Context) -> String {
                     );
                     lo = e.upto.saturating_add(1);
                 }
+                if let Some(st) = &route.stream_eager {
+                    let ch = r.channel_kinds.get(route.am as usize).map_or("?", |k| k.name());
+                    let _ = writeln!(
+                        s,
+                        "  in a stream of sends (no message back since the last): single copy up to {} goes eager over {ch} ({})",
+                        format_size(st.upto),
+                        st.reason
+                    );
+                }
             }
         }
     }

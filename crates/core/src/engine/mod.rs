@@ -134,6 +134,8 @@ struct Peer {
     /// after the sender posted its window, and each costs an exposure and a packet): on after
     /// the hint of a first receive was used, off after one behind others was not.
     window_rtrs: bool,
+    /// How many messages had come from this peer when the last send to it was posted.
+    last_send_at: Option<u32>,
 }
 
 impl Peer {
@@ -153,6 +155,7 @@ impl Peer {
             unread_hint: 0,
             peer_lags: false,
             window_rtrs: false,
+            last_send_at: None,
         }
     }
 }
@@ -363,12 +366,16 @@ impl Engine {
         self.touched();
         let skew = self.skew;
         let peer = self.usable_peer(to)?;
+        // A stream: no message came from the peer since our last send to it.
+        let streaming = peer.last_send_at.replace(peer.expected_seq) == Some(peer.expected_seq);
         let route = peer.route.as_ref().ok_or_else(|| Error::Unreachable { rank: to, why: "no route".into() })?;
         let entry = route.lookup(buf.len);
         let (mut protocol, mut data_ch, am, frag) = (entry.protocol, entry.channel, route.am, route.frag);
-        if peer.peer_lags && protocol.is_one_sided() && skew.is_some_and(|k| buf.len <= k.eager_up_to) {
-            // Skew feedback: a single-copy send would wait for the lagging receiver; an eager
-            // one completes at once.
+        // Skew feedback: a single-copy send would wait for the lagging receiver; an eager one
+        // completes at once. In a stream, eager sends let both processes copy at once.
+        let lagging = peer.peer_lags && skew.is_some_and(|k| buf.len <= k.eager_up_to);
+        let stream = streaming && route.stream_eager.as_ref().is_some_and(|r| buf.len <= r.upto);
+        if protocol.is_one_sided() && (lagging || stream) {
             (protocol, data_ch) = (Protocol::Eager, am);
         }
         let seq = peer.next_send_seq;

@@ -51,7 +51,7 @@ fn route(frag: usize, protocols: &[(usize, Protocol)]) -> PeerRoute {
             reason: String::new(),
         })
         .collect();
-    PeerRoute { am: AM, frag, entries }
+    PeerRoute { am: AM, frag, entries, stream_eager: None }
 }
 
 /// Eager below 1k (fragments of 100 bytes), get up to 4k, split above.
@@ -861,6 +861,39 @@ proptest! {
             }
         }
     }
+}
+
+/// With a stream rule, a single-copy size goes eagerly when no message came from the peer
+/// since the last send to it, and by rendezvous again once one did (a ping-pong).
+#[test]
+fn streams_go_eager_and_ping_pongs_by_single_copy() {
+    let with_rule = || PeerRoute {
+        stream_eager: Some(crate::policy::StreamEagerRule { upto: 5000, reason: String::new() }),
+        ..one_sided_route()
+    };
+    let mut sim = Sim::new(2, with_rule);
+    let data = pattern(6, 3000); // rndv-get by the route
+    let sends: Vec<ReqId> = (0..3).map(|_| send(&mut sim, 0, 1, 1, &data)).collect();
+    sim.run_actions();
+    let kinds: Vec<PacketKind> = sim.wires[1].iter().map(|p| Header::decode(0, &p.hdr).unwrap().kind).collect();
+    let eager = kinds.iter().filter(|k| **k == PacketKind::Eager).count();
+    assert_eq!((kinds[0], eager), (PacketKind::Rts, 2), "{kinds:?}");
+    let mut outs = vec![vec![0u8; 3000]; 3];
+    let qs: Vec<ReqId> = outs.iter_mut().map(|o| recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), o)).collect();
+    sim.settle();
+    for (s, q) in sends.into_iter().zip(qs) {
+        assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
+    }
+    assert!(outs.iter().all(|o| *o == data));
+    // The reply makes the next send the first of a new exchange: single copy.
+    let mut reply = [0u8; 8];
+    let q = recv(&mut sim, 0, Source::Rank(1), TagMatch::Tag(2), &mut reply);
+    send(&mut sim, 1, 0, 2, &[1; 8]);
+    sim.settle();
+    assert!(result(&mut sim, 0, q).is_ok());
+    send(&mut sim, 0, 1, 1, &data);
+    sim.run_actions();
+    assert_eq!(Header::decode(0, &sim.wires[1].back().unwrap().hdr).unwrap().kind, PacketKind::Rts);
 }
 
 #[test]

@@ -8,7 +8,7 @@
 pub mod sweep;
 pub mod topology;
 
-use crate::config::{Config, RouteRule};
+use crate::config::{Config, RouteRule, StreamEager};
 use crate::size::format_size;
 use crate::transport::{Caps, TransportAttr, TransportKind};
 use topology::TopoClass;
@@ -107,6 +107,18 @@ pub struct PeerRoute {
     pub frag: usize,
     /// Size ranges in increasing order; the last one ends at `usize::MAX`.
     pub entries: Vec<RouteEntry>,
+    /// Single-copy messages sent eagerly on `am` instead in a stream: when no message came from
+    /// the peer since the last send to it (`POLYRAIL_STREAM_EAGER`).
+    pub stream_eager: Option<StreamEagerRule>,
+}
+
+/// Up to which size a stream of sends goes eagerly, and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StreamEagerRule {
+    /// Largest message sent this way.
+    pub upto: usize,
+    /// Where the size came from, for `polyrail info`.
+    pub reason: String,
 }
 
 impl PeerRoute {
@@ -177,6 +189,7 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
         .filter(|c| c.attr.caps.contains(Caps::GET))
         .or_else(|| candidates.iter().find(|c| c.attr.caps.contains(Caps::GET)));
     let mut entries = Vec::new();
+    let mut stream_eager = None;
     let kind = |c: &Candidate<'_>| c.attr.kind;
     match rma {
         Some(rma) => {
@@ -215,6 +228,22 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
                 channel: am.id,
                 reason: format!("below the single-copy threshold {} ({why})", format_size(threshold)),
             });
+            if rma.id != am.id && rma.attr.caps.contains(Caps::CPU_COPY) {
+                stream_eager = match cfg.stream_eager {
+                    StreamEager::Off => None,
+                    StreamEager::Auto => Some(StreamEagerRule {
+                        upto: threshold.saturating_add(threshold / 2).saturating_sub(1).min(cfg.eager_limit),
+                        reason: format!(
+                            "below 1.5 times the single-copy threshold, at most POLYRAIL_EAGER_LIMIT={} (POLYRAIL_STREAM_EAGER=auto)",
+                            format_size(cfg.eager_limit)
+                        ),
+                    }),
+                    StreamEager::UpTo(upto) => {
+                        Some(StreamEagerRule { upto, reason: "POLYRAIL_STREAM_EAGER".to_string() })
+                    }
+                }
+                .filter(|r| r.upto >= threshold);
+            }
             let split = cfg.split_threshold.filter(|_| rma.attr.caps.contains(Caps::PUT | Caps::CPU_COPY));
             match split {
                 Some(s) if s > threshold => {
@@ -278,7 +307,7 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
         }
         keep
     });
-    let mut route = PeerRoute { am: am.id, frag, entries };
+    let mut route = PeerRoute { am: am.id, frag, entries, stream_eager };
     for rule in cfg.routes.iter().filter(|r| r.class.is_none_or(|c| c == class)) {
         if let Err(why) = apply_rule(&mut route, rule, candidates) {
             if class != TopoClass::SameProcess {
@@ -381,6 +410,28 @@ mod tests {
         cfg.set("POLYRAIL_SPLIT_THRESHOLD", "off").unwrap();
         let r = build_route(TopoClass::SharedL3, &c, &cfg).unwrap();
         assert_eq!(r.lookup(usize::MAX).protocol, Protocol::RndvGet);
+    }
+
+    #[test]
+    fn streams_go_eager_up_to_one_and_a_half_thresholds() {
+        let shm = attr(TransportKind::Shm, Caps::AM, 16384);
+        let cma = attr(TransportKind::Cma, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
+        let c = [Candidate { id: 1, attr: &shm }, Candidate { id: 2, attr: &cma }];
+        let upto = |cfg: &Config| build_route(TopoClass::SharedL3, &c, cfg).unwrap().stream_eager.map(|r| r.upto);
+        let mut cfg = Config::default();
+        assert_eq!(upto(&cfg), Some((48 << 10) - 1));
+        cfg.set("POLYRAIL_EAGER_LIMIT", "40k").unwrap();
+        assert_eq!(upto(&cfg), Some(40 << 10), "at most the eager limit");
+        cfg.set("POLYRAIL_STREAM_EAGER", "100k").unwrap();
+        assert_eq!(upto(&cfg), Some(100 << 10));
+        cfg.set("POLYRAIL_STREAM_EAGER", "16k").unwrap();
+        assert_eq!(upto(&cfg), None, "below the single-copy threshold it changes nothing");
+        cfg.set("POLYRAIL_STREAM_EAGER", "off").unwrap();
+        assert_eq!(upto(&cfg), None);
+        // A NIC copies: no stream rule.
+        let ib = attr(TransportKind::Ib, Caps::AM | Caps::GET | Caps::PUT, 8192);
+        let r = build_route(TopoClass::RemoteNode, &[Candidate { id: 3, attr: &ib }], &Config::default()).unwrap();
+        assert!(r.stream_eager.is_none());
     }
 
     #[test]
