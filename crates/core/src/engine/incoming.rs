@@ -515,9 +515,9 @@ impl Engine {
     /// Which of `r`'s messages matching `(tag, ctx)` a receive posted now will take, counted
     /// from the first one not seen yet: the number of earlier receives waiting for the same
     /// messages. `None` when an earlier receive overlaps it without taking exactly the same
-    /// messages (another tag pattern, or ANY_SOURCE), or too many wait: then the place depends on
-    /// what arrives, and no receive-first hint can name it.
-    pub(super) fn place_among_posted(&self, r: Rank, tag: TagMatch, ctx: u16) -> Option<u32> {
+    /// messages (another tag pattern, or ANY_SOURCE), or more than `max` wait: then the place
+    /// depends on what arrives, and no receive-first hint can name it.
+    pub(super) fn place_among_posted(&self, r: Rank, tag: TagMatch, ctx: u16, max: u32) -> Option<u32> {
         let overlaps = |q: &Req| q.ctx == ctx && q.tag.overlaps(tag);
         if self.wild.iter().any(|id| self.reqs.get(*id).is_some_and(overlaps)) {
             return None;
@@ -525,7 +525,7 @@ impl Engine {
         let mut place = 0u32;
         for q in self.peers[r as usize].posted.iter().filter_map(|id| self.reqs.get(*id)) {
             if overlaps(q) {
-                if q.tag != tag || place >= MAX_RTR_PLACE {
+                if q.tag != tag || place >= max {
                     return None;
                 }
                 place += 1;
@@ -570,9 +570,11 @@ impl Engine {
         }
     }
 
-    /// Receive-first hint: when this receive takes the `place`-th of `r`'s matching messages not
-    /// seen yet and its size goes by one-sided copy, expose the buffer and send an RTR.
-    pub(super) fn maybe_send_rtr(&mut self, id: ReqId, r: Rank, cap: usize, place: u32) {
+    /// Receive-first hint for receive `id` of `(r, tag, ctx)`, about to be posted: when its size
+    /// goes by one-sided copy and its place among the receives waiting for the same messages is
+    /// known (and is the first, unless window hints pay; see `Peer::window_rtrs`), expose the
+    /// buffer and send an RTR.
+    pub(super) fn maybe_send_rtr(&mut self, id: ReqId, r: Rank, tag: TagMatch, ctx: u16, cap: usize) {
         let Some((protocol, channel)) = self.route(r).map(|rt| {
             let e = rt.lookup(cap);
             (e.protocol, e.channel)
@@ -582,6 +584,8 @@ impl Engine {
         if !protocol.is_one_sided() {
             return;
         }
+        let max = if self.peers[r as usize].window_rtrs { MAX_RTR_PLACE } else { 0 };
+        let Some(place) = self.place_among_posted(r, tag, ctx, max) else { return };
         let seen = self.peers[r as usize].expected_seq;
         let req = self.reqs.get_mut(id).expect("live request");
         req.channel = channel;

@@ -482,12 +482,10 @@ impl Engine {
         match src {
             Source::Any => self.wild.push_back(id),
             Source::Rank(r) => {
-                let place = self.place_among_posted(r, tag, ctx);
-                self.peers[r as usize].posted.push_back(id);
-                let window_rtrs = self.peers[r as usize].window_rtrs;
-                if let Some(place) = place.filter(|&p| r != self.me && (p == 0 || window_rtrs)) {
-                    self.maybe_send_rtr(id, r, buf.len, place);
+                if r != self.me {
+                    self.maybe_send_rtr(id, r, tag, ctx, buf.len);
                 }
+                self.peers[r as usize].posted.push_back(id);
             }
         }
         Ok(id)
