@@ -17,8 +17,8 @@
 //!   sender writes the back (`put`) and sends `Fin`;
 //! - receiver-first rendezvous: `Rtr` with the receive buffer's key → the sender's matching send
 //!   writes (`put`) → `Fin` (with an `Rts` in front that orders the message and, for the split
-//!   protocol, lets the receiver pull the front); every receive of a window posted for the same
-//!   messages sends one, naming its place among them;
+//!   protocol, lets the receiver pull the front); receives posted behind others for the same
+//!   messages send one too, naming their place, while such hints get used;
 //! - simultaneous: an `Rtr` that crossed the sender's `Rts` is dropped (RTS wins);
 //! - mispredictions: an eager message meeting a receive that sent an `Rtr` is copied as usual
 //!   (the sender drops the stale `Rtr`); an `Rts` too large for its receive is a truncation;
