@@ -690,8 +690,12 @@ impl<P: Provider> DirectIb<P> {
         }
     }
 
+    /// Reports failed peers, each after delivering what its ring still holds: a peer that
+    /// finalized wrote its last messages and its BYE before it exited, and a write of ours that
+    /// failed since (a credit return, a heartbeat) must not make them lost.
     fn report_lost(&mut self, sink: &mut dyn Sink) {
         for (peer, why) in std::mem::take(&mut self.lost) {
+            self.poll_ring(peer, usize::MAX, sink);
             let finished = self.peers.get(peer as usize).and_then(Option::as_ref).is_some_and(|p| p.finished);
             sink.peer_lost(
                 peer,
