@@ -13,9 +13,14 @@ const SPIN_BEFORE_YIELD: u32 = 2000;
 /// sleeper costs tens of microseconds, and on a virtual machine whose vCPU went idle, up to a
 /// millisecond: polling first keeps that cost off messages that follow each other closely.
 const ADAPTIVE_SPIN: Duration = Duration::from_micros(200);
-/// Longest sleep on the shared-memory doorbell while another channel (which cannot ring it, such
-/// as `ib`) is polled too: an arrival there waits at most this long to be seen.
+/// First sleep on the shared-memory doorbell while another channel (which cannot ring it, such
+/// as `ib`) is polled too, or without a doorbell: an arrival there waits at most this long to be
+/// seen. Each further nap of one idle stretch is twice as long, up to [`MAX_NAP`].
 const NAP: Duration = Duration::from_micros(100);
+/// Longest nap: a process blocked for long wakes about 500 times a second (5-10 µs of CPU each
+/// on this 2-core virtual machine: 0.5 % of a core; at 1 ms it was 1 %), and an arrival then
+/// waits at most this long.
+const MAX_NAP: Duration = Duration::from_millis(2);
 /// With `POLYRAIL_WAIT=adaptive`, how long an idle process polls before such naps: a nap may
 /// add up to [`NAP`] to a message that arrives during it, so a process waiting for replies
 /// that take a while (a network round trip, a peer computing briefly) keeps polling; one idle
@@ -56,6 +61,10 @@ pub(crate) struct Driver {
     /// Poll every channel on every round (see [`Driver::probing`]).
     poll_everything: bool,
 }
+
+/// Largest ratio of the dynamic policy, reached while the others deliver nothing: near Chai's
+/// best static ratio (50; 1000 starved the network channel).
+const MAX_DYNAMIC_RATIO: u32 = 64;
 
 /// Polling priority between channels (Chai Ch. 7, `POLYRAIL_POLL`): the primary channel is polled
 /// on every round, the others on every `ratio`-th.
@@ -104,7 +113,9 @@ impl PollPlan {
         self.from_others += others as u32;
         if self.from_primary + self.from_others >= h {
             self.ratio = match self.from_others {
-                0 => h + 1,
+                // Chai leaves n = 0 open: poll the others half as often as before, from h + 1
+                // up to MAX_DYNAMIC_RATIO, so one quiet stretch does not starve them at once.
+                0 => (self.ratio.saturating_mul(2)).min(MAX_DYNAMIC_RATIO).max(h + 1),
                 n => self.from_primary / n + 1,
             };
             self.from_primary = 0;
@@ -259,7 +270,7 @@ impl Driver {
         };
         if self.polled.len() > 1 {
             let mut others = 0;
-            if self.poll.others_due() {
+            if self.poll_everything || self.poll.others_due() {
                 for &i in &self.polled {
                     if Some(i) != primary && !skip.contains(i as ChannelId) {
                         others += self.channels[i].progress(64, &mut self.engine)?;
@@ -298,8 +309,8 @@ impl Driver {
         self.syscall_polled.without(self.engine.awaited_channels())
     }
 
-    /// Runs `f` polling every channel on every round: a probe looks for messages that no
-    /// request awaits yet.
+    /// Runs `f` polling every channel on every round, whatever the polling ratio: a probe looks
+    /// for messages that no request awaits yet, a process about to sleep for arrivals.
     pub fn probing<R>(&mut self, f: impl FnOnce(&mut Driver) -> R) -> R {
         self.poll_everything = true;
         let r = f(self);
@@ -316,49 +327,67 @@ impl Driver {
         self.drain();
     }
 
-    /// Progresses until `done()` holds, spinning, then yielding the core; checks liveness of
-    /// peers periodically so that a lost peer ends the wait with an error.
+    /// Progresses until `done()` holds: polls, then sleeps (or naps) until arrivals, or yields
+    /// the core where sleeping is not safe; checks liveness of peers periodically so that a
+    /// lost peer ends the wait with an error.
     pub fn wait_until(&mut self, mut done: impl FnMut(&Engine) -> bool) -> Result<()> {
         let mut idle = 0u32;
         // When the current idle stretch began (read every 256 idle polls, not per poll).
         let mut idle_since: Option<Instant> = None;
+        // Whether this idle stretch slept already: then an empty poll goes straight back to
+        // sleep (spinning and yielding between naps would take a busy process's core share).
+        let mut slept = false;
+        let mut nap = NAP;
         loop {
             if done(&self.engine) {
                 return Ok(());
             }
-            if self.progress()? > 0 {
-                idle = 0;
-                idle_since = None;
-                continue;
-            }
-            // No pause instruction while spinning: it costs more than a poll of the rings and
-            // would delay noticing an arrival. After a while, sleep until an arrival rings the
-            // doorbell (or give the core away, when polling is all there is).
-            idle = idle.saturating_add(1);
-            let may_sleep = match self.wait {
-                WaitMode::Spin => false,
-                WaitMode::Block => idle > SPIN_BEFORE_BLOCK,
-                WaitMode::Adaptive => {
-                    if idle % 256 == 0 && idle_since.is_none() {
-                        idle_since = Some(Instant::now());
+            let mut arrived = self.progress()?;
+            if arrived == 0 {
+                // No pause instruction while spinning: it costs more than a poll of the rings
+                // and would delay noticing an arrival. After a while, sleep until an arrival
+                // rings the doorbell, or nap when no polled channel can ring it; while sleeping
+                // is not safe (a send waits for credits), give the core away instead.
+                idle = idle.saturating_add(1);
+                let may_sleep = slept
+                    || match self.wait {
+                        WaitMode::Spin => false,
+                        WaitMode::Block => idle > SPIN_BEFORE_BLOCK,
+                        WaitMode::Adaptive => {
+                            if idle % 256 == 0 && idle_since.is_none() {
+                                idle_since = Some(Instant::now());
+                            }
+                            let spin = if self.naps() { SPIN_BEFORE_NAP } else { ADAPTIVE_SPIN };
+                            idle % 256 == 0 && idle_since.is_some_and(|t| t.elapsed() >= spin)
+                        }
+                    };
+                if !(may_sleep && self.can_sleep()) {
+                    if idle > SPIN_BEFORE_YIELD {
+                        std::thread::yield_now();
                     }
-                    let spin = if self.naps() { SPIN_BEFORE_NAP } else { ADAPTIVE_SPIN };
-                    idle % 256 == 0 && idle_since.is_some_and(|t| t.elapsed() >= spin)
+                    if idle % 256 == 0 && self.last_liveness.elapsed() >= LIVENESS_PERIOD {
+                        self.check_peers();
+                    }
+                    continue;
                 }
-            };
-            if may_sleep && self.can_sleep() {
-                self.sleep_once();
-                if self.last_liveness.elapsed() >= LIVENESS_PERIOD {
-                    self.check_peers();
+                // The polling ratio may have skipped a channel for many rounds: look at every
+                // one before sleeping, or an arrival there could wait for many naps.
+                arrived = self.probing(|d| d.progress())?;
+                if arrived == 0 {
+                    self.sleep_once(nap);
+                    slept = true;
+                    nap = (nap * 2).min(MAX_NAP);
+                    if self.last_liveness.elapsed() >= LIVENESS_PERIOD {
+                        self.check_peers();
+                    }
+                    continue;
                 }
-                continue;
             }
-            if idle > SPIN_BEFORE_YIELD {
-                std::thread::yield_now();
-            }
-            if idle % 256 == 0 && self.last_liveness.elapsed() >= LIVENESS_PERIOD {
-                self.check_peers();
-            }
+            // Something arrived: a busy stretch again.
+            idle = 0;
+            idle_since = None;
+            slept = false;
+            nap = NAP;
         }
     }
 
@@ -372,19 +401,24 @@ impl Driver {
 
     /// Whether nothing but an arrival can make progress (so sleeping until one is safe).
     fn can_sleep(&self) -> bool {
-        self.sleeper.is_some() && self.blocked_peers == 0 && !self.self_sent
+        self.blocked_peers == 0 && !self.self_sent
     }
 
-    /// Whether sleeping means a nap: other polled channels cannot ring the doorbell.
+    /// Whether sleeping means a nap: no polled channel has a doorbell (only `ib`, say), or
+    /// other polled channels cannot ring it.
     fn naps(&self) -> bool {
-        self.polled.len() > 1
+        self.sleeper.is_none() || self.polled.len() > 1
     }
 
-    /// Sleeps on the doorbell until an arrival ends it, or the liveness period; only a short
-    /// nap when other polled channels (which cannot ring the doorbell) may deliver meanwhile.
-    fn sleep_once(&mut self) {
-        let Some(i) = self.sleeper else { return };
-        let timeout = if self.naps() { NAP } else { LIVENESS_PERIOD };
+    /// Sleeps on the doorbell until an arrival ends it, or the liveness period; only for `nap`
+    /// when other polled channels (which cannot ring the doorbell) may deliver meanwhile, or
+    /// when there is no doorbell.
+    fn sleep_once(&mut self, nap: Duration) {
+        let Some(i) = self.sleeper else {
+            std::thread::sleep(nap);
+            return;
+        };
+        let timeout = if self.naps() { nap } else { LIVENESS_PERIOD };
         let ch = &mut self.channels[i];
         if ch.arm() {
             ch.sleep(timeout);
@@ -557,5 +591,34 @@ mod tests {
         d.probing(|d| rounds(d, 100));
         assert_eq!(polls(&syscall), 100);
         assert_eq!(polls(&cheap), 1024 + 4 * 100 + 100, "the cheap channel is polled on every round");
+    }
+
+    /// Chai's m/n + 1 every h arrivals; a quiet stretch of the others doubles the ratio from
+    /// h + 1 up to the cap, and their first arrivals bring it down at once.
+    #[test]
+    fn the_dynamic_ratio_follows_where_arrivals_come_from() {
+        let (d, _, _) = job();
+        let mut plan = PollPlan::new(PollPolicy::Dynamic(8), &d.channels, &d.polled);
+        assert_eq!(plan.ratio, 1, "every channel until arrivals say otherwise");
+        let window = |plan: &mut PollPlan, primary: usize, others: usize| {
+            plan.count(primary, others);
+            plan.ratio
+        };
+        assert_eq!(window(&mut plan, 6, 2), 4, "6 / 2 + 1");
+        assert_eq!(window(&mut plan, 0, 8), 1, "all from the others");
+        let quiet: Vec<u32> = (0..6).map(|_| window(&mut plan, 8, 0)).collect();
+        assert_eq!(quiet, [9, 18, 36, 64, 64, 64]);
+        assert_eq!(window(&mut plan, 7, 1), 8, "7 / 1 + 1");
+        // Arrivals count across calls: 3 + 3 is not a window yet, + 2 is.
+        assert_eq!(window(&mut plan, 3, 0), 8);
+        assert_eq!(window(&mut plan, 3, 0), 8);
+        assert_eq!(window(&mut plan, 0, 2), 4, "6 / 2 + 1");
+        // Static and all never change.
+        for policy in [PollPolicy::All, PollPolicy::Static(50)] {
+            let mut plan = PollPlan::new(policy, &d.channels, &d.polled);
+            let before = plan.ratio;
+            window(&mut plan, 8, 0);
+            assert_eq!(plan.ratio, before);
+        }
     }
 }

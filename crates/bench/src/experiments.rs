@@ -229,13 +229,25 @@ pub fn overlap(c: &Common, compute_us: u64, period_us: u64) -> anyhow::Result<()
     Ok(())
 }
 
+/// How the senders of [`discovery`] send.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiscoveryPattern {
+    /// Both senders send a burst per round at once (three busy processes).
+    Burst,
+    /// The root ping-pongs with one sender at a time while the other waits blocked (two busy
+    /// processes): what an idle channel's polls cost the busy one.
+    PingPong,
+}
+
 /// Chai §7.3.1, message discovery: rank 1 (a shared-memory peer of the root) and rank 2 (on
-/// another virtual node, so its messages come over `ib`) each send a burst of `burst` messages to
-/// rank 0, which receives them (8 bytes each) with ANY_SOURCE. Ranks from 3 up are quiet network
-/// peers: they send nothing, but the root's ib channel polls their rings too. Reported per
-/// source: the mean time from the start of the round until the root received each message,
-/// under the job's `POLYRAIL_POLL`. Rank 0 prints one table row, labelled with `POLYRAIL_POLL`.
-pub fn discovery(c: &Common, burst: usize) -> anyhow::Result<()> {
+/// another virtual node, so its messages come over `ib`) send to rank 0, which receives them
+/// (8 bytes each) with ANY_SOURCE. Ranks from 3 up are quiet network peers: they send nothing,
+/// but the root's ib channel has their rings too. With [`DiscoveryPattern::Burst`] both send a
+/// burst of `burst` messages per round; reported per source is the mean time from the start of
+/// the round until the root received each message. With [`DiscoveryPattern::PingPong`] the root
+/// ping-pongs with rank 1 while rank 2 waits, then the other way round; reported is the one-way
+/// latency with each. Rank 0 prints one table row, labelled with the job's `POLYRAIL_POLL`.
+pub fn discovery(c: &Common, pattern: DiscoveryPattern, burst: usize) -> anyhow::Result<()> {
     const GO: u32 = 4;
     const DATA: u32 = 3;
     let Run { mut ctx, sbuf, mut rbuf, .. } = start(c, "discovery")?;
@@ -245,8 +257,8 @@ pub fn discovery(c: &Common, burst: usize) -> anyhow::Result<()> {
     let size = 8.min(sbuf.len());
     let rounds = if c.quick { 20 } else { 300 };
     let (mut sum, mut count) = ([0.0f64; 3], [0usize; 3]);
-    match ctx.rank() {
-        0 => {
+    match (ctx.rank(), pattern) {
+        (0, DiscoveryPattern::Burst) => {
             for _ in 0..rounds {
                 // Start the round: the senders wait for this, the root's clock starts.
                 for r in 1..3 {
@@ -262,16 +274,47 @@ pub fn discovery(c: &Common, burst: usize) -> anyhow::Result<()> {
                     }
                 }
             }
-            for r in 3..ctx.size() {
-                ctx.send(r, GO, &[])?;
+        }
+        (0, DiscoveryPattern::PingPong) => {
+            for peer in 1..3 {
+                // About a second per phase: a round trip takes ~0.6 us with the shm peer, ~8 us
+                // with the network peer.
+                let full = if peer == 1 { 1_000_000 } else { 100_000 };
+                let (iters, warmup) =
+                    c.iters.map_or(if c.quick { (100, 10) } else { (full, full / 10) }, |n| (n, n / 10));
+                // The peer that is not in this phase waits blocked until the next GO.
+                ctx.send(peer, GO, &[])?;
+                let mut t0 = Instant::now();
+                for i in 0..iters + warmup {
+                    if i == warmup {
+                        t0 = Instant::now();
+                    }
+                    ctx.send(peer, DATA, &sbuf[..size])?;
+                    ctx.recv(polyrail::ANY_SOURCE, DATA, &mut rbuf[..size])?;
+                }
+                sum[peer as usize] = t0.elapsed().as_secs_f64() * 1e6 / 2.0;
+                count[peer as usize] = iters as usize;
+                // Tell the peer its phase is over.
+                ctx.send(peer, GO, &[])?;
             }
         }
-        1 | 2 => {
+        (1 | 2, DiscoveryPattern::Burst) => {
             for _ in 0..rounds {
                 ctx.recv(0, GO, &mut [])?;
                 for _ in 0..burst {
                     ctx.send(0, DATA, &sbuf[..size])?;
                 }
+            }
+        }
+        (1 | 2, DiscoveryPattern::PingPong) => {
+            ctx.recv(0, GO, &mut [])?;
+            // Until the root's closing GO: answer every DATA.
+            loop {
+                let st = ctx.recv(0, polyrail::ANY_TAG, &mut rbuf[..size])?;
+                if st.tag == GO {
+                    break;
+                }
+                ctx.send(0, DATA, &sbuf[..size])?;
             }
         }
         _ => {
@@ -282,12 +325,21 @@ pub fn discovery(c: &Common, burst: usize) -> anyhow::Result<()> {
             ctx.recv(0, GO, &mut [])?;
         }
     }
+    if ctx.rank() == 0 {
+        for r in 3..ctx.size() {
+            ctx.send(r, GO, &[])?;
+        }
+    }
     let mean = |i: usize| if count[i] == 0 { f64::NAN } else { sum[i] / count[i] as f64 };
     if ctx.rank() == 0 {
         let label = std::env::var("POLYRAIL_POLL").unwrap_or_else(|_| "dynamic:8 (default)".into());
         println!("{label:<22}{:>16.2}{:>16.2}", mean(1), mean(2));
-        append_csv(c, &format!("discovery_shm[{label}]"), size, mean(1), "us")?;
-        append_csv(c, &format!("discovery_net[{label}]"), size, mean(2), "us")?;
+        let what = match pattern {
+            DiscoveryPattern::Burst => "discovery",
+            DiscoveryPattern::PingPong => "discovery_pingpong",
+        };
+        append_csv(c, &format!("{what}_shm[{label}]"), size, mean(1), "us")?;
+        append_csv(c, &format!("{what}_net[{label}]"), size, mean(2), "us")?;
     }
     ctx.barrier()?;
     ctx.finalize()?;

@@ -64,7 +64,11 @@ enum Cmd {
     Discovery {
         #[command(flatten)]
         common: Common,
-        /// Messages per sender and round.
+        /// `burst`: both senders send at once, a burst per round; `ping-pong`: the root
+        /// ping-pongs with one sender at a time while the other waits blocked.
+        #[arg(long, value_enum, default_value = "burst")]
+        pattern: experiments::DiscoveryPattern,
+        /// Messages per sender and round (burst).
         #[arg(long, default_value_t = 32)]
         burst: usize,
         /// Polling policies to compare (POLYRAIL_POLL values).
@@ -146,14 +150,24 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             experiments::skew(&common, messages, c1, c2, repeats).map(|_| 0)
         }
         Cmd::Overlap { common, compute, period } => experiments::overlap(&common, compute, period).map(|_| 0),
-        Cmd::Discovery { common, burst, policies, quiet_peers } => {
+        Cmd::Discovery { common, pattern, burst, policies, quiet_peers } => {
             if under_launcher() {
-                return experiments::discovery(&common, burst).map(|_| 0);
+                return experiments::discovery(&common, pattern, burst).map(|_| 0);
             }
-            println!(
-                "# polyrail-bench discovery: burst of {burst} 8-byte messages from a shm peer and an ib peer per round; {quiet_peers} quiet ib peers"
-            );
-            println!("# mean time until the root received each message (us)");
+            match pattern {
+                experiments::DiscoveryPattern::Burst => {
+                    println!(
+                        "# polyrail-bench discovery: burst of {burst} 8-byte messages from a shm peer and an ib peer per round; {quiet_peers} quiet ib peers"
+                    );
+                    println!("# mean time until the root received each message (us)");
+                }
+                experiments::DiscoveryPattern::PingPong => {
+                    println!(
+                        "# polyrail-bench discovery: 8-byte ping-pong with a shm peer, then with an ib peer, the other one waiting; {quiet_peers} quiet ib peers"
+                    );
+                    println!("# one-way latency (us)");
+                }
+            }
             println!("{:<22}{:>16}{:>16}", "# POLYRAIL_POLL", "shm peer", "network peer");
             let exe = std::env::current_exe().context("cannot find the polyrail-bench executable")?;
             let args: Vec<OsString> = std::env::args_os().skip(1).collect();
@@ -162,6 +176,11 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 opts.args = args.clone();
                 opts.nodes = Some((0..3 + quiet_peers).map(|r| (r >= 2) as u32).collect());
                 opts.env = vec![("POLYRAIL_POLL".into(), policy.into())];
+                if pattern == experiments::DiscoveryPattern::PingPong {
+                    // Two busy ranks at a time, never the same two: bound round-robin, the root
+                    // would share its core with the network peer; the scheduler spreads them.
+                    opts.bind = polyrail::launch::Bind::None;
+                }
                 let code = launch(&opts)?;
                 if code != 0 {
                     bail!("discovery with POLYRAIL_POLL={policy} failed with status {code}");
