@@ -140,8 +140,8 @@ pub enum PollPolicy {
     /// A fixed ratio (`static:R`, R >= 1).
     Static(u32),
     /// Every `h` arrivals (`dynamic:H`), the ratio becomes m/n + 1, where m arrivals came from the
-    /// primary channel and n from the others; with n = 0 it becomes h + 1 (the others are still
-    /// polled, once per h + 1 rounds).
+    /// primary channel and n from the others; with n = 0 it doubles, from h + 1 up to 64 (or
+    /// h + 1 when that is larger), so the others are still polled.
     Dynamic(u32),
 }
 
