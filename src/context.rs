@@ -154,7 +154,12 @@ impl Context {
         // SAFETY: as in `send`; the request ends before `buf`'s borrow does.
         let id = unsafe { self.driver.engine.post_recv(from, tag, ctx, region_mut(buf))? };
         self.driver.drain();
-        self.driver.wait(id)
+        let status = self.driver.wait(id);
+        if self.driver.engine.take_peer_may_write(id) {
+            // A borrowed buffer cannot be kept: the warning is all that can be done.
+            self.quarantine(1, Vec::new());
+        }
+        status
     }
 
     /// Starts sending `buf` (owned by the request until it finishes).
@@ -198,7 +203,10 @@ impl Context {
     /// # Safety
     /// The memory must stay valid, and not be read or written by anyone else, until the request
     /// was waited for. (Benchmarks that let several receives write one buffer, as OSU's do, get
-    /// unspecified contents in it, nothing worse.)
+    /// unspecified contents in it, nothing worse.) A receive that fails, or that finalize
+    /// withdraws, after it announced its buffer to a peer that is still running (a warning says
+    /// so) may yet be written by that peer: such memory must never be reused. Buffers of
+    /// [`Context::irecv`] are kept out of use in that case by polyrail itself.
     pub unsafe fn irecv_raw(
         &mut self,
         from: impl Into<Source>,
@@ -221,7 +229,24 @@ impl Context {
     }
 
     fn take_buf(&mut self, id: ReqId) -> Vec<u8> {
-        self.owned.get_mut(req_index(id)).and_then(Option::take).unwrap_or_default()
+        let buf = self.owned.get_mut(req_index(id)).and_then(Option::take).unwrap_or_default();
+        if self.driver.engine.take_peer_may_write(id) {
+            self.quarantine(1, vec![buf]);
+            return Vec::new();
+        }
+        buf
+    }
+
+    /// Leaks `bufs`, the owned buffers of `receives` receives that failed after their keys went
+    /// to live peers: those may still write there, so the memory must never be reused.
+    fn quarantine(&self, receives: usize, bufs: Vec<Vec<u8>>) {
+        let bytes: usize = bufs.iter().map(Vec::capacity).sum();
+        tracing::warn!(
+            "rank {}: {receives} failed receive(s) had announced their buffer to a peer that may still \
+             write it; {bytes} B of buffers kept out of use",
+            self.rank()
+        );
+        bufs.into_iter().for_each(std::mem::forget);
     }
 
     /// Waits for a request; gives back its status and buffer.
@@ -343,6 +368,12 @@ impl Context {
         let cancelled = self.driver.engine.cancel_unmatched_receives();
         if cancelled > 0 {
             tracing::warn!("rank {}: finalize withdrew {cancelled} receive(s) that matched no message", self.rank());
+        }
+        let exposed = self.driver.engine.take_all_peer_may_write();
+        if !exposed.is_empty() {
+            let bufs =
+                exposed.iter().filter_map(|&id| self.owned.get_mut(req_index(id)).and_then(Option::take)).collect();
+            self.quarantine(exposed.len(), bufs);
         }
         let deadline = std::time::Instant::now() + FINALIZE_WAIT;
         let drained = self

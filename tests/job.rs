@@ -317,6 +317,10 @@ fn dangling_scenario(ctx: &mut Context) -> polyrail::Result<()> {
     let next = (ctx.rank() + 1) % ctx.size();
     let req = ctx.irecv(next, 4242, vec![0u8; 64])?;
     drop(req);
+    // A single-copy size: its buffer is announced to `next` (RTR), so finalize keeps it out of
+    // use rather than freeing memory that `next` could still write.
+    let req = ctx.irecv(next, 4243, vec![0u8; 1 << 20])?;
+    drop(req);
     Ok(())
 }
 

@@ -318,7 +318,8 @@ impl Engine {
 
     /// Split rendezvous, receiver side: tell the sender where to write, then read the front.
     pub(super) fn send_cts(&mut self, id: ReqId, key: RemoteKey) {
-        let req = self.reqs.get(id).expect("live request");
+        let req = self.reqs.get_mut(id).expect("live request");
+        req.cts_sent = true;
         let mut cts = Header::new(PacketKind::Cts);
         (cts.sreq, cts.rreq, cts.offset, cts.len) = (req.peer_req, id.wire(), req.split as u64, req.len as u64);
         let (to, am) = (req.peer, am_of(&self.peers, req.peer));

@@ -173,6 +173,9 @@ pub struct Engine {
     skew: Option<SkewPolicy>,
     /// Cache of [`Engine::awaited_channels`]; `None` after anything that may change it.
     awaited: Option<ChannelSet>,
+    /// Receives that failed after their buffer's key went to a peer that is still alive: see
+    /// [`Engine::take_peer_may_write`].
+    peer_may_write: Vec<ReqId>,
 }
 
 impl Engine {
@@ -189,6 +192,7 @@ impl Engine {
             arrival_counter: 0,
             skew: None,
             awaited: None,
+            peer_may_write: Vec::new(),
         }
     }
 
@@ -246,6 +250,23 @@ impl Engine {
         let result = self.reqs.get_mut(req)?.result.take()?;
         self.reqs.free(req);
         Some(result)
+    }
+
+    /// Whether a peer may still write into the buffer of `req`, a request that ended (its
+    /// result taken or discarded): a receive that failed while a peer that is still alive held
+    /// its buffer's key (an RTR no matching send consumed yet, or a CTS). That peer may yet
+    /// write there (a cma
+    /// exposure cannot be revoked), so the memory must never be reused. Answers once per
+    /// request.
+    pub fn take_peer_may_write(&mut self, req: ReqId) -> bool {
+        let before = self.peer_may_write.len();
+        self.peer_may_write.retain(|&r| r != req);
+        self.peer_may_write.len() != before
+    }
+
+    /// Every request for which [`Engine::take_peer_may_write`] would answer yes.
+    pub fn take_all_peer_may_write(&mut self) -> Vec<ReqId> {
+        std::mem::take(&mut self.peer_may_write)
     }
 
     /// The status of the first unexpected message matching `(src, tag, ctx)`, without
@@ -813,6 +834,11 @@ impl Engine {
         }
         req.result = Some(Err(e));
         let (dir, peer, matched) = (req.dir, req.peer, req.matched);
+        // The peer holds our key: an RTR that no matching send consumed yet, or a CTS.
+        let usable = dir == Dir::Recv && req.own_key.is_some() && ((req.rtr_sent && !matched) || req.cts_sent);
+        if usable && self.peers.get(peer as usize).is_some_and(|p| p.gone.is_none()) {
+            self.peer_may_write.push(id);
+        }
         if dir == Dir::Recv && !matched {
             self.wild.retain(|&r| r != id);
             if let Some(p) = self.peers.get_mut(peer as usize) {

@@ -71,6 +71,8 @@ pub(super) struct Req {
     pub rtr_seq: u32,
     pub rtr_place: u32,
     pub rtr_sent: bool,
+    /// Receives: a CTS gave the sender `own_key` (it writes its part of the buffer).
+    pub cts_sent: bool,
     pub expose_for: Option<ExposeFor>,
     pub result: Option<Result<Status>>,
 }
@@ -107,6 +109,7 @@ impl Req {
             rtr_seq: 0,
             rtr_place: 0,
             rtr_sent: false,
+            cts_sent: false,
             expose_for: None,
             result: None,
         }

@@ -327,6 +327,33 @@ fn receiver_first_uses_rtr_and_put() {
     assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
 }
 
+/// A receive withdrawn after its RTR gave the sender its buffer's key (finalize, or a discard
+/// after a failed wait) is reported as possibly written by that peer, whose put may still come;
+/// once the peer is gone, or when no RTR went out, it is not.
+#[test]
+fn a_withdrawn_receive_whose_key_went_out_stays_out_of_use() {
+    let mut sim = Sim::new(3, one_sided_route);
+    let mut announced = vec![0u8; 2000];
+    let mut small = vec![0u8; 8];
+    let mut from_gone = vec![0u8; 2000];
+    let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut announced);
+    let quiet = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(2), &mut small);
+    let g = recv(&mut sim, 1, Source::Rank(2), TagMatch::Tag(1), &mut from_gone);
+    sim.run_actions();
+    assert_eq!(sim.wires[0].len(), 1, "one RTR to rank 0 (none for the eager size)");
+    sim.engines[1].handle_peer_lost(2, Error::PeerFinished { rank: 2 });
+    assert_eq!(sim.engines[1].cancel_unmatched_receives(), 2);
+    assert_eq!(sim.engines[1].take_all_peer_may_write(), vec![q]);
+    assert!(result(&mut sim, 1, q).is_err() && result(&mut sim, 1, quiet).is_err());
+    assert!(result(&mut sim, 1, g).is_err());
+    // A discard after a failed wait, answered once per request.
+    let d = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(3), &mut announced);
+    sim.run_actions();
+    sim.engines[1].discard(d);
+    assert!(sim.engines[1].take_peer_may_write(d));
+    assert!(!sim.engines[1].take_peer_may_write(d));
+}
+
 /// A window of receives posted first for the same messages: once a first receive's RTR was
 /// used, each one's RTR names its place, so every send writes straight into its receive,
 /// including when a send crossed the RTRs.
