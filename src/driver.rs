@@ -22,7 +22,7 @@ const NAP: Duration = Duration::from_micros(100);
 /// waits at most this long.
 const MAX_NAP: Duration = Duration::from_millis(2);
 /// With `POLYRAIL_WAIT=adaptive`, how long an idle process polls before such naps: a nap may
-/// add up to [`NAP`] to a message that arrives during it, so a process waiting for replies
+/// add its length to a message that arrives during it, so a process waiting for replies
 /// that take a while (a network round trip, a peer computing briefly) keeps polling; one idle
 /// for longer is blocked for real and naps.
 const SPIN_BEFORE_NAP: Duration = Duration::from_millis(10);
