@@ -241,9 +241,12 @@ impl Context {
     /// to live peers: those may still write there, so the memory must never be reused.
     fn quarantine(&self, receives: usize, bufs: Vec<Vec<u8>>) {
         let bytes: usize = bufs.iter().map(Vec::capacity).sum();
+        let kept = match bytes {
+            0 => "the caller's buffer must not be reused".to_string(),
+            n => format!("{n} B of buffers kept out of use"),
+        };
         tracing::warn!(
-            "rank {}: {receives} failed receive(s) had announced their buffer to a peer that may still \
-             write it; {bytes} B of buffers kept out of use",
+            "rank {}: {receives} failed receive(s) had announced their buffer to a peer that may still write it; {kept}",
             self.rank()
         );
         bufs.into_iter().for_each(std::mem::forget);

@@ -255,9 +255,8 @@ impl Engine {
     /// Whether a peer may still write into the buffer of `req`, a request that ended (its
     /// result taken or discarded): a receive that failed while a peer that is still alive held
     /// its buffer's key (an RTR no matching send consumed yet, or a CTS). That peer may yet
-    /// write there (a cma
-    /// exposure cannot be revoked), so the memory must never be reused. Answers once per
-    /// request.
+    /// write there (a cma exposure cannot be revoked), so the memory must never be reused.
+    /// Answers once per request.
     pub fn take_peer_may_write(&mut self, req: ReqId) -> bool {
         let before = self.peer_may_write.len();
         self.peer_may_write.retain(|&r| r != req);
