@@ -9,12 +9,14 @@
 #   - perftest ib_write_lat (one-way latency, average) and ib_write_bw / ib_read_bw (bandwidth,
 #     average; perftest's MB are MiB, converted to 10^6 bytes here);
 #   - polyrail-bench latency and bw --transport ib (two ranks on two virtual nodes, real verbs),
-#     with ordinary buffers (registered per rendezvous) and with --registered buffers.
+#     with ordinary buffers (registered per rendezvous) and with --registered buffers;
+# size by size, polyrail right after perftest, with the same iteration count (latency: 3000
+# round trips up to 1 KiB, 1000 up to 8 KiB, 300 up to 64 KiB, 100 above).
 # POLYRAIL_* variables of the caller reach the guest (e.g. POLYRAIL_IB_EAGER_LIMIT=64k).
 # Client and server of each tool are pinned to the guest's two vCPUs. The guest runs under TCG
 # emulation: absolute numbers are only proof that things work; the ratios polyrail/perftest from
 # the same run are what count: each ratio is the median over repeats of polyrail's value over
-# perftest's from the same repeat (minutes apart, so the host's drift cancels). --mtu sets the
+# perftest's from the same repeat (seconds apart, so the host's drift cancels). --mtu sets the
 # RoCE path MTU of rxe0 (256, 512, 1024, 2048 or 4096; default 1024, what a 1500-byte Ethernet
 # MTU gives; InfiniBand fabrics run 2048 or 4096) for both tools. Writes DIR/ib-vm.csv
 # (tool,mode,size,rep,value,unit) and DIR/ib-vm.md (medians and ratios); DIR defaults to
@@ -29,8 +31,8 @@ REPEATS=3
 BUILD=1
 MTU=1024
 OUT_SET=0
-LAT_SIZES="8 1024 8192 65536"
-BW_SIZES="4096 65536 262144"
+LAT_SIZES="8 1024 8192 65536 262144 1048576"
+BW_SIZES="4096 65536 262144 1048576"
 
 while (($#)); do
     case $1 in
@@ -38,7 +40,7 @@ while (($#)); do
     --out) OUT=${2:?--out needs a directory}; OUT_SET=1; shift 2 ;;
     --mtu) MTU=${2:?--mtu needs a size}; shift 2 ;;
     --repeats) REPEATS=${2:?--repeats needs a count}; shift 2 ;;
-    -h | --help) sed -n '2,22p' "$SELF" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,23p' "$SELF" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "ib-vm-bench: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -78,22 +80,27 @@ pb() { # polyrail-bench: bench, iterations, sizes, unit; both buffer kinds
             awk -v r=$rep -v m=$mode -v b="$1" -v u="$4" '$1 ~ /^[0-9]+$/ { print "RESULT polyrail " b "-" m " " $1 " " r " " $2 " " u }'
     done
 }
+iters() { # round trips per latency point: about a second of them, at least 100
+    if [ "$1" -le 1024 ]; then echo 3000; elif [ "$1" -le 8192 ]; then echo 1000; elif [ "$1" -le 65536 ]; then echo 300; else echo 100; fi
+}
 rep=1
 while [ $rep -le $repeats ]; do
+    # Each size: perftest, then polyrail right after it, so both see the same host.
     for s in $lat_sizes; do
+        n=$(iters "$s")
         # Columns: bytes iterations t_min t_max t_typical t_avg ...
-        v=$(pt ib_write_lat "$s" "-n 300" | awk -v s="$s" '$1 == s { print $6 }')
+        v=$(pt ib_write_lat "$s" "-n $n" | awk -v s="$s" '$1 == s { print $6 }')
         echo "RESULT perftest write_lat $s $rep ${v:-nan} us"
+        pb latency "$n" "$s" us
     done
-    pb latency 300 "$lat_sizes" us
     for s in $bw_sizes; do
         # Columns: bytes iterations peak average(MiB/s) msgrate; MiB -> 10^6 bytes.
         for t in write read; do
             v=$(pt ib_${t}_bw "$s" "-n 200" | awk -v s="$s" '$1 == s { printf "%.2f", $4 * 1.048576 }')
             echo "RESULT perftest ${t}_bw $s $rep ${v:-nan} MB/s"
         done
+        pb bw 4 "$s" MB/s
     done
-    pb bw 4 "$bw_sizes" MB/s
     rep=$((rep + 1))
 done
 EOF

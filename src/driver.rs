@@ -511,6 +511,7 @@ mod tests {
                 caps: Caps::AM | caps,
                 am_cost: cost,
                 rma_cost: cost,
+                split_from: None,
             };
             (Box::new(Counted { attr, polls: polls.clone() }), polls)
         }

@@ -104,6 +104,19 @@ pub struct SkewPolicy {
     pub eager_up_to: usize,
 }
 
+/// Where both processes start to share a single copy (`POLYRAIL_SPLIT_THRESHOLD`), see
+/// [`Config::split_threshold`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SplitThreshold {
+    /// Each channel's own measured size ([`crate::TransportAttr::split_from`]).
+    #[default]
+    Auto,
+    /// Never split.
+    Off,
+    /// From this size, on every channel whose copies the CPUs make.
+    From(usize),
+}
+
 /// Eager sends in a stream (`POLYRAIL_STREAM_EAGER`), see [`Config::stream_eager`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum StreamEager {
@@ -227,9 +240,11 @@ pub struct Config {
     /// `shared-l3:0-64k:shm,all:1m-:cma/get` (CLASS may be `all`; LO or HI may be left out).
     pub routes: Vec<RouteRule>,
     /// `POLYRAIL_SPLIT_THRESHOLD`: smallest single-copy message that both processes copy (the
-    /// receiver pulls the front, the sender pushes the back). Default 32k (measured: see
-    /// `docs/benchmarks.md`); `off` disables.
-    pub split_threshold: Option<usize>,
+    /// receiver pulls the front, the sender pushes the back). `auto` (default): each channel's
+    /// measured size ([`TransportAttr::split_from`](crate::TransportAttr::split_from): 32k for
+    /// cma, 256k for ib over software RDMA, never on an adapter; see `docs/benchmarks.md`); a
+    /// size (for every channel whose copies the CPUs make); `off`.
+    pub split_threshold: SplitThreshold,
     /// `POLYRAIL_STREAM_EAGER`: messages that would go by single copy go eagerly through send
     /// cells instead when no message came from the peer since the last send to it (a stream, as
     /// in osu_bw): there both processes copy at once and no message waits for a handshake. `auto`
@@ -279,7 +294,7 @@ impl Default for Config {
             cma_threshold: ClassSizes::default(),
             tuning: None,
             routes: Vec::new(),
-            split_threshold: Some(32 << 10),
+            split_threshold: SplitThreshold::Auto,
             stream_eager: StreamEager::Auto,
             eager_limit: 64 << 10,
             shm_slots: 256,
@@ -302,7 +317,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("POLYRAIL_CMA_THRESHOLD", "smallest single-copy message: `32k` or `shared-l3:16k,socket:4k`"),
     ("POLYRAIL_ROUTE", "route overrides CLASS:LO-HI:CHANNEL[/PROTOCOL],... e.g. all:0-64k:shm,socket:1m-:cma/get"),
     ("POLYRAIL_TUNING", "file of measured thresholds written by `polyrail tune`"),
-    ("POLYRAIL_SPLIT_THRESHOLD", "smallest single-copy message both processes copy, or `off`"),
+    ("POLYRAIL_SPLIT_THRESHOLD", "smallest single-copy message both processes copy: auto (default), off or a size"),
     (
         "POLYRAIL_STREAM_EAGER",
         "largest single-copy message sent eagerly in a stream of sends to a peer: auto (default), off or a size",
@@ -379,10 +394,12 @@ impl Config {
                 self.tuning = Some((value.to_owned(), sizes));
             }
             "POLYRAIL_SPLIT_THRESHOLD" => {
-                self.split_threshold = if value == "off" {
-                    None
-                } else {
-                    Some(size_in(4096, 1 << 40).map_err(|_| bad("`off` or a size of at least 4k"))?)
+                self.split_threshold = match value {
+                    "auto" => SplitThreshold::Auto,
+                    "off" => SplitThreshold::Off,
+                    _ => SplitThreshold::From(
+                        size_in(4096, 1 << 40).map_err(|_| bad("`auto`, `off` or a size of at least 4k"))?,
+                    ),
                 }
             }
             "POLYRAIL_STREAM_EAGER" => {
@@ -669,7 +686,10 @@ mod tests {
         let e = cfg(&[("POLYRAIL_CMA_THRESHOLD", "l9:4k")]).unwrap_err().to_string();
         assert!(e.contains("l9") && e.contains("shared-l3"), "{e}");
         assert!(cfg(&[("POLYRAIL_CMA_THRESHOLD", "socket:lots")]).is_err());
-        assert_eq!(cfg(&[("POLYRAIL_SPLIT_THRESHOLD", "off")]).unwrap().split_threshold, None);
+        assert_eq!(cfg(&[("POLYRAIL_SPLIT_THRESHOLD", "off")]).unwrap().split_threshold, SplitThreshold::Off);
+        assert_eq!(cfg(&[("POLYRAIL_SPLIT_THRESHOLD", "1m")]).unwrap().split_threshold, SplitThreshold::From(1 << 20));
+        let e = cfg(&[("POLYRAIL_SPLIT_THRESHOLD", "1k")]).unwrap_err().to_string();
+        assert!(e.contains("POLYRAIL_SPLIT_THRESHOLD") && e.contains("`auto`"), "{e}");
         assert_eq!(cfg(&[("POLYRAIL_STREAM_EAGER", "48k")]).unwrap().stream_eager, StreamEager::UpTo(48 << 10));
         assert_eq!(cfg(&[("POLYRAIL_STREAM_EAGER", "off")]).unwrap().stream_eager, StreamEager::Off);
         let e = cfg(&[("POLYRAIL_STREAM_EAGER", "always")]).unwrap_err().to_string();

@@ -147,6 +147,10 @@ pub struct TransportAttr {
     pub am_cost: Cost,
     /// Cost of a one-sided `get` or `put`.
     pub rma_cost: Cost,
+    /// Smallest single-copy message worth splitting between both processes (the receiver gets
+    /// the front, the sender puts the back; see [`Caps::CPU_COPY`]), as measured for this
+    /// channel; `None` when splitting gains nothing. `POLYRAIL_SPLIT_THRESHOLD` overrides it.
+    pub split_from: Option<usize>,
 }
 
 /// What the job knows of a peer when transports connect to it.

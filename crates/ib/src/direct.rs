@@ -33,6 +33,11 @@ const STAGING_BLOCKS: usize = 128;
 const KEY_LEN: usize = 20;
 /// Bytes of the heartbeat area per peer, after the rings.
 const HEARTBEAT_BYTES: usize = 8;
+/// Where software RDMA splits a transfer between both processes (see `TransportAttr::split_from`;
+/// `docs/benchmarks.md`): on Soft-RoCE the split wins from 256 KiB (1 MiB: latency halved,
+/// bandwidth 1.5x), at 32 KiB the extra CTS costs more than the halved copy gains; on the soft
+/// provider the gain starts about there too. An adapter's DMA engine gains nothing from it.
+const SPLIT_FROM: usize = 256 << 10;
 /// How long `finalize` waits for writes in flight.
 const FINALIZE_DRAIN: Duration = Duration::from_secs(2);
 
@@ -222,13 +227,18 @@ impl<P: Provider> DirectIb<P> {
             qps.push(if r == rank { None } else { Some(provider.create_qp()?) });
         }
         let soft = provider.name() == "soft";
+        let cpu_copies = provider.cpu_copies();
         let max_eager = block - OVERHEAD;
         let attr = TransportAttr {
             kind: TransportKind::Ib,
             max_inline: provider.max_inline().saturating_sub(OVERHEAD).min(max_eager),
             max_eager,
             max_rma: usize::MAX,
-            caps: Caps::AM | Caps::GET | Caps::PUT,
+            caps: if cpu_copies {
+                Caps::AM | Caps::GET | Caps::PUT | Caps::CPU_COPY
+            } else {
+                Caps::AM | Caps::GET | Caps::PUT
+            },
             // Models: a host channel adapter (1.5 µs, 10 GB/s) or the soft provider's system
             // calls (three per packet).
             am_cost: if soft {
@@ -241,6 +251,7 @@ impl<P: Provider> DirectIb<P> {
             } else {
                 Cost { latency_ns: 2500.0, overhead_ns: 500.0, bandwidth: 10e9 }
             },
+            split_from: cpu_copies.then_some(SPLIT_FROM),
         };
         Ok(DirectIb {
             attr,

@@ -160,6 +160,11 @@ pub trait Provider: Send {
     /// Work requests that may be outstanding on one queue pair.
     fn max_outstanding(&self) -> usize;
 
+    /// Whether RDMA reads and writes are copies the host CPUs make (the soft provider,
+    /// Soft-RoCE, siw) rather than an adapter's DMA: then a transfer split between both
+    /// processes goes faster.
+    fn cpu_copies(&self) -> bool;
+
     /// Bytes a peer needs to reach this process's device (GID and LID, or process id).
     fn endpoint(&self) -> Vec<u8>;
 

@@ -277,6 +277,10 @@ impl Provider for SoftProvider {
         MAX_TRANSFER
     }
 
+    fn cpu_copies(&self) -> bool {
+        true
+    }
+
     fn max_outstanding(&self) -> usize {
         MAX_OUTSTANDING
     }

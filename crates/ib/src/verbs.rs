@@ -89,6 +89,8 @@ const RETRY_CNT: u8 = 7;
 const RETRY_CNT_RXE: u8 = 6;
 /// `vendor_id` of Soft-RoCE (rdma_rxe) devices.
 const RXE_VENDOR_ID: u32 = 0xff_ffff;
+/// `vendor_id` of soft iWARP (siw) devices.
+const SIW_VENDOR_ID: u32 = 0x62_6d74;
 /// Receiver-not-ready retries (7 = without limit; DirectIB posts no sends, so none happen).
 const RNR_RETRY: u8 = 7;
 /// Receiver-not-ready NAK timer (12 ≈ 0.64 ms).
@@ -265,6 +267,8 @@ pub struct VerbsProvider {
     inline: u32,
     rd_atomic: u8,
     retry_cnt: u8,
+    /// A software device (Soft-RoCE, siw): the host CPUs make the RDMA copies.
+    software: bool,
     max_cqe: c_int,
     qps: Vec<Qp>,
     by_num: HashMap<u32, QpId>,
@@ -335,6 +339,7 @@ impl VerbsProvider {
             inline: 0,
             rd_atomic: 0,
             retry_cnt: RETRY_CNT,
+            software: false,
             max_cqe: 0,
             qps: Vec::new(),
             by_num: HashMap::new(),
@@ -406,6 +411,7 @@ impl VerbsProvider {
             RD_ATOMIC.min(dev.max_qp_rd_atom.clamp(1, 255) as u8).min(dev.max_qp_init_rd_atom.clamp(1, 255) as u8);
         self.max_cqe = dev.max_cqe;
         self.retry_cnt = if dev.vendor_id == RXE_VENDOR_ID { RETRY_CNT_RXE } else { RETRY_CNT };
+        self.software = matches!(dev.vendor_id, RXE_VENDOR_ID | SIW_VENDOR_ID);
 
         // SAFETY: open context; the result is checked for null.
         self.pd = unsafe { ffi::ibv_alloc_pd(self.ctx) };
@@ -570,6 +576,10 @@ impl Provider for VerbsProvider {
 
     fn max_transfer(&self) -> usize {
         self.max_msg
+    }
+
+    fn cpu_copies(&self) -> bool {
+        self.software
     }
 
     fn max_outstanding(&self) -> usize {

@@ -28,6 +28,9 @@ const RMA_LATENCY_NS: f64 = 1200.0;
 const RMA_OVERHEAD_NS: f64 = 300.0;
 /// Model default: single-copy bandwidth (bytes/s).
 const RMA_BANDWIDTH: f64 = 10e9;
+/// Split copies from here (osu_latency / osu_bw on 2 cores sharing an L3, `docs/benchmarks.md`:
+/// from 32 KiB the two halves copied at once beat one copy; 64-128 KiB 10-24 GB/s against 6-8).
+const SPLIT_FROM: usize = 32 << 10;
 
 /// What the probe of one peer found.
 #[derive(Clone, Debug)]
@@ -87,6 +90,7 @@ impl CmaTransport {
             caps: Caps::GET | Caps::PUT | Caps::RMA_INLINE_COMPLETION | Caps::NODE_LOCAL | Caps::CPU_COPY,
             am_cost: Cost { latency_ns: f64::INFINITY, overhead_ns: 0.0, bandwidth: 1.0 },
             rma_cost: Cost { latency_ns: RMA_LATENCY_NS, overhead_ns: RMA_OVERHEAD_NS, bandwidth: RMA_BANDWIDTH },
+            split_from: Some(SPLIT_FROM),
         };
         CmaTransport { attr, host: sys::host_identity(), pid, probe, magic, peers: BTreeMap::new() }
     }

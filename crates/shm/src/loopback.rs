@@ -48,6 +48,8 @@ impl Loopback {
             // Model defaults: a queue push and pop; memcpy bandwidth (two copies for messages).
             am_cost: Cost { latency_ns: 30.0, overhead_ns: 20.0, bandwidth: 8e9 },
             rma_cost: Cost { latency_ns: 10.0, overhead_ns: 10.0, bandwidth: 16e9 },
+            // One thread makes both halves of a split copy: nothing gained.
+            split_from: None,
         };
         Loopback {
             attr,

@@ -193,6 +193,7 @@ impl ShmTransport {
             caps: Caps::AM | Caps::WAKEUP | Caps::NODE_LOCAL,
             am_cost: Cost { latency_ns: AM_LATENCY_NS, overhead_ns: AM_OVERHEAD_NS, bandwidth: AM_BANDWIDTH },
             rma_cost: Cost { latency_ns: f64::INFINITY, overhead_ns: 0.0, bandwidth: 1.0 },
+            split_from: None,
         };
         Ok(ShmTransport {
             attr,

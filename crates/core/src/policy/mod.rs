@@ -8,7 +8,7 @@
 pub mod sweep;
 pub mod topology;
 
-use crate::config::{Config, RouteRule, StreamEager};
+use crate::config::{Config, RouteRule, SplitThreshold, StreamEager};
 use crate::size::format_size;
 use crate::transport::{Caps, TransportAttr, TransportKind};
 use topology::TopoClass;
@@ -244,9 +244,16 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
                 }
                 .filter(|r| r.upto >= threshold);
             }
-            let split = cfg.split_threshold.filter(|_| rma.attr.caps.contains(Caps::PUT | Caps::CPU_COPY));
+            let can_split = rma.attr.caps.contains(Caps::PUT | Caps::CPU_COPY);
+            let split = match cfg.split_threshold {
+                SplitThreshold::Auto if can_split => {
+                    rma.attr.split_from.map(|s| (s, format!("the split size measured for {}", kind(rma))))
+                }
+                SplitThreshold::From(s) if can_split => Some((s, "POLYRAIL_SPLIT_THRESHOLD".to_string())),
+                _ => None,
+            };
             match split {
-                Some(s) if s > threshold => {
+                Some((s, split_why)) if s > threshold => {
                     entries.push(RouteEntry {
                         upto: s - 1,
                         protocol: Protocol::RndvGet,
@@ -257,19 +264,15 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
                         upto: usize::MAX,
                         protocol: Protocol::RndvSplit,
                         channel: rma.id,
-                        reason: format!(
-                            "both processes copy with {} from {} (POLYRAIL_SPLIT_THRESHOLD)",
-                            kind(rma),
-                            format_size(s)
-                        ),
+                        reason: format!("both processes copy with {} from {} ({split_why})", kind(rma), format_size(s)),
                     });
                 }
-                Some(_) => entries.push(RouteEntry {
+                Some((_, split_why)) => entries.push(RouteEntry {
                     upto: usize::MAX,
                     protocol: Protocol::RndvSplit,
                     channel: rma.id,
                     reason: format!(
-                        "both processes copy with {} from {} ({why}; POLYRAIL_SPLIT_THRESHOLD is not above it)",
+                        "both processes copy with {} from {} ({why}; {split_why} is not above it)",
                         kind(rma),
                         format_size(threshold)
                     ),
@@ -379,7 +382,17 @@ mod tests {
     fn attr(kind: TransportKind, caps: Caps, max_eager: usize) -> TransportAttr {
         let cost = Cost { latency_ns: 200.0, overhead_ns: 50.0, bandwidth: 5e9 };
         let rma_cost = Cost { latency_ns: 1200.0, overhead_ns: 0.0, bandwidth: 10e9 };
-        TransportAttr { kind, max_inline: 16, max_eager, max_rma: usize::MAX, caps, am_cost: cost, rma_cost }
+        let split_from = caps.contains(Caps::CPU_COPY).then_some(32 << 10);
+        TransportAttr {
+            kind,
+            max_inline: 16,
+            max_eager,
+            max_rma: usize::MAX,
+            caps,
+            am_cost: cost,
+            rma_cost,
+            split_from,
+        }
     }
 
     #[test]
@@ -486,8 +499,29 @@ mod tests {
         // A NIC copies: no split rendezvous, whatever POLYRAIL_SPLIT_THRESHOLD says.
         assert_eq!(r.lookup(64 << 20).protocol, Protocol::RndvGet);
         let mut cfg = Config::default();
+        cfg.set("POLYRAIL_SPLIT_THRESHOLD", "64k").unwrap();
+        assert_eq!(build_route(TopoClass::RemoteNode, &c, &cfg).unwrap().lookup(64 << 20).protocol, Protocol::RndvGet);
         cfg.set("POLYRAIL_IB_EAGER_LIMIT", "32k").unwrap();
         assert_eq!(build_route(TopoClass::RemoteNode, &c, &cfg).unwrap().rndv_threshold(), Some((32 << 10) + 1));
+    }
+
+    #[test]
+    fn software_rdma_splits_from_its_own_size() {
+        // Soft-RoCE or the soft provider: the CPUs of both sides copy.
+        let mut ib = attr(TransportKind::Ib, Caps::AM | Caps::GET | Caps::PUT | Caps::CPU_COPY, 8128);
+        ib.split_from = Some(256 << 10);
+        let c = [Candidate { id: 3, attr: &ib }];
+        let r = build_route(TopoClass::RemoteNode, &c, &Config::default()).unwrap();
+        assert_eq!(r.lookup((256 << 10) - 1).protocol, Protocol::RndvGet);
+        assert_eq!(r.lookup(256 << 10).protocol, Protocol::RndvSplit);
+        assert!(r.lookup(256 << 10).reason.contains("measured for ib"), "{}", r.lookup(256 << 10).reason);
+        let mut cfg = Config::default();
+        cfg.set("POLYRAIL_SPLIT_THRESHOLD", "1m").unwrap();
+        let r = build_route(TopoClass::RemoteNode, &c, &cfg).unwrap();
+        assert_eq!(r.lookup((1 << 20) - 1).protocol, Protocol::RndvGet);
+        assert_eq!(r.lookup(1 << 20).protocol, Protocol::RndvSplit);
+        cfg.set("POLYRAIL_SPLIT_THRESHOLD", "off").unwrap();
+        assert_eq!(build_route(TopoClass::RemoteNode, &c, &cfg).unwrap().lookup(64 << 20).protocol, Protocol::RndvGet);
     }
 
     #[test]
