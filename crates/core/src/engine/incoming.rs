@@ -225,12 +225,10 @@ impl Engine {
         let Some(req) = self.reqs.get(id).filter(|r| r.rtr_sent) else { return };
         let (first, me) = (req.rtr_place == 0, self.me);
         let p = &mut self.peers[from as usize];
-        let window_rtrs = if used && first {
-            true
-        } else if !used && !first {
-            false
-        } else {
-            return;
+        let window_rtrs = match (used, first) {
+            (true, true) => true,
+            (false, false) => false,
+            _ => return,
         };
         if p.window_rtrs != window_rtrs {
             p.window_rtrs = window_rtrs;

@@ -834,8 +834,8 @@ impl Engine {
         req.result = Some(Err(e));
         let (dir, peer, matched) = (req.dir, req.peer, req.matched);
         // The peer holds our key: an RTR that no matching send consumed yet, or a CTS.
-        let usable = dir == Dir::Recv && req.own_key.is_some() && ((req.rtr_sent && !matched) || req.cts_sent);
-        if usable && self.peers.get(peer as usize).is_some_and(|p| p.gone.is_none()) {
+        let key_out = dir == Dir::Recv && req.own_key.is_some() && ((req.rtr_sent && !matched) || req.cts_sent);
+        if key_out && self.peers.get(peer as usize).is_some_and(|p| p.gone.is_none()) {
             self.peer_may_write.push(id);
         }
         if dir == Dir::Recv && !matched {
