@@ -125,14 +125,23 @@ impl PollPlan {
 }
 
 impl Driver {
-    pub fn new(engine: Engine, channels: Vec<Box<dyn Transport>>, wait: WaitMode, poll: PollPolicy) -> Self {
+    /// A driver over `channels`, of which those in `reaching` reach another rank (the others,
+    /// with no peer to deliver from, are never polled).
+    pub fn new(
+        engine: Engine,
+        channels: Vec<Box<dyn Transport>>,
+        reaching: ChannelSet,
+        wait: WaitMode,
+        poll: PollPolicy,
+    ) -> Self {
         let n = engine.size() as usize;
         let polled: Vec<usize> = channels
             .iter()
             .enumerate()
-            .filter(|(_, c)| {
+            .filter(|(i, c)| {
                 let caps = c.attr().caps;
                 c.attr().kind != TransportKind::Loopback
+                    && reaching.contains(*i as ChannelId)
                     && (caps.contains(Caps::AM) || !caps.contains(Caps::RMA_INLINE_COMPLETION))
             })
             .map(|(i, _)| i)
@@ -539,6 +548,11 @@ mod tests {
     /// Rank 0 of 3: rank 1 over a cheap channel (0), rank 2 over one whose poll is a system
     /// call (1). Returns the driver and the poll counters of both channels.
     fn job() -> (Driver, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        job_reaching(ChannelSet::ALL)
+    }
+
+    /// As [`job`], with only the channels in `reaching` reaching a peer.
+    fn job_reaching(reaching: ChannelSet) -> (Driver, Arc<AtomicUsize>, Arc<AtomicUsize>) {
         let (cheap, cheap_polls) = Counted::channel(Caps::empty(), 200.0);
         let (syscall, syscall_polls) = Counted::channel(Caps::POLL_IS_SYSCALL, 2000.0);
         let mut engine = Engine::new(0, 3);
@@ -547,7 +561,7 @@ mod tests {
                 vec![RouteEntry { upto: usize::MAX, protocol: Protocol::Eager, channel: am, reason: String::new() }];
             engine.set_route(peer, PeerRoute { am, frag: 1024, entries, stream_eager: None });
         }
-        let driver = Driver::new(engine, vec![cheap, syscall], WaitMode::Spin, PollPolicy::All);
+        let driver = Driver::new(engine, vec![cheap, syscall], reaching, WaitMode::Spin, PollPolicy::All);
         (driver, cheap_polls, syscall_polls)
     }
 
@@ -592,6 +606,15 @@ mod tests {
         d.probing(|d| rounds(d, 100));
         assert_eq!(polls(&syscall), 100);
         assert_eq!(polls(&cheap), 1024 + 4 * 100 + 100, "the cheap channel is polled on every round");
+    }
+
+    #[test]
+    fn a_channel_that_reaches_no_rank_is_never_polled() {
+        let mut reaching = ChannelSet::EMPTY;
+        reaching.insert(1);
+        let (mut d, cheap, syscall) = job_reaching(reaching);
+        d.probing(|d| rounds(d, 100));
+        assert_eq!((polls(&cheap), polls(&syscall)), (0, 100));
     }
 
     /// Chai's m/n + 1 every h arrivals; a quiet stretch of the others doubles the ratio from

@@ -4,7 +4,7 @@ use crate::driver::Driver;
 use polyrail_core::bootstrap::{self, decode_hex, encode_hex, Bootstrap};
 use polyrail_core::engine::Engine;
 use polyrail_core::policy::topology::{current_binding, DeviceLocality, TopoClass, Topology};
-use polyrail_core::policy::{build_route, Candidate, PeerRoute};
+use polyrail_core::policy::{build_route, Candidate, ChannelId, ChannelSet, PeerRoute};
 use polyrail_core::{Caps, Config, Error, PeerInfo, Rank, Reach, Result, Transport, TransportKind};
 use polyrail_shm::{host_identity, CmaTransport, Loopback, ShmTransport};
 
@@ -167,6 +167,8 @@ impl Job {
         boot.fence()?;
 
         let mut peers = Vec::with_capacity(size as usize);
+        // Channels that reach another rank: only these can deliver, so only these are polled.
+        let mut reaching = ChannelSet::EMPTY;
         let mut engine = Engine::new(rank, size);
         engine.set_skew_policy(config.skew);
         for r in 0..size {
@@ -196,6 +198,13 @@ impl Job {
                         .ok_or_else(|| Error::Bootstrap(format!("rank {r} published a malformed {kind} address")))?
                 };
                 reach.push((kind, ch.add_peer(&info, &addr)));
+            }
+            if r != rank {
+                for (i, (_, how)) in reach.iter().enumerate() {
+                    if matches!(how, Reach::Yes(_)) {
+                        reaching.insert(i as ChannelId);
+                    }
+                }
             }
             let candidates: Vec<Candidate<'_>> = channels
                 .iter()
@@ -265,7 +274,7 @@ impl Job {
             channel_kinds,
             peers,
         };
-        let driver = Driver::new(engine, channels, config.wait, config.poll);
+        let driver = Driver::new(engine, channels, reaching, config.wait, config.poll);
         Ok(Job { bootstrap: boot, driver, report, config })
     }
 

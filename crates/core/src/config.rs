@@ -379,7 +379,17 @@ impl Config {
         let size_in = |lo: usize, hi: usize| -> Result<usize> {
             match parse_size(value) {
                 Some(n) if (lo..=hi).contains(&n) => Ok(n),
-                _ => Err(bad(&format!("a size from {} to {} such as 16k", format_size(lo), format_size(hi)))),
+                _ => Err(bad(&format!(
+                    "a size from {} to {} (bytes, or with a k, m or g suffix)",
+                    format_size(lo),
+                    format_size(hi)
+                ))),
+            }
+        };
+        let count_in = |lo: usize, hi: usize| -> Result<usize> {
+            match value.parse::<usize>() {
+                Ok(n) if (lo..=hi).contains(&n) => Ok(n),
+                _ => Err(bad(&format!("a whole number from {lo} to {hi}"))),
             }
         };
         match var {
@@ -411,14 +421,14 @@ impl Config {
             }
             "POLYRAIL_EAGER_LIMIT" => self.eager_limit = size_in(0, 1 << 30)?,
             "POLYRAIL_SHM_SLOTS" => {
-                let n = size_in(16, 65536)?;
+                let n = count_in(16, 65536)?;
                 if !n.is_power_of_two() {
                     return Err(bad("a power of two from 16 to 65536"));
                 }
                 self.shm_slots = n;
             }
             "POLYRAIL_SHM_CELL_SIZE" => self.shm_cell_size = size_in(4096, 1 << 20)?,
-            "POLYRAIL_SHM_CELLS" => self.shm_cells = size_in(4, 65536)?,
+            "POLYRAIL_SHM_CELLS" => self.shm_cells = count_in(4, 65536)?,
             "POLYRAIL_LOG" => {
                 self.log = match value.to_ascii_lowercase().as_str() {
                     "error" => LogLevel::Error,
@@ -493,7 +503,7 @@ impl Config {
                 }
             }
             "POLYRAIL_IB_GID_INDEX" => self.ib.gid_index = value.parse().map_err(|_| bad("an index from 0 to 255"))?,
-            "POLYRAIL_IB_CREDITS" => self.ib.credits = size_in(4, 4096)?,
+            "POLYRAIL_IB_CREDITS" => self.ib.credits = count_in(4, 4096)?,
             "POLYRAIL_IB_BLOCK" => {
                 let n = size_in(256, 1 << 20)?;
                 if n % 64 != 0 {
@@ -502,7 +512,7 @@ impl Config {
                 self.ib.block = n;
             }
             "POLYRAIL_IB_EAGER_LIMIT" => self.ib.eager_limit = size_in(0, 1 << 30)?,
-            "POLYRAIL_IB_SYNC_LIMIT" => self.ib.sync_limit = size_in(2, 4096)?,
+            "POLYRAIL_IB_SYNC_LIMIT" => self.ib.sync_limit = count_in(2, 4096)?,
             "POLYRAIL_IB_BOUNCE" => self.ib.bounce = size_in(0, 16 << 20)?,
             _ => {
                 let known: Vec<&str> = VARIABLES.iter().map(|(n, _)| *n).collect();
@@ -770,6 +780,10 @@ mod tests {
             cfg(&[("POLYRAIL_IB_DEVICE", "rxe0:2"), ("POLYRAIL_IB_CREDITS", "16"), ("POLYRAIL_NODE", "3")]).unwrap();
         assert_eq!((ib.ib.device, ib.ib.credits, ib.node), (Some(("rxe0".into(), 2)), 16, Some(3)));
         assert_eq!(cfg(&[("POLYRAIL_IB_BOUNCE", "0")]).unwrap().ib.bounce, 0);
+        let e = cfg(&[("POLYRAIL_IB_SYNC_LIMIT", "1")]).unwrap_err().to_string();
+        assert!(e.contains("a whole number from 2 to 4096"), "{e}");
+        let e = cfg(&[("POLYRAIL_EAGER_LIMIT", "2g")]).unwrap_err().to_string();
+        assert!(e.contains("a size from 0 to 1g (bytes, or with a k, m or g suffix)"), "{e}");
         for (var, bad) in [
             ("POLYRAIL_IB_PROVIDER", "hca"),
             ("POLYRAIL_IB_DEVICE", "rxe0:0"),

@@ -198,6 +198,9 @@ pub struct DirectIb<P: Provider> {
     /// Long-lived registrations (`register_memory`): operations inside them register nothing.
     pinned: Vec<MemoryRegion>,
     completions: Vec<Completion>,
+    /// Work requests posted to any peer and not completed yet: while there are none, the
+    /// completion queue is empty and `progress` does not poll it.
+    in_flight: usize,
     /// Peers that failed and must be reported at the next `progress`.
     lost: Vec<(Rank, String)>,
 }
@@ -277,6 +280,7 @@ impl<P: Provider> DirectIb<P> {
             bounce: None,
             pinned: Vec::new(),
             completions: Vec::with_capacity(64),
+            in_flight: 0,
             lost: Vec::new(),
         })
     }
@@ -352,6 +356,7 @@ impl<P: Provider> DirectIb<P> {
             return Err(e);
         }
         p.outstanding += 1;
+        self.in_flight += 1;
         p.unreturned -= returned;
         p.sent += 1;
         p.credits -= 1;
@@ -361,6 +366,7 @@ impl<P: Provider> DirectIb<P> {
     /// Handles one completion.
     fn complete(&mut self, c: Completion, sink: &mut dyn Sink) {
         let (kind, peer, index) = wr_parts(c.wr_id);
+        self.in_flight = self.in_flight.saturating_sub(1);
         if let Some(p) = self.peers.get_mut(peer as usize).and_then(Option::as_mut) {
             p.outstanding = p.outstanding.saturating_sub(1);
             if kind == WrKind::Heartbeat {
@@ -676,6 +682,7 @@ impl<P: Provider> DirectIb<P> {
                 // Its completion reports the failure.
                 return Ok(Issued::Pending);
             }
+            self.in_flight += 1;
             if let Ok(p) = self.peer_mut(peer) {
                 p.outstanding += 1;
             }
@@ -685,6 +692,9 @@ impl<P: Provider> DirectIb<P> {
 
     /// Polls completions into `sink`; returns how many.
     fn poll_completions(&mut self, sink: &mut dyn Sink) -> usize {
+        if self.in_flight == 0 {
+            return 0;
+        }
         let mut done = 0;
         loop {
             self.completions.clear();
@@ -936,6 +946,7 @@ impl<P: Provider> Transport for DirectIb<P> {
             if self.provider.post(p.qp, &wr).is_ok() {
                 p.heartbeat_pending = true;
                 p.outstanding += 1;
+                self.in_flight += 1;
             }
         }
         self.poll_completions(sink);
