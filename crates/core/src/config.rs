@@ -206,6 +206,10 @@ pub struct IbSettings {
     /// `POLYRAIL_IB_BOUNCE`: largest rendezvous message copied through pre-registered bounce
     /// buffers instead of registering the user's memory; 0 never bounces. Default 64k.
     pub bounce: usize,
+    /// `POLYRAIL_IB_ACK_TIMEOUT`: the queue pairs' local ack timeout, 4.096 µs × 2^N for N from
+    /// 1 to 31 (the verbs unit; Open MPI's `btl_openib_ib_timeout`). Default 14 (67 ms): a peer
+    /// that is gone fails a write after the retries, about half a second.
+    pub ack_timeout: u8,
 }
 
 impl Default for IbSettings {
@@ -219,6 +223,7 @@ impl Default for IbSettings {
             eager_limit: 8 << 10,
             sync_limit: 2,
             bounce: 64 << 10,
+            ack_timeout: 14,
         }
     }
 }
@@ -340,6 +345,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("POLYRAIL_IB_EAGER_LIMIT", "largest message sent eagerly over ib (default 8k)"),
     ("POLYRAIL_IB_SYNC_LIMIT", "free blocks under which a receiver returns credits at once (default 2)"),
     ("POLYRAIL_IB_BOUNCE", "largest ib rendezvous copied through pre-registered buffers, 0 = never (default 64k)"),
+    ("POLYRAIL_IB_ACK_TIMEOUT", "ib queue pairs' ack timeout, 4.096 us x 2^N (default 14, 67 ms)"),
 ];
 
 impl Config {
@@ -514,6 +520,8 @@ impl Config {
             "POLYRAIL_IB_EAGER_LIMIT" => self.ib.eager_limit = size_in(0, 1 << 30)?,
             "POLYRAIL_IB_SYNC_LIMIT" => self.ib.sync_limit = count_in(2, 4096)?,
             "POLYRAIL_IB_BOUNCE" => self.ib.bounce = size_in(0, 16 << 20)?,
+            // 0 would be an infinite timeout: a peer that is gone would never be noticed.
+            "POLYRAIL_IB_ACK_TIMEOUT" => self.ib.ack_timeout = count_in(1, 31)? as u8,
             _ => {
                 let known: Vec<&str> = VARIABLES.iter().map(|(n, _)| *n).collect();
                 return Err(Error::config(
@@ -780,6 +788,7 @@ mod tests {
             cfg(&[("POLYRAIL_IB_DEVICE", "rxe0:2"), ("POLYRAIL_IB_CREDITS", "16"), ("POLYRAIL_NODE", "3")]).unwrap();
         assert_eq!((ib.ib.device, ib.ib.credits, ib.node), (Some(("rxe0".into(), 2)), 16, Some(3)));
         assert_eq!(cfg(&[("POLYRAIL_IB_BOUNCE", "0")]).unwrap().ib.bounce, 0);
+        assert_eq!(cfg(&[("POLYRAIL_IB_ACK_TIMEOUT", "20")]).unwrap().ib.ack_timeout, 20);
         let e = cfg(&[("POLYRAIL_IB_SYNC_LIMIT", "1")]).unwrap_err().to_string();
         assert!(e.contains("a whole number from 2 to 4096"), "{e}");
         let e = cfg(&[("POLYRAIL_EAGER_LIMIT", "2g")]).unwrap_err().to_string();
@@ -792,6 +801,8 @@ mod tests {
             ("POLYRAIL_IB_CREDITS", "2"),
             ("POLYRAIL_IB_SYNC_LIMIT", "1"),
             ("POLYRAIL_IB_BOUNCE", "32m"),
+            ("POLYRAIL_IB_ACK_TIMEOUT", "0"),
+            ("POLYRAIL_IB_ACK_TIMEOUT", "32"),
             ("POLYRAIL_IB_BOUNCE", "some"),
             ("POLYRAIL_NODE", "-1"),
         ] {

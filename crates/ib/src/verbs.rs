@@ -79,8 +79,6 @@ const SEND_DEPTH: u32 = 256;
 const INLINE_WANTED: [u32; 6] = [512, 256, 128, 64, 32, 0];
 /// RDMA reads in flight per queue pair, as initiator and as responder (capped by the device).
 const RD_ATOMIC: u8 = 16;
-/// Local ack timeout exponent: 4.096 µs × 2^14 ≈ 67 ms.
-const ACK_TIMEOUT: u8 = 14;
 /// Transport retries before `IBV_WC_RETRY_EXC_ERR`.
 const RETRY_CNT: u8 = 7;
 /// Transport retries on Soft-RoCE, which (unlike the specification and hardware) treats a
@@ -266,6 +264,8 @@ pub struct VerbsProvider {
     depth: u32,
     inline: u32,
     rd_atomic: u8,
+    /// Local ack timeout exponent (`POLYRAIL_IB_ACK_TIMEOUT`).
+    ack_timeout: u8,
     retry_cnt: u8,
     /// A software device (Soft-RoCE, siw): the host CPUs make the RDMA copies.
     software: bool,
@@ -338,6 +338,7 @@ impl VerbsProvider {
             depth: 0,
             inline: 0,
             rd_atomic: 0,
+            ack_timeout: settings.ack_timeout,
             retry_cnt: RETRY_CNT,
             software: false,
             max_cqe: 0,
@@ -557,7 +558,7 @@ impl Provider for VerbsProvider {
         let gid = std::net::Ipv6Addr::from(self.local.gid);
         let link = if self.local.link_layer == LINK_LAYER_ETHERNET { "Ethernet (RoCE)" } else { "InfiniBand" };
         format!(
-            "rdma-core verbs: device {} port {} ({link}, LID {}), GID index {} = {gid}, MTU {} B, RC queue pairs of {} requests, inline up to {} B, messages up to {} B, ack timeout {ACK_TIMEOUT}, retry count {}",
+            "rdma-core verbs: device {} port {} ({link}, LID {}), GID index {} = {gid}, MTU {} B, RC queue pairs of {} requests, inline up to {} B, messages up to {} B, ack timeout {} (4.096 us x 2^N), retry count {}",
             self.device,
             self.port,
             self.local.lid,
@@ -566,6 +567,7 @@ impl Provider for VerbsProvider {
             self.depth,
             self.inline,
             self.max_msg,
+            self.ack_timeout,
             self.retry_cnt
         )
     }
@@ -738,7 +740,7 @@ impl Provider for VerbsProvider {
         use ffi::ibv_qp_attr_mask as M;
         let mut a = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_RTS,
-            timeout: ACK_TIMEOUT,
+            timeout: self.ack_timeout,
             retry_cnt: self.retry_cnt,
             rnr_retry: RNR_RETRY,
             sq_psn: self.local.psn,
