@@ -72,6 +72,9 @@ EOF
 cat >> "$GUEST" <<'EOF'
 export POLYRAIL_IB_PROVIDER=verbs POLYRAIL_IB_ACK_TIMEOUT=$ack_timeout
 retransmitted() { cat /sys/class/infiniband/rxe0/ports/1/hw_counters/duplicate_request 2>/dev/null || echo 0; }
+resent() { # counter before, point name, size: requests rxe saw twice during the point
+    echo "RESULT rxe resent-$2 $3 $rep $(($(retransmitted) - $1)) requests"
+}
 # rxe derives its path MTU from the netdev's: leave room for the Ethernet, IP, UDP and RoCE headers.
 ip link set dummy0 mtu $((mtu + 200))
 active=$(ibv_devinfo -d rxe0 | awk '/active_mtu/ { print $2 }')
@@ -83,11 +86,13 @@ pt() { # perftest server and client: tool, size, extra args; prints the client's
     taskset -c 1 "$1" -d rxe0 -i 1 -x 1 -u "$ack_timeout" -s "$2" $3 10.77.0.1 2>&1
     wait
 }
-pb() { # polyrail-bench: bench, iterations, sizes, unit; both buffer kinds
+pb() { # polyrail-bench: bench, iterations, size, unit; both buffer kinds
     for mode in plain registered; do
         flag=""; [ $mode = registered ] && flag=--registered
-        polyrail-bench "$1" --transport ib --iters "$2" $flag --sizes "$(echo $3 | tr ' ' ,)" 2>&1 |
+        c=$(retransmitted)
+        polyrail-bench "$1" --transport ib --iters "$2" $flag --sizes "$3" 2>&1 |
             awk -v r=$rep -v m=$mode -v b="$1" -v u="$4" '$1 ~ /^[0-9]+$/ { print "RESULT polyrail " b "-" m " " $1 " " r " " $2 " " u }'
+        resent "$c" "polyrail-$1-$mode" "$3"
     done
 }
 iters() { # round trips per latency point: about a second of them, at least 100
@@ -99,15 +104,19 @@ while [ $rep -le $repeats ]; do
     for s in $lat_sizes; do
         n=$(iters "$s")
         # Columns: bytes iterations t_min t_max t_typical t_avg ...
+        c=$(retransmitted)
         v=$(pt ib_write_lat "$s" "-n $n" | awk -v s="$s" '$1 == s { print $6 }')
         echo "RESULT perftest write_lat $s $rep ${v:-nan} us"
+        resent "$c" perftest-write_lat "$s"
         pb latency "$n" "$s" us
     done
     for s in $bw_sizes; do
         # Columns: bytes iterations peak average(MiB/s) msgrate; MiB -> 10^6 bytes.
         for t in write read; do
+            c=$(retransmitted)
             v=$(pt ib_${t}_bw "$s" "-n 200" | awk -v s="$s" '$1 == s { printf "%.2f", $4 * 1.048576 }')
             echo "RESULT perftest ${t}_bw $s $rep ${v:-nan} MB/s"
+            resent "$c" "perftest-${t}_bw" "$s"
         done
         pb bw 4 "$s" MB/s
     done
@@ -168,6 +177,16 @@ for s in sorted({k[2] for k in med if k[1] == "write_bw"}):
     w, r = get("perftest", "write_bw", s), get("perftest", "read_bw", s)
     p, q = get("polyrail", "bw-plain", s), get("polyrail", "bw-registered", s)
     out.append(f"| {s} | {fmt(w)} | {fmt(r)} | {fmt(p)} | {fmt(q)} | {paired('polyrail', 'bw-plain', s, ['write_bw', 'read_bw'])} | {paired('polyrail', 'bw-registered', s, ['write_bw', 'read_bw'])} |")
+resent = {}
+for r in rows:
+    if r["tool"] == "rxe":
+        who = r["mode"].split("-")[1]
+        resent[who] = resent.get(who, 0) + int(float(r["value"]))
+        resent.setdefault(who + " points hit", 0)
+        resent[who + " points hit"] += int(float(r["value"])) > 0
+if resent:
+    out += ["", "Requests rxe resent during the points (a resend stalls the tool that meets it): " + ", ".join(
+        f"{w} {resent[w]} in {resent[w + ' points hit']} points" for w in ("perftest", "polyrail") if w in resent) + "."]
 text = "\n".join(out) + "\n"
 open(sys.argv[2], "w").write(text)
 print(text)
