@@ -206,9 +206,10 @@ pub struct IbSettings {
     /// `POLYRAIL_IB_BOUNCE`: largest rendezvous message copied through pre-registered bounce
     /// buffers instead of registering the user's memory; 0 never bounces. Default 64k.
     pub bounce: usize,
-    /// `POLYRAIL_IB_ACK_TIMEOUT`: the queue pairs' local ack timeout, 4.096 µs × 2^N for N from
-    /// 1 to 31 (the verbs unit; Open MPI's `btl_openib_ib_timeout`). Default 14 (67 ms): a peer
-    /// that is gone fails a write after the retries, about half a second.
+    /// `POLYRAIL_IB_ACK_TIMEOUT`: the local ack timeout of the verbs provider's queue pairs,
+    /// 4.096 µs × 2^N for N from 1 to 31 (the verbs unit; Open MPI's `btl_openib_ib_timeout`).
+    /// Default 14 (67 ms): a peer that is gone fails a write after the retries, about half a
+    /// second. The software provider has no timeout (a gone peer fails its next operation).
     pub ack_timeout: u8,
 }
 
@@ -345,7 +346,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("POLYRAIL_IB_EAGER_LIMIT", "largest message sent eagerly over ib (default 8k)"),
     ("POLYRAIL_IB_SYNC_LIMIT", "free blocks under which a receiver returns credits at once (default 2)"),
     ("POLYRAIL_IB_BOUNCE", "largest ib rendezvous copied through pre-registered buffers, 0 = never (default 64k)"),
-    ("POLYRAIL_IB_ACK_TIMEOUT", "ib queue pairs' ack timeout, 4.096 us x 2^N (default 14, 67 ms)"),
+    ("POLYRAIL_IB_ACK_TIMEOUT", "verbs queue pairs' ack timeout, 4.096 us x 2^N (default 14, 67 ms)"),
 ];
 
 impl Config {
