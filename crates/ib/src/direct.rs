@@ -237,11 +237,7 @@ impl<P: Provider> DirectIb<P> {
             max_inline: provider.max_inline().saturating_sub(OVERHEAD).min(max_eager),
             max_eager,
             max_rma: usize::MAX,
-            caps: if cpu_copies {
-                Caps::AM | Caps::GET | Caps::PUT | Caps::CPU_COPY
-            } else {
-                Caps::AM | Caps::GET | Caps::PUT
-            },
+            caps: Caps::AM | Caps::GET | Caps::PUT | if cpu_copies { Caps::CPU_COPY } else { Caps::empty() },
             // Models: a host channel adapter (1.5 µs, 10 GB/s) or the soft provider's system
             // calls (three per packet).
             am_cost: if soft {
