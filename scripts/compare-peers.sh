@@ -68,10 +68,13 @@ for r in $(seq 1 "$REPEATS"); do
     rec floor cacheline lat_us 64 "$r" "$(awk -v x="$md" 'BEGIN{printf "%.4f", x/1000}')"
 
     log "repeat $r: polyrail"
-    for t in auto shm cma; do
-        "$BENCH" latency --transport "$t" --sizes "$csv_sizes" > "$OUT/logs/polyrail_lat_${t}_$r.txt"
+    # Modes: the automatic route, shm only, cma forced, and the automatic route from and into
+    # buffers of Context::alloc_registered (memory files the peer maps).
+    for t in auto shm cma registered; do
+        args=(--transport "$t"); [ "$t" = registered ] && args=(--registered)
+        "$BENCH" latency "${args[@]}" --sizes "$csv_sizes" > "$OUT/logs/polyrail_lat_${t}_$r.txt"
         while read -r sz v; do rec polyrail "$t" lat_us "$sz" "$r" "$v"; done < <(grep -E '^[0-9]' "$OUT/logs/polyrail_lat_${t}_$r.txt")
-        "$BENCH" bw --transport "$t" --sizes "$csv_sizes" > "$OUT/logs/polyrail_bw_${t}_$r.txt"
+        "$BENCH" bw "${args[@]}" --sizes "$csv_sizes" > "$OUT/logs/polyrail_bw_${t}_$r.txt"
         while read -r sz v; do rec polyrail "$t" bw_MBps "$sz" "$r" "$v"; done < <(grep -E '^[0-9]' "$OUT/logs/polyrail_bw_${t}_$r.txt")
     done
 

@@ -4,9 +4,11 @@ use polyrail_core::AnonMemory;
 use std::ops::{Deref, DerefMut};
 
 /// Memory that polyrail allocated and registered once with every channel that registers memory
-/// for one-sided transfers (the `ib` channel), so that messages sent from it or received into
-/// it skip per-message registration (the "pre-registered pool" of DCFA-MPI). Node-local
-/// channels need no registration and treat it as ordinary memory.
+/// for one-sided transfers, so that messages sent from it or received into it skip
+/// per-message registration (the "pre-registered pool" of DCFA-MPI) on the `ib` channel. It is
+/// a memory file that the other processes of the machine map once, so the `cma` channel moves
+/// large messages from and into it with plain copies instead of the kernel's page pinning
+/// (where memory files are missing it is private memory, and `cma` uses the kernel).
 ///
 /// Allocate with [`crate::Context::alloc_registered`] and give it back with
 /// [`crate::Context::free_registered`]. A buffer dropped without that stays mapped (and
@@ -19,9 +21,20 @@ pub struct RegisteredBuffer {
 }
 
 impl RegisteredBuffer {
-    /// Maps `len` zeroed bytes (at least one page).
+    /// Maps `len` zeroed bytes (at least one page) of a memory file, or of private memory
+    /// where memory files are missing.
     pub(crate) fn map(len: usize) -> polyrail_core::Result<RegisteredBuffer> {
-        Ok(RegisteredBuffer { memory: Some(AnonMemory::new(len, "a registered buffer")?), len })
+        const WHAT: &str = "a registered buffer";
+        let memory = AnonMemory::shared(len, WHAT).or_else(|e| {
+            tracing::debug!("{e}: the registered buffer is private memory");
+            AnonMemory::new(len, WHAT)
+        })?;
+        Ok(RegisteredBuffer { memory: Some(memory), len })
+    }
+
+    /// The memory file behind the buffer, if it has one.
+    pub(crate) fn file(&self) -> Option<polyrail_core::SharedFile> {
+        self.memory.as_ref().and_then(AnonMemory::file)
     }
 
     fn ptr(&self) -> *mut u8 {

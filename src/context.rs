@@ -50,13 +50,14 @@ pub struct Context {
 }
 
 impl Context {
-    /// Allocates `len` bytes registered once with every channel that registers memory (the
-    /// `ib` channel): messages sent from it or received into it skip per-message registration.
-    /// Give it back with [`Context::free_registered`].
+    /// Allocates `len` bytes registered once with every channel: messages sent from it or
+    /// received into it skip per-message registration on `ib`, and `cma` copies them without
+    /// the kernel (peers map the buffer; see [`RegisteredBuffer`]). Give it back with
+    /// [`Context::free_registered`].
     pub fn alloc_registered(&mut self, len: usize) -> Result<RegisteredBuffer> {
         let buf = RegisteredBuffer::map(len)?;
         for i in 0..self.driver.channels.len() {
-            if let Err(e) = self.driver.channels[i].register_memory(buf.region()) {
+            if let Err(e) = self.driver.channels[i].register_memory(buf.region(), buf.file()) {
                 for ch in &mut self.driver.channels[..i] {
                     ch.unregister_memory(buf.region());
                 }

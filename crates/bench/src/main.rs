@@ -79,7 +79,7 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         quiet_peers: u32,
     },
-    /// Latency and bandwidth of every channel (auto, shm, cma) in one table.
+    /// Latency and bandwidth of every channel (auto, shm, cma, and auto from registered buffers) in one table.
     /// Medians, ratios and SVG plots from a comparison CSV (scripts/compare-peers.sh).
     Report {
         /// The CSV (`tool,mode,metric,size,rep,value`).
@@ -193,14 +193,23 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
     }
 }
 
-/// Runs latency and bandwidth for every channel and prints one table.
+/// The columns of `compare`: channels as `--transport` names them, with `+registered` for
+/// buffers from `Context::alloc_registered`.
+const COMPARED: [&str; 4] = ["auto", "shm", "cma", "auto+registered"];
+
+/// Runs latency and bandwidth for every channel (and the automatic route from registered
+/// buffers) and prints one table.
 fn compare(sizes: &str, quick: bool, csv: Option<PathBuf>) -> anyhow::Result<i32> {
     let list = osu::parse_sizes(sizes)?;
     let tmp = std::env::temp_dir().join(format!("polyrail-compare-{}.csv", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
     for bench in ["latency", "bw"] {
-        for transport in ["auto", "shm", "cma"] {
+        for column in COMPARED {
+            let transport = column.trim_end_matches("+registered");
             let mut args: Vec<OsString> = vec![bench.into(), "--transport".into(), transport.into()];
+            if column != transport {
+                args.push("--registered".into());
+            }
             args.extend([
                 "--sizes".into(),
                 sizes.into(),
@@ -213,7 +222,7 @@ fn compare(sizes: &str, quick: bool, csv: Option<PathBuf>) -> anyhow::Result<i32
             }
             let code = relaunch(2, transport, args)?;
             if code != 0 {
-                bail!("{bench} over {transport} failed with status {code}");
+                bail!("{bench} over {column} failed with status {code}");
             }
         }
     }
@@ -221,15 +230,21 @@ fn compare(sizes: &str, quick: bool, csv: Option<PathBuf>) -> anyhow::Result<i32
     let rows = osu::read_csv(&text);
     println!("# polyrail-bench compare: 2 ranks, one core each");
     for (bench, unit) in [("latency", "one-way latency (us)"), ("bw", "bandwidth (MB/s)")] {
-        println!("\n# {unit}\n{:>8} {:>12} {:>12} {:>12}", "size", "auto", "shm", "cma");
-        for &size in &list {
-            let cell = |t: &str| {
-                rows.iter()
-                    .find(|r| r.bench == bench && r.transport == t && r.size == size)
-                    .map_or("-".to_string(), |r| format!("{:.2}", r.value))
-            };
-            println!("{:>8} {:>12} {:>12} {:>12}", polyrail::format_size(size), cell("auto"), cell("shm"), cell("cma"));
+        print!("\n# {unit}\n{:>8}", "size");
+        for column in COMPARED {
+            print!(" {:>20}", column);
         }
+        for &size in &list {
+            print!("\n{:>8}", polyrail::format_size(size));
+            for column in COMPARED {
+                let cell = rows
+                    .iter()
+                    .find(|r| r.bench == bench && r.transport == column && r.size == size)
+                    .map_or("-".to_string(), |r| format!("{:.2}", r.value));
+                print!(" {cell:>20}");
+            }
+        }
+        println!();
     }
     if let Some(path) = csv {
         std::fs::copy(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;

@@ -22,7 +22,8 @@ pub struct Row {
     pub value: f64,
 }
 
-/// Reads rows of a `--csv` file (`bench,transport,size,value,unit`).
+/// Reads rows of a `--csv` file (`bench,transport,size,value,unit`; the transport is followed by
+/// `+registered` for runs with `--registered`).
 pub fn read_csv(text: &str) -> Vec<Row> {
     text.lines()
         .filter_map(|l| {
@@ -47,7 +48,8 @@ pub(crate) fn append_csv(c: &Common, bench: &str, size: usize, value: f64, unit:
     if new {
         writeln!(f, "bench,transport,size,value,unit")?;
     }
-    writeln!(f, "{bench},{},{size},{value},{unit}", c.transport)?;
+    let registered = if c.registered { "+registered" } else { "" };
+    writeln!(f, "{bench},{}{registered},{size},{value},{unit}", c.transport)?;
     Ok(())
 }
 

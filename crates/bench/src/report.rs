@@ -41,6 +41,7 @@ const SERIES: &[(&str, &str, &str)] = &[
     ("polyrail", "auto", "polyrail"),
     ("polyrail", "shm", "polyrail shm only"),
     ("polyrail", "cma", "polyrail cma forced"),
+    ("polyrail", "registered", "polyrail registered buffers"),
     ("ompi", "default", "Open MPI (sm+cma)"),
     ("ucx", "default", "UCX"),
     ("mpich", "default", "MPICH"),
@@ -83,22 +84,20 @@ pub fn report(input: &Path, out: &Path) -> anyhow::Result<()> {
             head += &format!(" {label} |");
             rule += "---:|";
         }
-        head += " polyrail / best peer | polyrail / floor |";
-        rule += "---:|---:|";
+        head += " polyrail / best peer | polyrail / floor | registered / best peer | registered / floor |";
+        rule += "---:|---:|---:|---:|";
         let _ = writeln!(md, "{head}\n{rule}");
         for size in sizes(&m, metric) {
             let mut row = format!("| {} |", polyrail::format_size(size));
             for (tool, mode, _) in SERIES {
                 row += &format!(" {} |", fmt(get(&m, tool, mode, metric, size), digits));
             }
-            let ours = get(&m, "polyrail", "auto", metric, size);
             let peers: Vec<f64> = PEERS.iter().filter_map(|p| get(&m, p, "default", metric, size)).collect();
             let best = if metric == "lat_us" {
                 peers.iter().copied().reduce(f64::min)
             } else {
                 peers.iter().copied().reduce(f64::max)
             };
-            let ratio = ours.zip(best).map(|(a, b)| a / b);
             // The floor: a cache line for 8 bytes, a single-thread memcpy of the message for
             // larger sizes (latency: time of the copy; bandwidth: its rate).
             let floor = if metric == "lat_us" {
@@ -110,8 +109,11 @@ pub fn report(input: &Path, out: &Path) -> anyhow::Result<()> {
             } else {
                 get(&m, "floor", "memcpy", "GBps", size).map(|g| g * 1e3)
             };
-            let vs_floor = ours.zip(floor).map(|(a, b)| a / b);
-            row += &format!(" {} | {} |", fmt(ratio, 2), fmt(vs_floor, 2));
+            for mode in ["auto", "registered"] {
+                let ours = get(&m, "polyrail", mode, metric, size);
+                let ratio = |to: Option<f64>| fmt(ours.zip(to).map(|(a, b)| a / b), 2);
+                row += &format!(" {} | {} |", ratio(best), ratio(floor));
+            }
             let _ = writeln!(md, "{row}");
         }
         let _ = writeln!(md);
@@ -143,7 +145,7 @@ fn plot(m: &Medians, metric: &str, ylabel: &str, path: &Path) -> anyhow::Result<
         .y_desc(ylabel)
         .x_label_formatter(&|x| polyrail::format_size(*x as usize))
         .draw()?;
-    let colors = [RED, BLUE, GREEN, BLACK, MAGENTA, CYAN];
+    let colors = [RED, BLUE, GREEN, RGBColor(255, 140, 0), BLACK, MAGENTA, CYAN];
     for (i, (tool, mode, label)) in SERIES.iter().enumerate() {
         let pts: Vec<(f64, f64)> = xs
             .iter()

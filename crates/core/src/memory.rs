@@ -1,38 +1,87 @@
 //! [`AnonMemory`]: zeroed, page-aligned memory of the process's own, for channels and the facade
-//! to register or expose (the ib rings and staging, registered buffers).
+//! to register or expose (the ib rings and staging, registered buffers), and [`SharedFile`]: the
+//! file behind such memory when other processes of the machine may map it.
 
 use crate::error::{Error, Result};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-/// Anonymous private memory from `mmap`: zero-filled, page-aligned, unmapped on drop.
+/// A memory file that other processes of this machine may map: a sealed memfd, reachable as
+/// `/proc/<owner pid>/fd/<fd>` by processes allowed to read the owner's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedFile {
+    /// The owner's descriptor of the file.
+    pub fd: RawFd,
+    /// The file's inode number: tells the file apart from a later one that reuses `fd`.
+    pub inode: u64,
+}
+
+/// Zero-filled, page-aligned memory from `mmap`, unmapped on drop: private anonymous memory
+/// ([`AnonMemory::new`]) or a sealed memory file mapped shared ([`AnonMemory::shared`]).
 #[derive(Debug)]
 pub struct AnonMemory {
     ptr: *mut u8,
     len: usize,
+    /// The memory file behind a shared mapping, and its inode number.
+    file: Option<(OwnedFd, u64)>,
 }
 
 // SAFETY: the mapping is plain memory owned by this value; which thread unmaps it does not
 // matter, and whoever shares its address synchronizes the accesses.
 unsafe impl Send for AnonMemory {}
 
+/// Maps `len` bytes of `fd` (or anonymous memory when `None`) read-write.
+fn map(len: usize, fd: Option<RawFd>, what: &str) -> Result<*mut u8> {
+    let (flags, fd) = match fd {
+        Some(fd) => (libc::MAP_SHARED, fd),
+        None => (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1),
+    };
+    // SAFETY: a fresh mapping with no address hint, of an open descriptor at least `len` bytes
+    // long or of anonymous memory; the result is checked.
+    let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, fd, 0) };
+    if ptr == libc::MAP_FAILED {
+        return Err(Error::last_os(format_args!("mapping {len} bytes for {what}")));
+    }
+    Ok(ptr.cast())
+}
+
 impl AnonMemory {
-    /// Maps `len` bytes (at least one); `what` names the use in the error.
+    /// Maps `len` bytes (at least one) of private memory; `what` names the use in the error.
     pub fn new(len: usize, what: &str) -> Result<AnonMemory> {
         let len = len.max(1);
-        // SAFETY: an anonymous private mapping with no address hint; the result is checked.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(Error::last_os(format_args!("mapping {len} bytes for {what}")));
+        Ok(AnonMemory { ptr: map(len, None, what)?, len, file: None })
+    }
+
+    /// Maps `len` bytes (at least one) of a new memory file (`memfd_create`), sealed against
+    /// shrinking and growing so that a process that maps it can never fault past its end;
+    /// [`AnonMemory::file`] names it for those processes. Fails where memfds are missing
+    /// (Linux before 3.17, some seccomp profiles); `what` names the use in the error.
+    pub fn shared(len: usize, what: &str) -> Result<AnonMemory> {
+        let len = len.max(1);
+        // SAFETY: the name is a NUL-terminated literal; the flags are valid; the result is checked.
+        let fd =
+            unsafe { libc::memfd_create(c"polyrail-registered".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+        if fd < 0 {
+            return Err(Error::last_os(format_args!("memfd_create for {what}")));
         }
-        Ok(AnonMemory { ptr: ptr.cast(), len })
+        // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let raw = fd.as_raw_fd();
+        // SAFETY: plain system calls on our own descriptor; `st` is written by fstat before use.
+        let inode = unsafe {
+            if libc::ftruncate(raw, len as libc::off_t) != 0 {
+                return Err(Error::last_os(format_args!("sizing a {len}-byte memory file for {what}")));
+            }
+            let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+            if libc::fcntl(raw, libc::F_ADD_SEALS, seals) != 0 {
+                return Err(Error::last_os(format_args!("sealing the memory file for {what}")));
+            }
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(raw, &mut st) != 0 {
+                return Err(Error::last_os(format_args!("fstat of the memory file for {what}")));
+            }
+            st.st_ino
+        };
+        Ok(AnonMemory { ptr: map(len, Some(raw), what)?, len, file: Some((fd, inode)) })
     }
 
     /// Start of the memory.
@@ -49,11 +98,41 @@ impl AnonMemory {
     pub fn is_empty(&self) -> bool {
         false
     }
+
+    /// The memory file behind memory from [`AnonMemory::shared`] (open while `self` lives).
+    pub fn file(&self) -> Option<SharedFile> {
+        self.file.as_ref().map(|(fd, inode)| SharedFile { fd: fd.as_raw_fd(), inode: *inode })
+    }
 }
 
 impl Drop for AnonMemory {
     fn drop(&mut self) {
-        // SAFETY: `ptr..ptr + len` is the mapping made in `new`, unmapped once.
+        // SAFETY: `ptr..ptr + len` is the mapping made in `new` or `shared`, unmapped once; the
+        // file (if any) closes after, when `self.file` drops.
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_memory_is_a_sealed_file_of_its_size() {
+        let m = AnonMemory::shared(5000, "a test").unwrap();
+        let f = m.file().unwrap();
+        // SAFETY: `m` is 5000 writable bytes.
+        unsafe { m.ptr().add(4999).write(7) };
+        // SAFETY: plain queries of an open descriptor; `st` is written by fstat.
+        let (size, ino, seals) = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            assert_eq!(libc::fstat(f.fd, &mut st), 0);
+            (st.st_size, st.st_ino, libc::fcntl(f.fd, libc::F_GET_SEALS))
+        };
+        assert_eq!((size, ino), (5000, f.inode));
+        assert_eq!(seals & libc::F_SEAL_SHRINK, libc::F_SEAL_SHRINK);
+        // SAFETY: as above: ftruncate on our own descriptor.
+        assert_ne!(unsafe { libc::ftruncate(f.fd, 1) }, 0, "a sealed file must not shrink");
+        assert!(AnonMemory::new(10, "a test").unwrap().file().is_none());
     }
 }

@@ -6,6 +6,7 @@
 
 use crate::error::{Error, Rank, Result};
 use crate::header::Header;
+use crate::memory::SharedFile;
 use std::fmt;
 use std::ops::Range;
 
@@ -324,9 +325,11 @@ pub trait Transport: Send {
     fn unexpose(&mut self, _key: &RemoteKey, _written: Range<usize>) {}
 
     /// Registers long-lived memory once, so that `expose`, `get` and `put` on any part of it
-    /// skip their per-operation registration (channels that need none ignore this). The memory
-    /// must stay valid until [`Transport::unregister_memory`].
-    fn register_memory(&mut self, _region: Region) -> Result<()> {
+    /// skip their per-operation registration (channels that need none ignore this). `file`, when
+    /// given, is a memory file of exactly this region (from [`crate::AnonMemory::shared`]) that
+    /// node-local channels may let peers map, so that they copy with plain loads and stores. The
+    /// memory (and the file) must stay valid until [`Transport::unregister_memory`].
+    fn register_memory(&mut self, _region: Region, _file: Option<SharedFile>) -> Result<()> {
         Ok(())
     }
 

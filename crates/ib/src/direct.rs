@@ -18,7 +18,7 @@ use polyrail_core::config::IbSettings;
 use polyrail_core::policy::sweep::PeerSweep;
 use polyrail_core::{
     format_size, Address, AnonMemory, Caps, Cost, Error, Header, Issued, OpId, PeerAccess, PeerInfo, Rank, Reach,
-    Region, RegionMut, RemoteKey, Result, Sink, Transport, TransportAttr, TransportKind,
+    Region, RegionMut, RemoteKey, Result, SharedFile, Sink, Transport, TransportAttr, TransportKind,
 };
 use std::collections::HashMap;
 use std::ops::Range;
@@ -882,7 +882,7 @@ impl<P: Provider> Transport for DirectIb<P> {
         }
     }
 
-    fn register_memory(&mut self, region: Region) -> Result<()> {
+    fn register_memory(&mut self, region: Region, _file: Option<SharedFile>) -> Result<()> {
         // SAFETY: the caller keeps the memory valid until unregister_memory (the trait's
         // contract).
         let mr = unsafe { self.provider.register(region.ptr as *mut u8, region.len.max(1), Access::ALL)? };

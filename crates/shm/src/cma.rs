@@ -6,16 +6,25 @@
 //! of ours, as UCX does), seccomp filters in containers, or a missing `CAP_SYS_PTRACE`. So
 //! `add_peer` does a real probe: it reads a word with a known value from the peer, and declines
 //! with the kernel's reason if that fails.
+//!
+//! Memory registered with a memory file (`Context::alloc_registered`, see
+//! [`Transport::register_memory`]) is copied without the kernel: its keys also name the file,
+//! which a peer opens once as `/proc/<pid>/fd/<fd>` (allowed where reading the owner's memory
+//! is), maps, and copies with plain loads and stores. CMA pins every page of every transfer,
+//! which makes it cost about twice a user-space copy per byte; a mapped file costs that once.
 
 use std::collections::BTreeMap;
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 
 use polyrail_core::{
     Address, Caps, Cost, Error, Header, Issued, OpId, PeerAccess, PeerInfo, Rank, Reach, Region, RegionMut, RemoteKey,
-    Result, Sink, Transport, TransportAttr, TransportKind,
+    Result, SharedFile, Sink, Transport, TransportAttr, TransportKind,
 };
 
-use crate::key::PidKey;
+use crate::key::{FileRef, PidKey};
+use crate::segment::Mapping;
 use crate::sys;
 
 /// Largest transfer handed to one system call (the kernel may also stop earlier; we loop).
@@ -31,6 +40,11 @@ const RMA_BANDWIDTH: f64 = 10e9;
 /// Split copies from here (osu_latency / osu_bw on 2 cores sharing an L3, measured at 781a0f7:
 /// from 32 KiB the two halves copied at once beat one copy; 64-128 KiB 10-24 GB/s against 6-8).
 const SPLIT_FROM: usize = 32 << 10;
+/// Most memory files of peers kept mapped at once (least recently used unmapped first).
+const MAX_PEER_FILES: usize = 16;
+/// Most bytes of peers' memory files kept mapped at once (a file a peer freed stays in memory
+/// while it is mapped here; the one in use is kept even when larger).
+const MAX_PEER_FILE_BYTES: usize = 1 << 30;
 
 /// What the probe of one peer found.
 #[derive(Clone, Debug)]
@@ -38,6 +52,28 @@ struct CmaPeer {
     pid: u32,
     /// `Ok` when the probe passed, else why not.
     probe: std::result::Result<(), String>,
+    /// Why the peer's memory files cannot be mapped, once that was found (then its keys with a
+    /// file go through CMA).
+    files_refused: Option<String>,
+}
+
+/// Memory registered here with a memory file, which peers may map.
+#[derive(Clone, Copy, Debug)]
+struct OwnFile {
+    addr: u64,
+    len: u64,
+    file: SharedFile,
+}
+
+/// A peer's memory file, mapped here.
+#[derive(Debug)]
+struct PeerFile {
+    pid: u32,
+    /// The peer's descriptor of the file and the file's inode number.
+    file: FileRef,
+    map: Mapping,
+    /// Value of `CmaTransport::uses` at the last copy (for least-recently-used eviction).
+    last_use: u64,
 }
 
 /// Kernel single copy to the other processes of this machine (`cma`): one-sided `get`/`put`
@@ -52,6 +88,12 @@ pub struct CmaTransport {
     magic: u64,
     /// Probe results by rank.
     peers: BTreeMap<Rank, CmaPeer>,
+    /// Registered memory with a memory file (`register_memory`).
+    own_files: Vec<OwnFile>,
+    /// Peers' memory files mapped here.
+    peer_files: Vec<PeerFile>,
+    /// Copies through peers' files so far (the clock of `PeerFile::last_use`).
+    uses: u64,
 }
 
 impl Default for CmaTransport {
@@ -92,7 +134,17 @@ impl CmaTransport {
             rma_cost: Cost { latency_ns: RMA_LATENCY_NS, overhead_ns: RMA_OVERHEAD_NS, bandwidth: RMA_BANDWIDTH },
             split_from: Some(SPLIT_FROM),
         };
-        CmaTransport { attr, host: sys::host_identity(), pid, probe, magic, peers: BTreeMap::new() }
+        CmaTransport {
+            attr,
+            host: sys::host_identity(),
+            pid,
+            probe,
+            magic,
+            peers: BTreeMap::new(),
+            own_files: Vec::new(),
+            peer_files: Vec::new(),
+            uses: 0,
+        }
     }
 
     /// Sets the host identity compared with [`PeerInfo::host`] (default:
@@ -141,7 +193,7 @@ impl CmaTransport {
     /// The peer's pid when its probe passed.
     fn peer_pid(&self, peer: Rank) -> Result<u32> {
         match self.peers.get(&peer) {
-            Some(CmaPeer { pid, probe: Ok(()) }) => Ok(*pid),
+            Some(CmaPeer { pid, probe: Ok(()), .. }) => Ok(*pid),
             Some(CmaPeer { probe: Err(why), .. }) => {
                 Err(Error::Transport { kind: "cma", what: format!("rank {peer} is not reachable: {why}") })
             }
@@ -149,9 +201,16 @@ impl CmaTransport {
         }
     }
 
-    /// Checks `key` against `peer` and `[offset, offset + len)`; returns the pid and the remote
-    /// start address.
-    fn check_key(&self, peer: Rank, key: &RemoteKey, offset: usize, len: usize) -> Result<(u32, u64)> {
+    /// Checks `key` against `peer` and `[offset, offset + len)`; returns the pid, the remote
+    /// start address, and where the range is in memory mapped here when the key names a memory
+    /// file that could be mapped.
+    fn check_key(
+        &mut self,
+        peer: Rank,
+        key: &RemoteKey,
+        offset: usize,
+        len: usize,
+    ) -> Result<(u32, u64, Option<*mut u8>)> {
         let pid = self.peer_pid(peer)?;
         let bad =
             |what: String| Error::Transport { kind: "cma", what: format!("bad remote key from rank {peer}: {what}") };
@@ -159,8 +218,82 @@ impl CmaTransport {
         if k.pid != pid {
             return Err(bad(format!("it names pid {}, but rank {peer} is pid {pid}", k.pid)));
         }
-        Ok((pid, k.range(offset, len).map_err(bad)?))
+        let remote = k.range(offset, len).map_err(bad)?;
+        let Some(file) = k.file else { return Ok((pid, remote, None)) };
+        let Some(i) = self.peer_file(peer, pid, &file) else { return Ok((pid, remote, None)) };
+        let m = &mut self.peer_files[i];
+        let start =
+            file.offset.checked_add(offset as u64).filter(|s| s.saturating_add(len as u64) <= m.map.len() as u64);
+        let Some(start) = start else {
+            return Err(bad(format!(
+                "bytes {offset}..+{len} at file offset {} are outside its {}-byte file",
+                file.offset,
+                m.map.len()
+            )));
+        };
+        self.uses += 1;
+        m.last_use = self.uses;
+        // SAFETY: start + len <= the mapping's length (checked above), so the pointer is inside it.
+        Ok((pid, remote, Some(unsafe { m.map.base().as_ptr().add(start as usize) })))
     }
+
+    /// Index in `peer_files` of the peer's memory file, mapped now if it was not; `None` when
+    /// the peer's files cannot be mapped (then CMA copies).
+    fn peer_file(&mut self, peer: Rank, pid: u32, file: &FileRef) -> Option<usize> {
+        if let Some(i) = self.peer_files.iter().position(|m| m.pid == pid && m.file.inode == file.inode) {
+            return Some(i);
+        }
+        let p = self.peers.get_mut(&peer)?;
+        if p.files_refused.is_some() {
+            return None;
+        }
+        match map_peer_file(pid, file) {
+            Ok(map) => {
+                self.peer_files.push(PeerFile { pid, file: *file, map, last_use: self.uses });
+                self.evict();
+                Some(self.peer_files.len() - 1)
+            }
+            Err(why) => {
+                tracing::info!("cma: the registered memory of rank {peer} is copied with CMA: {why}");
+                p.files_refused = Some(why);
+                None
+            }
+        }
+    }
+
+    /// Unmaps least recently used peer files (never the newest) while over the limits.
+    fn evict(&mut self) {
+        let newest = self.peer_files.len().saturating_sub(1);
+        loop {
+            let bytes: usize = self.peer_files.iter().map(|m| m.map.len()).sum();
+            if self.peer_files.len() <= MAX_PEER_FILES && bytes <= MAX_PEER_FILE_BYTES {
+                return;
+            }
+            let oldest = (0..newest).min_by_key(|&i| self.peer_files[i].last_use);
+            let Some(i) = oldest else { return };
+            // `remove`, not `swap_remove`: the newest stays last.
+            self.peer_files.remove(i);
+        }
+    }
+}
+
+/// Opens a peer's memory file through `/proc/<pid>/fd/<fd>`, checks that it is the file the
+/// key names and sealed against shrinking (so no access can fault past its end), and maps it.
+fn map_peer_file(pid: u32, file: &FileRef) -> std::result::Result<Mapping, String> {
+    let path = format!("/proc/{pid}/fd/{}", file.fd);
+    let f =
+        std::fs::OpenOptions::new().read(true).write(true).open(&path).map_err(|e| format!("opening {path}: {e}"))?;
+    let meta = f.metadata().map_err(|e| format!("fstat of {path}: {e}"))?;
+    if meta.ino() != file.inode {
+        return Err(format!("{path} is inode {}, not the registered file (inode {})", meta.ino(), file.inode));
+    }
+    // SAFETY: F_GET_SEALS only reads the seals of an open descriptor.
+    let seals = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+        return Err(format!("{path} is not a memory file sealed against shrinking"));
+    }
+    let fd = OwnedFd::from(f);
+    Mapping::map(&fd, meta.len() as usize).map_err(|e| format!("mapping {path}: {e}"))
 }
 
 /// Moves `len` bytes between `local` and `remote` in process `pid`, looping over partial
@@ -232,7 +365,7 @@ impl Transport for CmaTransport {
                 Err(e) => (peer.pid, Err(e)),
             }
         };
-        self.peers.insert(peer.rank, CmaPeer { pid, probe: probe.clone() });
+        self.peers.insert(peer.rank, CmaPeer { pid, probe: probe.clone(), files_refused: None });
         match probe {
             Ok(()) => Reach::Yes(format!("process_vm_readv probe of pid {pid} passed")),
             Err(why) => Reach::No(why),
@@ -251,20 +384,58 @@ impl Transport for CmaTransport {
     }
 
     fn expose(&mut self, region: Region, _access: PeerAccess) -> Result<RemoteKey> {
-        Ok(PidKey { pid: self.pid, addr: region.ptr as u64, len: region.len as u64 }.encode())
+        let (addr, len) = (region.ptr as u64, region.len as u64);
+        let file = self.own_files.iter().find(|f| addr >= f.addr && addr + len <= f.addr + f.len).map(|f| FileRef {
+            fd: f.file.fd as u32,
+            inode: f.file.inode,
+            offset: addr - f.addr,
+        });
+        Ok(PidKey { pid: self.pid, addr, len, file }.encode())
     }
 
+    fn register_memory(&mut self, region: Region, file: Option<SharedFile>) -> Result<()> {
+        if let Some(file) = file {
+            self.own_files.push(OwnFile { addr: region.ptr as u64, len: region.len as u64, file });
+        }
+        Ok(())
+    }
+
+    fn unregister_memory(&mut self, region: Region) {
+        self.own_files.retain(|f| f.addr != region.ptr as u64 || f.len != region.len as u64);
+    }
+
+    // The copies through a peer's mapped file are ordered against the owner's own use of the
+    // memory by the engine's messages about it (RTS, CTS, FIN through the shm ring, whose slots
+    // are published with Release and read with Acquire), as a CMA copy is.
+
     fn get(&mut self, peer: Rank, key: &RemoteKey, offset: usize, into: RegionMut, _op: OpId) -> Result<Issued> {
-        let (pid, remote) = self.check_key(peer, key, offset, into.len)?;
-        transfer(peer, pid, into.ptr, remote, into.len, false)?;
+        match self.check_key(peer, key, offset, into.len)? {
+            // SAFETY: `src..src + len` is inside the peer's mapped file (check_key); `into` is
+            // valid for writes (the Region's promise) and private, so the two cannot overlap.
+            (_, _, Some(src)) => unsafe { std::ptr::copy_nonoverlapping(src, into.ptr, into.len) },
+            (pid, remote, None) => transfer(peer, pid, into.ptr, remote, into.len, false)?,
+        }
         Ok(Issued::Done)
     }
 
     fn put(&mut self, peer: Rank, from: Region, key: &RemoteKey, offset: usize, _op: OpId) -> Result<Issued> {
-        let (pid, remote) = self.check_key(peer, key, offset, from.len)?;
-        // process_vm_writev only reads the local iovec: the cast to *mut does not write.
-        transfer(peer, pid, from.ptr as *mut u8, remote, from.len, true)?;
+        match self.check_key(peer, key, offset, from.len)? {
+            // SAFETY: as in `get`, with the roles swapped: `dst..dst + len` is inside the mapped
+            // file, `from` is valid for reads.
+            (_, _, Some(dst)) => unsafe { std::ptr::copy_nonoverlapping(from.ptr, dst, from.len) },
+            // process_vm_writev only reads the local iovec: the cast to *mut does not write.
+            (pid, remote, None) => transfer(peer, pid, from.ptr as *mut u8, remote, from.len, true)?,
+        }
         Ok(Issued::Done)
+    }
+
+    /// Unmaps the files that their owners closed (freed registered memory, or the process
+    /// ended), so that their memory is not kept alive here.
+    fn check_peers(&mut self, _sink: &mut dyn Sink) {
+        self.peer_files.retain(|m| {
+            let path = format!("/proc/{}/fd/{}", m.pid, m.file.fd);
+            std::fs::metadata(path).is_ok_and(|meta| meta.ino() == m.file.inode)
+        });
     }
 
     fn describe(&self) -> String {
@@ -273,10 +444,21 @@ impl Transport for CmaTransport {
             .iter()
             .filter_map(|(r, p)| p.probe.as_ref().err().map(|why| format!("rank {r}: {why}")))
             .collect();
-        if failed.is_empty() {
+        let probes = if failed.is_empty() {
             format!("process_vm_readv probes passed for all {} peers", self.peers.len())
         } else {
             format!("probes failed for {} of {} peers: {}", failed.len(), self.peers.len(), failed.join("; "))
+        };
+        let refused: Vec<String> = self
+            .peers
+            .iter()
+            .filter_map(|(r, p)| p.files_refused.as_ref().map(|why| format!("rank {r}: {why}")))
+            .collect();
+        let files = format!("{} memory files of peers mapped", self.peer_files.len());
+        if refused.is_empty() {
+            format!("{probes}; {files}")
+        } else {
+            format!("{probes}; {files}; registered memory copied with CMA for {}", refused.join("; "))
         }
     }
 }

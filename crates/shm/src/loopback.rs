@@ -135,7 +135,7 @@ impl Transport for Loopback {
 
     fn expose(&mut self, region: Region, _access: PeerAccess) -> Result<RemoteKey> {
         self.exposed.push((region.ptr as u64, region.len as u64));
-        Ok(PidKey { pid: self.pid, addr: region.ptr as u64, len: region.len as u64 }.encode())
+        Ok(PidKey { pid: self.pid, addr: region.ptr as u64, len: region.len as u64, file: None }.encode())
     }
 
     fn unexpose(&mut self, key: &RemoteKey, _written: Range<usize>) {

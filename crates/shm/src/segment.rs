@@ -217,7 +217,7 @@ unsafe impl Send for Mapping {}
 
 impl Mapping {
     /// Maps `len` bytes of `fd` shared, read-write, pre-faulted.
-    fn map(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
+    pub(crate) fn map(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
         // SAFETY: a fresh mapping chosen by the kernel; `fd` is open read-write and `len` bytes
         // long (checked by the callers).
         let p = unsafe {
@@ -235,6 +235,11 @@ impl Mapping {
         }
         let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
         Ok(Mapping { ptr, len })
+    }
+
+    /// Length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
     }
 
     /// Start of the mapping (page aligned).

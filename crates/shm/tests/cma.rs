@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use polyrail_core::{Caps, Error, Issued, PeerAccess, Reach, Region, RegionMut, RemoteKey, Transport};
+use polyrail_core::{AnonMemory, Caps, Error, Issued, PeerAccess, Reach, Region, RegionMut, RemoteKey, Transport};
 use polyrail_shm::CmaTransport;
 
 const LEN: usize = (1 << 20) + 3;
@@ -32,6 +32,28 @@ fn child_entry() {
             want[100..1100].copy_from_slice(&pattern(2, 1000));
             let ok = std::hint::black_box(&mut buf) == &want;
             say(if ok { "ok" } else { "bad" });
+        }
+        "file" => {
+            // Registered memory with a memory file; the key covers it from byte 4096 on.
+            let mut c = CmaTransport::new().with_host(HOST);
+            let mem = AnonMemory::shared(LEN, "a test").unwrap();
+            // SAFETY: `mem` is LEN writable bytes, used by nothing else yet.
+            let buf = unsafe { std::slice::from_raw_parts_mut(mem.ptr(), LEN) };
+            buf.copy_from_slice(&pattern(3, LEN));
+            let whole = Region { ptr: mem.ptr(), len: LEN };
+            c.register_memory(whole, mem.file()).unwrap();
+            let key = c.expose(Region { ptr: buf[4096..].as_ptr(), len: LEN - 4096 }, PeerAccess::Write).unwrap();
+            say(&hex(&c.address()));
+            say(&hex(key.as_bytes()));
+            assert_eq!(hear(), "check");
+            let mut want = pattern(3, LEN);
+            want[4096 + 10..4096 + 1010].copy_from_slice(&pattern(4, 1000));
+            say(if std::hint::black_box(&*buf) == &want[..] { "ok" } else { "bad" });
+            assert_eq!(hear(), "free");
+            c.unregister_memory(whole);
+            drop(mem);
+            say("freed");
+            assert_eq!(hear(), "bye");
         }
         "refuse" => {
             // Become a user that may not read the parent's memory (root parent) and probe it.
@@ -174,4 +196,57 @@ fn get_and_put_within_one_process() {
     let src = [0xabu8; 16];
     c.put(0, Region { ptr: src.as_ptr(), len: 16 }, &key, 4080, 0).unwrap();
     assert_eq!(std::hint::black_box(&mut buf)[4080..], src);
+}
+
+/// Memory registered with a memory file is mapped by the peer and copied with loads and stores;
+/// a key whose file range is out of bounds is refused, one whose file cannot be verified falls
+/// back to CMA, and a file its owner freed is unmapped by `check_peers`.
+#[test]
+fn registered_memory_files_are_mapped_by_peers() {
+    let mut c = CmaTransport::new().with_host(HOST);
+    let mut child = ChildProc::spawn("child_entry", "file", &[]);
+    let addr = unhex(&child.recv());
+    let key_bytes = unhex(&child.recv());
+    assert_eq!(key_bytes.len(), 40, "a key of registered memory names its file");
+    let key = RemoteKey::new(&key_bytes).unwrap();
+    let mut p1 = peer(1);
+    p1.pid = child.pid();
+    assert!(matches!(c.add_peer(&p1, &addr), Reach::Yes(_)));
+    assert!(c.describe().contains("0 memory files of peers mapped"), "{}", c.describe());
+
+    let mut got = vec![0u8; LEN - 4096];
+    c.get(1, &key, 0, RegionMut { ptr: got.as_mut_ptr(), len: got.len() }, 1).unwrap();
+    assert!(got == pattern(3, LEN)[4096..]);
+    assert!(c.describe().contains("1 memory files of peers mapped"), "{}", c.describe());
+    let src = pattern(4, 1000);
+    assert_eq!(c.put(1, Region { ptr: src.as_ptr(), len: 1000 }, &key, 10, 2).unwrap(), Issued::Done);
+    // Past the key's range, and a key that claims a file offset past the file's end.
+    let mut tail = vec![0u8; 10];
+    let past = c.get(1, &key, LEN - 4096 - 9, RegionMut { ptr: tail.as_mut_ptr(), len: 10 }, 3).unwrap_err();
+    assert!(past.to_string().contains("outside the"), "{past}");
+    let mut beyond = key_bytes.clone();
+    beyond[32..40].copy_from_slice(&(LEN as u64).to_le_bytes());
+    let beyond = RemoteKey::new(&beyond).unwrap();
+    let e = c.get(1, &beyond, 0, RegionMut { ptr: tail.as_mut_ptr(), len: 10 }, 4).unwrap_err().to_string();
+    assert!(e.contains("outside its") && e.contains("file"), "{e}");
+    child.send("check");
+    assert_eq!(child.recv(), "ok");
+
+    // A key naming another inode: the file is not mapped, the copy goes through CMA, and the
+    // peer's registered memory is copied with CMA from then on.
+    let mut other = key_bytes.clone();
+    other[24] ^= 1;
+    let other = RemoteKey::new(&other).unwrap();
+    c.get(1, &other, 0, RegionMut { ptr: tail.as_mut_ptr(), len: 10 }, 5).unwrap();
+    assert_eq!(tail, pattern(3, LEN)[4096..4106]);
+    let d = c.describe();
+    assert!(d.contains("copied with CMA for rank 1") && d.contains("not the registered file"), "{d}");
+
+    // The owner frees the memory: the next liveness check unmaps the file here.
+    child.send("free");
+    assert_eq!(child.recv(), "freed");
+    c.check_peers(&mut Collect::default());
+    assert!(c.describe().contains("0 memory files of peers mapped"), "{}", c.describe());
+    child.send("bye");
+    assert!(child.wait().success());
 }
