@@ -65,12 +65,16 @@ impl Context {
                 return Err(e);
             }
         }
+        if buf.file().is_some() {
+            self.driver.engine.add_mapped_memory(buf.region());
+        }
         Ok(buf)
     }
 
     /// Ends the registrations of a buffer from [`Context::alloc_registered`] and frees it. No
     /// request may still use it.
     pub fn free_registered(&mut self, buf: RegisteredBuffer) {
+        self.driver.engine.remove_mapped_memory(buf.region());
         for ch in &mut self.driver.channels {
             ch.unregister_memory(buf.region());
         }

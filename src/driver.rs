@@ -442,13 +442,13 @@ impl Driver {
         if !self.blocked.get(to as usize)?.is_empty() {
             return None;
         }
-        let (channel, hdr) = self.engine.inline_send(to, tag, ctx, buf.len())?;
+        let region = polyrail_core::Region { ptr: buf.as_ptr(), len: buf.len() };
+        let (channel, hdr) = self.engine.inline_send(to, tag, ctx, region)?;
         self.self_sent |= to == self.engine.rank();
         let mut raw = [0u8; Header::WIRE_LEN];
         hdr.encode(&mut raw);
         match self.channels[channel as usize].try_send(to, &raw, buf) {
             Ok(Issued::WouldBlock) => {
-                let region = polyrail_core::Region { ptr: buf.as_ptr(), len: buf.len() };
                 // SAFETY: `buf` is borrowed by the caller until this function returns, and the
                 // request is waited for (or failed) before that.
                 let id = unsafe { self.engine.post_prepared_send(to, channel, hdr, region) };
@@ -521,6 +521,7 @@ mod tests {
                 am_cost: cost,
                 rma_cost: cost,
                 split_from: None,
+                mapped_from: None,
             };
             (Box::new(Counted { attr, polls: polls.clone() }), polls)
         }
@@ -559,7 +560,7 @@ mod tests {
         for (peer, am) in [(1, 0), (2, 1)] {
             let entries =
                 vec![RouteEntry { upto: usize::MAX, protocol: Protocol::Eager, channel: am, reason: String::new() }];
-            engine.set_route(peer, PeerRoute { am, frag: 1024, entries, stream_eager: None });
+            engine.set_route(peer, PeerRoute { am, frag: 1024, entries, stream_eager: None, mapped: None });
         }
         let driver = Driver::new(engine, vec![cheap, syscall], reaching, WaitMode::Spin, PollPolicy::All);
         (driver, cheap_polls, syscall_polls)

@@ -253,6 +253,13 @@ impl Job {
                             st.reason
                         );
                     }
+                    if let Some(m) = rt.mapped.as_ref().filter(|_| r != rank) {
+                        tracing::debug!(
+                            "rank {rank}: route to rank {r}: from registered memory, single copy from {}: {}",
+                            polyrail_core::format_size(m.from),
+                            m.reason
+                        );
+                    }
                     engine.set_route(r, rt.clone())
                 }
                 None => tracing::warn!("rank {rank}: no channel reaches rank {r}"),

@@ -251,6 +251,7 @@ impl<P: Provider> DirectIb<P> {
                 Cost { latency_ns: 2500.0, overhead_ns: 500.0, bandwidth: 10e9 }
             },
             split_from: cpu_copies.then_some(SPLIT_FROM),
+            mapped_from: None,
         };
         Ok(DirectIb {
             attr,

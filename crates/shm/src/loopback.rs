@@ -50,6 +50,7 @@ impl Loopback {
             rma_cost: Cost { latency_ns: 10.0, overhead_ns: 10.0, bandwidth: 16e9 },
             // One thread makes both halves of a split copy: nothing gained.
             split_from: None,
+            mapped_from: None,
         };
         Loopback {
             attr,

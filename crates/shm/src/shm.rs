@@ -194,6 +194,7 @@ impl ShmTransport {
             am_cost: Cost { latency_ns: AM_LATENCY_NS, overhead_ns: AM_OVERHEAD_NS, bandwidth: AM_BANDWIDTH },
             rma_cost: Cost { latency_ns: f64::INFINITY, overhead_ns: 0.0, bandwidth: 1.0 },
             split_from: None,
+            mapped_from: None,
         };
         Ok(ShmTransport {
             attr,

@@ -227,6 +227,15 @@ fn format_report(ctx: &Context) -> String {
                         st.reason
                     );
                 }
+                if let Some(m) = &route.mapped {
+                    let ch = r.channel_kinds.get(m.channel as usize).map_or("?", |k| k.name());
+                    let _ = writeln!(
+                        s,
+                        "  from alloc_registered memory: single copy over {ch} from {}, also in a stream ({})",
+                        format_size(m.from),
+                        m.reason
+                    );
+                }
             }
         }
     }

@@ -244,7 +244,13 @@ impl Engine {
         let len = usize::try_from(hdr.len).map_err(|_| Error::protocol(from, "message length overflows"))?;
         let route_entry = self.route(from).map(|r| {
             let e = r.lookup(len);
-            (e.protocol, e.channel)
+            match &r.mapped {
+                // A key for a size we send eagerly: the sender sent from memory we map.
+                Some(m) if !e.protocol.is_one_sided() && key.is_some() && len >= m.from => {
+                    (Protocol::RndvGet, m.channel)
+                }
+                _ => (e.protocol, e.channel),
+            }
         });
         let req = self.reqs.get_mut(id).expect("matched request is live");
         req.len = len;

@@ -40,6 +40,7 @@ use crate::policy::{ChannelId, ChannelSet, PeerRoute, Protocol};
 use crate::transport::{OpId, PeerAccess, Region, RegionMut, RemoteKey, Sink};
 use requests::{Dir, ExposeFor, Req, Requests};
 use std::collections::VecDeque;
+use std::ops::Range;
 use types::{op_id, split_op, OpKind};
 
 /// How many past sends per peer are remembered to tell a stale `Rtr`.
@@ -176,6 +177,14 @@ pub struct Engine {
     /// Receives that failed after their buffer's key went to a peer that is still alive: see
     /// [`Engine::take_peer_may_write`].
     peer_may_write: Vec<ReqId>,
+    /// Registered memory that peers map, as address ranges (see [`Engine::add_mapped_memory`]).
+    mapped: Vec<Range<usize>>,
+}
+
+/// Whether `buf` lies inside one of `ranges` (of addresses).
+fn in_ranges(ranges: &[Range<usize>], buf: Region) -> bool {
+    let start = buf.ptr as usize;
+    ranges.iter().any(|r| r.start <= start && start.saturating_add(buf.len) <= r.end)
 }
 
 impl Engine {
@@ -193,7 +202,21 @@ impl Engine {
             skew: None,
             awaited: None,
             peer_may_write: Vec::new(),
+            mapped: Vec::new(),
         }
+    }
+
+    /// Tells the engine that `region` is registered memory with a memory file, which peers'
+    /// channels map: sends from it follow the routes' [`crate::policy::MappedRule`].
+    pub fn add_mapped_memory(&mut self, region: Region) {
+        let start = region.ptr as usize;
+        self.mapped.push(start..start + region.len);
+    }
+
+    /// Ends what [`Engine::add_mapped_memory`] started for `region`.
+    pub fn remove_mapped_memory(&mut self, region: Region) {
+        let start = region.ptr as usize;
+        self.mapped.retain(|r| *r != (start..start + region.len));
     }
 
     /// Turns skew feedback on (`Some`) or off; see [`SkewPolicy`].
@@ -339,16 +362,20 @@ impl Engine {
 
     // ---- mutators -----------------------------------------------------------------------
 
-    /// The fast path of a small blocking send: when a `len`-byte message to `to` goes eager in
+    /// The fast path of a small blocking send: when the message `buf` to `to` goes eager in
     /// one packet, assigns its sequence id and returns the channel and header to send it with
     /// now, without a request. If that send does not happen (the channel would block), hand the
     /// message to [`Engine::post_prepared_send`]; it has its place in the pair's order already.
     #[inline]
-    pub fn inline_send(&mut self, to: Rank, tag: u32, ctx: u16, len: usize) -> Option<(ChannelId, Header)> {
+    pub fn inline_send(&mut self, to: Rank, tag: u32, ctx: u16, buf: Region) -> Option<(ChannelId, Header)> {
+        let len = buf.len;
         let peer = self.peers.get_mut(to as usize)?;
         let route = peer.route.as_ref()?;
         if peer.gone.is_some() || len > route.frag || route.entries[0].upto < len {
             return None;
+        }
+        if route.mapped.as_ref().is_some_and(|m| len >= m.from) && in_ranges(&self.mapped, buf) {
+            return None; // single copy from mapped memory (post_send)
         }
         let am = route.am;
         let seq = peer.next_send_seq;
@@ -385,16 +412,23 @@ impl Engine {
     pub unsafe fn post_send(&mut self, to: Rank, tag: u32, ctx: u16, buf: Region) -> Result<ReqId> {
         self.touched();
         let skew = self.skew;
+        let from_mapped = in_ranges(&self.mapped, buf);
         let peer = self.usable_peer(to)?;
         // A stream: no message came from the peer since our last send to it.
         let streaming = peer.last_send_at.replace(peer.expected_seq) == Some(peer.expected_seq);
         let route = peer.route.as_ref().ok_or_else(|| Error::Unreachable { rank: to, why: "no route".into() })?;
         let entry = route.lookup(buf.len);
         let (mut protocol, mut data_ch, am, frag) = (entry.protocol, entry.channel, route.am, route.frag);
+        // From memory the peer maps, the receiver's single copy costs what one memcpy does:
+        // cheaper than two copies through send cells from a smaller size, and in a stream too.
+        let mapped = route.mapped.as_ref().filter(|m| from_mapped && buf.len >= m.from);
+        if let Some(m) = mapped.filter(|_| protocol == Protocol::Eager) {
+            (protocol, data_ch) = (Protocol::RndvGet, m.channel);
+        }
         // Skew feedback: a single-copy send would wait for the lagging receiver; an eager one
         // completes at once. In a stream, eager sends let both processes copy at once.
         let lagging = peer.peer_lags && skew.is_some_and(|k| buf.len <= k.eager_up_to);
-        let stream = streaming && route.stream_eager.as_ref().is_some_and(|r| buf.len <= r.upto);
+        let stream = streaming && mapped.is_none() && route.stream_eager.as_ref().is_some_and(|r| buf.len <= r.upto);
         if protocol.is_one_sided() && (lagging || stream) {
             (protocol, data_ch) = (Protocol::Eager, am);
         }

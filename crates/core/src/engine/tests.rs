@@ -51,7 +51,7 @@ fn route(frag: usize, protocols: &[(usize, Protocol)]) -> PeerRoute {
             reason: String::new(),
         })
         .collect();
-    PeerRoute { am: AM, frag, entries, stream_eager: None }
+    PeerRoute { am: AM, frag, entries, stream_eager: None, mapped: None }
 }
 
 /// Eager below 1k (fragments of 100 bytes), get up to 4k, split above.
@@ -957,4 +957,56 @@ fn skew_feedback_sends_eagerly_while_the_receiver_lags() {
     assert!(!sim.engines[0].peer_lags(1), "the receiver reported that it caught up");
     assert_eq!(kinds.last(), Some(&PacketKind::Rts));
     assert_eq!(out, data);
+}
+
+/// From memory the peer maps, sizes the route sends eagerly go one-sided from the mapped rule's
+/// size, also in a stream; the receiver pulls them (it routes the size eagerly itself).
+#[test]
+fn sends_from_mapped_memory_go_one_sided() {
+    let with_rule = || PeerRoute {
+        stream_eager: Some(crate::policy::StreamEagerRule { upto: 5000, reason: String::new() }),
+        mapped: Some(crate::policy::MappedRule { from: 500, channel: RMA, reason: String::new() }),
+        frag: 4096,
+        ..one_sided_route()
+    };
+    let mut sim = Sim::new(2, with_rule);
+    let mapped = pattern(4, 3000);
+    let private = pattern(5, 800);
+    sim.engines[0].add_mapped_memory(Region { ptr: mapped.as_ptr(), len: mapped.len() });
+    // The blocking send's fast path leaves such messages to post_send.
+    assert!(sim.engines[0].inline_send(1, 0, 0, Region { ptr: mapped.as_ptr(), len: 800 }).is_none());
+    // (source, expected first packet): 800 bytes from mapped memory, 400 (below the rule), 800
+    // from private memory (eager by the route), 3000 from mapped memory in a stream.
+    let cases: [(&[u8], PacketKind); 5] = [
+        (&mapped[..800], PacketKind::Rts),
+        (&mapped[..400], PacketKind::Eager),
+        (&private, PacketKind::Eager),
+        (&mapped[..], PacketKind::Rts),
+        (&mapped[100..900], PacketKind::Rts),
+    ];
+    for (i, (src, kind)) in cases.iter().enumerate() {
+        let before = sim.wires[1].len();
+        let s = send(&mut sim, 0, 1, i as u32, src);
+        sim.run_actions();
+        assert_eq!(Header::decode(0, &sim.wires[1][before].hdr).unwrap().kind, *kind, "case {i}");
+        let mut out = vec![0u8; src.len()];
+        let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(i as u32), &mut out);
+        if *kind == PacketKind::Rts {
+            // The receiver pulls (and says so with FIN); it does not ask for a stream (CTS).
+            let before = sim.wires[0].len();
+            while sim.deliver_one(1) {}
+            sim.run_actions();
+            assert_eq!(Header::decode(1, &sim.wires[0][before].hdr).unwrap().kind, PacketKind::Fin, "case {i}");
+        }
+        sim.settle();
+        assert!(result(&mut sim, 0, s).is_ok());
+        assert_eq!(result(&mut sim, 1, q).unwrap().len, src.len());
+        assert_eq!(out, *src, "case {i}");
+    }
+    // Given back: private memory again.
+    sim.engines[0].remove_mapped_memory(Region { ptr: mapped.as_ptr(), len: mapped.len() });
+    let before = sim.wires[1].len();
+    send(&mut sim, 0, 1, 9, &mapped[..800]);
+    sim.run_actions();
+    assert_eq!(Header::decode(0, &sim.wires[1][before].hdr).unwrap().kind, PacketKind::Eager);
 }

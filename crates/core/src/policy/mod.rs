@@ -110,6 +110,22 @@ pub struct PeerRoute {
     /// Single-copy messages sent eagerly on `am` instead in a stream: when no message came from
     /// the peer since the last send to it (`POLYRAIL_STREAM_EAGER`).
     pub stream_eager: Option<StreamEagerRule>,
+    /// Messages from registered memory that the peer maps (see
+    /// [`crate::TransportAttr::mapped_from`]): one-sided from a smaller size, never eager in a
+    /// stream.
+    pub mapped: Option<MappedRule>,
+}
+
+/// How messages from registered memory with a memory file go (the sender's memory: the
+/// receiver copies it through a mapping, no kernel involved).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MappedRule {
+    /// Smallest such message sent one-sided (the receiver pulls) instead of eagerly.
+    pub from: usize,
+    /// The channel that maps the memory.
+    pub channel: ChannelId,
+    /// Why, for `polyrail info`.
+    pub reason: String,
 }
 
 /// Up to which size a stream of sends goes eagerly, and why.
@@ -190,6 +206,7 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
         .or_else(|| candidates.iter().find(|c| c.attr.caps.contains(Caps::GET)));
     let mut entries = Vec::new();
     let mut stream_eager = None;
+    let mut mapped = None;
     let kind = |c: &Candidate<'_>| c.attr.kind;
     match rma {
         Some(rma) => {
@@ -243,6 +260,13 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
                     }
                 }
                 .filter(|r| r.upto >= threshold);
+            }
+            if let Some(from) = rma.attr.mapped_from {
+                mapped = Some(MappedRule {
+                    from: from.min(threshold),
+                    channel: rma.id,
+                    reason: format!("the receiver copies from its mapping; the size measured for {}", kind(rma)),
+                });
             }
             let can_split = rma.attr.caps.contains(Caps::PUT | Caps::CPU_COPY);
             let split = match cfg.split_threshold {
@@ -310,7 +334,7 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
         }
         keep
     });
-    let mut route = PeerRoute { am: am.id, frag, entries, stream_eager };
+    let mut route = PeerRoute { am: am.id, frag, entries, stream_eager, mapped };
     for rule in cfg.routes.iter().filter(|r| r.class.is_none_or(|c| c == class)) {
         if let Err(why) = apply_rule(&mut route, rule, candidates) {
             if class != TopoClass::SameProcess {
@@ -392,6 +416,7 @@ mod tests {
             am_cost: cost,
             rma_cost,
             split_from,
+            mapped_from: (kind == TransportKind::Cma).then_some(8 << 10),
         }
     }
 
@@ -408,7 +433,10 @@ mod tests {
         assert_eq!(r.lookup(32 << 10).protocol, Protocol::RndvSplit);
         assert_eq!(r.lookup(32 << 10).channel, 2);
         assert_eq!(r.lookup(4 << 20).protocol, Protocol::RndvSplit);
+        let m = r.mapped.as_ref().unwrap();
+        assert_eq!((m.from, m.channel), (8 << 10, 2), "registered memory goes one-sided from cma's 8k");
         let r = build_route(TopoClass::CrossSocket, &c, &Config::default()).unwrap();
+        assert!(r.mapped.as_ref().unwrap().from <= r.rndv_threshold().unwrap(), "never above the threshold");
         // The model crossover is above the 1k class default here.
         assert!(r.rndv_threshold().unwrap() >= 1024);
         let mut cfg = Config::default();
