@@ -8,7 +8,9 @@ use std::ops::{Deref, DerefMut};
 /// per-message registration (the "pre-registered pool" of DCFA-MPI) on the `ib` channel. It is
 /// a memory file that the other processes of the machine map once, so the `cma` channel moves
 /// large messages from and into it with plain copies instead of the kernel's page pinning
-/// (where memory files are missing it is private memory, and `cma` uses the kernel).
+/// (where memory files are missing it is private memory, and `cma` uses the kernel). Each
+/// buffer holds one file descriptor while it is allocated: allocate few large buffers and carve
+/// them up, rather than one per message.
 ///
 /// Allocate with [`crate::Context::alloc_registered`] and give it back with
 /// [`crate::Context::free_registered`]. A buffer dropped without that stays mapped (and
