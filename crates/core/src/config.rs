@@ -380,6 +380,15 @@ impl Config {
         Ok(c)
     }
 
+    /// Checks the shared-memory sizes as [`Config::set`] does, for a configuration built in
+    /// code rather than read from the environment.
+    pub fn check_shm(&self) -> Result<()> {
+        let mut probe = self.clone();
+        probe.set("POLYRAIL_SHM_SLOTS", &self.shm_slots.to_string())?;
+        probe.set("POLYRAIL_SHM_CELL_SIZE", &self.shm_cell_size.to_string())?;
+        probe.set("POLYRAIL_SHM_CELLS", &self.shm_cells.to_string())
+    }
+
     /// Sets one variable.
     pub fn set(&mut self, var: &str, value: &str) -> Result<()> {
         let bad = |accepted: &str| Error::config(var, value, accepted);

@@ -166,17 +166,8 @@ impl ShmTransport {
         if size == 0 || rank >= size {
             return Err(Error::InvalidArgument(format!("shm: rank {rank} in a job of {size} ranks")));
         }
-        let slots = cfg.shm_slots;
-        if !slots.is_power_of_two() || !(16..=65536).contains(&slots) {
-            return Err(Error::config("POLYRAIL_SHM_SLOTS", slots.to_string(), "a power of two from 16 to 65536"));
-        }
-        if cfg.shm_cell_size == 0 || cfg.shm_cell_size > 1 << 30 {
-            return Err(Error::config("POLYRAIL_SHM_CELL_SIZE", cfg.shm_cell_size.to_string(), "a size from 4k to 1m"));
-        }
-        if cfg.shm_cells == 0 || cfg.shm_cells > 1 << 20 {
-            return Err(Error::config("POLYRAIL_SHM_CELLS", cfg.shm_cells.to_string(), "a count from 4 to 65536"));
-        }
-        let geo = Geometry::new(slots as u32, max_slots);
+        cfg.check_shm()?;
+        let geo = Geometry::new(cfg.shm_slots as u32, max_slots);
         let layout = SegLayout::new(size, geo, cfg.shm_cells as u32, cfg.shm_cell_size as u32).ok_or_else(|| {
             Error::InvalidArgument(format!("shm segment for {size} ranks overflows the address space"))
         })?;

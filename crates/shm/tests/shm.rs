@@ -321,6 +321,11 @@ fn cfg_huge() -> Config {
 fn bad_configuration_is_a_config_error() {
     let e = ShmTransport::new(&cfg(100, 4, 4096), &job("cfg"), 0, 1).unwrap_err().to_string();
     assert!(e.contains("POLYRAIL_SHM_SLOTS") && e.contains("100"), "{e}");
+    // The same ranges and words as the variables' own checks.
+    let e = ShmTransport::new(&cfg(256, 2, 4096), &job("cfg"), 0, 1).unwrap_err().to_string();
+    assert!(e.contains("POLYRAIL_SHM_CELLS") && e.contains("a whole number from 4 to 65536"), "{e}");
+    let e = ShmTransport::new(&cfg(256, 4, 100), &job("cfg"), 0, 1).unwrap_err().to_string();
+    assert!(e.contains("POLYRAIL_SHM_CELL_SIZE") && e.contains("from 4k to 1m"), "{e}");
     assert!(ShmTransport::new(&Config::default(), &job("cfg"), 3, 2).is_err());
 }
 
