@@ -212,7 +212,13 @@ impl Job {
                 .filter(|(i, _)| matches!(reach[*i].1, Reach::Yes(_)))
                 .map(|(i, ch)| Candidate { id: i as u8, attr: ch.attr() })
                 .collect();
-            let route = build_route(class, &candidates, &config);
+            let mut route = build_route(class, &candidates, &config);
+            if let Some(rt) = route.as_mut() {
+                // Sends from registered memory go by single copy early only where it is mapped.
+                if rt.mapped.as_ref().is_some_and(|m| !channels[m.channel as usize].maps_registered(r)) {
+                    rt.mapped = None;
+                }
+            }
             if r != rank {
                 for (kind, why) in &reach {
                     if let Reach::No(why) = why {

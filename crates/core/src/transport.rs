@@ -341,6 +341,13 @@ pub trait Transport: Send {
     /// Ends a registration made with [`Transport::register_memory`].
     fn unregister_memory(&mut self, _region: Region) {}
 
+    /// Whether this channel copies `peer`'s registered memory with a memory file through a
+    /// mapping (probed in `add_peer`); routes to the peer keep their
+    /// [`crate::policy::MappedRule`] only then.
+    fn maps_registered(&self, _peer: Rank) -> bool {
+        false
+    }
+
     /// Reads `into.len` bytes at `offset` of a peer's exposed memory.
     fn get(&mut self, peer: Rank, _key: &RemoteKey, _offset: usize, _into: RegionMut, _op: OpId) -> Result<Issued> {
         Err(Error::Transport { kind: self.attr().kind.name(), what: format!("cannot read memory of rank {peer}") })

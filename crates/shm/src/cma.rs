@@ -12,6 +12,8 @@
 //! which a peer opens once as `/proc/<pid>/fd/<fd>` (allowed where reading the owner's memory
 //! is), maps, and copies with plain loads and stores. CMA pins every page of every transfer,
 //! which makes it cost about twice a user-space copy per byte; a mapped file costs that once.
+//! `add_peer` probes that too, through a memory file holding the probe word, so that routes
+//! know per peer whether to count on it ([`Transport::maps_registered`]).
 
 use std::collections::BTreeMap;
 use std::io;
@@ -19,8 +21,8 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 
 use polyrail_core::{
-    Address, Caps, Cost, Error, Header, Issued, OpId, PeerAccess, PeerInfo, Rank, Reach, Region, RegionMut, RemoteKey,
-    Result, SharedFile, Sink, Transport, TransportAttr, TransportKind,
+    Address, AnonMemory, Caps, Cost, Error, Header, Issued, OpId, PeerAccess, PeerInfo, Rank, Reach, Region, RegionMut,
+    RemoteKey, Result, SharedFile, Sink, Transport, TransportAttr, TransportKind,
 };
 
 use crate::key::{FileRef, PidKey};
@@ -31,6 +33,10 @@ use crate::sys;
 const CHUNK: usize = 1 << 30;
 /// Magic at the start of a CMA address: `b"PRCM"`.
 const ADDR_MAGIC: u32 = u32::from_le_bytes(*b"PRCM");
+/// Bytes of a CMA address (see `address`).
+const ADDR_LEN: usize = 36;
+/// The probe file descriptor of an address without one.
+const NO_FILE: u32 = u32::MAX;
 /// Model default: cost of the system call and page pinning for a small transfer (ns).
 const RMA_LATENCY_NS: f64 = 1200.0;
 /// Model default: CPU time of the issuing side per operation (ns).
@@ -91,6 +97,9 @@ pub struct CmaTransport {
     /// The word peers read to probe us; holds `magic`. Boxed so its address is stable.
     probe: Box<u64>,
     magic: u64,
+    /// A memory file that also holds `magic` at offset 0, for peers to probe mapping ours;
+    /// `None` where memory files are missing.
+    probe_file: Option<AnonMemory>,
     /// Probe results by rank.
     peers: BTreeMap<Rank, CmaPeer>,
     /// Registered memory with a memory file (`register_memory`).
@@ -129,6 +138,12 @@ impl CmaTransport {
         // SAFETY: `probe` is a live, aligned, exclusively owned u64; volatile so the store stays
         // even though only other processes read it.
         unsafe { std::ptr::write_volatile(&mut *probe, magic) };
+        let probe_file = AnonMemory::shared(8, "the cma probe word").ok();
+        if let Some(m) = &probe_file {
+            // SAFETY: the mapping holds at least 8 bytes, page aligned, and is ours alone until
+            // its file is published by `address`.
+            unsafe { std::ptr::write_volatile(m.ptr().cast::<u64>(), magic) };
+        }
         let attr = TransportAttr {
             kind: TransportKind::Cma,
             max_inline: 0,
@@ -146,6 +161,7 @@ impl CmaTransport {
             pid,
             probe,
             magic,
+            probe_file,
             peers: BTreeMap::new(),
             own_files: Vec::new(),
             peer_files: Vec::new(),
@@ -160,8 +176,9 @@ impl CmaTransport {
         self
     }
 
-    fn decode_address(address: &[u8]) -> std::result::Result<(u32, u64, u64), String> {
-        if address.len() != 24 || address[..4] != ADDR_MAGIC.to_le_bytes() {
+    /// Pid, probe word address, magic, and the probe's memory file (if the peer has one).
+    fn decode_address(address: &[u8]) -> std::result::Result<(u32, u64, u64, Option<FileRef>), String> {
+        if address.len() != ADDR_LEN || address[..4] != ADDR_MAGIC.to_le_bytes() {
             return Err(format!("not a polyrail cma address ({} bytes)", address.len()));
         }
         let u64_at = |i: usize| {
@@ -169,8 +186,23 @@ impl CmaTransport {
             b.copy_from_slice(&address[i..i + 8]);
             u64::from_le_bytes(b)
         };
-        let pid = u32::from_le_bytes([address[4], address[5], address[6], address[7]]);
-        Ok((pid, u64_at(8), u64_at(16)))
+        let u32_at = |i: usize| u32::from_le_bytes([address[i], address[i + 1], address[i + 2], address[i + 3]]);
+        let file = Some(u32_at(24)).filter(|&fd| fd != NO_FILE).map(|fd| FileRef { fd, inode: u64_at(28), offset: 0 });
+        Ok((u32_at(4), u64_at(8), u64_at(16), file))
+    }
+
+    /// Maps the peer's probe file and reads the magic through it; `Err` says why its memory
+    /// files cannot be mapped here.
+    fn probe_file(pid: u32, file: Option<FileRef>, magic: u64) -> std::result::Result<(), String> {
+        let file = file.ok_or_else(|| format!("pid {pid} has no memory files"))?;
+        let map = map_peer_file(pid, &file)?;
+        // SAFETY: the mapping is at least one page (a file of 8 bytes maps a page), aligned,
+        // and only read here.
+        let got = unsafe { std::ptr::read_volatile(map.base().as_ptr().cast::<u64>()) };
+        if got != magic {
+            return Err(format!("the probe file of pid {pid} holds a wrong value"));
+        }
+        Ok(())
     }
 
     /// Reads the peer's probe word; `Err` is the reason shown by `polyrail info`.
@@ -352,30 +384,48 @@ impl Transport for CmaTransport {
         &self.attr
     }
 
-    /// `"PRCM"`, pid u32, probe word address u64, magic u64 (little endian).
+    /// `"PRCM"`, pid u32, probe word address u64, magic u64, probe file descriptor u32
+    /// (`u32::MAX`: none) and inode u64 (little endian).
     fn address(&self) -> Address {
-        let mut a = Vec::with_capacity(24);
+        let file = self.probe_file.as_ref().and_then(AnonMemory::file);
+        let mut a = Vec::with_capacity(ADDR_LEN);
         a.extend_from_slice(&ADDR_MAGIC.to_le_bytes());
         a.extend_from_slice(&self.pid.to_le_bytes());
         a.extend_from_slice(&(&*self.probe as *const u64 as u64).to_le_bytes());
         a.extend_from_slice(&self.magic.to_le_bytes());
+        a.extend_from_slice(&file.map_or(NO_FILE, |f| f.fd as u32).to_le_bytes());
+        a.extend_from_slice(&file.map_or(0, |f| f.inode).to_le_bytes());
         a
     }
 
     fn add_peer(&mut self, peer: &PeerInfo, address: &[u8]) -> Reach {
-        let (pid, probe) = if peer.host != self.host {
-            (peer.pid, Err(format!("different host ({} here, {} there)", self.host, peer.host)))
+        let (pid, probe, files) = if peer.host != self.host {
+            let why = format!("different host ({} here, {} there)", self.host, peer.host);
+            (peer.pid, Err(why.clone()), Err(why))
         } else {
             match Self::decode_address(address) {
-                Ok((pid, addr, magic)) => (pid, Self::probe(pid, addr, magic)),
-                Err(e) => (peer.pid, Err(e)),
+                Ok((pid, addr, magic, file)) => {
+                    let probe = Self::probe(pid, addr, magic);
+                    let files = probe.clone().and_then(|()| Self::probe_file(pid, file, magic));
+                    (pid, probe, files)
+                }
+                Err(e) => (peer.pid, Err(e.clone()), Err(e)),
             }
         };
-        self.peers.insert(peer.rank, CmaPeer { pid, probe: probe.clone(), files_refused: None });
-        match probe {
-            Ok(()) => Reach::Yes(format!("process_vm_readv probe of pid {pid} passed")),
-            Err(why) => Reach::No(why),
+        self.peers.insert(peer.rank, CmaPeer { pid, probe: probe.clone(), files_refused: files.clone().err() });
+        match (probe, files) {
+            (Ok(()), Ok(())) => Reach::Yes(format!(
+                "process_vm_readv probe of pid {pid} passed; its memory files map here (registered memory without the kernel)"
+            )),
+            (Ok(()), Err(why)) => Reach::Yes(format!(
+                "process_vm_readv probe of pid {pid} passed; its registered memory is copied with CMA: {why}"
+            )),
+            (Err(why), _) => Reach::No(why),
         }
+    }
+
+    fn maps_registered(&self, peer: Rank) -> bool {
+        self.peers.get(&peer).is_some_and(|p| p.probe.is_ok() && p.files_refused.is_none())
     }
 
     fn try_send(&mut self, peer: Rank, _hdr: &[u8; Header::WIRE_LEN], _payload: &[u8]) -> Result<Issued> {
@@ -458,6 +508,7 @@ impl Transport for CmaTransport {
         let refused: Vec<String> = self
             .peers
             .iter()
+            .filter(|(_, p)| p.probe.is_ok())
             .filter_map(|(r, p)| p.files_refused.as_ref().map(|why| format!("rank {r}: {why}")))
             .collect();
         let files = format!("{} memory files of peers mapped", self.peer_files.len());

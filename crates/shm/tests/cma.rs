@@ -187,7 +187,22 @@ fn probe_of_a_dead_process_or_a_wrong_value() {
 #[test]
 fn get_and_put_within_one_process() {
     let mut c = CmaTransport::new().with_host(HOST);
-    assert!(matches!(c.add_peer(&peer(0), &c.address()), Reach::Yes(_)));
+    let yes = |r: Reach| match r {
+        Reach::Yes(y) => y,
+        Reach::No(n) => panic!("probe of ourselves failed: {n}"),
+    };
+    let why = yes(c.add_peer(&peer(0), &c.address()));
+    assert!(why.contains("memory files map here") && c.maps_registered(0), "{why}");
+    // An address without a probe file (a peer where memfds are missing): CMA only.
+    let mut addr = c.address();
+    addr[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
+    let why = yes(c.add_peer(&peer(1), &addr));
+    assert!(why.contains("copied with CMA") && why.contains("no memory files") && !c.maps_registered(1), "{why}");
+    // A probe file descriptor that names another file.
+    let mut addr = c.address();
+    addr[28] ^= 1;
+    let why = yes(c.add_peer(&peer(2), &addr));
+    assert!(why.contains("not the registered file") && !c.maps_registered(2), "{why}");
     let mut buf = pattern(9, 4096);
     let key = c.expose(Region { ptr: buf.as_ptr(), len: buf.len() }, PeerAccess::Write).unwrap();
     let mut out = vec![0u8; 100];
@@ -212,6 +227,7 @@ fn registered_memory_files_are_mapped_by_peers() {
     let mut p1 = peer(1);
     p1.pid = child.pid();
     assert!(matches!(c.add_peer(&p1, &addr), Reach::Yes(_)));
+    assert!(c.maps_registered(1), "the child's probe file maps here");
     assert!(c.describe().contains("0 memory files of peers mapped"), "{}", c.describe());
 
     let mut got = vec![0u8; LEN - 4096];
