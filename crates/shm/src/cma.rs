@@ -64,7 +64,7 @@ struct CmaPeer {
     /// `Ok` when the probe passed, else why not.
     probe: std::result::Result<(), String>,
     /// Why the peer's memory files cannot be mapped, once that was found (then its keys with a
-    /// file go through CMA).
+    /// file go through CMA); only for peers whose CMA probe passed.
     files_refused: Option<String>,
 }
 
@@ -399,25 +399,26 @@ impl Transport for CmaTransport {
     }
 
     fn add_peer(&mut self, peer: &PeerInfo, address: &[u8]) -> Reach {
-        let (pid, probe, files) = if peer.host != self.host {
-            let why = format!("different host ({} here, {} there)", self.host, peer.host);
-            (peer.pid, Err(why.clone()), Err(why))
+        let decoded = if peer.host != self.host {
+            Err(format!("different host ({} here, {} there)", self.host, peer.host))
         } else {
-            match Self::decode_address(address) {
-                Ok((pid, addr, magic, file)) => {
-                    let probe = Self::probe(pid, addr, magic);
-                    let files = probe.clone().and_then(|()| Self::probe_file(pid, file, magic));
-                    (pid, probe, files)
-                }
-                Err(e) => (peer.pid, Err(e.clone()), Err(e)),
-            }
+            Self::decode_address(address)
         };
-        self.peers.insert(peer.rank, CmaPeer { pid, probe: probe.clone(), files_refused: files.clone().err() });
-        match (probe, files) {
-            (Ok(()), Ok(())) => Reach::Yes(format!(
+        // The memory files are probed only where CMA works.
+        let (pid, probe, files_refused) = match decoded {
+            Ok((pid, addr, magic, file)) => {
+                let probe = Self::probe(pid, addr, magic);
+                let refused = probe.as_ref().ok().and_then(|()| Self::probe_file(pid, file, magic).err());
+                (pid, probe, refused)
+            }
+            Err(why) => (peer.pid, Err(why), None),
+        };
+        self.peers.insert(peer.rank, CmaPeer { pid, probe: probe.clone(), files_refused: files_refused.clone() });
+        match (probe, files_refused) {
+            (Ok(()), None) => Reach::Yes(format!(
                 "process_vm_readv probe of pid {pid} passed; its memory files map here (registered memory without the kernel)"
             )),
-            (Ok(()), Err(why)) => Reach::Yes(format!(
+            (Ok(()), Some(why)) => Reach::Yes(format!(
                 "process_vm_readv probe of pid {pid} passed; its registered memory is copied with CMA: {why}"
             )),
             (Err(why), _) => Reach::No(why),
@@ -508,7 +509,6 @@ impl Transport for CmaTransport {
         let refused: Vec<String> = self
             .peers
             .iter()
-            .filter(|(_, p)| p.probe.is_ok())
             .filter_map(|(r, p)| p.files_refused.as_ref().map(|why| format!("rank {r}: {why}")))
             .collect();
         let files = format!("{} memory files of peers mapped", self.peer_files.len());
