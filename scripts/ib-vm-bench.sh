@@ -23,7 +23,8 @@
 # MPI's): at 14 (67 ms) rxe here resends in-flight requests several times a second though
 # nothing was lost (its retransmit timer fires while traffic flows), and each resend can stall
 # either tool for milliseconds to seconds; none happen at 20. The guest prints how many requests
-# rxe saw twice (hw_counters/duplicate_request). Writes DIR/ib-vm.csv
+# rxe saw twice (hw_counters/duplicate_request). IB_BENCH_LAT_SIZES and IB_BENCH_BW_SIZES
+# (space-separated byte counts) replace the default sizes. Writes DIR/ib-vm.csv
 # (tool,mode,size,rep,value,unit) and DIR/ib-vm.md (medians and ratios); DIR defaults to
 # docs/benchmarks, or docs/benchmarks/mtu-BYTES with --mtu other than 1024.
 set -euo pipefail
@@ -37,8 +38,8 @@ BUILD=1
 MTU=1024
 ACK_TIMEOUT=20
 OUT_SET=0
-LAT_SIZES="8 1024 8192 65536 262144 1048576"
-BW_SIZES="4096 65536 262144 1048576"
+LAT_SIZES=${IB_BENCH_LAT_SIZES:-8 1024 8192 65536 262144 1048576}
+BW_SIZES=${IB_BENCH_BW_SIZES:-4096 65536 262144 1048576}
 
 while (($#)); do
     case $1 in

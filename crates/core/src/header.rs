@@ -136,6 +136,19 @@ impl Header {
             offset: u64_at(28),
         })
     }
+
+    /// The wire header that follows `prev` in a stream of like messages: every field as in
+    /// `prev` but the sequence id, one higher, and the length, `len`. A channel that sends
+    /// only headers equal to the successor of the last one it sent in a compact form (and
+    /// rebuilds them the same way on receipt) never changes a header.
+    #[inline]
+    pub fn successor(prev: &[u8; Self::WIRE_LEN], len: u64) -> [u8; Self::WIRE_LEN] {
+        let mut next = *prev;
+        let seq = u32::from_le_bytes([prev[8], prev[9], prev[10], prev[11]]).wrapping_add(1);
+        next[8..12].copy_from_slice(&seq.to_le_bytes());
+        next[12..20].copy_from_slice(&len.to_le_bytes());
+        next
+    }
 }
 
 #[cfg(test)]
@@ -158,6 +171,15 @@ mod tests {
         let mut w = [0u8; Header::WIRE_LEN];
         h.encode(&mut w);
         assert_eq!(Header::decode(0, &w).unwrap(), h);
+    }
+
+    #[test]
+    fn successor_changes_only_sequence_and_length() {
+        let h = Header { tag: 77, seq: u32::MAX, len: 8, ctx: 2, ..Header::new(PacketKind::Eager) };
+        let mut w = [0u8; Header::WIRE_LEN];
+        h.encode(&mut w);
+        let next = Header::decode(0, &Header::successor(&w, 1024)).unwrap();
+        assert_eq!(next, Header { seq: 0, len: 1024, ..h });
     }
 
     #[test]

@@ -5,6 +5,11 @@
 //! `POLYRAIL_IB_BOUNCE` from memory that is not registered already are copied through a pool of
 //! pre-registered bounce buffers instead ([`BouncePool`]): cheaper than registering their pages.
 //!
+//! A data packet whose 64 bytes of framing would cost one more packet on the wire than its
+//! payload (1 KiB at path MTU 1024, 4 KiB at 4096) goes compact when its header is the successor
+//! of the previous one (a stream of like messages): payload only, by RDMA write with immediate
+//! (see [`crate::packet`]). Each queue pair keeps one receive posted per ring block for them.
+//!
 //! Credits: the sender may write a block only when it holds a credit for it. Every packet
 //! carries the credits its sender returns (blocks of the other direction's ring it consumed);
 //! a receiver that holds so many unreturned credits that the sender's view falls under the sync
@@ -12,7 +17,7 @@
 //! SYNC and BYE packets, so two processes that flood each other can always return credits.
 
 use crate::bounce::{self, BouncePool};
-use crate::packet::{self, Kind, DATA_OFFSET, HEADER_OFFSET, OVERHEAD};
+use crate::packet::{self, Kind, COMPACT_MAX_CREDITS, DATA_OFFSET, HEADER_OFFSET, OVERHEAD};
 use crate::provider::{Access, Completion, MemoryRegion, Opcode, Provider, QpId, WcStatus, WorkRequest};
 use polyrail_core::config::IbSettings;
 use polyrail_core::policy::sweep::PeerSweep;
@@ -20,7 +25,7 @@ use polyrail_core::{
     format_size, Address, AnonMemory, Caps, Cost, Error, Header, Issued, OpId, PeerAccess, PeerInfo, Rank, Reach,
     Region, RegionMut, RemoteKey, Result, SharedFile, Sink, Transport, TransportAttr, TransportKind,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -50,6 +55,8 @@ enum WrKind {
     Rma,
     /// A liveness probe.
     Heartbeat,
+    /// A posted receive (consumed by a compact packet).
+    Recv,
 }
 
 fn wr_id(kind: WrKind, peer: Rank, index: u32) -> u64 {
@@ -60,7 +67,8 @@ fn wr_parts(id: u64) -> (WrKind, Rank, u32) {
     let kind = match id >> 62 {
         0 => WrKind::Packet,
         1 => WrKind::Rma,
-        _ => WrKind::Heartbeat,
+        2 => WrKind::Heartbeat,
+        _ => WrKind::Recv,
     };
     (kind, ((id >> 32) & 0x3fff_ffff) as Rank, id as u32)
 }
@@ -74,6 +82,8 @@ struct PeerAddress {
     rings_rkey: u32,
     credits: usize,
     block: usize,
+    /// Path MTU its receives take compact packets at (0: it takes none).
+    mtu: u32,
     size: u32,
     qpns: Vec<u32>,
 }
@@ -97,12 +107,13 @@ fn parse_address(a: &[u8]) -> std::result::Result<PeerAddress, String> {
     let rings_rkey = u32_of(take(4)?);
     let credits = u32_of(take(4)?) as usize;
     let block = u32_of(take(4)?) as usize;
+    let mtu = u32_of(take(4)?);
     let size = u32_of(take(4)?);
     if size > 1 << 24 {
         return Err(format!("ib address names a job of {size} ranks"));
     }
     let qpns = (0..size).map(|_| take(4).map(u32_of)).collect::<std::result::Result<_, _>>()?;
-    Ok(PeerAddress { provider, endpoint, rings, rings_rkey, credits, block, size, qpns })
+    Ok(PeerAddress { provider, endpoint, rings, rings_rkey, credits, block, mtu, size, qpns })
 }
 
 /// One connected peer.
@@ -119,8 +130,16 @@ struct Peer {
     /// Blocks of the peer's ring consumed so far, and how many of them we have not returned.
     received: u64,
     unreturned: usize,
-    /// Work requests posted on the queue pair and not completed.
+    /// Work requests posted on the queue pair and not completed (receives not counted).
     outstanding: usize,
+    /// Path MTU at which packets to the peer go compact (0: never).
+    compact_mtu: usize,
+    /// Header of the last data packet written to the peer, and of the last one read from it:
+    /// a compact packet's header is the successor of the one before.
+    sent_header: Option<[u8; Header::WIRE_LEN]>,
+    read_header: Option<[u8; Header::WIRE_LEN]>,
+    /// Immediates of compact packets that landed and wait for their turn in the ring.
+    compact: VecDeque<u32>,
     /// The queue pair is ready to send (it moves there before the first request: connected on
     /// first use; it is ready to receive from `add_peer` on).
     sending: bool,
@@ -175,6 +194,13 @@ pub struct DirectIb<P: Provider> {
     credits: usize,
     block: usize,
     sync_limit: usize,
+    /// The provider's MTU when queue pairs post receives for compact packets; `None` when it
+    /// does not cut transfers into packets (then a compact packet would save nothing).
+    mtu: Option<usize>,
+    /// Compact packets written so far.
+    compact_sent: u64,
+    /// Peers whose compact packets landed since the last `progress`.
+    compact_ready: Vec<Rank>,
     /// Incoming rings, one per peer rank, then the heartbeat area.
     rings: AnonMemory,
     rings_mr: MemoryRegion,
@@ -225,9 +251,11 @@ impl<P: Provider> DirectIb<P> {
             unsafe { provider.register(rings.ptr(), rings.len(), Access::LOCAL_WRITE | Access::REMOTE_WRITE)? };
         // SAFETY: as above.
         let staging_mr = unsafe { provider.register(staging.ptr(), staging.len(), Access::LOCAL_WRITE)? };
+        let mtu = Some(provider.mtu()).filter(|&m| m != usize::MAX);
+        let recv_depth = if mtu.is_some() { credits } else { 0 };
         let mut qps = Vec::with_capacity(size as usize);
         for r in 0..size {
-            qps.push(if r == rank { None } else { Some(provider.create_qp()?) });
+            qps.push(if r == rank { None } else { Some(provider.create_qp(recv_depth)?) });
         }
         let soft = provider.name() == "soft";
         let cpu_copies = provider.cpu_copies();
@@ -261,6 +289,9 @@ impl<P: Provider> DirectIb<P> {
             credits,
             block,
             sync_limit: settings.sync_limit,
+            mtu,
+            compact_sent: 0,
+            compact_ready: Vec::new(),
             rings,
             rings_mr,
             staging,
@@ -285,6 +316,12 @@ impl<P: Provider> DirectIb<P> {
     /// The provider (for tests and reports).
     pub fn provider(&self) -> &P {
         &self.provider
+    }
+
+    /// Data packets written compact so far: payload only, header rebuilt by the receiver (see
+    /// the module documentation).
+    pub fn compact_packets_sent(&self) -> u64 {
+        self.compact_sent
     }
 
     fn ring_bytes(&self) -> usize {
@@ -335,23 +372,39 @@ impl<P: Provider> DirectIb<P> {
         // SAFETY: staging block `slot` was free: no write in flight reads it, and nothing else
         // refers to it until its completion returns it to the free list.
         let buf = unsafe { std::slice::from_raw_parts_mut(staged as *mut u8, block) };
-        let returned = p.unreturned.min(u16::MAX as usize);
-        let len = packet::encode(buf, p.sent, kind, returned as u16, hdr, payload);
-        let inline = len <= inline_max;
+        let remote_block = p.remote_ring + (p.sent % credits_max as u64) * block as u64;
+        let compact = kind == Kind::Data
+            && p.compact_mtu != 0
+            && packet::compact_saves_packet(payload.len(), p.compact_mtu)
+            && p.sent_header.is_some_and(|prev| Header::successor(&prev, payload.len() as u64) == *hdr);
+        let (returned, len, remote_addr, imm) = if compact {
+            let returned = p.unreturned.min(COMPACT_MAX_CREDITS);
+            buf[..payload.len()].copy_from_slice(payload);
+            let imm = packet::compact_imm(payload.len(), returned);
+            (returned, payload.len(), remote_block + DATA_OFFSET as u64, Some(imm))
+        } else {
+            let returned = p.unreturned.min(u16::MAX as usize);
+            (returned, packet::encode(buf, p.sent, kind, returned as u16, hdr, payload), remote_block, None)
+        };
         let wr = WorkRequest {
             wr_id: wr_id(WrKind::Packet, to, slot),
             opcode: Opcode::Write,
             local_addr: staged as u64,
             len,
             lkey: self.staging_mr.lkey,
-            remote_addr: p.remote_ring + (p.sent % credits_max as u64) * block as u64,
+            remote_addr,
             rkey: p.remote_rkey,
-            inline,
+            inline: len <= inline_max,
+            imm,
         };
         if let Err(e) = self.provider.post(p.qp, &wr) {
             self.free_staging.push(slot);
             return Err(e);
         }
+        if kind == Kind::Data {
+            p.sent_header = Some(*hdr);
+        }
+        self.compact_sent += compact as u64;
         p.outstanding += 1;
         self.in_flight += 1;
         p.unreturned -= returned;
@@ -363,6 +416,24 @@ impl<P: Provider> DirectIb<P> {
     /// Handles one completion.
     fn complete(&mut self, c: Completion, sink: &mut dyn Sink) {
         let (kind, peer, index) = wr_parts(c.wr_id);
+        if kind == WrKind::Recv {
+            match (c.status, c.imm) {
+                (WcStatus::Success, Some(imm)) => {
+                    let Some(p) = self.peers.get_mut(peer as usize).and_then(Option::as_mut) else { return };
+                    p.compact.push_back(imm);
+                    if !self.compact_ready.contains(&peer) {
+                        self.compact_ready.push(peer);
+                    }
+                }
+                // The queue pair failed: its sends say why, or the heartbeat finds it.
+                (WcStatus::Flushed, _) => {}
+                (WcStatus::Success, None) => {
+                    self.fail_peer(peer, "an ib receive completed without immediate data (DirectIB sends none)".into())
+                }
+                (status, _) => self.fail_peer(peer, format!("ib receive completion error: {status}")),
+            }
+            return;
+        }
         self.in_flight = self.in_flight.saturating_sub(1);
         if let Some(p) = self.peers.get_mut(peer as usize).and_then(Option::as_mut) {
             p.outstanding = p.outstanding.saturating_sub(1);
@@ -372,7 +443,7 @@ impl<P: Provider> DirectIb<P> {
         }
         match kind {
             WrKind::Packet => self.free_staging.push(index),
-            WrKind::Heartbeat => {}
+            WrKind::Heartbeat | WrKind::Recv => {}
             WrKind::Rma => {
                 let Some(Some(op)) = self.ops.get_mut(index as usize) else { return };
                 op.parts_left -= 1;
@@ -426,7 +497,41 @@ impl<P: Provider> DirectIb<P> {
             // is visible (the provider places the tail last).
             let w0 = unsafe { &*(at as *const AtomicU64) }.load(Ordering::Acquire);
             if w0 == 0 {
-                return n;
+                // Not landed, or a compact packet, whose word 0 stays zero. A compact packet's
+                // receive completion comes after every earlier write to the ring landed, so
+                // when one waits, this block, the oldest unread, is the one it wrote.
+                let Some(imm) = p.compact.pop_front() else { return n };
+                let (len, credits) = match packet::decode_compact(imm, max_payload) {
+                    Ok(v) => v,
+                    Err(why) => {
+                        self.fail_peer(peer, format!("malformed ib packet from rank {peer}: {why}"));
+                        return n;
+                    }
+                };
+                let Some(prev) = p.read_header else {
+                    let why = format!("malformed ib packet from rank {peer}: a compact packet before any framed one");
+                    self.fail_peer(peer, why);
+                    return n;
+                };
+                if let Err(why) = take_credits(p, credits, credits_max) {
+                    self.fail_peer(peer, format!("malformed ib packet from rank {peer}: {why}"));
+                    return n;
+                }
+                let hdr = Header::successor(&prev, len as u64);
+                p.read_header = Some(hdr);
+                p.received += 1;
+                p.unreturned += 1;
+                // Its receive goes back before the block's credit (with a later packet of ours),
+                // so the peer always finds one posted.
+                if let Err(e) = self.provider.post_recv(p.qp, wr_id(WrKind::Recv, peer, 0)) {
+                    self.fail_peer(peer, format!("ib receive for rank {peer} not posted: {e}"));
+                }
+                // SAFETY: the block's data landed (its receive completed), and the sender does
+                // not write the block again before we return its credit, after this call.
+                let payload = unsafe { std::slice::from_raw_parts((at + DATA_OFFSET) as *const u8, len) };
+                sink.message(peer, &hdr, payload);
+                n += 1;
+                continue;
             }
             // Word 0 may still be landing: an RDMA write need not place its first 8 bytes at
             // once (rxe copies bytes). Blocks are zeroed after use, so the length read so far
@@ -462,17 +567,10 @@ impl<P: Provider> DirectIb<P> {
                     return n;
                 }
             };
-            // A peer can only return blocks we wrote and it has not returned yet.
-            if p.credits + w.credits as usize > credits_max {
-                let why = format!(
-                    "malformed ib packet from rank {peer}: returns {} credits, only {} outstanding",
-                    w.credits,
-                    credits_max - p.credits
-                );
-                self.fail_peer(peer, why);
+            if let Err(why) = take_credits(p, w.credits as usize, credits_max) {
+                self.fail_peer(peer, format!("malformed ib packet from rank {peer}: {why}"));
                 return n;
             }
-            p.credits += w.credits as usize;
             p.received += 1;
             p.unreturned += 1;
             match w.kind {
@@ -487,6 +585,7 @@ impl<P: Provider> DirectIb<P> {
                         )
                     };
                     hdr.copy_from_slice(h);
+                    p.read_header = Some(hdr);
                     sink.message(peer, &hdr, payload);
                     n += 1;
                 }
@@ -661,6 +760,7 @@ impl<P: Provider> DirectIb<P> {
                 remote_addr: remote.wrapping_add(at as u64),
                 rkey,
                 inline: false,
+                imm: None,
             };
             if let Err(e) = self.provider.post(qp, &wr) {
                 // The parts posted so far still complete; the rest count as failed.
@@ -689,7 +789,9 @@ impl<P: Provider> DirectIb<P> {
 
     /// Polls completions into `sink`; returns how many.
     fn poll_completions(&mut self, sink: &mut dyn Sink) -> usize {
-        if self.in_flight == 0 {
+        // Without requests in flight the queue holds only receive completions, of compact
+        // packets: none come when the provider does not cut transfers into packets.
+        if self.in_flight == 0 && self.mtu.is_none() {
             return 0;
         }
         let mut done = 0;
@@ -706,6 +808,16 @@ impl<P: Provider> DirectIb<P> {
                 return done;
             }
         }
+    }
+
+    /// Delivers the rings of peers whose compact packets landed.
+    fn poll_compact(&mut self, budget: usize, sink: &mut dyn Sink) -> usize {
+        let mut n = 0;
+        while let Some(peer) = self.compact_ready.pop() {
+            n += self.poll_ring(peer, budget, sink);
+            self.maybe_sync(peer);
+        }
+        n
     }
 
     /// Reports failed peers, each after delivering what its ring still holds: a peer that
@@ -749,8 +861,8 @@ impl<P: Provider> Transport for DirectIb<P> {
     }
 
     /// `"PRIB"`, provider name (u8 length + bytes), device endpoint (u32 length + bytes), rings
-    /// address u64 and rkey u32, credits u32, block u32, job size u32, then one queue pair
-    /// number u32 per rank (little endian).
+    /// address u64 and rkey u32, credits u32, block u32, MTU of compact packets u32 (0: none
+    /// taken), job size u32, then one queue pair number u32 per rank (little endian).
     fn address(&self) -> Address {
         let name = self.provider.name().as_bytes();
         let endpoint = self.provider.endpoint();
@@ -764,6 +876,7 @@ impl<P: Provider> Transport for DirectIb<P> {
         a.extend_from_slice(&self.rings_mr.rkey.to_le_bytes());
         a.extend_from_slice(&(self.credits as u32).to_le_bytes());
         a.extend_from_slice(&(self.block as u32).to_le_bytes());
+        a.extend_from_slice(&self.mtu.map_or(0, |m| m.min(u32::MAX as usize) as u32).to_le_bytes());
         a.extend_from_slice(&self.size.to_le_bytes());
         for q in &self.qps {
             a.extend_from_slice(&q.map_or(0, |(_, n)| n).to_le_bytes());
@@ -798,9 +911,22 @@ impl<P: Provider> Transport for DirectIb<P> {
             ));
         }
         let remote_qpn = a.qpns[self.rank as usize];
+        // Receives for compact packets go first: the peer may write once we are connected.
+        if self.mtu.is_some() {
+            for _ in 0..self.credits {
+                if let Err(e) = self.provider.post_recv(qp, wr_id(WrKind::Recv, r, 0)) {
+                    return Reach::No(format!("receives for compact packets not posted: {e}"));
+                }
+            }
+        }
         if let Err(e) = self.provider.connect(qp, &a.endpoint, remote_qpn) {
             return Reach::No(e.to_string());
         }
+        // Both ends cut packets at the smaller MTU, and the peer takes compact ones.
+        let compact_mtu = match (self.mtu, a.mtu) {
+            (Some(mine), theirs) if theirs != 0 => mine.min(theirs as usize),
+            _ => 0,
+        };
         let ring_bytes = self.ring_bytes() as u64;
         self.peers[r as usize] = Some(Peer {
             qp,
@@ -812,6 +938,10 @@ impl<P: Provider> Transport for DirectIb<P> {
             received: 0,
             unreturned: 0,
             outstanding: 0,
+            compact_mtu,
+            sent_header: None,
+            read_header: None,
+            compact: VecDeque::new(),
             sending: false,
             heartbeat_pending: false,
             finished: false,
@@ -840,6 +970,7 @@ impl<P: Provider> Transport for DirectIb<P> {
 
     fn progress(&mut self, budget: usize, sink: &mut dyn Sink) -> Result<usize> {
         let mut n = self.poll_completions(sink);
+        n += self.poll_compact(budget, sink);
         // Polling priority (Chai Ch. 7): the ring that delivered last on every call, all of
         // them now and then, so that idle peers do not make every call slower. Credits are
         // returned as rings are read (a SYNC that would block is retried at the ring's next poll).
@@ -909,6 +1040,9 @@ impl<P: Provider> Transport for DirectIb<P> {
 
     fn has_unread(&self, peer: Rank) -> bool {
         let Some(p) = self.peers.get(peer as usize).and_then(Option::as_ref) else { return false };
+        if !p.compact.is_empty() {
+            return true;
+        }
         let at = self.rings.ptr() as usize
             + peer as usize * self.ring_bytes()
             + (p.received % self.credits as u64) as usize * self.block;
@@ -939,6 +1073,7 @@ impl<P: Provider> Transport for DirectIb<P> {
                 remote_addr: p.remote_heartbeat,
                 rkey: p.remote_rkey,
                 inline: true,
+                imm: None,
             };
             if self.provider.post(p.qp, &wr).is_ok() {
                 p.heartbeat_pending = true;
@@ -974,12 +1109,18 @@ impl<P: Provider> Transport for DirectIb<P> {
     fn describe(&self) -> String {
         let lost = self.peers.iter().flatten().filter(|p| p.reported && !p.finished).count();
         format!(
-            "{}; eager ring {} x {} B per peer (payload up to {} B), sync limit {}, {}, {} peers connected{}",
+            "{}; eager ring {} x {} B per peer (payload up to {} B), sync limit {}, {}, {}, {} peers connected{}",
             self.provider.describe(),
             self.credits,
             self.block,
             self.max_payload(),
             self.sync_limit,
+            match self.mtu {
+                Some(m) => format!(
+                    "packets of whole {m}-byte MTUs without header (write with immediate) in streams of like messages"
+                ),
+                None => "every packet framed (the provider has no MTU)".to_string(),
+            },
             match self.bounce_limit {
                 0 => "every rendezvous buffer registered".to_string(),
                 n => format!("rendezvous up to {} through {} bounce buffers", format_size(n), bounce::SLOTS),
@@ -988,4 +1129,14 @@ impl<P: Provider> Transport for DirectIb<P> {
             if lost > 0 { format!(", {lost} lost") } else { String::new() }
         )
     }
+}
+
+/// Adds the `credits` a packet of the peer returns to `p`; `Err` when that is more than the
+/// blocks written to it and not returned yet.
+fn take_credits(p: &mut Peer, credits: usize, credits_max: usize) -> std::result::Result<(), String> {
+    if p.credits + credits > credits_max {
+        return Err(format!("returns {credits} credits, only {} outstanding", credits_max - p.credits));
+    }
+    p.credits += credits;
+    Ok(())
 }

@@ -15,6 +15,15 @@
 //! the block is complete once the tail holds the value for this sequence number (the provider
 //! places the last 8 bytes of a write last). After consuming the block, the receiver zeroes
 //! word0 and the tail, and returns the block to the sender as a credit.
+//!
+//! A **compact** packet leaves word 0, sequence, header and tail out: only the payload is
+//! written, at `DATA_OFFSET` of the block, by an RDMA write with immediate whose 32 bits carry
+//! the payload length and the returned credits ([`compact_imm`]), and whose header is the
+//! successor of the previous data packet's ([`polyrail_core::Header::successor`]). The sender
+//! uses it only when that saves a packet on the wire ([`compact_saves_packet`]: a payload that
+//! fits whole path-MTU packets, which 64 bytes of framing would push into one more) and the
+//! header is that successor. The receiver learns of it from the receive completion; word 0 of
+//! the block stays zero, so the ring poll never mistakes it for a framed packet.
 
 use polyrail_core::Header;
 
@@ -26,6 +35,38 @@ pub(crate) const HEADER_OFFSET: usize = 16;
 pub(crate) const OVERHEAD: usize = DATA_OFFSET + 8;
 /// Mixed into the tail word so that zeroed or stale memory never matches.
 const TAIL_MAGIC: u64 = 0x5052_4942_7461_696c; // "PRIBtail"
+
+/// Largest payload of a compact packet (16 bits of its immediate).
+pub(crate) const COMPACT_MAX_LEN: usize = 0xffff;
+/// Most credits a compact packet returns (12 bits of its immediate); more wait for the next
+/// packet.
+pub(crate) const COMPACT_MAX_CREDITS: usize = 0xfff;
+/// Format number of a compact data packet (top 4 bits of the immediate).
+const COMPACT_DATA: u32 = 1;
+
+/// Whether a payload of `len` bytes goes in fewer packets of `mtu` bytes without the framing.
+pub(crate) fn compact_saves_packet(len: usize, mtu: usize) -> bool {
+    (1..=COMPACT_MAX_LEN).contains(&len) && (tail_offset(len) + 8).div_ceil(mtu) > len.div_ceil(mtu)
+}
+
+/// The immediate data of a compact packet of `len` payload bytes returning `credits`.
+pub(crate) fn compact_imm(len: usize, credits: usize) -> u32 {
+    debug_assert!(len <= COMPACT_MAX_LEN && credits <= COMPACT_MAX_CREDITS);
+    COMPACT_DATA << 28 | (credits as u32) << 16 | len as u32
+}
+
+/// Decodes the immediate of a compact packet into a block holding at most `max_payload` bytes:
+/// payload length and returned credits; `Err` says what is wrong.
+pub(crate) fn decode_compact(imm: u32, max_payload: usize) -> Result<(usize, usize), String> {
+    if imm >> 28 != COMPACT_DATA {
+        return Err(format!("unknown immediate format {} in {imm:#010x}", imm >> 28));
+    }
+    let (len, credits) = ((imm & 0xffff) as usize, (imm >> 16 & 0xfff) as usize);
+    if len > max_payload {
+        return Err(format!("compact packet length {len} exceeds the block's payload capacity {max_payload}"));
+    }
+    Ok((len, credits))
+}
 
 /// What a block carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,6 +166,18 @@ mod tests {
         assert_eq!(t, tail_value(42));
         assert_ne!(tail_value(42), tail_value(43));
         assert_ne!(tail_value(0), 0);
+    }
+
+    #[test]
+    fn compact_packets_save_one_packet_or_are_not_used() {
+        // 1 KiB at MTU 1024: 1088 framed bytes are two packets, the payload alone one.
+        assert!(compact_saves_packet(1024, 1024));
+        assert!(compact_saves_packet(4096, 4096) && compact_saves_packet(2048, 1024));
+        assert!(!compact_saves_packet(8, 1024) && !compact_saves_packet(900, 1024));
+        assert!(!compact_saves_packet(1024, usize::MAX) && !compact_saves_packet(0, 1024));
+        assert_eq!(decode_compact(compact_imm(1024, 63), 8128), Ok((1024, 63)));
+        assert!(decode_compact(compact_imm(9000, 0), 8128).unwrap_err().contains("exceeds"));
+        assert!(decode_compact(2 << 28, 8128).unwrap_err().contains("format 2"));
     }
 
     #[test]

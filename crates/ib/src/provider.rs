@@ -5,9 +5,11 @@
 //! [`SoftProvider`](crate::SoftProvider), which gives the same semantics between processes of
 //! one machine. The protocol code in [`DirectIb`](crate::DirectIb) is the same for both.
 //!
-//! Only RDMA write and read are in the trait: DirectIB carries every packet (eager data,
-//! rendezvous control, credits) by RDMA write into the peer's eager ring, as DCFA-MPI does, so
-//! it needs no receive queue.
+//! DirectIB carries every packet (eager data, rendezvous control, credits) by RDMA write into
+//! the peer's eager ring, as DCFA-MPI does. The receive queue serves one purpose: an RDMA write
+//! with immediate consumes a posted receive and tells the receiver, through a completion, that
+//! its data landed, with 32 bits of the sender's choosing. DirectIB uses it for packets whose
+//! header would push them past one path MTU (see `direct.rs`).
 
 use polyrail_core::Result;
 use std::fmt;
@@ -93,6 +95,9 @@ pub struct WorkRequest {
     /// Copy the data into the request at post time (small writes): the local memory may be
     /// reused at once.
     pub inline: bool,
+    /// For a write: the immediate data of an RDMA write with immediate, which consumes a
+    /// receive the peer posted ([`Provider::post_recv`]) and completes it with this value.
+    pub imm: Option<u32>,
 }
 
 /// Status of a work completion (the subset of `ibv_wc_status` the providers produce).
@@ -107,6 +112,8 @@ pub enum WcStatus {
     RemoteAccess,
     /// The peer did not answer: gone or unreachable (`IBV_WC_RETRY_EXC_ERR`).
     RetryExceeded,
+    /// The peer had no receive posted for a write with immediate (`IBV_WC_RNR_RETRY_EXC_ERR`).
+    ReceiverNotReady,
     /// Not executed because the queue pair had failed before (`IBV_WC_WR_FLUSH_ERR`).
     Flushed,
     /// Another provider status, by its number.
@@ -122,6 +129,9 @@ impl fmt::Display for WcStatus {
                 f.write_str("remote access error (wrong rkey, range outside the region, or access not granted)")
             }
             WcStatus::RetryExceeded => f.write_str("transport retry counter exceeded (peer gone or unreachable)"),
+            WcStatus::ReceiverNotReady => {
+                f.write_str("receiver not ready (no receive posted for a write with immediate)")
+            }
             WcStatus::Flushed => f.write_str("flushed (the queue pair failed earlier)"),
             WcStatus::Other(n) => write!(f, "provider status {n}"),
         }
@@ -137,6 +147,9 @@ pub struct Completion {
     pub status: WcStatus,
     /// Which queue pair it was posted on.
     pub qp: QpId,
+    /// For a receive ([`Provider::post_recv`]) that a write with immediate consumed: the
+    /// immediate data. `None` for send-queue requests and for failed receives.
+    pub imm: Option<u32>,
 }
 
 /// An RDMA provider. See the module documentation.
@@ -156,6 +169,10 @@ pub trait Provider: Send {
 
     /// Largest transfer of one work request.
     fn max_transfer(&self) -> usize;
+
+    /// Largest payload of one packet on the wire (the port's active MTU); `usize::MAX` when
+    /// transfers are not cut into packets.
+    fn mtu(&self) -> usize;
 
     /// Work requests that may be outstanding on one queue pair.
     fn max_outstanding(&self) -> usize;
@@ -178,8 +195,9 @@ pub trait Provider: Send {
     /// Ends a registration: peers' later accesses with its key fail.
     fn deregister(&mut self, mr: &MemoryRegion);
 
-    /// Creates a reliable-connected queue pair; returns it and its number for the peer.
-    fn create_qp(&mut self) -> Result<(QpId, u32)>;
+    /// Creates a reliable-connected queue pair with room for `recv_depth` posted receives;
+    /// returns it and its number for the peer.
+    fn create_qp(&mut self, recv_depth: usize) -> Result<(QpId, u32)>;
 
     /// Connects `qp` to queue pair `remote_qpn` at the device `remote_endpoint` and makes it
     /// ready to receive: from now on the peer's requests land.
@@ -191,6 +209,11 @@ pub trait Provider: Send {
 
     /// Posts a work request on `qp`. `Err` means it was not posted (queue full, not connected).
     fn post(&mut self, qp: QpId, wr: &WorkRequest) -> Result<()>;
+
+    /// Posts a receive without a buffer on `qp` (connected or not), for one write with immediate
+    /// from the peer; it completes with `wr_id` and the immediate data. A queue pair holds up to
+    /// `recv_depth` of them (given at [`Provider::create_qp`]).
+    fn post_recv(&mut self, qp: QpId, wr_id: u64) -> Result<()>;
 
     /// Appends up to `max` completions to `out`; returns how many.
     fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize;

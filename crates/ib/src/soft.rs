@@ -9,7 +9,11 @@
 //! verbs; nothing outside a registered region is ever touched.
 //!
 //! Operations run to completion inside [`Provider::post`]; completions are queued for
-//! [`Provider::poll`]. A write of more than 8 bytes lands in two steps, the last 8 bytes after
+//! [`Provider::poll`]. A write with immediate also needs a receive the target posted: the
+//! target publishes, per queue pair, how many it posted and a ring of completion slots; the
+//! initiator checks the count (none left: [`WcStatus::ReceiverNotReady`]), writes the data,
+//! then the immediate and a stamp into the next slot, which the target's `poll` turns into a
+//! receive completion. A write of more than 8 bytes lands in two steps, the last 8 bytes after
 //! the rest, so a receiver polling a tail word (DirectIB's eager ring) sees the tail only after
 //! the data: the in-order placement real HCAs give.
 //!
@@ -34,6 +38,8 @@ const MAX_TRANSFER: usize = 1 << 30;
 const MAX_OUTSTANDING: usize = 256;
 /// Bytes of an endpoint: magic, pid, table address, nonce.
 const ENDPOINT_LEN: usize = 28;
+/// Queue pairs one process can hold (its table publishes a receive queue for each).
+const QP_CAPACITY: usize = 4096;
 
 /// One registration as peers read it: 32 bytes, `repr(C)`.
 #[repr(C)]
@@ -46,6 +52,29 @@ struct Entry {
     _pad: u64,
 }
 
+/// A queue pair's receive queue as its peer reads it: 32 bytes, `repr(C)`.
+#[repr(C)]
+struct RecvQueue {
+    /// Receives posted so far (written by the owner only).
+    posted: AtomicU64,
+    /// Address of the completion slots, `u64` each: immediate data in the low half, the stamp
+    /// (receive number + 1, as `u32`, never 0) in the high half.
+    slots: AtomicU64,
+    /// Number of slots (the queue pair's receive depth).
+    capacity: AtomicU64,
+    _pad: u64,
+}
+
+/// A receive queue as copied from a peer.
+#[derive(Clone, Copy, Default)]
+#[repr(C)]
+struct RawRecvQueue {
+    posted: u64,
+    slots: u64,
+    capacity: u64,
+    _pad: u64,
+}
+
 /// The table header peers read with every entry.
 #[repr(C)]
 struct Header {
@@ -55,11 +84,23 @@ struct Header {
     _pad: u64,
 }
 
-/// The registration table: a header and the entries, contiguous, at a stable address.
+/// The registration table: a header, the entries and the receive queues (by queue pair
+/// number - 1), contiguous, at a stable address.
 #[repr(C)]
 struct Table {
     header: Header,
     entries: [Entry; TABLE_CAPACITY],
+    recv: [RecvQueue; QP_CAPACITY],
+}
+
+/// Offset of receive queue `i` in a table.
+fn recv_queue_offset(i: usize) -> u64 {
+    (std::mem::offset_of!(Table, recv) + std::mem::size_of::<RecvQueue>() * i) as u64
+}
+
+/// The stamp of receive number `n` (counted from 0) in its completion slot.
+fn stamp(n: u64) -> u32 {
+    (n % u32::MAX as u64) as u32 + 1
 }
 
 /// Entry as copied from a peer.
@@ -84,10 +125,19 @@ struct Remote {
 #[derive(Debug, Default)]
 struct SoftQp {
     remote: Option<Remote>,
+    /// The peer's queue pair number.
+    remote_qpn: u32,
     /// Ready to send (moved there on first use, as with real verbs).
     sending: bool,
     /// Set by the first failed completion; later requests are flushed.
     failed: bool,
+    /// Receives of the peer our writes with immediate consumed.
+    peer_recvs_used: u64,
+    /// Our posted receives (their `wr_id`s, oldest first), how many completed so far, and
+    /// their completion slots (published in the table).
+    recvs: VecDeque<u64>,
+    recvs_done: u64,
+    slots: Box<[AtomicU64]>,
 }
 
 /// The software RDMA provider (`POLYRAIL_IB_PROVIDER=soft`). See the module documentation.
@@ -99,6 +149,8 @@ pub struct SoftProvider {
     free: Vec<u16>,
     qps: Vec<SoftQp>,
     completions: VecDeque<Completion>,
+    /// What [`Provider::mtu`] reports.
+    mtu: usize,
 }
 
 impl std::fmt::Debug for SoftProvider {
@@ -117,6 +169,13 @@ impl SoftProvider {
     /// A provider for this process. Allows any process of the user to read and write its
     /// memory (Yama `PR_SET_PTRACER_ANY`, as the `cma` channel does).
     pub fn new() -> SoftProvider {
+        Self::with_mtu(usize::MAX)
+    }
+
+    /// As [`SoftProvider::new`], reporting `mtu` as its MTU: transfers still take one system
+    /// call each, but DirectIB sends compact packets as over a real port of that MTU (tests of
+    /// that path on a machine without RDMA).
+    pub fn with_mtu(mtu: usize) -> SoftProvider {
         // SAFETY: PR_SET_PTRACER takes an integer argument and only changes who may attach.
         unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0) };
         let pid = std::process::id();
@@ -142,6 +201,7 @@ impl SoftProvider {
             free: (0..TABLE_CAPACITY as u16).rev().collect(),
             qps: Vec::new(),
             completions: VecDeque::new(),
+            mtu,
         }
     }
 
@@ -167,29 +227,37 @@ impl SoftProvider {
             && mr.contains(wr.local_addr, wr.len)
     }
 
-    /// Executes one request against `remote`; the status of its completion.
-    fn execute(remote: Remote, wr: &WorkRequest) -> WcStatus {
+    /// Executes one request against `remote`, whose queue pair number `qpn` has had `recvs_used`
+    /// of its receives consumed by our writes with immediate; the status of its completion.
+    fn execute(remote: Remote, qpn: u32, recvs_used: u64, wr: &WorkRequest) -> WcStatus {
         let i = Self::key_index(wr.rkey);
         if i >= TABLE_CAPACITY {
             return WcStatus::RemoteAccess;
         }
-        // Read the header and the entry the key names in one call.
+        // Read the header, the entry the key names and, for a write with immediate, the
+        // receive queue, in one call.
         let mut header = [0u8; 32];
         let mut entry = RawEntry::default();
+        let mut rq = RawRecvQueue::default();
         let local = [
             libc::iovec { iov_base: header.as_mut_ptr().cast(), iov_len: 32 },
             libc::iovec { iov_base: (&mut entry as *mut RawEntry).cast(), iov_len: 32 },
+            libc::iovec { iov_base: (&mut rq as *mut RawRecvQueue).cast(), iov_len: 32 },
         ];
         let entry_addr = remote.table + 32 + 32 * i as u64;
+        let rq_addr = remote.table + recv_queue_offset((qpn as usize).saturating_sub(1).min(QP_CAPACITY - 1));
         let remote_iov = [
             libc::iovec { iov_base: remote.table as usize as *mut libc::c_void, iov_len: 32 },
             libc::iovec { iov_base: entry_addr as usize as *mut libc::c_void, iov_len: 32 },
+            libc::iovec { iov_base: rq_addr as usize as *mut libc::c_void, iov_len: 32 },
         ];
-        // SAFETY: both local iovecs describe our own writable 32-byte buffers; the kernel checks
+        let parts = if wr.imm.is_some() { 3 } else { 2 };
+        // SAFETY: the local iovecs describe our own writable 32-byte buffers; the kernel checks
         // the remote ranges.
-        let n =
-            unsafe { libc::process_vm_readv(remote.pid as libc::pid_t, local.as_ptr(), 2, remote_iov.as_ptr(), 2, 0) };
-        if n != 64 || u64_at(&header, 0) != TABLE_MAGIC || u64_at(&header, 8) != remote.nonce {
+        let n = unsafe {
+            libc::process_vm_readv(remote.pid as libc::pid_t, local.as_ptr(), parts, remote_iov.as_ptr(), parts, 0)
+        };
+        if n != 32 * parts as isize || u64_at(&header, 0) != TABLE_MAGIC || u64_at(&header, 8) != remote.nonce {
             // Gone (ESRCH), or a recycled pid that is not our peer any more.
             return WcStatus::RetryExceeded;
         }
@@ -202,7 +270,24 @@ impl SoftProvider {
         {
             return WcStatus::RemoteAccess;
         }
-        match vm_copy(remote.pid, wr.local_addr, wr.remote_addr, wr.len, wr.opcode == Opcode::Write) {
+        if wr.imm.is_some() && (rq.posted <= recvs_used || rq.capacity == 0 || rq.slots == 0) {
+            return WcStatus::ReceiverNotReady;
+        }
+        let copied =
+            vm_copy(remote.pid, wr.local_addr, wr.remote_addr, wr.len, wr.opcode == Opcode::Write).and_then(|()| {
+                match wr.imm {
+                    // The immediate, then the stamp that makes the slot complete (two steps: the
+                    // target sees the stamp only after the immediate).
+                    Some(imm) => {
+                        let slot = rq.slots + 8 * (recvs_used % rq.capacity);
+                        let stamp = stamp(recvs_used);
+                        copy_range(remote.pid, &imm as *const u32 as u64, slot, 4, true)?;
+                        copy_range(remote.pid, &stamp as *const u32 as u64, slot + 4, 4, true)
+                    }
+                    None => Ok(()),
+                }
+            });
+        match copied {
             Ok(()) => WcStatus::Success,
             Err(e) if e.raw_os_error() == Some(libc::EFAULT) => WcStatus::RemoteAccess,
             Err(_) => WcStatus::RetryExceeded,
@@ -277,6 +362,12 @@ impl Provider for SoftProvider {
         MAX_TRANSFER
     }
 
+    /// No packets (`usize::MAX`; every transfer is one system call) unless made
+    /// [`SoftProvider::with_mtu`].
+    fn mtu(&self) -> usize {
+        self.mtu
+    }
+
     fn cpu_copies(&self) -> bool {
         true
     }
@@ -326,12 +417,26 @@ impl Provider for SoftProvider {
         self.free.push(mr.handle as u16);
     }
 
-    fn create_qp(&mut self) -> Result<(QpId, u32)> {
-        self.qps.push(SoftQp::default());
-        Ok((self.qps.len() - 1, self.qps.len() as u32))
+    fn create_qp(&mut self, recv_depth: usize) -> Result<(QpId, u32)> {
+        let i = self.qps.len();
+        if i >= QP_CAPACITY {
+            return Err(Error::Transport {
+                kind: "ib",
+                what: format!("soft provider: all {QP_CAPACITY} queue pairs in use"),
+            });
+        }
+        let slots: Box<[AtomicU64]> = (0..recv_depth).map(|_| AtomicU64::new(0)).collect();
+        let rq = &self.table.recv[i];
+        // Relaxed: a peer reads these only after it learned the queue pair number, which
+        // leaves this process after this returns.
+        rq.posted.store(0, Ordering::Relaxed);
+        rq.slots.store(if recv_depth == 0 { 0 } else { slots.as_ptr() as u64 }, Ordering::Relaxed);
+        rq.capacity.store(recv_depth as u64, Ordering::Relaxed);
+        self.qps.push(SoftQp { slots, ..SoftQp::default() });
+        Ok((i, i as u32 + 1))
     }
 
-    fn connect(&mut self, qp: QpId, remote_endpoint: &[u8], _remote_qpn: u32) -> Result<()> {
+    fn connect(&mut self, qp: QpId, remote_endpoint: &[u8], remote_qpn: u32) -> Result<()> {
         let bad = |why: String| Error::Transport { kind: "ib", what: format!("soft provider: {why}") };
         if remote_endpoint.len() != ENDPOINT_LEN || u64_at(remote_endpoint, 0) != TABLE_MAGIC {
             return Err(bad(format!(
@@ -357,8 +462,12 @@ impl Provider for SoftProvider {
         if u64_at(&header, 0) != TABLE_MAGIC || u64_at(&header, 8) != remote.nonce {
             return Err(bad(format!("pid {pid} does not hold the registration table it published")));
         }
+        if remote_qpn == 0 || remote_qpn as usize > QP_CAPACITY {
+            return Err(bad(format!("queue pair number {remote_qpn} of pid {pid} is outside 1..={QP_CAPACITY}")));
+        }
         let q = self.qps.get_mut(qp).ok_or_else(|| bad(format!("no queue pair {qp}")))?;
         q.remote = Some(remote);
+        q.remote_qpn = remote_qpn;
         Ok(())
     }
 
@@ -373,6 +482,9 @@ impl Provider for SoftProvider {
     }
 
     fn post(&mut self, qp: QpId, wr: &WorkRequest) -> Result<()> {
+        if wr.imm.is_some() && wr.opcode != Opcode::Write {
+            return Err(Error::InvalidArgument("immediate data on an RDMA read".into()));
+        }
         let local_ok = self.check_local(wr);
         let q =
             self.qps.get_mut(qp).ok_or_else(|| Error::Transport { kind: "ib", what: format!("no queue pair {qp}") })?;
@@ -384,16 +496,48 @@ impl Provider for SoftProvider {
         } else if !local_ok {
             WcStatus::LocalProtection
         } else {
-            Self::execute(remote, wr)
+            Self::execute(remote, q.remote_qpn, q.peer_recvs_used, wr)
         };
         q.failed |= status != WcStatus::Success;
-        self.completions.push_back(Completion { wr_id: wr.wr_id, status, qp });
+        q.peer_recvs_used += (status == WcStatus::Success && wr.imm.is_some()) as u64;
+        self.completions.push_back(Completion { wr_id: wr.wr_id, status, qp, imm: None });
+        Ok(())
+    }
+
+    fn post_recv(&mut self, qp: QpId, wr_id: u64) -> Result<()> {
+        let q =
+            self.qps.get_mut(qp).ok_or_else(|| Error::Transport { kind: "ib", what: format!("no queue pair {qp}") })?;
+        if q.recvs.len() >= q.slots.len() {
+            return Err(Error::Transport {
+                kind: "ib",
+                what: format!("receive queue of queue pair {qp} is full ({} receives posted)", q.slots.len()),
+            });
+        }
+        q.recvs.push_back(wr_id);
+        // Release: orders nothing the peer reads after it (the slots are ours until it writes
+        // them), but pairs with the peer's read of the count for the same reason as `register`.
+        self.table.recv[qp].posted.store(q.recvs_done + q.recvs.len() as u64, Ordering::Release);
         Ok(())
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
-        let n = max.min(self.completions.len());
+        let mut n = max.min(self.completions.len());
         out.extend(self.completions.drain(..n));
+        for (i, q) in self.qps.iter_mut().enumerate() {
+            while n < max && !q.recvs.is_empty() {
+                let slot = &q.slots[(q.recvs_done % q.slots.len() as u64) as usize];
+                // Acquire: the peer wrote the data and the immediate before the stamp (earlier
+                // system calls), so they are in place once the stamp is seen.
+                let v = slot.load(Ordering::Acquire);
+                if (v >> 32) as u32 != stamp(q.recvs_done) {
+                    break;
+                }
+                let wr_id = q.recvs.pop_front().unwrap_or_default();
+                q.recvs_done += 1;
+                out.push(Completion { wr_id, status: WcStatus::Success, qp: i, imm: Some(v as u32) });
+                n += 1;
+            }
+        }
         n
     }
 }

@@ -18,7 +18,7 @@
 //! flags, registration of memory the caller owns and `lkey`, all of which DirectIB needs. Since
 //! none of its objects can be combined with raw calls, it is not used at all.
 //!
-//! The `static inline` verbs of `verbs.h` (`ibv_post_send`, `ibv_poll_cq`) are not symbols of
+//! The `static inline` verbs of `verbs.h` (`ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq`) are not symbols of
 //! `libibverbs.so`; like those inlines, this module calls the provider's functions from the
 //! context's `ops` table.
 //!
@@ -39,7 +39,7 @@
 //! [`Provider::connect`] moves a queue pair INIT → RTR → RTS with path MTU = the smaller of both
 //! ports' MTUs, the remote GID in a GRH (global route header) when the link layer is Ethernet
 //! (RoCE) or the peer has no LID, ack timeout 14 (4.096 µs × 2^14 ≈ 67 ms: Soft-RoCE under
-//! emulation is slow to answer), retry count 7 and RNR retry 7. On Soft-RoCE (vendor id
+//! emulation is slow to answer), retry count 7 and RNR retry 6 (see `RNR_RETRY`). On Soft-RoCE (vendor id
 //! 0xffffff) the retry count is 6: rdma_rxe treats 7 as "retry forever" (as the specification
 //! does for RNR retries only), so a peer that is gone would never end in
 //! [`WcStatus::RetryExceeded`]; with 6 it does after about 7 × 67 ms.
@@ -51,8 +51,9 @@
 //!   finds what the device grants, so [`Provider::max_inline`] and
 //!   [`Provider::max_outstanding`] hold from the start. [`Provider::post`] refuses (`Err`) a
 //!   request when the queue pair has that many requests whose completions were not polled yet,
-//!   and the completion queue grows (`ibv_resize_cq`) with the number of queue pairs, so it can
-//!   never overflow.
+//!   and the completion queue grows (`ibv_resize_cq`) with the queue pairs' send and receive
+//!   depths, so it can never overflow. Receives carry no buffer: they are for writes with
+//!   immediate only.
 //! - Verbs require local write access with remote write access, so a registration with
 //!   [`Access::REMOTE_WRITE`] also gets `IBV_ACCESS_LOCAL_WRITE`.
 //! - A request longer than the port's `max_msg_sz` ([`Provider::max_transfer`]) is refused at
@@ -89,8 +90,10 @@ const RETRY_CNT_RXE: u8 = 6;
 const RXE_VENDOR_ID: u32 = 0xff_ffff;
 /// `vendor_id` of soft iWARP (siw) devices.
 const SIW_VENDOR_ID: u32 = 0x62_6d74;
-/// Receiver-not-ready retries (7 = without limit; DirectIB posts no sends, so none happen).
-const RNR_RETRY: u8 = 7;
+/// Receiver-not-ready retries. DirectIB keeps a receive posted for every write with immediate
+/// a peer may make, so a receiver-not-ready NAK means a broken peer: 6 fails the request after
+/// a few timer periods (7 would retry without limit).
+const RNR_RETRY: u8 = 6;
 /// Receiver-not-ready NAK timer (12 ≈ 0.64 ms).
 const MIN_RNR_TIMER: u8 = 12;
 /// Hop limit of the GRH (RoCE v2 routes by it like an IP TTL).
@@ -106,6 +109,8 @@ const LINK_LAYER_ETHERNET: u8 = ffi::IBV_LINK_LAYER_ETHERNET as u8;
 type PollCq = unsafe extern "C" fn(*mut ffi::ibv_cq, c_int, *mut ffi::ibv_wc) -> c_int;
 /// `post_send` of the device's context ops.
 type PostSend = unsafe extern "C" fn(*mut ffi::ibv_qp, *mut ffi::ibv_send_wr, *mut *mut ffi::ibv_send_wr) -> c_int;
+/// `post_recv` of the device's context ops.
+type PostRecv = unsafe extern "C" fn(*mut ffi::ibv_qp, *mut ffi::ibv_recv_wr, *mut *mut ffi::ibv_recv_wr) -> c_int;
 
 fn transport(what: String) -> Error {
     Error::Transport { kind: "ib", what }
@@ -254,6 +259,9 @@ pub struct VerbsProvider {
     cq: *mut ffi::ibv_cq,
     poll_cq: Option<PollCq>,
     post_send: Option<PostSend>,
+    post_recv: Option<PostRecv>,
+    /// Completion queue entries the queue pairs made so far can fill (send and receive depths).
+    cq_need: u64,
     device: String,
     port: u8,
     gid_index: u8,
@@ -330,6 +338,8 @@ impl VerbsProvider {
             cq: ptr::null_mut(),
             poll_cq: None,
             post_send: None,
+            post_recv: None,
+            cq_need: 0,
             device,
             port,
             gid_index: settings.gid_index,
@@ -429,14 +439,17 @@ impl VerbsProvider {
         let ops = unsafe { &(*self.ctx).ops };
         self.poll_cq = ops.poll_cq;
         self.post_send = ops.post_send;
-        if self.poll_cq.is_none() || self.post_send.is_none() {
-            return Err(transport(format!("the rdma-core provider of {device} has no poll_cq or post_send")));
+        self.post_recv = ops.post_recv;
+        if self.poll_cq.is_none() || self.post_send.is_none() || self.post_recv.is_none() {
+            return Err(transport(format!(
+                "the rdma-core provider of {device} has no poll_cq, post_send or post_recv"
+            )));
         }
 
         // Probe: the largest inline size the device grants, and the actual depth.
         let mut last = io::Error::other("no attempt");
         for want in INLINE_WANTED {
-            match self.new_qp(want) {
+            match self.new_qp(want, 1) {
                 Ok((qp, cap)) => {
                     // SAFETY: the probe queue pair was just created and is used by nothing.
                     unsafe { ffi::ibv_destroy_qp(qp) };
@@ -450,9 +463,9 @@ impl VerbsProvider {
         Err(transport(format!("ibv_create_qp({device}, RC, {} requests): {last}", self.depth)))
     }
 
-    /// Creates an RC queue pair on the shared completion queue; returns it and its granted
-    /// capabilities.
-    fn new_qp(&self, inline: u32) -> io::Result<(*mut ffi::ibv_qp, ffi::ibv_qp_cap)> {
+    /// Creates an RC queue pair on the shared completion queue with room for `recv_depth`
+    /// receives; returns it and its granted capabilities.
+    fn new_qp(&self, inline: u32, recv_depth: u32) -> io::Result<(*mut ffi::ibv_qp, ffi::ibv_qp_cap)> {
         let mut init = ffi::ibv_qp_init_attr {
             qp_context: ptr::null_mut(),
             send_cq: self.cq,
@@ -460,7 +473,7 @@ impl VerbsProvider {
             srq: ptr::null_mut(),
             cap: ffi::ibv_qp_cap {
                 max_send_wr: self.depth,
-                max_recv_wr: 1,
+                max_recv_wr: recv_depth.max(1),
                 max_send_sge: 1,
                 max_recv_sge: 1,
                 max_inline_data: inline,
@@ -492,19 +505,21 @@ impl VerbsProvider {
         Ok(())
     }
 
-    /// Makes room in the completion queue for the completions of `qps` queue pairs.
-    fn grow_cq(&mut self, qps: usize) -> Result<()> {
-        let need = qps as u64 * self.depth as u64;
+    /// Makes room in the completion queue for `more` completions.
+    fn grow_cq(&mut self, more: u64) -> Result<()> {
+        let need = self.cq_need + more;
         // SAFETY: `cq` is this provider's live completion queue; `cqe` is its current size.
         let have = unsafe { (*self.cq).cqe } as u64;
         if need <= have {
+            self.cq_need = need;
             return Ok(());
         }
         let max = self.max_cqe.max(0) as u64;
         if need > max {
             return Err(transport(format!(
-                "verbs provider: {qps} queue pairs of {} requests need {need} completion queue entries, {} allows {max}",
-                self.depth, self.device
+                "verbs provider: {} queue pairs need {need} completion queue entries, {} allows {max}",
+                self.qps.len() + 1,
+                self.device
             )));
         }
         let size = (need * 2).min(max) as c_int;
@@ -513,6 +528,7 @@ impl VerbsProvider {
         if rc != 0 {
             return Err(transport(format!("ibv_resize_cq({}, {size}): {}", self.device, verb_error(rc))));
         }
+        self.cq_need = need;
         Ok(())
     }
 }
@@ -578,6 +594,11 @@ impl Provider for VerbsProvider {
 
     fn max_transfer(&self) -> usize {
         self.max_msg
+    }
+
+    /// The port's active MTU (a queue pair's path MTU is the smaller of both ends').
+    fn mtu(&self) -> usize {
+        mtu_bytes(self.local.mtu).max(256)
     }
 
     fn cpu_copies(&self) -> bool {
@@ -648,20 +669,25 @@ impl Provider for VerbsProvider {
         self.free_mrs.push(mr.handle);
     }
 
-    fn create_qp(&mut self) -> Result<(QpId, u32)> {
-        self.grow_cq(self.qps.len() + 1)?;
-        let (qp, cap) = self
-            .new_qp(self.inline)
-            .map_err(|e| transport(format!("ibv_create_qp({}, RC, {} requests): {e}", self.device, self.depth)))?;
+    fn create_qp(&mut self, recv_depth: usize) -> Result<(QpId, u32)> {
+        let recv_depth = u32::try_from(recv_depth)
+            .map_err(|_| Error::InvalidArgument(format!("receive depth {recv_depth} of a queue pair")))?;
+        self.grow_cq(self.depth as u64 + recv_depth as u64)?;
+        let (qp, cap) = self.new_qp(self.inline, recv_depth).map_err(|e| {
+            transport(format!(
+                "ibv_create_qp({}, RC, {} requests, {recv_depth} receives): {e}",
+                self.device, self.depth
+            ))
+        })?;
         // SAFETY: a live queue pair just created.
         let num = unsafe { (*qp).qp_num };
         let id = self.qps.len();
         self.qps.push(Qp { qp, num, connected: false, sending: false, outstanding: 0 });
         self.by_num.insert(num, id);
-        if cap.max_send_wr < self.depth || cap.max_inline_data < self.inline {
+        if cap.max_send_wr < self.depth || cap.max_inline_data < self.inline || cap.max_recv_wr < recv_depth {
             return Err(transport(format!(
-                "ibv_create_qp({}) granted {} requests and {} B inline, the probe {} and {} B",
-                self.device, cap.max_send_wr, cap.max_inline_data, self.depth, self.inline
+                "ibv_create_qp({}) granted {} requests, {} receives and {} B inline, asked for {}, {recv_depth} and {} B",
+                self.device, cap.max_send_wr, cap.max_recv_wr, cap.max_inline_data, self.depth, self.inline
             )));
         }
         let mut a = ffi::ibv_qp_attr {
@@ -773,6 +799,9 @@ impl Provider for VerbsProvider {
                 wr.len
             )));
         }
+        if wr.imm.is_some() && wr.opcode != Opcode::Write {
+            return Err(Error::InvalidArgument("immediate data on an RDMA read".into()));
+        }
         let mut sge = ffi::ibv_sge { addr: wr.local_addr, length: wr.len as u32, lkey: wr.lkey };
         let mut flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED;
         if wr.inline && wr.opcode == Opcode::Write && wr.len <= inline_max {
@@ -783,13 +812,16 @@ impl Provider for VerbsProvider {
             next: ptr::null_mut(),
             sg_list: &mut sge,
             num_sge: if wr.len == 0 { 0 } else { 1 },
-            opcode: match wr.opcode {
-                Opcode::Write => ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-                Opcode::Read => ffi::ibv_wr_opcode::IBV_WR_RDMA_READ,
+            opcode: match (wr.opcode, wr.imm) {
+                (Opcode::Write, None) => ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                (Opcode::Write, Some(_)) => ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
+                (Opcode::Read, _) => ffi::ibv_wr_opcode::IBV_WR_RDMA_READ,
             },
             send_flags: flags.0,
             ..Default::default()
         };
+        // Network byte order on the wire, as verbs wants it.
+        swr.__bindgen_anon_1.imm_data = wr.imm.unwrap_or(0).to_be();
         swr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: wr.remote_addr, rkey: wr.rkey };
         let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
         let post_send = self.post_send.ok_or_else(|| transport("verbs provider: no post_send".into()))?;
@@ -802,6 +834,21 @@ impl Provider for VerbsProvider {
             return Err(transport(format!("ibv_post_send on queue pair {qp}: {}", verb_error(rc))));
         }
         q.outstanding += 1;
+        Ok(())
+    }
+
+    fn post_recv(&mut self, qp: QpId, wr_id: u64) -> Result<()> {
+        let q = self.qps.get(qp).ok_or_else(|| transport(format!("verbs provider: no queue pair {qp}")))?;
+        let post_recv = self.post_recv.ok_or_else(|| transport("verbs provider: no post_recv".into()))?;
+        let mut rwr = ffi::ibv_recv_wr { wr_id, next: ptr::null_mut(), sg_list: ptr::null_mut(), num_sge: 0 };
+        let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
+        // SAFETY: `q.qp` is a live queue pair of this provider's context, whose ops table
+        // `post_recv` comes from (what the inline ibv_post_recv calls); `rwr` names no memory
+        // and outlives the call, which copies it into the receive queue.
+        let rc = unsafe { post_recv(q.qp, &mut rwr, &mut bad) };
+        if rc != 0 {
+            return Err(transport(format!("ibv_post_recv on queue pair {qp}: {}", verb_error(rc))));
+        }
         Ok(())
     }
 
@@ -823,8 +870,13 @@ impl Provider for VerbsProvider {
                     tracing::warn!("completion for unknown queue pair number {}", wc.qp_num);
                     continue;
                 };
-                let q = &mut self.qps[qp];
-                q.outstanding = q.outstanding.saturating_sub(1);
+                // Receives are not counted in `outstanding` (a failed one has no valid opcode, but
+                // then the queue pair is in error and its count no longer matters).
+                let received = wc.is_valid() && wc.opcode() & ffi::ibv_wc_opcode::IBV_WC_RECV != 0;
+                if !received {
+                    let q = &mut self.qps[qp];
+                    q.outstanding = q.outstanding.saturating_sub(1);
+                }
                 let status = match wc.error() {
                     None => WcStatus::Success,
                     Some((s, vendor)) => {
@@ -833,12 +885,14 @@ impl Provider for VerbsProvider {
                             ffi::ibv_wc_status::IBV_WC_LOC_PROT_ERR => WcStatus::LocalProtection,
                             ffi::ibv_wc_status::IBV_WC_REM_ACCESS_ERR => WcStatus::RemoteAccess,
                             ffi::ibv_wc_status::IBV_WC_RETRY_EXC_ERR => WcStatus::RetryExceeded,
+                            ffi::ibv_wc_status::IBV_WC_RNR_RETRY_EXC_ERR => WcStatus::ReceiverNotReady,
                             ffi::ibv_wc_status::IBV_WC_WR_FLUSH_ERR => WcStatus::Flushed,
                             other => WcStatus::Other(other),
                         }
                     }
                 };
-                out.push(Completion { wr_id: wc.wr_id(), status, qp });
+                let imm = if received { wc.imm_data().map(u32::from_be) } else { None };
+                out.push(Completion { wr_id: wc.wr_id(), status, qp, imm });
                 total += 1;
             }
             if n < want {

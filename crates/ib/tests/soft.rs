@@ -24,6 +24,56 @@ fn two_floods_never_deadlock() {
 }
 
 #[test]
+fn like_messages_go_compact_at_a_packet_mtu() {
+    let compact = common::like_messages_go_compact(|| SoftProvider::with_mtu(1024), &IbSettings::default(), 1024);
+    assert!(compact > 200, "{compact}");
+    // Without packets nothing is saved: every packet framed, as the soft provider runs by default.
+    assert_eq!(common::like_messages_go_compact(SoftProvider::new, &IbSettings::default(), 1024), 0);
+}
+
+/// Provider level: a write with immediate consumes a posted receive, whose completion carries
+/// the immediate; with none posted it fails as receiver-not-ready; a read cannot carry one.
+#[test]
+fn soft_writes_with_immediate_consume_posted_receives() {
+    let (mut target, mut initiator) = (SoftProvider::new(), SoftProvider::new());
+    let mut mem = vec![0u8; 64];
+    let mr = unsafe { target.register(mem.as_mut_ptr(), 64, Access::ALL).unwrap() };
+    let mut src = vec![7u8; 16];
+    let src_mr = unsafe { initiator.register(src.as_mut_ptr(), 16, Access::ALL).unwrap() };
+    let (tq, tnum) = target.create_qp(2).unwrap();
+    let (iq, inum) = initiator.create_qp(0).unwrap();
+    target.connect(tq, &initiator.endpoint(), inum).unwrap();
+    initiator.connect(iq, &target.endpoint(), tnum).unwrap();
+    initiator.ready_to_send(iq).unwrap();
+    target.post_recv(tq, 41).unwrap();
+    target.post_recv(tq, 42).unwrap();
+    assert!(target.post_recv(tq, 43).unwrap_err().to_string().contains("full"));
+    let wr = |imm| WorkRequest {
+        imm: Some(imm),
+        ..request(1, Opcode::Write, src.as_ptr() as u64, src_mr.lkey, mr.addr, mr.rkey, 16)
+    };
+    let mut out = Vec::new();
+    for imm in [0xdead_beef, 5] {
+        initiator.post(iq, &wr(imm)).unwrap();
+        out.clear();
+        initiator.poll(&mut out, 4);
+        assert_eq!((out[0].status, out[0].imm), (WcStatus::Success, None));
+    }
+    out.clear();
+    assert_eq!(target.poll(&mut out, 8), 2);
+    assert_eq!(out.iter().map(|c| (c.wr_id, c.imm)).collect::<Vec<_>>(), [(41, Some(0xdead_beef)), (42, Some(5))]);
+    assert_eq!(&mem[..16], &[7u8; 16]);
+    // Both receives used: the next write with immediate finds none.
+    initiator.post(iq, &wr(6)).unwrap();
+    out.clear();
+    initiator.poll(&mut out, 4);
+    assert_eq!(out[0].status, WcStatus::ReceiverNotReady);
+    let read =
+        WorkRequest { imm: Some(1), ..request(2, Opcode::Read, src.as_ptr() as u64, src_mr.lkey, mr.addr, mr.rkey, 8) };
+    assert!(initiator.post(iq, &read).is_err());
+}
+
+#[test]
 fn get_and_put_move_registered_memory() {
     let (mut a, mut b) = soft_pair(&IbSettings { bounce: 0, ..IbSettings::default() });
     let (mut ra, mut rb) = (Recorder::default(), Recorder::default());
@@ -134,7 +184,7 @@ fn soft_provider_checks_keys_and_bounds() {
     let src_mr = unsafe { initiator.register(src.as_mut_ptr(), src.len(), Access::ALL).unwrap() };
     let endpoint = target.endpoint();
     let fresh_qp = |p: &mut SoftProvider| {
-        let (qp, _) = p.create_qp().unwrap();
+        let (qp, _) = p.create_qp(0).unwrap();
         p.connect(qp, &endpoint, 1).unwrap();
         p.ready_to_send(qp).unwrap();
         qp
@@ -184,6 +234,40 @@ fn soft_provider_checks_keys_and_bounds() {
     out.clear();
     initiator.poll(&mut out, 8);
     assert_eq!(out[0].status, WcStatus::RemoteAccess);
+}
+
+/// A compact packet with an unknown immediate format, or before any framed packet (no header to
+/// follow), fails the peer with a reason.
+#[test]
+fn malformed_compact_packets_fail_the_peer_with_a_reason() {
+    for (imm, why) in [(2u32 << 28 | 8, "unknown immediate format 2"), (1 << 28 | 8, "before any framed one")] {
+        let (_a, mut b) = pair(|| SoftProvider::with_mtu(1024), &IbSettings::default());
+        let addr = b.address();
+        let at = 4 + 1 + 4 + 4 + 28;
+        let rings = u64::from_le_bytes(addr[at..at + 8].try_into().unwrap());
+        let rkey = u32::from_le_bytes(addr[at + 8..at + 12].try_into().unwrap());
+        let mut forger = SoftProvider::new();
+        let mut data = vec![1u8; 8];
+        let mr = unsafe { forger.register(data.as_mut_ptr(), 8, Access::ALL).unwrap() };
+        let (qp, _) = forger.create_qp(0).unwrap();
+        // b's queue pair for rank 0 is its first: number 1.
+        forger.connect(qp, &addr[13..41], 1).unwrap();
+        forger.ready_to_send(qp).unwrap();
+        let wr = WorkRequest {
+            imm: Some(imm),
+            ..request(0, Opcode::Write, data.as_ptr() as u64, mr.lkey, rings + 56, rkey, 8)
+        };
+        forger.post(qp, &wr).unwrap();
+        let mut out = Vec::new();
+        forger.poll(&mut out, 4);
+        assert_eq!(out[0].status, WcStatus::Success);
+        let mut rb = Recorder::default();
+        b.progress(64, &mut rb).unwrap();
+        match &rb.lost[..] {
+            [(0, Error::PeerLost { why: w, .. })] => assert!(w.contains(why), "{w}"),
+            other => panic!("{why}: {other:?}"),
+        }
+    }
 }
 
 /// A peer that finalizes says BYE; one that vanishes is found by the heartbeat.
@@ -254,7 +338,7 @@ fn malformed_packets_fail_the_peer_with_a_reason() {
         // The tail of block 0 (empty payload): the block counts as landed.
         block[56..64].copy_from_slice(&0x5052_4942_7461_696c_u64.to_le_bytes());
         let mr = unsafe { forger.register(block.as_mut_ptr(), 64, Access::ALL).unwrap() };
-        let (qp, _) = forger.create_qp().unwrap();
+        let (qp, _) = forger.create_qp(0).unwrap();
         forger.connect(qp, &addr[13..41], 1).unwrap();
         forger.ready_to_send(qp).unwrap();
         let wr = request(0, Opcode::Write, block.as_ptr() as u64, mr.lkey, rings, rkey, 64);

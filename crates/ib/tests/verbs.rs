@@ -68,6 +68,14 @@ fn wait_completed(t: &mut DirectIb<VerbsProvider>, rec: &mut Recorder, n: usize)
 }
 
 #[test]
+fn like_messages_go_compact_at_the_port_mtu() {
+    let Some(s) = settings("like_messages_go_compact_at_the_port_mtu") else { return };
+    let mtu = open(&s).mtu();
+    let compact = common::like_messages_go_compact(|| open(&s), &s, mtu);
+    assert!(compact > 200, "{compact}");
+}
+
+#[test]
 fn get_and_put_move_registered_memory() {
     let Some(env) = settings("get/put") else { return };
     let (mut a, mut b) = verbs_pair(&env);
@@ -138,8 +146,8 @@ fn get_and_put_move_registered_memory() {
 
 /// A connected pair of queue pairs: `(initiator's, target's)`.
 fn qp_pair(initiator: &mut VerbsProvider, target: &mut VerbsProvider) -> (QpId, QpId) {
-    let (iq, inum) = initiator.create_qp().unwrap();
-    let (tq, tnum) = target.create_qp().unwrap();
+    let (iq, inum) = initiator.create_qp(0).unwrap();
+    let (tq, tnum) = target.create_qp(0).unwrap();
     initiator.connect(iq, &target.endpoint(), tnum).unwrap();
     target.connect(tq, &initiator.endpoint(), inum).unwrap();
     initiator.ready_to_send(iq).unwrap();

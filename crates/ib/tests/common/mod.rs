@@ -3,7 +3,9 @@
 #![allow(dead_code)]
 
 use polyrail_core::config::IbSettings;
-use polyrail_core::{Error, Header, Issued, OpId, PeerInfo, Rank, Reach, RemoteKey, Result, Sink, Transport};
+use polyrail_core::{
+    Error, Header, Issued, OpId, PacketKind, PeerInfo, Rank, Reach, RemoteKey, Result, Sink, Transport,
+};
 use polyrail_ib::provider::{Opcode, WorkRequest};
 use polyrail_ib::{DirectIb, Provider};
 use std::time::{Duration, Instant};
@@ -128,6 +130,58 @@ pub fn two_floods_never_deadlock<P: Provider>(open: impl Fn() -> P, env: &IbSett
     assert!(ra.lost.is_empty() && rb.lost.is_empty());
 }
 
+/// A stream of eager messages through a ring of 8 blocks to a receiver that reads 3 per round:
+/// those of whole MTU packets (`mtu` bytes and twice that, or a little less, which 64 bytes of
+/// framing would push into one more packet) whose header follows the one before go compact,
+/// the others framed (small ones, and the first after a change of tag); every header and
+/// payload arrives as sent, in order. A provider whose [`Provider::mtu`] is not `mtu` (one
+/// without packets) sends every packet framed. Returns the compact packets sent.
+pub fn like_messages_go_compact<P: Provider>(open: impl Fn() -> P, env: &IbSettings, mtu: usize) -> u64 {
+    let packets = open().mtu() == mtu;
+    let settings = IbSettings { credits: 8, block: 3 * mtu, sync_limit: 2, ..env.clone() };
+    let (mut a, mut b) = pair(open, &settings);
+    let (mut ra, mut rb) = (Recorder::default(), Recorder::default());
+    let sizes = [mtu, 8, 2 * mtu, mtu - 24, mtu - 124, 0];
+    let total = 600u32;
+    let message = |i: u32| {
+        let len = sizes[i as usize % sizes.len()];
+        let tag = if i % 7 == 0 { 1000 + i } else { 5 };
+        let mut h = [0u8; Header::WIRE_LEN];
+        Header { tag, seq: i, len: len as u64, ..Header::new(PacketKind::Eager) }.encode(&mut h);
+        (h, (0..len).map(|j| (i as usize * 13 + j) as u8).collect::<Vec<u8>>())
+    };
+    let mut expected = 0u64;
+    let mut sent = 0u32;
+    until("600 like messages through a ring of 8", || {
+        while sent < total {
+            let (h, payload) = message(sent);
+            match a.try_send(1, &h, &payload).unwrap() {
+                Issued::Done => {
+                    let framed = (56 + payload.len()).next_multiple_of(8) + 8;
+                    let follows = sent % 7 > 1;
+                    expected += (packets
+                        && follows
+                        && !payload.is_empty()
+                        && framed.div_ceil(mtu) > payload.len().div_ceil(mtu)) as u64;
+                    sent += 1;
+                }
+                Issued::WouldBlock => break,
+                other => unreachable!("eager packets finish at once: {other:?}"),
+            }
+        }
+        a.progress(64, &mut ra).unwrap();
+        b.progress(3, &mut rb).unwrap();
+        rb.messages.len() >= total as usize
+    });
+    assert!(ra.lost.is_empty() && rb.lost.is_empty(), "{:?} {:?}", ra.lost, rb.lost);
+    for (i, (from, h, p)) in rb.messages.iter().enumerate() {
+        let (eh, ep) = message(i as u32);
+        assert_eq!((*from, h, p), (0, &eh, &ep), "message {i}");
+    }
+    assert_eq!(a.compact_packets_sent(), expected);
+    expected
+}
+
 /// `key` (an `ib` key: rkey u32, address u64, length u64) claiming `extra` more bytes than it
 /// covers: a forged length that only the peer's device can refuse.
 pub fn widened(key: &RemoteKey, extra: u64) -> RemoteKey {
@@ -148,5 +202,5 @@ pub fn request(
     rkey: u32,
     len: usize,
 ) -> WorkRequest {
-    WorkRequest { wr_id, opcode, local_addr, len, lkey, remote_addr, rkey, inline: false }
+    WorkRequest { wr_id, opcode, local_addr, len, lkey, remote_addr, rkey, inline: false, imm: None }
 }
