@@ -211,6 +211,10 @@ pub struct IbSettings {
     /// Default 14 (67 ms): a peer that is gone fails a write after the retries, about half a
     /// second. The software provider has no timeout (a gone peer fails its next operation).
     pub ack_timeout: u8,
+    /// `POLYRAIL_IB_COMPACT` (`on` / `off`): whether eager packets of whole path-MTU packets
+    /// may leave their header out (RDMA write with immediate) in streams of like messages.
+    /// Default on; off for comparisons (a process with it off also takes none: its address says so).
+    pub compact: bool,
 }
 
 impl Default for IbSettings {
@@ -225,6 +229,7 @@ impl Default for IbSettings {
             sync_limit: 2,
             bounce: 64 << 10,
             ack_timeout: 14,
+            compact: true,
         }
     }
 }
@@ -347,6 +352,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("POLYRAIL_IB_SYNC_LIMIT", "free blocks under which a receiver returns credits at once (default 2)"),
     ("POLYRAIL_IB_BOUNCE", "largest ib rendezvous copied through pre-registered buffers, 0 = never (default 64k)"),
     ("POLYRAIL_IB_ACK_TIMEOUT", "verbs queue pairs' ack timeout, 4.096 us x 2^N (default 14, 67 ms)"),
+    ("POLYRAIL_IB_COMPACT", "on (default) or off: MTU-sized ib packets without header in streams of like messages"),
 ];
 
 impl Config {
@@ -532,6 +538,13 @@ impl Config {
             "POLYRAIL_IB_BOUNCE" => self.ib.bounce = size_in(0, 16 << 20)?,
             // 0 would be an infinite timeout: a peer that is gone would never be noticed.
             "POLYRAIL_IB_ACK_TIMEOUT" => self.ib.ack_timeout = count_in(1, 31)? as u8,
+            "POLYRAIL_IB_COMPACT" => {
+                self.ib.compact = match value {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(bad("on or off")),
+                }
+            }
             _ => {
                 let known: Vec<&str> = VARIABLES.iter().map(|(n, _)| *n).collect();
                 return Err(Error::config(
@@ -798,6 +811,9 @@ mod tests {
             cfg(&[("POLYRAIL_IB_DEVICE", "rxe0:2"), ("POLYRAIL_IB_CREDITS", "16"), ("POLYRAIL_NODE", "3")]).unwrap();
         assert_eq!((ib.ib.device, ib.ib.credits, ib.node), (Some(("rxe0".into(), 2)), 16, Some(3)));
         assert_eq!(cfg(&[("POLYRAIL_IB_BOUNCE", "0")]).unwrap().ib.bounce, 0);
+        assert!(!cfg(&[("POLYRAIL_IB_COMPACT", "off")]).unwrap().ib.compact);
+        let e = cfg(&[("POLYRAIL_IB_COMPACT", "yes")]).unwrap_err().to_string();
+        assert!(e.contains("POLYRAIL_IB_COMPACT") && e.contains("on or off"), "{e}");
         assert_eq!(cfg(&[("POLYRAIL_IB_ACK_TIMEOUT", "20")]).unwrap().ib.ack_timeout, 20);
         let e = cfg(&[("POLYRAIL_IB_SYNC_LIMIT", "1")]).unwrap_err().to_string();
         assert!(e.contains("a whole number from 2 to 4096"), "{e}");

@@ -195,7 +195,8 @@ pub struct DirectIb<P: Provider> {
     block: usize,
     sync_limit: usize,
     /// The provider's MTU when queue pairs post receives for compact packets; `None` when it
-    /// does not cut transfers into packets (then a compact packet would save nothing).
+    /// does not cut transfers into packets (then a compact packet would save nothing) or
+    /// `POLYRAIL_IB_COMPACT=off`.
     mtu: Option<usize>,
     /// Compact packets written so far.
     compact_sent: u64,
@@ -251,7 +252,7 @@ impl<P: Provider> DirectIb<P> {
             unsafe { provider.register(rings.ptr(), rings.len(), Access::LOCAL_WRITE | Access::REMOTE_WRITE)? };
         // SAFETY: as above.
         let staging_mr = unsafe { provider.register(staging.ptr(), staging.len(), Access::LOCAL_WRITE)? };
-        let mtu = Some(provider.mtu()).filter(|&m| m != usize::MAX);
+        let mtu = Some(provider.mtu()).filter(|&m| m != usize::MAX && settings.compact);
         let recv_depth = if mtu.is_some() { credits } else { 0 };
         let mut qps = Vec::with_capacity(size as usize);
         for r in 0..size {
@@ -1119,7 +1120,7 @@ impl<P: Provider> Transport for DirectIb<P> {
                 Some(m) => format!(
                     "packets of whole {m}-byte MTUs without header (write with immediate) in streams of like messages"
                 ),
-                None => "every packet framed (the provider has no MTU)".to_string(),
+                None => "every packet framed (POLYRAIL_IB_COMPACT=off, or a provider without MTU)".to_string(),
             },
             match self.bounce_limit {
                 0 => "every rendezvous buffer registered".to_string(),
