@@ -19,7 +19,9 @@
 //!
 //! Limit: a deregistration that races with a peer's operation which already passed its check may
 //! still see that operation land (a real HCA fences this in hardware). DirectIB deregisters only
-//! memory whose operations completed.
+//! memory whose operations completed. Receive completion slots are never freed (a few bytes per
+//! queue pair), so a peer's write with immediate that races with this provider's drop lands in
+//! memory nothing else uses.
 
 use crate::provider::{Access, Completion, MemoryRegion, Opcode, Provider, QpId, WcStatus, WorkRequest};
 use polyrail_core::{Error, Result};
@@ -138,6 +140,14 @@ struct SoftQp {
     recvs: VecDeque<u64>,
     recvs_done: u64,
     slots: Box<[AtomicU64]>,
+}
+
+impl Drop for SoftQp {
+    fn drop(&mut self) {
+        // Peers write these slots from outside; one that passed its checks just before this
+        // provider went away may still write: leak them rather than hand them to the allocator.
+        std::mem::forget(std::mem::take(&mut self.slots));
+    }
 }
 
 /// The software RDMA provider (`POLYRAIL_IB_PROVIDER=soft`). See the module documentation.
@@ -432,7 +442,9 @@ impl Provider for SoftProvider {
         rq.posted.store(0, Ordering::Relaxed);
         rq.slots.store(if recv_depth == 0 { 0 } else { slots.as_ptr() as u64 }, Ordering::Relaxed);
         rq.capacity.store(recv_depth as u64, Ordering::Relaxed);
-        self.qps.push(SoftQp { slots, ..SoftQp::default() });
+        let mut q = SoftQp::default();
+        q.slots = slots;
+        self.qps.push(q);
         Ok((i, i as u32 + 1))
     }
 
