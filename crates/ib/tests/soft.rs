@@ -241,32 +241,41 @@ fn soft_provider_checks_keys_and_bounds() {
 #[test]
 fn malformed_compact_packets_fail_the_peer_with_a_reason() {
     for (imm, why) in [(2u32 << 28 | 8, "unknown immediate format 2"), (1 << 28 | 8, "before any framed one")] {
-        let (_a, mut b) = pair(|| SoftProvider::with_mtu(1024), &IbSettings::default());
-        let addr = b.address();
-        let at = 4 + 1 + 4 + 4 + 28;
-        let rings = u64::from_le_bytes(addr[at..at + 8].try_into().unwrap());
-        let rkey = u32::from_le_bytes(addr[at + 8..at + 12].try_into().unwrap());
-        let mut forger = SoftProvider::new();
-        let mut data = vec![1u8; 8];
-        let mr = unsafe { forger.register(data.as_mut_ptr(), 8, Access::ALL).unwrap() };
-        let (qp, _) = forger.create_qp(0).unwrap();
-        // b's queue pair for rank 0 is its first: number 1.
-        forger.connect(qp, &addr[13..41], 1).unwrap();
-        forger.ready_to_send(qp).unwrap();
-        let wr = WorkRequest {
-            imm: Some(imm),
-            ..request(0, Opcode::Write, data.as_ptr() as u64, mr.lkey, rings + 56, rkey, 8)
-        };
-        forger.post(qp, &wr).unwrap();
-        let mut out = Vec::new();
-        forger.poll(&mut out, 4);
-        assert_eq!(out[0].status, WcStatus::Success);
-        let mut rb = Recorder::default();
-        b.progress(64, &mut rb).unwrap();
-        match &rb.lost[..] {
-            [(0, Error::PeerLost { why: w, .. })] => assert!(w.contains(why), "{w}"),
-            other => panic!("{why}: {other:?}"),
-        }
+        let (_a, b) = pair(|| SoftProvider::with_mtu(1024), &IbSettings::default());
+        forged_packet_fails_rank_0(b, vec![1u8; 8], 56, Some(imm), why);
+    }
+}
+
+/// Writes `data` at `offset` of the first block of rank 0's ring in `b` (with immediate `imm`)
+/// from a second provider, and checks that `b` then fails rank 0 with a reason containing `why`.
+fn forged_packet_fails_rank_0(
+    mut b: DirectIb<SoftProvider>,
+    mut data: Vec<u8>,
+    offset: u64,
+    imm: Option<u32>,
+    why: &str,
+) {
+    // b's address: "PRIB", name length + "soft", endpoint length + 28 bytes, rings, rkey.
+    let addr = b.address();
+    let at = 4 + 1 + 4 + 4 + 28;
+    let rings = u64::from_le_bytes(addr[at..at + 8].try_into().unwrap());
+    let rkey = u32::from_le_bytes(addr[at + 8..at + 12].try_into().unwrap());
+    let mut forger = SoftProvider::new();
+    let mr = unsafe { forger.register(data.as_mut_ptr(), data.len(), Access::ALL).unwrap() };
+    let (qp, _) = forger.create_qp(0).unwrap();
+    // b's queue pair for rank 0 is its first: number 1.
+    forger.connect(qp, &addr[13..41], 1).unwrap();
+    forger.ready_to_send(qp).unwrap();
+    let wr = request(0, Opcode::Write, data.as_ptr() as u64, mr.lkey, rings + offset, rkey, data.len());
+    forger.post(qp, &WorkRequest { imm, ..wr }).unwrap();
+    let mut out = Vec::new();
+    forger.poll(&mut out, 4);
+    assert_eq!(out[0].status, WcStatus::Success);
+    let mut rb = Recorder::default();
+    b.progress(64, &mut rb).unwrap();
+    match &rb.lost[..] {
+        [(0, Error::PeerLost { why: w, .. })] => assert!(w.contains(why), "{w}"),
+        other => panic!("{why}: {other:?}"),
     }
 }
 
@@ -325,32 +334,10 @@ fn malformed_packets_fail_the_peer_with_a_reason() {
         (2 << 32 | 500 << 48, "returns 500 credits"),
     ];
     for (word0, why) in cases {
-        let (_a, mut b) = soft_pair(&IbSettings::default());
-        // b's address: "PRIB", name length + "soft", endpoint length + 28 bytes, rings, rkey.
-        let addr = b.address();
-        let at = 4 + 1 + 4 + 4 + 28;
-        let rings = u64::from_le_bytes(addr[at..at + 8].try_into().unwrap());
-        let rkey = u32::from_le_bytes(addr[at + 8..at + 12].try_into().unwrap());
-        // Rank 0's ring in b is the first one: forge its first block with a second provider.
-        let mut forger = SoftProvider::new();
         let mut block = vec![0u8; 64];
         block[..8].copy_from_slice(&word0.to_le_bytes());
         // The tail of block 0 (empty payload): the block counts as landed.
         block[56..64].copy_from_slice(&0x5052_4942_7461_696c_u64.to_le_bytes());
-        let mr = unsafe { forger.register(block.as_mut_ptr(), 64, Access::ALL).unwrap() };
-        let (qp, _) = forger.create_qp(0).unwrap();
-        forger.connect(qp, &addr[13..41], 1).unwrap();
-        forger.ready_to_send(qp).unwrap();
-        let wr = request(0, Opcode::Write, block.as_ptr() as u64, mr.lkey, rings, rkey, 64);
-        forger.post(qp, &wr).unwrap();
-        let mut out = Vec::new();
-        forger.poll(&mut out, 4);
-        assert_eq!(out[0].status, WcStatus::Success);
-        let mut rb = Recorder::default();
-        b.progress(64, &mut rb).unwrap();
-        match &rb.lost[..] {
-            [(0, Error::PeerLost { why: w, .. })] => assert!(w.contains(why), "{w}"),
-            other => panic!("{why}: {other:?}"),
-        }
+        forged_packet_fails_rank_0(soft_pair(&IbSettings::default()).1, block, 0, None, why);
     }
 }
