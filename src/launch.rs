@@ -11,13 +11,20 @@
 //! other ranks at once. SIGINT or SIGTERM to the launcher is forwarded as SIGTERM, followed by
 //! SIGKILL after the grace period (a second signal kills at once). At the end, shared-memory
 //! segments the job left in `/dev/shm` are removed.
+//!
+//! Between events the launcher sleeps in `poll(2)` on descriptors that something happening makes
+//! readable: the PMI server's event notices, a pipe its signal handler writes, and a pidfd per
+//! running rank. It does not wake up periodically (once a second at most, as a safety net), so
+//! it takes no CPU time from the ranks, whose latency a launcher waking 100 times a second
+//! disturbed (a rank sharing its core waited a fraction of a millisecond each time).
 
 use std::ffi::OsString;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use polyrail_core::bootstrap::server::{PmiServer, ServerEvent};
@@ -112,7 +119,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
     let server = PmiServer::start(&job, server_ends)?;
     let procs = spawn_all(opts, &job, &child_ends)?;
     drop(child_ends);
-    let mut run = Run::new(opts, procs, server);
+    let mut run = Run::new(opts, procs, server, signal_notices());
     run.wait_all();
     let code = run.exit_code();
     run.server.stop();
@@ -151,6 +158,8 @@ struct Proc {
     signalled_by_us: bool,
     /// Its contribution to the job's exit code, once it has exited.
     code: Option<i32>,
+    /// Readable once it exited (a pidfd; `None` on kernels without them, before Linux 5.3).
+    exit_notice: Option<OwnedFd>,
 }
 
 fn spawn_all(opts: &LaunchOptions, job: &str, child_ends: &[UnixStream]) -> Result<Vec<Proc>> {
@@ -163,6 +172,7 @@ fn spawn_all(opts: &LaunchOptions, job: &str, child_ends: &[UnixStream]) -> Resu
         let cpu = (!cpus.is_empty()).then(|| cpus[r % cpus.len()]);
         match spawn_rank(opts, job, r as Rank, end, cpu) {
             Ok(child) => procs.push(Proc {
+                exit_notice: exit_notice(child.id()),
                 child,
                 status: None,
                 initialized: false,
@@ -182,6 +192,16 @@ fn spawn_all(opts: &LaunchOptions, job: &str, child_ends: &[UnixStream]) -> Resu
         }
     }
     Ok(procs)
+}
+
+/// A descriptor that polls readable once process `pid`, our child, exited: a pidfd (close-on-exec
+/// by default); `None` where the kernel has none.
+fn exit_notice(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; the pid is
+    // our unreaped child, so it names that process.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    // SAFETY: a non-negative return is a new descriptor that nothing else owns.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
 fn spawn_rank(
@@ -264,6 +284,8 @@ struct Run<'a> {
     opts: &'a LaunchOptions,
     procs: Vec<Proc>,
     server: PmiServer,
+    /// Readable after a SIGINT or SIGTERM (see [`signal_notices`]).
+    signal_notices: Option<&'static OwnedFd>,
     /// When surviving ranks get SIGKILL; set once the job is stopping.
     kill_at: Option<Instant>,
     killed: bool,
@@ -280,11 +302,17 @@ struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    fn new(opts: &'a LaunchOptions, procs: Vec<Proc>, server: PmiServer) -> Self {
+    fn new(
+        opts: &'a LaunchOptions,
+        procs: Vec<Proc>,
+        server: PmiServer,
+        signal_notices: Option<&'static OwnedFd>,
+    ) -> Self {
         Run {
             opts,
             procs,
             server,
+            signal_notices,
             kill_at: None,
             killed: false,
             abort_code: None,
@@ -319,10 +347,35 @@ impl<'a> Run<'a> {
                 self.kill_survivors();
             }
             if self.running() > 0 {
-                if let Some(ev) = self.server.next_event(Duration::from_millis(10)) {
-                    self.on_event(ev);
-                }
+                self.wait_for_news();
             }
+        }
+    }
+
+    /// Sleeps until something may have happened: a PMI event, a signal or a rank's exit (each
+    /// makes a descriptor polled here readable), or the kill deadline; [`IDLE_WAKE`] at most,
+    /// [`EXIT_POLL`] while a rank's exit has no descriptor.
+    fn wait_for_news(&mut self) {
+        let polled = |fd: RawFd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        let mut fds = vec![polled(self.server.event_fd().as_raw_fd())];
+        fds.extend(self.signal_notices.map(|f| polled(f.as_raw_fd())));
+        let mut wait = IDLE_WAKE;
+        for p in self.procs.iter().filter(|p| p.status.is_none()) {
+            match &p.exit_notice {
+                Some(fd) => fds.push(polled(fd.as_raw_fd())),
+                None => wait = EXIT_POLL,
+            }
+        }
+        if let Some(t) = self.kill_at {
+            wait = wait.min(t.saturating_duration_since(Instant::now()));
+        }
+        // Rounded up: a deadline less than a millisecond away must not make this a busy loop.
+        let ms = wait.as_micros().div_ceil(1000) as libc::c_int;
+        // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` pollfd structs.
+        // Its result does not matter: the caller looks at everything after any wake-up.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if let Some(f) = self.signal_notices {
+            drain(f);
         }
     }
 
@@ -513,20 +566,71 @@ fn signal_name(sig: i32) -> String {
     name.to_owned()
 }
 
+/// Longest sleep of a waiting launcher: a safety net only (every event wakes it).
+const IDLE_WAKE: Duration = Duration::from_secs(1);
+/// Sleep of a waiting launcher while a running rank has no exit descriptor (no pidfds): its
+/// exit is seen by polling.
+const EXIT_POLL: Duration = Duration::from_millis(10);
+
 /// The last SIGINT or SIGTERM the launcher received (0: none since last looked at).
 static RECEIVED: AtomicI32 = AtomicI32::new(0);
+/// Write end of the signal notice pipe (-1: none yet, or pipe2 failed).
+static SIGNAL_NOTICE: AtomicI32 = AtomicI32::new(-1);
+
+/// The read end of the pipe the signal handlers write a byte to, made once per process and
+/// never closed, so that a handler never writes to a closed (or reused) descriptor; `None` if
+/// pipe2 failed (then the launcher sees signals at its next wake-up, within [`IDLE_WAKE`]).
+/// Launches running at once in one process share it (as they share [`RECEIVED`]): one may
+/// drain the other's notice, which then sees the signal within `IDLE_WAKE`.
+fn signal_notices() -> Option<&'static OwnedFd> {
+    static PIPE: OnceLock<Option<(OwnedFd, OwnedFd)>> = OnceLock::new();
+    let pipe = PIPE.get_or_init(|| {
+        let mut ends = [-1; 2];
+        // SAFETY: `ends` has room for the two descriptors pipe2 returns.
+        if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+            return None;
+        }
+        // SAFETY: pipe2 succeeded: both are new descriptors that nothing else owns.
+        let (r, w) = unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+        SIGNAL_NOTICE.store(w.as_raw_fd(), Ordering::Relaxed);
+        Some((r, w))
+    });
+    pipe.as_ref().map(|(r, _)| r)
+}
 
 extern "C" fn on_signal(sig: libc::c_int) {
+    // Relaxed: the launcher reads the flag on every wake-up, the one this write causes or,
+    // at worst, the next one.
     RECEIVED.store(sig, Ordering::Relaxed);
+    let fd = SIGNAL_NOTICE.load(Ordering::Relaxed);
+    if fd >= 0 {
+        // SAFETY: errno access and write(2) are async-signal-safe; the byte is a local; errno
+        // is put back for the code the signal interrupted. A full pipe is readable already.
+        unsafe {
+            let errno = *libc::__errno_location();
+            libc::write(fd, [1u8].as_ptr().cast(), 1);
+            *libc::__errno_location() = errno;
+        }
+    }
+}
+
+/// Reads a non-blocking descriptor until it is empty.
+fn drain(fd: &OwnedFd) {
+    let mut buf = [0u8; 64];
+    // SAFETY: `buf` is writable for its length; `fd` is open (borrowed) and non-blocking.
+    while unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
 }
 
 /// SIGINT and SIGTERM handlers for the duration of a launch; the previous ones come back on drop.
+/// The handlers also write to the [`signal_notices`] pipe, which the launcher polls.
 struct SignalGuard {
     old: Vec<(i32, libc::sigaction)>,
 }
 
 impl SignalGuard {
     fn install() -> SignalGuard {
+        // Before the handlers: they find the pipe's write end in SIGNAL_NOTICE.
+        signal_notices();
         let mut old = Vec::new();
         for sig in [libc::SIGINT, libc::SIGTERM] {
             // SAFETY: sigaction is plain data; all zeroes is a valid starting point.

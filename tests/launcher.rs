@@ -208,3 +208,24 @@ fn sigterm_stops_the_job() {
     assert!(stderr.contains("received SIGTERM"), "{stderr}");
     assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
 }
+
+/// A launcher whose ranks run without PMI traffic sleeps until something happens: its main
+/// thread does not wake up on a timer (it did, 100 times a second, taking a moment of a rank's
+/// core each time).
+#[test]
+fn an_idle_launcher_does_not_wake_up() {
+    let mut child =
+        Command::new(env!("CARGO_BIN_EXE_polyrail")).args(["run", "-n", "2", "--", "sleep", "3"]).spawn().unwrap();
+    let status = format!("/proc/{0}/task/{0}/status", child.id());
+    let sleeps = || -> u64 {
+        let text = std::fs::read_to_string(&status).unwrap();
+        let line = text.lines().find(|l| l.starts_with("voluntary_ctxt_switches:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    std::thread::sleep(Duration::from_millis(800));
+    let before = sleeps();
+    std::thread::sleep(Duration::from_secs(1));
+    let woke = sleeps() - before;
+    assert!(child.wait().unwrap().success());
+    assert!(woke <= 5, "the idle launcher's main thread went to sleep {woke} times in a second");
+}

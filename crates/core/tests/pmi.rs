@@ -354,3 +354,36 @@ fn a_finalized_rank_makes_later_barriers_fail() {
     assert!(bootstrap_error(b1.fence()).contains("rank 0 has finalized"));
     drop(srv);
 }
+
+/// Whether `fd` polls readable within `ms` milliseconds.
+fn readable(fd: std::os::fd::BorrowedFd<'_>, ms: i32) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut p, 1, ms) == 1 }
+}
+
+/// The event descriptor wakes a launcher for each event and is quiet once they were taken,
+/// including events that came while it was being drained.
+#[test]
+fn the_event_descriptor_is_readable_while_events_wait() {
+    let (srv, socks) = server("job-notice", 2);
+    assert!(!readable(srv.event_fd(), 0), "readable before any event");
+    let mut it = socks.into_iter();
+    let b0 = Pmi1Client::from_stream(it.next().unwrap(), 0, 2).unwrap();
+    assert!(readable(srv.event_fd(), 10_000), "no notice of rank 0's init");
+    assert_eq!(srv.try_event(), Some(ServerEvent::Initialized(0)));
+    assert_eq!(srv.try_event(), None);
+    assert!(!readable(srv.event_fd(), 0), "still readable after every event was taken");
+    let b1 = Pmi2Client::from_stream(it.next().unwrap(), 1).unwrap();
+    drop(b0);
+    let mut evs = Vec::new();
+    while evs.len() < 2 {
+        assert!(readable(srv.event_fd(), 10_000), "no notice for the events after {evs:?}");
+        evs.extend(std::iter::from_fn(|| srv.try_event()));
+    }
+    assert!(evs.contains(&ServerEvent::Initialized(1)), "{evs:?}");
+    assert!(evs.iter().any(|e| matches!(e, ServerEvent::Lost { rank: 0, .. })), "{evs:?}");
+    assert!(!readable(srv.event_fd(), 0));
+    drop(b1);
+}

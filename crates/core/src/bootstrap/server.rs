@@ -10,8 +10,8 @@
 //! finalized) is answered with an error naming that rank, so that the others notice.
 
 use std::collections::HashMap;
-use std::io::Read;
-use std::os::fd::AsRawFd;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -57,6 +57,9 @@ pub enum ServerEvent {
 pub struct PmiServer {
     job: String,
     events: mpsc::Receiver<ServerEvent>,
+    /// Holds a byte per event sent (at most a socket buffer's worth): readable while events
+    /// may wait, so that a launcher can poll it beside its other file descriptors.
+    notices: UnixStream,
     wake: Option<UnixStream>,
     thread: Option<JoinHandle<()>>,
 }
@@ -75,12 +78,17 @@ impl PmiServer {
         let (wake, wake_rx) =
             UnixStream::pair().map_err(|e| Error::io("creating the PMI server's wake-up socket", e))?;
         let (tx, events) = mpsc::channel();
-        let mut state = State::new(job, conns, tx);
+        let (notify, notices) =
+            UnixStream::pair().map_err(|e| Error::io("creating the PMI server's event notice socket", e))?;
+        for s in [&notify, &notices] {
+            s.set_nonblocking(true).map_err(|e| Error::io("making the PMI event notice socket non-blocking", e))?;
+        }
+        let mut state = State::new(job, conns, tx, notify);
         let thread = std::thread::Builder::new()
             .name("polyrail-pmi".into())
             .spawn(move || state.run(&wake_rx))
             .map_err(|e| Error::io("starting the PMI server thread", e))?;
-        Ok(PmiServer { job: job.to_owned(), events, wake: Some(wake), thread: Some(thread) })
+        Ok(PmiServer { job: job.to_owned(), events, notices, wake: Some(wake), thread: Some(thread) })
     }
 
     /// The job's name, as clients see it.
@@ -90,7 +98,18 @@ impl PmiServer {
 
     /// The next event if one is waiting.
     pub fn try_event(&self) -> Option<ServerEvent> {
+        // Notices first, then the queue: an event sent after this drain leaves a notice for
+        // the next poll of `event_fd`, so none is waited for while it sits in the queue.
+        let mut sink = [0u8; 256];
+        while matches!((&self.notices).read(&mut sink), Ok(n) if n > 0) {}
         self.events.try_recv().ok()
+    }
+
+    /// A descriptor that polls readable (`POLLIN`) when an event may be waiting: poll it with
+    /// others, then take the events with [`try_event`](Self::try_event) until `None` (which
+    /// also clears it).
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
+        self.notices.as_fd()
     }
 
     /// Waits up to `timeout` for the next event.
@@ -143,10 +162,12 @@ struct State {
     /// Why no barrier can complete any more (a rank left).
     blocker: Option<String>,
     events: mpsc::Sender<ServerEvent>,
+    /// Written a byte per event (see `PmiServer::notices`).
+    notify: UnixStream,
 }
 
 impl State {
-    fn new(job: &str, conns: Vec<UnixStream>, events: mpsc::Sender<ServerEvent>) -> State {
+    fn new(job: &str, conns: Vec<UnixStream>, events: mpsc::Sender<ServerEvent>, notify: UnixStream) -> State {
         let n = conns.len();
         let peers = conns
             .into_iter()
@@ -163,7 +184,7 @@ impl State {
         let mut kvs = HashMap::new();
         // What MPICH programs ask for: every rank on one node.
         kvs.insert("PMI_process_mapping".to_owned(), format!("(vector,(0,1,{n}))"));
-        State { job: job.to_owned(), peers, kvs, waiting: 0, blocker: None, events }
+        State { job: job.to_owned(), peers, kvs, waiting: 0, blocker: None, events, notify }
     }
 
     fn size(&self) -> usize {
@@ -173,6 +194,9 @@ impl State {
     fn emit(&self, ev: ServerEvent) {
         // The launcher may have stopped listening; nothing to do then.
         let _ = self.events.send(ev);
+        // A full notice buffer already makes the descriptor readable: dropping this byte loses
+        // nothing.
+        let _ = (&self.notify).write(&[1]);
     }
 
     fn run(&mut self, wake: &UnixStream) {
