@@ -203,10 +203,11 @@ fn format_report(ctx: &Context) -> String {
                 let _ = writeln!(s, "  no route: no channel reaches this peer");
             }
             Some(route) => {
+                let channel_name = |id: u8| r.channel_kinds.get(id as usize).map_or("?", |k| k.name());
                 let mut lo = 0usize;
                 for e in &route.entries {
                     let hi = if e.upto == usize::MAX { "max".to_string() } else { format_size(e.upto) };
-                    let ch = r.channel_kinds.get(e.channel as usize).map_or("?", |k| k.name());
+                    let ch = channel_name(e.channel);
                     let _ = writeln!(
                         s,
                         "  {:>7} .. {:<7} {:<11} {:<5} {}",
@@ -219,7 +220,7 @@ fn format_report(ctx: &Context) -> String {
                     lo = e.upto.saturating_add(1);
                 }
                 if let Some(st) = &route.stream_eager {
-                    let ch = r.channel_kinds.get(route.am as usize).map_or("?", |k| k.name());
+                    let ch = channel_name(route.am);
                     let _ = writeln!(
                         s,
                         "  in a stream of sends (no message back since the last): single copy up to {} goes eager over {ch} ({})",
@@ -228,7 +229,7 @@ fn format_report(ctx: &Context) -> String {
                     );
                 }
                 if let Some(m) = &route.mapped {
-                    let ch = r.channel_kinds.get(m.channel as usize).map_or("?", |k| k.name());
+                    let ch = channel_name(m.channel);
                     let _ = writeln!(
                         s,
                         "  from alloc_registered memory: single copy over {ch} from {}, also in a stream ({})",
