@@ -69,9 +69,10 @@ for r in $(seq 1 "$REPEATS"); do
 
     log "repeat $r: polyrail"
     # Modes: the automatic route, shm only, cma forced, and the automatic route from and into
-    # buffers of Context::alloc_registered (memory files the peer maps).
-    for t in auto shm cma registered; do
-        args=(--transport "$t"); [ "$t" = registered ] && args=(--registered)
+    # buffers of Context::alloc_registered (memory files the peer maps) and into Vecs of the
+    # MappedHeap (memory files too, registered at first use).
+    for t in auto shm cma registered heap; do
+        args=(--transport "$t"); [ "$t" = registered ] && args=(--registered); [ "$t" = heap ] && args=(--heap)
         "$BENCH" latency "${args[@]}" --sizes "$csv_sizes" > "$OUT/logs/polyrail_lat_${t}_$r.txt"
         while read -r sz v; do rec polyrail "$t" lat_us "$sz" "$r" "$v"; done < <(grep -E '^[0-9]' "$OUT/logs/polyrail_lat_${t}_$r.txt")
         "$BENCH" bw "${args[@]}" --sizes "$csv_sizes" > "$OUT/logs/polyrail_bw_${t}_$r.txt"

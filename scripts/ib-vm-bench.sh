@@ -9,7 +9,8 @@
 #   - perftest ib_write_lat (one-way latency, average) and ib_write_bw / ib_read_bw (bandwidth,
 #     average; perftest's MB are MiB, converted to 10^6 bytes here);
 #   - polyrail-bench latency and bw --transport ib (two ranks on two virtual nodes, real verbs),
-#     with ordinary buffers (registered per rendezvous) and with --registered buffers;
+#     with ordinary buffers (bounce buffers or registered per rendezvous), with --registered
+#     buffers and with --heap buffers (Vecs in memory files of polyrail's MappedHeap);
 # size by size, polyrail right after perftest, with the same iteration count (latency: 3000
 # round trips up to 1 KiB, 1000 up to 8 KiB, 300 up to 64 KiB, 100 above).
 # POLYRAIL_* variables of the caller reach the guest (e.g. POLYRAIL_IB_EAGER_LIMIT=64k).
@@ -87,9 +88,9 @@ pt() { # perftest server and client: tool, size, extra args; prints the client's
     taskset -c 1 "$1" -d rxe0 -i 1 -x 1 -u "$ack_timeout" -s "$2" $3 10.77.0.1 2>&1
     wait
 }
-pb() { # polyrail-bench: bench, iterations, size, unit; both buffer kinds
-    for mode in plain registered; do
-        flag=""; [ $mode = registered ] && flag=--registered
+pb() { # polyrail-bench: bench, iterations, size, unit; every buffer kind
+    for mode in plain registered heap; do
+        flag=""; [ $mode != plain ] && flag=--$mode
         c=$(retransmitted)
         polyrail-bench "$1" --transport ib --iters "$2" $flag --sizes "$3" 2>&1 |
             awk -v r=$rep -v m=$mode -v b="$1" -v u="$4" '$1 ~ /^[0-9]+$/ { print "RESULT polyrail " b "-" m " " $1 " " r " " $2 " " u }'
@@ -167,17 +168,19 @@ def get(t, m, s):
     return med.get((t, m, s))
 def fmt(x):
     return "-" if x is None else f"{x:.2f}"
-out = ["| size | perftest ib_write_lat (us) | polyrail (us) | polyrail registered (us) | polyrail / perftest | registered / perftest |",
-       "|---|---|---|---|---|---|"]
+modes = ("plain", "registered", "heap")
+out = ["| size | perftest ib_write_lat (us) | polyrail (us) | polyrail registered (us) | polyrail heap (us) | polyrail / perftest | registered / perftest | heap / perftest |",
+       "|---|---|---|---|---|---|---|---|"]
 for s in sorted({k[2] for k in med if k[1] == "write_lat"}):
-    a, q, b = get("polyrail", "latency-plain", s), get("polyrail", "latency-registered", s), get("perftest", "write_lat", s)
-    out.append(f"| {s} | {fmt(b)} | {fmt(a)} | {fmt(q)} | {paired('polyrail', 'latency-plain', s, ['write_lat'])} | {paired('polyrail', 'latency-registered', s, ['write_lat'])} |")
-out += ["", "| size | ib_write_bw (MB/s) | ib_read_bw (MB/s) | polyrail (MB/s) | polyrail registered (MB/s) | polyrail / best perftest | registered / best perftest |",
-        "|---|---|---|---|---|---|---|"]
+    vals = " | ".join(fmt(get("polyrail", f"latency-{m}", s)) for m in modes)
+    ratios = " | ".join(paired("polyrail", f"latency-{m}", s, ["write_lat"]) for m in modes)
+    out.append(f"| {s} | {fmt(get('perftest', 'write_lat', s))} | {vals} | {ratios} |")
+out += ["", "| size | ib_write_bw (MB/s) | ib_read_bw (MB/s) | polyrail (MB/s) | polyrail registered (MB/s) | polyrail heap (MB/s) | polyrail / best perftest | registered / best perftest | heap / best perftest |",
+        "|---|---|---|---|---|---|---|---|---|"]
 for s in sorted({k[2] for k in med if k[1] == "write_bw"}):
-    w, r = get("perftest", "write_bw", s), get("perftest", "read_bw", s)
-    p, q = get("polyrail", "bw-plain", s), get("polyrail", "bw-registered", s)
-    out.append(f"| {s} | {fmt(w)} | {fmt(r)} | {fmt(p)} | {fmt(q)} | {paired('polyrail', 'bw-plain', s, ['write_bw', 'read_bw'])} | {paired('polyrail', 'bw-registered', s, ['write_bw', 'read_bw'])} |")
+    vals = " | ".join(fmt(get("polyrail", f"bw-{m}", s)) for m in modes)
+    ratios = " | ".join(paired("polyrail", f"bw-{m}", s, ["write_bw", "read_bw"]) for m in modes)
+    out.append(f"| {s} | {fmt(get('perftest', 'write_bw', s))} | {fmt(get('perftest', 'read_bw', s))} | {vals} | {ratios} |")
 resent = {}
 for r in rows:
     if r["tool"] == "rxe":

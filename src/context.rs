@@ -2,6 +2,7 @@
 
 use crate::buffer::RegisteredBuffer;
 use crate::driver::Driver;
+use crate::heap::HeapRegistrations;
 use crate::job::{Job, JobReport};
 use polyrail_core::bootstrap::Bootstrap;
 use polyrail_core::engine::{ReqId, Source, Status, TagMatch};
@@ -46,6 +47,8 @@ pub struct Context {
     config: Config,
     /// Buffers of non-blocking requests, by request index.
     owned: Vec<Option<Vec<u8>>>,
+    /// Blocks of the [`crate::MappedHeap`] registered with the channels.
+    heap: HeapRegistrations,
     finalized: bool,
 }
 
@@ -56,17 +59,9 @@ impl Context {
     /// [`Context::free_registered`].
     pub fn alloc_registered(&mut self, len: usize) -> Result<RegisteredBuffer> {
         let buf = RegisteredBuffer::map(len)?;
-        for i in 0..self.driver.channels.len() {
-            if let Err(e) = self.driver.channels[i].register_memory(buf.region(), buf.file()) {
-                for ch in &mut self.driver.channels[..i] {
-                    ch.unregister_memory(buf.region());
-                }
-                buf.unmap();
-                return Err(e);
-            }
-        }
-        if buf.file().is_some() {
-            self.driver.engine.add_mapped_memory(buf.region());
+        if let Err(e) = self.driver.register_memory(buf.region(), buf.file()) {
+            buf.unmap();
+            return Err(e);
         }
         Ok(buf)
     }
@@ -74,10 +69,7 @@ impl Context {
     /// Ends the registrations of a buffer from [`Context::alloc_registered`] and frees it. No
     /// request may still use it.
     pub fn free_registered(&mut self, buf: RegisteredBuffer) {
-        self.driver.engine.remove_mapped_memory(buf.region());
-        for ch in &mut self.driver.channels {
-            ch.unregister_memory(buf.region());
-        }
+        self.driver.unregister_memory(buf.region());
         buf.unmap();
     }
 
@@ -102,7 +94,15 @@ impl Context {
     fn start(config: Config, boot: Option<Box<dyn Bootstrap>>) -> Result<Context> {
         crate::logging::init(config.log);
         let Job { bootstrap, driver, report, config } = Job::start(config, boot)?;
-        let mut ctx = Context { driver, bootstrap, report, config, owned: Vec::new(), finalized: false };
+        let mut ctx = Context {
+            driver,
+            bootstrap,
+            report,
+            config,
+            owned: Vec::new(),
+            heap: HeapRegistrations::default(),
+            finalized: false,
+        };
         ctx.barrier()?;
         Job::connected(&mut ctx.driver, &mut ctx.report)?;
         Ok(ctx)
@@ -136,6 +136,7 @@ impl Context {
 
     /// Sends `buf` to `to` with `tag`; returns when `buf` may be reused.
     pub fn send(&mut self, to: Rank, tag: u32, buf: &[u8]) -> Result<()> {
+        self.heap.before_post(&mut self.driver, buf.as_ptr(), buf.len());
         if let Some(done) = self.driver.try_send_inline(to, tag, USER_CTX, buf) {
             return done;
         }
@@ -156,6 +157,7 @@ impl Context {
         if let Source::Rank(r) = from {
             self.driver.note_unread(r);
         }
+        self.heap.before_post(&mut self.driver, buf.as_ptr(), buf.len());
         // SAFETY: as in `send`; the request ends before `buf`'s borrow does.
         let id = unsafe { self.driver.engine.post_recv(from, tag, ctx, region_mut(buf))? };
         self.driver.drain();
@@ -169,6 +171,7 @@ impl Context {
 
     /// Starts sending `buf` (owned by the request until it finishes).
     pub fn isend(&mut self, to: Rank, tag: u32, buf: Vec<u8>) -> Result<Request> {
+        self.heap.before_post(&mut self.driver, buf.as_ptr(), buf.len());
         // SAFETY: the Vec is stored in `self.owned` until the request's result is taken; its
         // heap memory does not move when the Vec value moves.
         let id = unsafe { self.driver.engine.post_send(to, tag, USER_CTX, region(&buf))? };
@@ -184,6 +187,7 @@ impl Context {
         if let Source::Rank(r) = from {
             self.driver.note_unread(r);
         }
+        self.heap.before_post(&mut self.driver, buf.as_ptr(), buf.len());
         // SAFETY: as in `isend`.
         let id = unsafe { self.driver.engine.post_recv(from, tag.into(), USER_CTX, region_mut(&mut buf))? };
         self.keep(id, buf);
@@ -197,6 +201,7 @@ impl Context {
     /// # Safety
     /// The memory must stay valid and unmodified until the request was waited for.
     pub unsafe fn isend_raw(&mut self, to: Rank, tag: u32, ptr: *const u8, len: usize) -> Result<Request> {
+        self.heap.before_post(&mut self.driver, ptr, len);
         // SAFETY: forwarded to the caller.
         let id = unsafe { self.driver.engine.post_send(to, tag, USER_CTX, Region { ptr, len })? };
         self.driver.drain();
@@ -219,6 +224,7 @@ impl Context {
         ptr: *mut u8,
         len: usize,
     ) -> Result<Request> {
+        self.heap.before_post(&mut self.driver, ptr, len);
         // SAFETY: forwarded to the caller.
         let id = unsafe { self.driver.engine.post_recv(from.into(), tag.into(), USER_CTX, RegionMut { ptr, len })? };
         self.driver.drain();

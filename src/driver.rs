@@ -3,7 +3,7 @@
 use polyrail_core::config::{PollPolicy, WaitMode};
 use polyrail_core::engine::{Action, Engine, Payload, ReqId, Status};
 use polyrail_core::policy::{ChannelId, ChannelSet};
-use polyrail_core::{Caps, Error, Header, Issued, Rank, Result, Transport, TransportKind};
+use polyrail_core::{Caps, Error, Header, Issued, Rank, Region, Result, SharedFile, Transport, TransportKind};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -265,6 +265,31 @@ impl Driver {
             if self.blocked[peer].is_empty() {
                 self.blocked_peers -= 1;
             }
+        }
+    }
+
+    /// Registers `region` with every channel (none keeps it when one fails) and, when it is a
+    /// memory file, tells the engine that peers map it.
+    pub fn register_memory(&mut self, region: Region, file: Option<SharedFile>) -> Result<()> {
+        for i in 0..self.channels.len() {
+            if let Err(e) = self.channels[i].register_memory(region, file) {
+                for ch in &mut self.channels[..i] {
+                    ch.unregister_memory(region);
+                }
+                return Err(e);
+            }
+        }
+        if file.is_some() {
+            self.engine.add_mapped_memory(region);
+        }
+        Ok(())
+    }
+
+    /// Ends what [`Driver::register_memory`] started for `region`.
+    pub fn unregister_memory(&mut self, region: Region) {
+        self.engine.remove_mapped_memory(region);
+        for ch in &mut self.channels {
+            ch.unregister_memory(region);
         }
     }
 

@@ -23,12 +23,14 @@
 mod buffer;
 mod context;
 mod driver;
+mod heap;
 mod job;
 pub mod launch;
 mod logging;
 
 pub use buffer::RegisteredBuffer;
 pub use context::{Completion, Context, Request};
+pub use heap::MappedHeap;
 pub use job::{ChannelReport, JobReport, PeerReport};
 pub use polyrail_core::bootstrap::Bootstrap;
 pub use polyrail_core::engine::{Source, Status, TagMatch};

@@ -7,7 +7,12 @@
 //! parent checks.
 
 use polyrail::launch::{launch, nodes_in_blocks, Bind, LaunchOptions};
-use polyrail::{Context, Error, Source, TagMatch, ANY_SOURCE, ANY_TAG};
+use polyrail::{Context, Error, MappedHeap, Source, TagMatch, ANY_SOURCE, ANY_TAG};
+
+// The `heap` scenario's buffers come from memory files; every other scenario turns them off
+// (`rank_main`) and uses ordinary memory.
+#[global_allocator]
+static HEAP: MappedHeap = MappedHeap::new();
 use std::time::{Duration, Instant};
 
 /// Sizes across every threshold of the default routes (inline slots, cells, eager limit,
@@ -89,6 +94,34 @@ fn registered_scenario(ctx: &mut Context) -> polyrail::Result<()> {
     }
     ctx.free_registered(sbuf);
     ctx.free_registered(rbuf);
+    Ok(())
+}
+
+/// Like `sizes`, with the buffers from 64 KiB up in memory files of the [`MappedHeap`], which
+/// the channels register (and the peers map) at first use; each is freed after its message, so
+/// later ones often reuse its addresses: messages of one size, again and again, with new
+/// contents each time, must never meet an old registration or mapping.
+fn heap_scenario(ctx: &mut Context) -> polyrail::Result<()> {
+    MappedHeap::set_enabled(true);
+    let probe = vec![0u8; 1 << 20];
+    assert_eq!(MappedHeap::blocks(), 1, "a 1 MiB Vec must be a memory file");
+    drop(probe);
+    sizes_scenario(ctx)?;
+    let (me, n) = (ctx.rank(), ctx.size());
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    for round in 0..6u32 {
+        for (k, &len) in [65536usize, 300_000, 1 << 20, 4 << 20].iter().enumerate() {
+            let tag = 1000 + round * 10 + k as u32;
+            let s = ctx.isend(next, tag, stamp(me, tag, len))?;
+            let mut buf = vec![0u8; len];
+            ctx.recv(prev, tag, &mut buf)?;
+            assert!(
+                buf == stamp(prev, tag, len),
+                "rank {me}: corrupted {len}-byte message from {prev} (round {round})"
+            );
+            ctx.wait(s)?;
+        }
+    }
     Ok(())
 }
 
@@ -325,6 +358,7 @@ fn dangling_scenario(ctx: &mut Context) -> polyrail::Result<()> {
 }
 
 fn rank_main(scenario: &str) {
+    MappedHeap::set_enabled(false);
     let mut ctx = Context::init().expect("init");
     let r = match scenario {
         "sizes" => sizes_scenario(&mut ctx),
@@ -337,6 +371,7 @@ fn rank_main(scenario: &str) {
         "dangling" => dangling_scenario(&mut ctx),
         "flood" => flood_scenario(&mut ctx),
         "registered" => registered_scenario(&mut ctx),
+        "heap" => heap_scenario(&mut ctx),
         other => panic!("unknown scenario {other}"),
     };
     if let Err(e) = r {
@@ -412,11 +447,11 @@ fn main() {
     };
     for &ranks in &[2u32, 4, 8] {
         for (name, nodes, env) in CHANNELS {
-            for scenario in ["sizes", "order", "wildcard", "truncate", "registered"] {
+            for scenario in ["sizes", "order", "wildcard", "truncate", "registered", "heap"] {
                 if ranks == 8 && scenario == "order" && *name != "auto" {
                     continue; // the 8-rank order run over each forced channel adds little time-wise value
                 }
-                if scenario == "registered" && *name == "shm" {
+                if (scenario == "registered" || scenario == "heap") && *name == "shm" {
                     continue; // shm copies through its cells whatever the buffer is
                 }
                 let t = Instant::now();

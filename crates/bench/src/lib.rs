@@ -35,11 +35,27 @@ pub struct Common {
     pub csv: Option<PathBuf>,
     /// Send from and receive into buffers registered once (`Context::alloc_registered`)
     /// instead of ordinary memory registered per message (matters for `ib`).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "heap")]
     pub registered: bool,
+    /// Send from and receive into ordinary `Vec`s in memory files of polyrail's `MappedHeap`
+    /// (this program's global allocator, otherwise turned off), which polyrail registers at
+    /// first use.
+    #[arg(long)]
+    pub heap: bool,
     /// Print nothing (with --csv: for runs driven by `compare`).
     #[arg(long, hide = true)]
     pub quiet: bool,
+}
+
+impl Common {
+    /// The buffers' suffix in CSV rows and `compare`'s columns: `+registered`, `+heap` or none.
+    pub fn buffers(&self) -> &'static str {
+        match (self.registered, self.heap) {
+            (true, _) => "+registered",
+            (_, true) => "+heap",
+            _ => "",
+        }
+    }
 }
 
 /// The `POLYRAIL_*` settings that force a channel: `auto` (none), `shm` (rings and send cells

@@ -11,6 +11,10 @@ use polyrail_bench::{channel_nodes, experiments, osu, transport_env, Common};
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+// `--heap` runs send from its memory files; every other run turns it off at start.
+#[global_allocator]
+static HEAP: polyrail::MappedHeap = polyrail::MappedHeap::new();
+
 #[derive(Parser)]
 #[command(name = "polyrail-bench", version, about = "OSU-style benchmarks of polyrail's channels")]
 struct Cli {
@@ -79,7 +83,7 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         quiet_peers: u32,
     },
-    /// Latency and bandwidth of every channel (auto, shm, cma, and auto from registered buffers) in one table.
+    /// Latency and bandwidth of every channel (auto, shm, cma, and auto from registered buffers and from heap blocks) in one table.
     /// Medians, ratios and SVG plots from a comparison CSV (scripts/compare-peers.sh).
     Report {
         /// The CSV (`tool,mode,metric,size,rep,value`).
@@ -103,6 +107,7 @@ enum Cmd {
 }
 
 fn main() {
+    polyrail::MappedHeap::set_enabled(false);
     let code = match run(Cli::parse()) {
         Ok(c) => c,
         Err(e) => {
@@ -194,21 +199,21 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
 }
 
 /// The columns of `compare`: channels as `--transport` names them, with `+registered` for
-/// buffers from `Context::alloc_registered`.
-const COMPARED: [&str; 4] = ["auto", "shm", "cma", "auto+registered"];
+/// buffers from `Context::alloc_registered` and `+heap` for `Vec`s from the `MappedHeap`.
+const COMPARED: [&str; 5] = ["auto", "shm", "cma", "auto+registered", "auto+heap"];
 
 /// Runs latency and bandwidth for every channel (and the automatic route from registered
-/// buffers) and prints one table.
+/// buffers and heap blocks) and prints one table.
 fn compare(sizes: &str, quick: bool, csv: Option<PathBuf>) -> anyhow::Result<i32> {
     let list = osu::parse_sizes(sizes)?;
     let tmp = std::env::temp_dir().join(format!("polyrail-compare-{}.csv", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
     for bench in ["latency", "bw"] {
         for column in COMPARED {
-            let transport = column.trim_end_matches("+registered");
+            let (transport, buffers) = column.split_once('+').unwrap_or((column, ""));
             let mut args: Vec<OsString> = vec![bench.into(), "--transport".into(), transport.into()];
-            if column != transport {
-                args.push("--registered".into());
+            if !buffers.is_empty() {
+                args.push(format!("--{buffers}").into());
             }
             args.extend([
                 "--sizes".into(),

@@ -23,7 +23,7 @@ pub struct Row {
 }
 
 /// Reads rows of a `--csv` file (`bench,transport,size,value,unit`; the transport is followed by
-/// `+registered` for runs with `--registered`).
+/// `+registered` or `+heap` for runs with `--registered` or `--heap`).
 pub fn read_csv(text: &str) -> Vec<Row> {
     text.lines()
         .filter_map(|l| {
@@ -48,8 +48,7 @@ pub(crate) fn append_csv(c: &Common, bench: &str, size: usize, value: f64, unit:
     if new {
         writeln!(f, "bench,transport,size,value,unit")?;
     }
-    let registered = if c.registered { "+registered" } else { "" };
-    writeln!(f, "{bench},{}{registered},{size},{value},{unit}", c.transport)?;
+    writeln!(f, "{bench},{}{},{size},{value},{unit}", c.transport, c.buffers())?;
     Ok(())
 }
 
@@ -82,7 +81,8 @@ pub(crate) struct Run {
     pub rbuf: Buffer,
 }
 
-/// A message buffer: ordinary memory, or registered once (`--registered`).
+/// A message buffer: ordinary memory (from the heap's memory files with `--heap`), or
+/// registered once (`--registered`).
 pub(crate) enum Buffer {
     Plain(Vec<u8>),
     Registered(polyrail::RegisteredBuffer),
@@ -120,7 +120,11 @@ pub(crate) fn start(c: &Common, what: &str) -> anyhow::Result<Run> {
         s.fill(b'a');
         (Buffer::Registered(s), Buffer::Registered(ctx.alloc_registered(max)?))
     } else {
-        (Buffer::Plain(vec![b'a'; max]), Buffer::Plain(vec![0u8; max]))
+        // With --heap the two buffers are the heap's blocks; nothing else is.
+        polyrail::MappedHeap::set_enabled(c.heap);
+        let bufs = (Buffer::Plain(vec![b'a'; max]), Buffer::Plain(vec![0u8; max]));
+        polyrail::MappedHeap::set_enabled(false);
+        bufs
     };
     Ok(Run { ctx, sizes, sbuf, rbuf })
 }

@@ -42,6 +42,7 @@ const SERIES: &[(&str, &str, &str)] = &[
     ("polyrail", "shm", "polyrail shm only"),
     ("polyrail", "cma", "polyrail cma forced"),
     ("polyrail", "registered", "polyrail registered buffers"),
+    ("polyrail", "heap", "polyrail heap buffers"),
     ("ompi", "default", "Open MPI (sm+cma)"),
     ("ucx", "default", "UCX"),
     ("mpich", "default", "MPICH"),
@@ -84,8 +85,8 @@ pub fn report(input: &Path, out: &Path) -> anyhow::Result<()> {
             head += &format!(" {label} |");
             rule += "---:|";
         }
-        head += " polyrail / best peer | polyrail / floor | registered / best peer | registered / floor |";
-        rule += "---:|---:|---:|---:|";
+        head += " polyrail / best peer | polyrail / floor | registered / best peer | registered / floor | heap / best peer | heap / floor |";
+        rule += "---:|---:|---:|---:|---:|---:|";
         let _ = writeln!(md, "{head}\n{rule}");
         for size in sizes(&m, metric) {
             let mut row = format!("| {} |", polyrail::format_size(size));
@@ -109,7 +110,7 @@ pub fn report(input: &Path, out: &Path) -> anyhow::Result<()> {
             } else {
                 get(&m, "floor", "memcpy", "GBps", size).map(|g| g * 1e3)
             };
-            for mode in ["auto", "registered"] {
+            for mode in ["auto", "registered", "heap"] {
                 let ours = get(&m, "polyrail", mode, metric, size);
                 let ratio = |to: Option<f64>| fmt(ours.zip(to).map(|(a, b)| a / b), 2);
                 row += &format!(" {} | {} |", ratio(best), ratio(floor));

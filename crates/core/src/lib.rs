@@ -25,7 +25,7 @@ mod transport;
 pub use config::Config;
 pub use error::{Error, Rank, Result};
 pub use header::{Header, PacketKind};
-pub use memory::{AnonMemory, SharedFile};
+pub use memory::{memory_file, AnonMemory, SharedFile};
 pub use size::{format_size, parse_size};
 pub use transport::{
     Address, Caps, Cost, Issued, OpId, PeerAccess, PeerInfo, Reach, Region, RegionMut, RemoteKey, Sink, Transport,

@@ -44,6 +44,37 @@ fn map(len: usize, fd: Option<RawFd>, what: &str) -> Result<*mut u8> {
     Ok(ptr.cast())
 }
 
+/// Creates a memory file of `len` bytes (`memfd_create`, close-on-exec), sealed against
+/// shrinking and growing so that a process that maps it can never fault past its end; returns
+/// it with its inode number, or the step that failed and why. Allocates nothing (the global
+/// allocator of the facade calls it).
+pub fn memory_file(len: usize) -> std::result::Result<(OwnedFd, u64), (&'static str, std::io::Error)> {
+    let failed = |step| (step, std::io::Error::last_os_error());
+    // SAFETY: the name is a NUL-terminated literal; the flags are valid; the result is checked.
+    let fd = unsafe { libc::memfd_create(c"polyrail-memory".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if fd < 0 {
+        return Err(failed("memfd_create"));
+    }
+    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let raw = fd.as_raw_fd();
+    // SAFETY: plain system calls on our own descriptor; `st` is written by fstat before use.
+    unsafe {
+        if libc::ftruncate(raw, len as libc::off_t) != 0 {
+            return Err(failed("sizing"));
+        }
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        if libc::fcntl(raw, libc::F_ADD_SEALS, seals) != 0 {
+            return Err(failed("sealing"));
+        }
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(raw, &mut st) != 0 {
+            return Err(failed("fstat"));
+        }
+        Ok((fd, st.st_ino))
+    }
+}
+
 impl AnonMemory {
     /// Maps `len` bytes (at least one) of private memory; `what` names the use in the error.
     pub fn new(len: usize, what: &str) -> Result<AnonMemory> {
@@ -57,30 +88,9 @@ impl AnonMemory {
     /// (Linux before 3.17, some seccomp profiles); `what` names the use in the error.
     pub fn shared(len: usize, what: &str) -> Result<AnonMemory> {
         let len = len.max(1);
-        // SAFETY: the name is a NUL-terminated literal; the flags are valid; the result is checked.
-        let fd =
-            unsafe { libc::memfd_create(c"polyrail-registered".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-        if fd < 0 {
-            return Err(Error::last_os(format_args!("memfd_create for {what}")));
-        }
-        // SAFETY: the kernel just returned this descriptor; nothing else owns it.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let (fd, inode) = memory_file(len)
+            .map_err(|(step, e)| Error::io(format_args!("{step} of a {len}-byte memory file for {what}"), e))?;
         let raw = fd.as_raw_fd();
-        // SAFETY: plain system calls on our own descriptor; `st` is written by fstat before use.
-        let inode = unsafe {
-            if libc::ftruncate(raw, len as libc::off_t) != 0 {
-                return Err(Error::last_os(format_args!("sizing a {len}-byte memory file for {what}")));
-            }
-            let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-            if libc::fcntl(raw, libc::F_ADD_SEALS, seals) != 0 {
-                return Err(Error::last_os(format_args!("sealing the memory file for {what}")));
-            }
-            let mut st: libc::stat = std::mem::zeroed();
-            if libc::fstat(raw, &mut st) != 0 {
-                return Err(Error::last_os(format_args!("fstat of the memory file for {what}")));
-            }
-            st.st_ino
-        };
         Ok(AnonMemory { ptr: map(len, Some(raw), what)?, len, file: Some((fd, inode)) })
     }
 
