@@ -77,7 +77,7 @@ static FREED: AtomicU64 = AtomicU64::new(0);
 /// Whether new allocations may become blocks.
 static ENABLED: AtomicBool = AtomicBool::new(true);
 
-fn blocks() -> std::sync::MutexGuard<'static, Blocks> {
+fn table() -> std::sync::MutexGuard<'static, Blocks> {
     // Nothing panics while holding the lock; a poisoned lock still holds consistent data.
     LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -133,7 +133,7 @@ fn map_block(size: usize) -> Option<*mut u8> {
         unsafe { libc::close(fd) };
         return None;
     }
-    let mut b = blocks();
+    let mut b = table();
     if b.count == BLOCKS {
         drop(b);
         // SAFETY: the mapping and descriptor made above, given back once; nobody saw them.
@@ -150,7 +150,7 @@ fn map_block(size: usize) -> Option<*mut u8> {
 
 /// Frees the block at `ptr` if there is one; false when `ptr` is not a block's start.
 fn free_block(ptr: *mut u8) -> bool {
-    let mut b = blocks();
+    let mut b = table();
     let n = b.count;
     let Some(i) = b.live[..n].iter().position(|x| x.start == ptr as usize) else { return false };
     let block = b.live[i];
@@ -176,7 +176,7 @@ unsafe fn unmap(ptr: *mut u8, len: usize, fd: i32) {
 }
 
 fn is_block(ptr: *mut u8) -> bool {
-    let b = blocks();
+    let b = table();
     b.live[..b.count].iter().any(|x| x.start == ptr as usize)
 }
 
@@ -264,7 +264,7 @@ impl HeapRegistrations {
             return;
         }
         let found = {
-            let b = blocks();
+            let b = table();
             b.live[..b.count].iter().find(|x| start >= x.start && end <= x.start + x.len).copied()
         };
         let Some(block) = found else { return };
@@ -288,7 +288,7 @@ impl HeapRegistrations {
         // Copied out so that nothing allocates under the lock.
         let mut live = [(0u64, 0usize); BLOCKS];
         let n = {
-            let b = blocks();
+            let b = table();
             for (l, x) in live.iter_mut().zip(&b.live[..b.count]) {
                 *l = (x.id, x.start);
             }
