@@ -21,24 +21,27 @@ const WORTH_REGISTERING: usize = 8 * 1024;
 /// A global allocator that gives every allocation of at least a minimum size (64 KiB unless
 /// [`MappedHeap::with_min_size`] says otherwise) its own memory file, mapped shared, and the
 /// others to the system allocator. A [`crate::Context`] registers such memory with its channels
-/// the first time a message uses it and ends the registration when the memory is freed, so
-/// ordinary `Vec<u8>` buffers are used in place: the `cma` channel's peers map the file once and
-/// copy with `memcpy` (no page pinning per message), and `ib` registers the memory once instead
-/// of copying through bounce buffers or registering per message. Install it in the program:
+/// the first time a message uses it, and ends the registration at its next message after the
+/// memory was freed, so ordinary `Vec<u8>` buffers are used in place: the `cma` channel's peers
+/// map the file once and copy with `memcpy` (no page pinning per message), and `ib` registers
+/// the memory once instead of copying through bounce buffers or registering per message.
+/// Install it in the program:
 ///
 /// ```no_run
 /// #[global_allocator]
 /// static HEAP: polyrail::MappedHeap = polyrail::MappedHeap::new();
 /// ```
 ///
-/// Costs and limits: an allocation takes five system calls (`memfd_create`, `ftruncate`, two
-/// `fcntl`, `mmap`) and holds a file descriptor until freed; at most 256 are alive at once
-/// (more come from the system allocator), as do allocations aligned beyond a page and all of
-/// them once [`MappedHeap::set_enabled`] turned it off. Pages come from shared memory (tmpfs),
-/// without transparent huge pages. A child made by `fork` without `exec` shares these
-/// allocations with its parent instead of getting copies: do not install it in programs that
-/// fork and go on running the child (spawning a command is fine). Programs that allocate a
-/// fresh large buffer per message pay a registration per message.
+/// Costs and limits: an allocation takes five system calls (`memfd_create`, `ftruncate`,
+/// `fcntl`, `fstat`, `mmap`) and holds a file descriptor until freed. At most 256 allocations
+/// live in memory files at once; the others come from the system allocator, as do allocations
+/// aligned beyond a page and all of them while [`MappedHeap::set_enabled`] has it off. Pages
+/// come from shared memory (tmpfs), without transparent huge pages. Each process keeps up to 16
+/// of its peers' files mapped (1 GiB) until it sees them closed, so freed blocks may hold
+/// memory for a while. A child made by `fork` without `exec` shares these allocations with its parent
+/// instead of getting copies: do not install it in programs that fork and go on running the
+/// child (spawning a command is fine). Programs that allocate a fresh large buffer per message
+/// pay a registration (and the peer a mapping) per message.
 #[derive(Debug)]
 pub struct MappedHeap {
     min_size: usize,
