@@ -83,16 +83,25 @@ active=$(ibv_devinfo -d rxe0 | awk '/active_mtu/ { print $2 }')
 echo "guest: rxe0 active_mtu $active" >&2
 [ "$active" = "$mtu" ] || { echo "guest: wanted path MTU $mtu, rxe0 has $active" >&2; exit 1; }
 pt() { # perftest server and client: tool, size, extra args; prints the client's output
-    taskset -c 0 "$1" -d rxe0 -i 1 -x 1 -u "$ack_timeout" -s "$2" $3 > /dev/null 2>&1 &
-    sleep 1
-    taskset -c 1 "$1" -d rxe0 -i 1 -x 1 -u "$ack_timeout" -s "$2" $3 10.77.0.1 2>&1
-    wait
+    # perftest has no timeout of its own: a client that came before the server listened (TCG
+    # starts programs slowly) left the server waiting forever. Retry the client, bound both.
+    timeout 900 taskset -c 0 "$1" -d rxe0 -i 1 -x 1 -u "$ack_timeout" -s "$2" $3 > /dev/null 2>&1 &
+    server=$!
+    for try in 1 2 3 4 5; do
+        sleep 1
+        out=$(timeout 600 taskset -c 1 "$1" -d rxe0 -i 1 -x 1 -u "$ack_timeout" -s "$2" $3 10.77.0.1 2>&1) && break
+        kill -0 $server 2>/dev/null || break
+        echo "guest: $1 -s $2 client failed (try $try), retrying" >&2
+    done
+    echo "$out"
+    kill $server 2>/dev/null
+    wait $server 2>/dev/null
 }
 pb() { # polyrail-bench: bench, iterations, size, unit; every buffer kind
     for mode in plain registered heap; do
         flag=""; [ $mode != plain ] && flag=--$mode
         c=$(retransmitted)
-        polyrail-bench "$1" --transport ib --iters "$2" $flag --sizes "$3" 2>&1 |
+        timeout 900 polyrail-bench "$1" --transport ib --iters "$2" $flag --sizes "$3" 2>&1 |
             awk -v r=$rep -v m=$mode -v b="$1" -v u="$4" '$1 ~ /^[0-9]+$/ { print "RESULT polyrail " b "-" m " " $1 " " r " " $2 " " u }'
         resent "$c" "polyrail-$1-$mode" "$3"
     done
@@ -131,7 +140,7 @@ mkdir -p "$OUT"
 RAW=$(mktemp)
 trap 'rm -f "$GUEST" "$RAW"' EXIT
 echo "ib-vm-bench: running in the guest ($REPEATS repeats; several minutes under TCG)" >&2
-"$REPO/scripts/rxe-vm.sh" --timeout 3000 --bin "$BENCH" -- "$(cat "$GUEST")" | tee "$RAW" | grep -v '^RESULT' >&2 || true
+"$REPO/scripts/rxe-vm.sh" --timeout $((REPEATS * 900 + 600)) --bin "$BENCH" -- "$(cat "$GUEST")" | tee "$RAW" | grep -v '^RESULT' >&2 || true
 CSV=$OUT/ib-vm.csv
 echo "tool,mode,size,rep,value,unit" > "$CSV"
 awk '$1 == "RESULT" { print $2 "," $3 "," $4 "," $5 "," $6 "," $7 }' "$RAW" >> "$CSV"
