@@ -77,6 +77,9 @@ static COUNT: AtomicUsize = AtomicUsize::new(0);
 /// longer live before it registers anything, so a later allocation at the same address is
 /// never mistaken for the old one.
 static FREED: AtomicU64 = AtomicU64::new(0);
+/// Blocks made so far (the id of the latest). Stored (Release) after a block entered `LIVE`: a
+/// context that finds it unchanged (Acquire) knows that no block appeared since it last looked.
+static MADE: AtomicU64 = AtomicU64::new(0);
 /// Whether new allocations may become blocks.
 static ENABLED: AtomicBool = AtomicBool::new(true);
 
@@ -148,6 +151,7 @@ fn map_block(size: usize) -> Option<*mut u8> {
     b.count += 1;
     b.next_id += 1;
     COUNT.store(b.count, Ordering::Release);
+    MADE.store(id, Ordering::Release);
     Some(ptr.cast())
 }
 
@@ -178,9 +182,10 @@ unsafe fn unmap(ptr: *mut u8, len: usize, fd: i32) {
     }
 }
 
-fn is_block(ptr: *mut u8) -> bool {
+/// The length of the block starting at `ptr`, if there is one.
+fn block_len(ptr: *mut u8) -> Option<usize> {
     let b = table();
-    b.live[..b.count].iter().any(|x| x.start == ptr as usize)
+    b.live[..b.count].iter().find(|x| x.start == ptr as usize).map(|x| x.len)
 }
 
 // SAFETY: every pointer handed out is either the system allocator's (for the same layout) or a
@@ -219,10 +224,15 @@ unsafe impl GlobalAlloc for MappedHeap {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let was_block = layout.size() >= self.min_size && is_block(ptr);
+        let block = if layout.size() >= self.min_size { block_len(ptr) } else { None };
+        // A block keeps its place while the new size fits its pages and is still a block's
+        // size (`dealloc` looks blocks up only from the minimum size).
+        if block.is_some_and(|len| new_size <= len && new_size >= self.min_size) {
+            return ptr;
+        }
         // SAFETY: the caller promises a valid non-zero size with this alignment.
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
-        if !was_block && !self.wants(new_layout) {
+        if block.is_none() && !self.wants(new_layout) {
             // SAFETY: the system allocator's memory with this layout, forwarded.
             return unsafe { System.realloc(ptr, layout, new_size) };
         }
@@ -246,6 +256,9 @@ pub(crate) struct HeapRegistrations {
     frees_seen: u64,
     /// Registered blocks (`true`) and blocks whose registration failed (`false`, not retried).
     blocks: Vec<(u64, Region, bool)>,
+    /// The last buffer found in no block, and `MADE` then: while no block was made since, the
+    /// same buffer is in none still (blocks freed meanwhile cannot hold it either).
+    not_in_block: (usize, usize, u64),
 }
 
 impl HeapRegistrations {
@@ -266,11 +279,20 @@ impl HeapRegistrations {
         if self.blocks.iter().any(|(_, r, _)| inside(r)) {
             return;
         }
+        // Acquire: pairs with the Release in map_block; a block made before this load is in
+        // the table the lookup below reads.
+        let made = MADE.load(Ordering::Acquire);
+        if self.not_in_block == (start, end, made) {
+            return;
+        }
         let found = {
             let b = table();
             b.live[..b.count].iter().find(|x| start >= x.start && end <= x.start + x.len).copied()
         };
-        let Some(block) = found else { return };
+        let Some(block) = found else {
+            self.not_in_block = (start, end, made);
+            return;
+        };
         let region = Region { ptr: block.start as *const u8, len: block.len };
         let file = SharedFile { fd: block.fd, inode: block.inode };
         let ok = match driver.register_memory(region, Some(file)) {

@@ -177,14 +177,18 @@ pub struct Engine {
     /// Receives that failed after their buffer's key went to a peer that is still alive: see
     /// [`Engine::take_peer_may_write`].
     peer_may_write: Vec<ReqId>,
-    /// Registered memory that peers map, as address ranges (see [`Engine::add_mapped_memory`]).
+    /// Registered memory that peers map, as address ranges sorted by start (see
+    /// [`Engine::add_mapped_memory`]).
     mapped: Vec<Range<usize>>,
 }
 
 /// Whether `buf` lies inside one of `ranges` (of addresses).
+/// Whether `buf` lies inside one of `ranges`, which are sorted by start and disjoint (distinct
+/// live mappings): only the last range starting at or before `buf` can hold it.
 fn in_ranges(ranges: &[Range<usize>], buf: Region) -> bool {
     let start = buf.ptr as usize;
-    ranges.iter().any(|r| r.start <= start && start.saturating_add(buf.len) <= r.end)
+    let i = ranges.partition_point(|r| r.start <= start);
+    i > 0 && start.saturating_add(buf.len) <= ranges[i - 1].end
 }
 
 impl Engine {
@@ -210,7 +214,8 @@ impl Engine {
     /// channels map: sends from it follow the routes' [`crate::policy::MappedRule`].
     pub fn add_mapped_memory(&mut self, region: Region) {
         let start = region.ptr as usize;
-        self.mapped.push(start..start + region.len);
+        let at = self.mapped.partition_point(|r| r.start < start);
+        self.mapped.insert(at, start..start + region.len);
     }
 
     /// Ends what [`Engine::add_mapped_memory`] started for `region`.

@@ -1010,3 +1010,30 @@ fn sends_from_mapped_memory_go_one_sided() {
     sim.run_actions();
     assert_eq!(Header::decode(0, &sim.wires[1][before].hdr).unwrap().kind, PacketKind::Eager);
 }
+
+/// Mapped memory is found among many ranges added in any order, and only whole buffers inside
+/// one range count.
+#[test]
+fn mapped_ranges_are_found_in_any_order() {
+    let mut e = Engine::new(0, 1);
+    let region = |start: usize, len: usize| Region { ptr: start as *const u8, len };
+    for start in [0x9000usize, 0x1000, 0x5000, 0x3000] {
+        e.add_mapped_memory(region(start, 0x1000));
+    }
+    assert!(e.mapped.windows(2).all(|w| w[0].start < w[1].start));
+    for (start, len, inside) in [
+        (0x1000, 0x1000, true),
+        (0x5800, 0x800, true),
+        (0x9fff, 1, true),
+        (0x2000, 0x10, false),
+        (0x0fff, 2, false),
+        (0x5800, 0x900, false),
+        (0xa000, 1, false),
+        (0x100, 1, false),
+    ] {
+        assert_eq!(in_ranges(&e.mapped, region(start, len)), inside, "{start:#x}+{len:#x}");
+    }
+    e.remove_mapped_memory(region(0x5000, 0x1000));
+    assert!(!in_ranges(&e.mapped, region(0x5800, 0x10)));
+    assert!(in_ranges(&e.mapped, region(0x3000, 0x10)) && in_ranges(&e.mapped, region(0x9000, 0x10)));
+}
