@@ -225,9 +225,10 @@ unsafe impl GlobalAlloc for MappedHeap {
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let block = if layout.size() >= self.min_size { block_len(ptr) } else { None };
-        // A block keeps its place while the new size fits its pages and is still a block's
-        // size (`dealloc` looks blocks up only from the minimum size).
-        if block.is_some_and(|len| new_size <= len && new_size >= self.min_size) {
+        // A block keeps its place while the new size fits its pages, uses more than half of
+        // them (a block cannot shrink: shrinking far moves, to give memory back) and is still
+        // a block's size (`dealloc` looks blocks up only from the minimum size).
+        if block.is_some_and(|len| new_size <= len && new_size > len / 2 && new_size >= self.min_size) {
             return ptr;
         }
         // SAFETY: the caller promises a valid non-zero size with this alignment.

@@ -32,9 +32,9 @@ fn large_allocations_are_memory_files_and_keep_their_contents() {
         *b = i as u8;
     }
 
-    // Within its pages (100_000 bytes take 25, 102_400 bytes) a block is resized in place;
-    // beyond them it moves to a new block with the same contents; below the minimum size, to
-    // the system allocator.
+    // Within its pages (100_000 bytes take 25, 102_400 bytes) and above half of them a block
+    // is resized in place; beyond them it moves to a new block with the same contents; below
+    // the minimum size, to the system allocator.
     let at = big.as_ptr();
     big.truncate(80_000);
     big.shrink_to_fit();
@@ -43,6 +43,12 @@ fn large_allocations_are_memory_files_and_keep_their_contents() {
     assert_eq!((big.as_ptr(), MappedHeap::blocks()), (at, 1));
     big.resize(300_000, 7);
     assert_ne!(big.as_ptr(), at);
+    assert_eq!(MappedHeap::blocks(), 1);
+    assert!(big[..80_000].iter().enumerate().all(|(i, &b)| b == i as u8) && big[80_000..].iter().all(|&b| b == 7));
+    let at = big.as_ptr();
+    big.truncate(100_000);
+    big.shrink_to_fit();
+    assert_ne!(big.as_ptr(), at, "a block shrunk below half its pages moves, to give memory back");
     assert_eq!(MappedHeap::blocks(), 1);
     assert!(big[..80_000].iter().enumerate().all(|(i, &b)| b == i as u8) && big[80_000..].iter().all(|&b| b == 7));
     big.truncate(1000);

@@ -182,7 +182,6 @@ pub struct Engine {
     mapped: Vec<Range<usize>>,
 }
 
-/// Whether `buf` lies inside one of `ranges` (of addresses).
 /// Whether `buf` lies inside one of `ranges`, which are sorted by start and disjoint (distinct
 /// live mappings): only the last range starting at or before `buf` can hold it.
 fn in_ranges(ranges: &[Range<usize>], buf: Region) -> bool {
