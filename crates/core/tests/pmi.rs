@@ -384,6 +384,11 @@ fn the_event_descriptor_is_readable_while_events_wait() {
     }
     assert!(evs.contains(&ServerEvent::Initialized(1)), "{evs:?}");
     assert!(evs.iter().any(|e| matches!(e, ServerEvent::Lost { rank: 0, .. })), "{evs:?}");
-    assert!(!readable(srv.event_fd(), 0));
+    // The server queues an event, then writes its notice: the notice of the second event may
+    // come after both were taken. Such a trailing notice finds no event, and taking it leaves
+    // the descriptor quiet.
+    while readable(srv.event_fd(), 200) {
+        assert_eq!(srv.try_event(), None, "an event beyond {evs:?}");
+    }
     drop(b1);
 }
