@@ -299,7 +299,9 @@ impl Driver {
         let skip = self.skipped_this_round();
         let primary = self.polled.get(self.poll.primary).copied();
         let mut n = match primary {
-            Some(i) if !skip.contains(i as ChannelId) => self.channels[i].progress(64, &mut self.engine)?,
+            Some(i) if !skip.contains(i as ChannelId) => {
+                self.channels[i].progress(64, &mut self.engine.sink_for(i as ChannelId))?
+            }
             _ => 0,
         };
         if self.polled.len() > 1 {
@@ -307,7 +309,7 @@ impl Driver {
             if self.poll_everything || self.poll.others_due() {
                 for &i in &self.polled {
                     if Some(i) != primary && !skip.contains(i as ChannelId) {
-                        others += self.channels[i].progress(64, &mut self.engine)?;
+                        others += self.channels[i].progress(64, &mut self.engine.sink_for(i as ChannelId))?;
                     }
                 }
             }
@@ -317,7 +319,7 @@ impl Driver {
         if self.self_sent {
             if let Some(i) = self.loopback {
                 self.self_sent = false;
-                n += self.channels[i].progress(usize::MAX, &mut self.engine)?;
+                n += self.channels[i].progress(usize::MAX, &mut self.engine.sink_for(i as ChannelId))?;
             }
         }
         if self.blocked_peers > 0 {
@@ -355,8 +357,8 @@ impl Driver {
     /// Checks peers' liveness now.
     pub fn check_peers(&mut self) {
         self.last_liveness = Instant::now();
-        for ch in &mut self.channels {
-            ch.check_peers(&mut self.engine);
+        for (i, ch) in self.channels.iter_mut().enumerate() {
+            ch.check_peers(&mut self.engine.sink_for(i as ChannelId));
         }
         self.drain();
     }

@@ -920,5 +920,44 @@ impl Sink for Engine {
     }
 }
 
+impl Engine {
+    /// The engine as the sink of channel `channel` (what a driver hands to that channel's
+    /// `progress` and `check_peers`).
+    pub fn sink_for(&mut self, channel: ChannelId) -> ChannelSink<'_> {
+        ChannelSink { engine: self, channel }
+    }
+}
+
+/// The engine as one channel's [`Sink`] (see [`Engine::sink_for`]). A peer's normal finish
+/// counts only when the channel that carries the peer's messages reports it: that channel
+/// delivers what the peer sent before it finished first, while another one may hear of the
+/// finish earlier (the `ib` channel connects to peers on the same node too and gets their BYE
+/// before the shared-memory ring with their last messages is read). A lost peer counts from
+/// any channel.
+pub struct ChannelSink<'a> {
+    engine: &'a mut Engine,
+    channel: ChannelId,
+}
+
+impl Sink for ChannelSink<'_> {
+    #[inline]
+    fn message(&mut self, from: Rank, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) {
+        self.engine.message(from, hdr, payload);
+    }
+
+    #[inline]
+    fn completed(&mut self, op: OpId, result: Result<()>) {
+        self.engine.handle_completion(op, result);
+    }
+
+    fn peer_lost(&mut self, peer: Rank, why: Error) {
+        let carrier = self.engine.route(peer).map(|r| r.am);
+        if matches!(why, Error::PeerFinished { .. }) && carrier.is_some_and(|am| am != self.channel) {
+            return;
+        }
+        self.engine.handle_peer_lost(peer, why);
+    }
+}
+
 #[cfg(test)]
 mod tests;

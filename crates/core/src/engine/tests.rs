@@ -750,6 +750,26 @@ fn messages_a_finished_peer_left_behind_still_match() {
     assert!(matches!(refused, Err(Error::PeerFinished { rank: 1 })));
 }
 
+/// A finish heard on a channel that does not carry the peer's messages waits for the one that
+/// does (which delivers the peer's last messages first); a loss counts from any channel.
+#[test]
+fn a_finish_counts_from_the_channel_that_carries_the_peer() {
+    let mut sim = Sim::new(3, one_sided_route);
+    let (mut a, mut b) = ([0u8; 4], [0u8; 4]);
+    let q1 = recv(&mut sim, 0, Source::Rank(1), TagMatch::Any, &mut a);
+    let q2 = recv(&mut sim, 0, Source::Rank(2), TagMatch::Any, &mut b);
+    sim.engines[0].sink_for(RMA).peer_lost(1, Error::PeerFinished { rank: 1 });
+    assert!(!sim.engines[0].is_done(q1), "the rma channel does not carry rank 1's messages");
+    let _s = send(&mut sim, 1, 0, 3, b"last");
+    sim.settle();
+    sim.engines[0].sink_for(AM).peer_lost(1, Error::PeerFinished { rank: 1 });
+    assert_eq!(result(&mut sim, 0, q1).unwrap().len, 4);
+    assert_eq!(&a, b"last");
+    assert!(sim.engines[0].peer_error(1).is_some(), "finished once its carrier said so");
+    sim.engines[0].sink_for(RMA).peer_lost(2, Error::PeerLost { rank: 2, why: "killed".into() });
+    assert!(matches!(result(&mut sim, 0, q2), Err(Error::PeerLost { rank: 2, .. })));
+}
+
 // ---- property test against a reference model ---------------------------------------------
 
 #[derive(Clone, Debug)]
