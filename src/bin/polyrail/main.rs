@@ -232,7 +232,7 @@ fn format_report(ctx: &Context) -> String {
                     let ch = channel_name(m.channel);
                     let _ = writeln!(
                         s,
-                        "  from alloc_registered memory: single copy over {ch} from {}, also in a stream ({})",
+                        "  from registered memory (alloc_registered, MappedHeap blocks): single copy over {ch} from {}, also in a stream ({})",
                         format_size(m.from),
                         m.reason
                     );
