@@ -295,10 +295,17 @@ impl Engine {
             return Ok(());
         }
         let (protocol, channel) = one_sided.expect("checked above");
+        let split = if protocol == Protocol::RndvSplit { split_point(len) } else { len };
+        if split == len || split == 0 {
+            // Sender first with our RTR on its way (RTS wins): the sender drops the RTR unused,
+            // so its exposure ends now, before the pull, which may need what it holds (a
+            // bounce slot: a window of crossed receives would need two each).
+            self.release_key(id);
+        }
+        let req = self.reqs.get_mut(id).expect("matched request is live");
         req.channel = channel;
         req.peer_key = key;
         req.protocol = protocol;
-        let split = if protocol == Protocol::RndvSplit { split_point(len) } else { len };
         if split == len || split == 0 {
             req.split = len;
             req.pending = 1;

@@ -39,6 +39,8 @@ struct Sim {
     /// Answer puts with `Issued::Ordered` (data placed at once) and keep their completions
     /// here, to be delivered late.
     ordered_puts: Option<Vec<(Rank, OpId)>>,
+    /// For every get: the rank and how many exposures it held when it issued it.
+    held_at_get: Vec<(Rank, usize)>,
 }
 
 fn route(frag: usize, protocols: &[(usize, Protocol)]) -> PeerRoute {
@@ -79,6 +81,7 @@ impl Sim {
             stand_ins: false,
             exposed: (0..n).map(|_| Vec::new()).collect(),
             ordered_puts: None,
+            held_at_get: Vec::new(),
         }
     }
 
@@ -166,6 +169,7 @@ impl Sim {
                 }
             }
             Action::Get { key, offset, into, op, .. } => {
+                self.held_at_get.push((me, self.exposed[me as usize].len()));
                 let (addr, len) = decode_key(&key);
                 assert!(offset + into.len <= len, "get out of the exposed region");
                 // SAFETY: test keys name live buffers of this process, bounds checked above.
@@ -491,7 +495,11 @@ fn ordered_puts_let_the_notice_leave_early() {
 
 #[test]
 fn simultaneous_rts_wins_over_rtr() {
-    let mut sim = Sim::new(2, one_sided_route);
+    rts_wins_over_rtr(Sim::new(2, one_sided_route));
+    rts_wins_over_rtr(Sim::bouncing(2, one_sided_route));
+}
+
+fn rts_wins_over_rtr(mut sim: Sim) {
     let data = pattern(2, 3000);
     let mut out = vec![0u8; 3000];
     let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
@@ -502,6 +510,10 @@ fn simultaneous_rts_wins_over_rtr() {
     assert_eq!(result(&mut sim, 1, q).unwrap().len, 3000);
     assert_eq!(out, data);
     assert!(sim.engines[0].peers[1].rtrs.is_empty(), "the crossed RTR was dropped as stale");
+    // The receiver ended its RTR's exposure before it pulled: a channel that bounces holds
+    // one slot per receive, not two.
+    assert_eq!(sim.held_at_get, [(1, 0)]);
+    assert!(sim.exposed.iter().all(Vec::is_empty));
 }
 
 #[test]
