@@ -904,22 +904,6 @@ fn split_point(len: usize) -> usize {
     (len / 2) & !4095
 }
 
-impl Sink for Engine {
-    fn message(&mut self, from: Rank, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) {
-        if let Err(e) = self.handle_message(from, hdr, payload) {
-            self.handle_peer_lost(from, e);
-        }
-    }
-
-    fn completed(&mut self, op: OpId, result: Result<()>) {
-        self.handle_completion(op, result);
-    }
-
-    fn peer_lost(&mut self, peer: Rank, why: Error) {
-        self.handle_peer_lost(peer, why);
-    }
-}
-
 impl Engine {
     /// The engine as the sink of channel `channel` (what a driver hands to that channel's
     /// `progress` and `check_peers`).
@@ -942,7 +926,9 @@ pub struct ChannelSink<'a> {
 impl Sink for ChannelSink<'_> {
     #[inline]
     fn message(&mut self, from: Rank, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) {
-        self.engine.message(from, hdr, payload);
+        if let Err(e) = self.engine.handle_message(from, hdr, payload) {
+            self.engine.handle_peer_lost(from, e);
+        }
     }
 
     #[inline]

@@ -698,7 +698,7 @@ fn garbage_from_a_peer_fails_its_requests() {
     sim.settle();
     let mut raw = [0u8; Header::WIRE_LEN];
     raw[0] = 77;
-    sim.engines[1].message(0, &raw, &[]);
+    sim.engines[1].sink_for(AM).message(0, &raw, &[]);
     assert!(matches!(result(&mut sim, 1, q), Err(Error::Protocol { peer: 0, .. })));
     // A FIN naming a request that does not exist is refused too.
     let mut sim = Sim::new(2, one_sided_route);
