@@ -317,6 +317,9 @@ impl Engine {
         req.pending = 2; // our get and the sender's FIN after its put
         match req.own_key {
             Some(k) => self.send_cts(id, k),
+            // The exposure for our RTR is still on its way (it covers the same buffer for the
+            // same access): its key goes out with the CTS instead.
+            None if req.expose_for == Some(ExposeFor::Rtr) => req.expose_for = Some(ExposeFor::Cts),
             None => {
                 req.expose_for = Some(ExposeFor::Cts);
                 let region = Region { ptr: req.ptr, len: req.cap };

@@ -634,7 +634,9 @@ impl Engine {
                 let (to, am) = (req.peer, am_of(&self.peers, req.peer));
                 self.actions.push_back(Action::Send { channel: am, to, hdr, payload: Payload::Key(key), op: None });
             }
-            Some(ExposeFor::Rtr) | None => {}
+            // Matched before its RTR could go out: no peer ever gets the key.
+            Some(ExposeFor::Rtr) => self.release_key(id),
+            None => {}
         }
     }
 

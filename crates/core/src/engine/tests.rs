@@ -517,6 +517,29 @@ fn rts_wins_over_rtr(mut sim: Sim) {
 }
 
 #[test]
+fn an_rts_that_overtakes_the_rtr_exposure_leaves_nothing_exposed() {
+    // The receive's exposure for its RTR is still queued when the sender's RTS arrives: one
+    // get-only size and one split size, with memory and with stand-ins.
+    for len in [3000, 10000] {
+        for mut sim in [Sim::new(2, one_sided_route), Sim::bouncing(2, one_sided_route)] {
+            let data = pattern(5, len);
+            let mut out = vec![0u8; len];
+            let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
+            let s = send(&mut sim, 0, 1, 1, &data);
+            while let Some(a) = sim.engines[0].poll_action() {
+                sim.execute(0, a);
+            }
+            assert!(sim.deliver_one(1), "the RTS reaches rank 1 before it ran its own actions");
+            sim.settle();
+            assert!(result(&mut sim, 0, s).is_ok());
+            assert_eq!(result(&mut sim, 1, q).unwrap().len, len);
+            assert_eq!(out, data, "{len} bytes");
+            assert!(sim.exposed.iter().all(Vec::is_empty), "{len} bytes: an exposure was left behind");
+        }
+    }
+}
+
+#[test]
 fn eager_meets_a_receive_that_expected_rendezvous() {
     eager_meets_rtr(Sim::new(2, one_sided_route));
     // A bounce area for the receive must not be copied over the eager data.
