@@ -608,6 +608,10 @@ impl Engine {
         let Some((id, OpKind::Exposed)) = split_op(op) else { return };
         let Some(req) = self.reqs.get_mut(id) else { return };
         if req.result.is_some() {
+            // It failed while its exposure was on the way: no peer got the key; end it.
+            if let Ok(key) = key {
+                self.actions.push_back(Action::Unexpose { channel: req.channel, key, written: 0..0 });
+            }
             return;
         }
         let key = match key {

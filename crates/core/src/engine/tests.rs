@@ -540,6 +540,18 @@ fn an_rts_that_overtakes_the_rtr_exposure_leaves_nothing_exposed() {
 }
 
 #[test]
+fn an_exposure_that_lands_after_its_request_failed_ends() {
+    for mut sim in [Sim::new(2, one_sided_route), Sim::bouncing(2, one_sided_route)] {
+        let mut out = vec![0u8; 3000];
+        let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
+        sim.engines[1].handle_peer_lost(0, Error::PeerLost { rank: 0, why: "test".into() });
+        sim.settle();
+        assert!(matches!(result(&mut sim, 1, q), Err(Error::PeerLost { rank: 0, .. })));
+        assert!(sim.exposed.iter().all(Vec::is_empty), "the RTR's exposure was left behind");
+    }
+}
+
+#[test]
 fn eager_meets_a_receive_that_expected_rendezvous() {
     eager_meets_rtr(Sim::new(2, one_sided_route));
     // A bounce area for the receive must not be copied over the eager data.
