@@ -2,6 +2,7 @@
 # ib-vm-bench.sh - polyrail's ib channel beside perftest on real verbs (Soft-RoCE), in one VM run.
 #
 # Usage: scripts/ib-vm-bench.sh [--no-build] [--out DIR] [--repeats N] [--mtu BYTES] [--ack-timeout N]
+#                              [--glibc-copies]
 #
 # Builds polyrail-bench with the `verbs` feature (into IB_VM_TARGET_DIR, default
 # <repo>/target/verbs, as scripts/ib-vm-test.sh does), boots ONE guest with scripts/rxe-vm.sh
@@ -29,6 +30,12 @@
 # (space-separated byte counts) replace the default sizes. Writes DIR/ib-vm.csv
 # (tool,mode,size,rep,value,unit) and DIR/ib-vm.md (medians and ratios); DIR defaults to
 # docs/benchmarks, or docs/benchmarks/mtu-BYTES with --mtu other than 1024.
+# polyrail-bench runs in the guest with GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold=1g:
+# the emulated CPU advertises fast `rep movsb` (ERMS), so glibc's memcpy uses it from a few KiB
+# up, but TCG executes it at about 4 ns a byte (a 64 KiB memcpy took 295 us in the guest, 39 us
+# with glibc's vector loop; on hardware with ERMS the two are about equal). Only polyrail copies
+# (ordinary memory goes through bounce buffers); perftest does not. --glibc-copies keeps
+# glibc's own choice.
 set -euo pipefail
 
 SELF=$(readlink -f "${BASH_SOURCE[0]}")
@@ -40,6 +47,7 @@ BUILD=1
 MTU=1024
 ACK_TIMEOUT=20
 OUT_SET=0
+TUNABLES=glibc.cpu.x86_rep_movsb_threshold=1073741824
 LAT_SIZES=${IB_BENCH_LAT_SIZES:-8 1024 8192 65536 262144 1048576}
 BW_SIZES=${IB_BENCH_BW_SIZES:-4096 65536 262144 1048576}
 
@@ -50,7 +58,8 @@ while (($#)); do
     --mtu) MTU=${2:?--mtu needs a size}; shift 2 ;;
     --repeats) REPEATS=${2:?--repeats needs a count}; shift 2 ;;
     --ack-timeout) ACK_TIMEOUT=${2:?--ack-timeout needs an exponent}; shift 2 ;;
-    -h | --help) sed -n '2,31p' "$SELF" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --glibc-copies) TUNABLES=""; shift ;;
+    -h | --help) sed -n '2,38p' "$SELF" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "ib-vm-bench: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -71,6 +80,7 @@ GUEST=$(mktemp)
 trap 'rm -f "$GUEST"' EXIT
 cat > "$GUEST" <<EOF
 lat_sizes="$LAT_SIZES"; bw_sizes="$BW_SIZES"; repeats=$REPEATS; mtu=$MTU; ack_timeout=$ACK_TIMEOUT
+tunables="$TUNABLES"
 EOF
 cat >> "$GUEST" <<'EOF'
 export POLYRAIL_IB_PROVIDER=verbs POLYRAIL_IB_ACK_TIMEOUT=$ack_timeout
@@ -109,7 +119,7 @@ pb() { # polyrail-bench: bench, iterations, size, unit; every buffer kind
     for mode in $modes; do
         flag=""; [ $mode != plain ] && flag=--$mode
         c=$(retransmitted)
-        timeout 900 polyrail-bench "$1" --transport ib --iters "$2" $flag --sizes "$3" 2>&1 |
+        GLIBC_TUNABLES=$tunables timeout 900 polyrail-bench "$1" --transport ib --iters "$2" $flag --sizes "$3" 2>&1 |
             awk -v r=$rep -v m=$mode -v b="$1" -v u="$4" '$1 ~ /^[0-9]+$/ { print "RESULT polyrail " b "-" m " " $1 " " r " " $2 " " u }'
         resent "$c" "polyrail-$1-$mode" "$3"
     done
