@@ -296,7 +296,8 @@ impl Engine {
         }
         let (protocol, channel) = one_sided.expect("checked above");
         let split = if protocol == Protocol::RndvSplit { split_point(len) } else { len };
-        if split == len || split == 0 {
+        let pull_all = split == len || split == 0;
+        if pull_all {
             // Sender first with our RTR on its way (RTS wins): the sender drops the RTR unused,
             // so its exposure ends now, before the pull, which may need what it holds (a
             // bounce slot: a window of crossed receives would need two each).
@@ -306,7 +307,7 @@ impl Engine {
         req.channel = channel;
         req.peer_key = key;
         req.protocol = protocol;
-        if split == len || split == 0 {
+        if pull_all {
             req.split = len;
             req.pending = 1;
             self.start_own_copy(id);
