@@ -395,6 +395,17 @@ impl Consumer {
         Consumer { mem: RingMem { base }, geo, expected: 0, published: 0 }
     }
 
+    /// Whether the expected position may hold something: its stamp is not the "not yet" value
+    /// (an arrival, or a corrupt slot that [`Consumer::peek`] reports). One load of a line that
+    /// stays in this core's cache while nothing arrives: the check of an idle poll.
+    #[inline]
+    pub(crate) fn may_have_arrival(&self) -> bool {
+        let index = (self.expected & self.geo.mask()) as usize;
+        let lap = self.expected >> self.geo.shift();
+        // Relaxed: only a hint; `peek` loads the stamp again with Acquire before reading the slot.
+        self.mem.stamp(index).load(Ordering::Relaxed) != lap as u32
+    }
+
     /// The message at the expected position: `Ok(None)` when it has not arrived, `Err` (what is
     /// wrong) when the slot is corrupt. Every field read from shared memory is read once and
     /// checked before use.

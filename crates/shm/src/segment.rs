@@ -262,12 +262,14 @@ impl Mapping {
     }
 
     /// The owner's `sleeping` flag.
+    #[inline]
     pub(crate) fn sleeping(&self) -> &AtomicU32 {
         // SAFETY: as for `finalized`: offset 128, aligned, in the header page, only this atomic.
         unsafe { &*self.at(SLEEPING_AT).as_ptr().cast::<AtomicU32>() }
     }
 
     /// The owner's doorbell (a futex word).
+    #[inline]
     pub(crate) fn doorbell(&self) -> &AtomicU32 {
         // SAFETY: as for `finalized`: offset 192, aligned, in the header page, only this atomic.
         unsafe { &*self.at(DOORBELL_AT).as_ptr().cast::<AtomicU32>() }

@@ -108,8 +108,23 @@ fn sanitize(job_id: &str) -> String {
 
 impl ShmTransport {
     /// Delivers up to `budget` messages from `rank`'s ring; a corrupt slot makes the peer lost.
-    fn poll_peer(&mut self, rank: Rank, budget: usize, sink: &mut dyn Sink) -> usize {
-        let Some(p) = self.peers[rank as usize].as_mut() else { return 0 };
+    /// (An associated function over `peers` alone, so that `progress` can lend the sweep and
+    /// the list of active peers at the same time.)
+    #[inline]
+    fn poll_peer(peers: &mut [Option<Peer>], rank: Rank, budget: usize, sink: &mut dyn Sink) -> usize {
+        let Some(p) = peers[rank as usize].as_mut() else { return 0 };
+        if p.failed {
+            return 0;
+        }
+        if !p.inc.may_have_arrival() {
+            p.inc.idle();
+            return 0;
+        }
+        Self::deliver(p, rank, budget, sink)
+    }
+
+    /// The part of [`ShmTransport::poll_peer`] that runs once something may have arrived.
+    fn deliver(p: &mut Peer, rank: Rank, budget: usize, sink: &mut dyn Sink) -> usize {
         let mut done = 0;
         while !p.failed && done < budget {
             let (nslots, cell) = match p.inc.peek() {
@@ -334,16 +349,14 @@ impl Transport for ShmTransport {
 
     fn progress(&mut self, budget: usize, sink: &mut dyn Sink) -> Result<usize> {
         // Polling priority (Chai Ch. 7): idle peers do not slow the busy one's messages.
-        let mut sweep = std::mem::take(&mut self.sweep);
-        let active = std::mem::take(&mut self.active);
-        let done = sweep.run(&active, budget, |rank, left| self.poll_peer(rank, left, sink));
-        (self.sweep, self.active) = (sweep, active);
-        Ok(done)
+        let peers = &mut self.peers;
+        Ok(self.sweep.run(&self.active, budget, |rank, left| Self::poll_peer(peers, rank, left, sink)))
     }
 
     fn has_unread(&self, peer: Rank) -> bool {
         let Some(Some(p)) = self.peers.get(peer as usize) else { return false };
-        !p.failed && matches!(p.inc.peek(), Ok(Some(_)))
+        // A corrupt slot counts too: this is a hint (skew feedback); polling reports the slot.
+        !p.failed && p.inc.may_have_arrival()
     }
 
     fn arm(&mut self) -> bool {
@@ -382,7 +395,7 @@ impl Transport for ShmTransport {
             let finalized = p.map.finalized().load(Ordering::Acquire) != 0;
             let pid = p.pid;
             // What the peer sent before it exited still counts: deliver it first.
-            self.poll_peer(rank, usize::MAX, sink);
+            Self::poll_peer(&mut self.peers, rank, usize::MAX, sink);
             let why = if finalized {
                 Error::PeerFinished { rank }
             } else {
