@@ -12,6 +12,15 @@
 # The peers' measurement programs are the ones in ../shared/tools/peers (mpi_pp.c: osu_latency
 # and osu_bw methods for MPI; physlim.c: memcpy bandwidth and one cache line between two
 # processes); UCX is measured with ucx_perftest tag_lat / tag_bw.
+#
+# Paired 8 B latency: the host moves this guest's vCPUs between sharing a core complex (a cache
+# line crosses in ~30-50 ns) and sitting apart (~160 ns) every few minutes, and every tool's
+# small-message latency follows by 2-3x; the measurements above lie minutes apart, so their
+# 8 B medians and the floor may come from different placements. So each repeat starts with a
+# tight block (a few seconds): the cache-line floor, the 8 B one-way latency of polyrail, Open
+# MPI, MPICH and UCX, and the floor again. Its rows are tool=paired, mode=floor_before|polyrail|
+# ompi|mpich|ucx|floor_after, metric lat_us, size 8; the report compares them repeat by repeat
+# and keeps only repeats whose floors before and after agree (the placement held).
 # Env: REPEATS (3), OUT (target/peers), PEERS_SRC (../shared/tools/peers), SKIP_INSTALL=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,13 +68,47 @@ MPICH="mpiexec.mpich -n 2 -bind-to core -iface lo -launcher fork"
 ucx_n() { case $1 in 8|64|512) echo 100000;; 4096) echo 50000;; 32768) echo 20000;; 262144) echo 4000;; 1048576) echo 1000;; *) echo 300;; esac; }
 PORT=23700
 
+# floor_us: one cache line between CPU_A and CPU_B, median one-way time (µs).
+floor_us() { "$OUT/physlim" proc $CPU_A $CPU_B | awk '/^pp_proc /{printf "%.4f", $6 / 1000}'; }
+# mpi_run ompi|mpich LOG: mpi_pp (latency then bandwidth, every size) under that MPI.
+mpi_run() {
+    local cmd=$OMPI; [ "$1" = mpich ] && cmd=$MPICH
+    timeout 600 $cmd "$OUT/mpi_pp_$1" > "$2" 2>&1 || log "$1 failed (see $2)"
+}
+# ucx_run TEST SIZE ITERS LOG: one ucx_perftest run, server on CPU_A, client on CPU_B; sets
+# $line to the client's 'Final:' line (empty if none).
+ucx_run() {
+    PORT=$((PORT + 1))
+    taskset -c $CPU_A timeout 120 ucx_perftest -p $PORT > "$4.srv.txt" 2>&1 &
+    local srv=$! O=""
+    for _ in $(seq 1 100); do ss -ltn 2>/dev/null | grep -q ":$PORT " && break; sleep 0.05; done
+    [ "$1" = tag_bw ] && O="-O 64"
+    taskset -c $CPU_B timeout 120 ucx_perftest 127.0.0.1 -p $PORT -t "$1" -s "$2" -n "$3" $O > "$4.cli.txt" 2>&1 || true
+    wait $srv || true
+    line=$(grep '^Final:' "$4.cli.txt" | tail -1 || true)
+    [ -n "$line" ] || log "UCX $1 $2: no result (see $4.cli.txt)"
+}
+# prec MODE VALUE: one row of the paired block of repeat $r (skipped, logged, if VALUE is empty).
+prec() { if [ -n "$2" ]; then rec paired "$1" lat_us 8 "$r" "$2"; else log "paired $1: no result"; fi; }
+
 csv_sizes=$(echo $SIZES | tr ' ' ',')
 for r in $(seq 1 "$REPEATS"); do
-    log "repeat $r/$REPEATS: physical floor"
+    log "repeat $r/$REPEATS: paired 8 B latency (floor, polyrail, Open MPI, MPICH, UCX, floor)"
+    P=$OUT/logs/paired
+    prec floor_before "$(floor_us)"
+    prec polyrail "$("$BENCH" latency --sizes 8 | tee "${P}_polyrail_$r.txt" | awk '$1 == 8 {print $2}')"
+    for m in ompi mpich; do
+        mpi_run $m "${P}_${m}_$r.txt"
+        prec $m "$(awk '$1 == "lat" && $2 == 8 {print $3}' "${P}_${m}_$r.txt")"
+    done
+    ucx_run tag_lat 8 "$(ucx_n 8)" "${P}_ucx_$r"
+    prec ucx "$(awk '{print $5}' <<< "$line")"
+    prec floor_after "$(floor_us)"
+
+    log "repeat $r: physical floor"
     "$OUT/physlim" memcpy $CPU_A > "$OUT/logs/memcpy_$r.txt"
     while read -r _ sz v; do rec floor memcpy GBps "$sz" "$r" "$v"; done < <(grep '^memcpy ' "$OUT/logs/memcpy_$r.txt")
-    read -r _ _ _ mn _ md < <("$OUT/physlim" proc $CPU_A $CPU_B | grep '^pp_proc ')
-    rec floor cacheline lat_us 64 "$r" "$(awk -v x="$md" 'BEGIN{printf "%.4f", x/1000}')"
+    rec floor cacheline lat_us 64 "$r" "$(floor_us)"
 
     log "repeat $r: polyrail"
     # Modes: the automatic route, shm only, cma forced, and the automatic route from and into
@@ -82,8 +125,7 @@ for r in $(seq 1 "$REPEATS"); do
     log "repeat $r: Open MPI (vader + cma), MPICH (ch4:ucx)"
     for m in ompi mpich; do
         f="$OUT/logs/${m}_$r.txt"
-        if [ $m = ompi ]; then timeout 600 $OMPI "$OUT/mpi_pp_ompi" > "$f" 2>&1 || log "Open MPI failed (see $f)"
-        else timeout 600 $MPICH "$OUT/mpi_pp_mpich" > "$f" 2>&1 || log "MPICH failed (see $f)"; fi
+        mpi_run $m "$f"
         while read -r k sz v; do
             [ "$k" = lat ] && rec "$m" default lat_us "$sz" "$r" "$v"
             [ "$k" = bw ] && rec "$m" default bw_MBps "$sz" "$r" "$v"
@@ -93,16 +135,8 @@ for r in $(seq 1 "$REPEATS"); do
     log "repeat $r: UCX (ucx_perftest, default transports)"
     for t in tag_lat tag_bw; do
         for s in $SIZES; do
-            PORT=$((PORT + 1))
-            f="$OUT/logs/ucx_${t}_${s}_$r"
-            taskset -c $CPU_A timeout 120 ucx_perftest -p $PORT > "$f.srv.txt" 2>&1 &
-            srv=$!
-            for _ in $(seq 1 100); do ss -ltn 2>/dev/null | grep -q ":$PORT " && break; sleep 0.05; done
-            O=""; [ $t = tag_bw ] && O="-O 64"
-            taskset -c $CPU_B timeout 120 ucx_perftest 127.0.0.1 -p $PORT -t $t -s "$s" -n "$(ucx_n "$s")" $O > "$f.cli.txt" 2>&1 || true
-            wait $srv || true
-            line=$(grep '^Final:' "$f.cli.txt" | tail -1 || true)
-            [ -z "$line" ] && { log "UCX $t $s: no result (see $f.cli.txt)"; continue; }
+            ucx_run $t "$s" "$(ucx_n "$s")" "$OUT/logs/ucx_${t}_${s}_$r"
+            [ -z "$line" ] && continue
             read -r _ _ _ _ overall _ bwall _ _ <<< "$line"
             if [ $t = tag_lat ]; then rec ucx default lat_us "$s" "$r" "$overall"
             else rec ucx default bw_MBps "$s" "$r" "$(awk -v x="$bwall" 'BEGIN{printf "%.1f", x*1.048576}')"; fi

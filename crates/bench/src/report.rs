@@ -7,33 +7,51 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-/// Median of every (tool, mode, metric, size).
-type Medians = BTreeMap<(String, String, String, usize), f64>;
+/// (tool, mode, metric, size).
+type Key = (String, String, String, usize);
+/// Median of every key.
+type Medians = BTreeMap<Key, f64>;
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// One CSV row.
+struct Row {
+    key: Key,
+    rep: u32,
+    value: f64,
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
     }
 }
 
-fn read(path: &Path) -> anyhow::Result<Medians> {
+fn read(path: &Path) -> anyhow::Result<Vec<Row>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut points: BTreeMap<(String, String, String, usize), Vec<f64>> = BTreeMap::new();
+    let mut rows = Vec::new();
     for (i, line) in text.lines().enumerate().skip(1) {
         let f: Vec<&str> = line.split(',').collect();
         if f.len() != 6 {
             bail!("{}:{}: expected 6 fields, got {line:?}", path.display(), i + 1);
         }
-        let (Ok(size), Ok(value)) = (f[3].parse::<usize>(), f[5].parse::<f64>()) else {
-            bail!("{}:{}: bad size or value in {line:?}", path.display(), i + 1);
+        let (Ok(size), Ok(rep), Ok(value)) = (f[3].parse::<usize>(), f[4].parse::<u32>(), f[5].parse::<f64>()) else {
+            bail!("{}:{}: bad size, repeat or value in {line:?}", path.display(), i + 1);
         };
-        points.entry((f[0].into(), f[1].into(), f[2].into(), size)).or_default().push(value);
+        rows.push(Row { key: (f[0].into(), f[1].into(), f[2].into(), size), rep, value });
     }
-    Ok(points.into_iter().map(|(k, v)| (k, median(v))).collect())
+    Ok(rows)
+}
+
+/// Medians of every key but the paired block's (which has its own section).
+fn medians(rows: &[Row]) -> Medians {
+    let mut points: BTreeMap<&Key, Vec<f64>> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.key.0 != PAIRED) {
+        points.entry(&r.key).or_default().push(r.value);
+    }
+    points.into_iter().filter_map(|(k, v)| Some((k.clone(), median(v)?))).collect()
 }
 
 /// The series shown, in order: (tool, mode, label).
@@ -66,7 +84,8 @@ fn fmt(v: Option<f64>, digits: usize) -> String {
 
 /// Writes `report.md`, `latency.svg` and `bandwidth.svg` into `out`.
 pub fn report(input: &Path, out: &Path) -> anyhow::Result<()> {
-    let m = read(input)?;
+    let rows = read(input)?;
+    let m = medians(&rows);
     let mut md = String::new();
     let floor_line = get(&m, "floor", "memcpy", "GBps", 4 << 20);
     let cacheline = get(&m, "floor", "cacheline", "lat_us", 64);
@@ -119,11 +138,118 @@ pub fn report(input: &Path, out: &Path) -> anyhow::Result<()> {
         }
         let _ = writeln!(md);
     }
+    paired(&rows, &mut md);
     std::fs::create_dir_all(out)?;
     std::fs::write(out.join("report.md"), md)?;
     plot(&m, "lat_us", "one-way latency (µs)", &out.join("latency.svg"))?;
     plot(&m, "bw_MBps", "bandwidth (MB/s)", &out.join("bandwidth.svg"))?;
     Ok(())
+}
+
+/// Tool name of the paired block's rows (`scripts/compare-peers.sh`: floor, each tool's 8 B
+/// latency and floor again, in one tight block per repeat).
+const PAIRED: &str = "paired";
+/// The paired block's tools after polyrail: (mode, label).
+const PAIRED_PEERS: &[(&str, &str)] = &[("ompi", "Open MPI"), ("mpich", "MPICH"), ("ucx", "UCX")];
+/// A floor below this (µs) means the two vCPUs share a core complex ("near").
+const NEAR_US: f64 = 0.1;
+/// A repeat is stable when its larger floor is at most this times the smaller.
+const STABLE_RATIO: f64 = 1.25;
+
+/// One repeat of the paired block.
+struct Repeat {
+    rep: u32,
+    before: Option<f64>,
+    after: Option<f64>,
+    /// polyrail, then PAIRED_PEERS.
+    lat: Vec<Option<f64>>,
+    stable: bool,
+    near: Option<bool>,
+    /// polyrail / floor, / Open MPI, / UCX.
+    ratios: [Option<f64>; 3],
+}
+
+/// Appends the section "Paired 8 B latency" to `md`; nothing if the CSV has no paired rows.
+fn paired(rows: &[Row], md: &mut String) {
+    let mut by_rep: BTreeMap<u32, BTreeMap<&str, f64>> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.key.0 == PAIRED && r.key.2 == "lat_us" && r.key.3 == 8) {
+        by_rep.entry(r.rep).or_default().insert(&r.key.1, r.value);
+    }
+    if by_rep.is_empty() {
+        return;
+    }
+    let reps: Vec<Repeat> = by_rep
+        .into_iter()
+        .map(|(rep, v)| {
+            let get = |mode: &str| v.get(mode).copied();
+            let (before, after) = (get("floor_before"), get("floor_after"));
+            let floor = match (before, after) {
+                (Some(a), Some(b)) => Some((a + b) / 2.0),
+                (a, b) => a.or(b),
+            };
+            let ours = get("polyrail");
+            let ratio = |to: Option<f64>| ours.zip(to).map(|(a, b)| a / b);
+            Repeat {
+                rep,
+                before,
+                after,
+                lat: std::iter::once("polyrail").chain(PAIRED_PEERS.iter().map(|p| p.0)).map(get).collect(),
+                stable: before.zip(after).is_some_and(|(a, b)| a.max(b) <= STABLE_RATIO * a.min(b)),
+                near: floor.map(|f| f < NEAR_US),
+                ratios: [ratio(floor), ratio(get("ompi")), ratio(get("ucx"))],
+            }
+        })
+        .collect();
+    let ratio_heads = "polyrail / floor | polyrail / Open MPI | polyrail / UCX |";
+    let _ = writeln!(md, "### Paired 8 B latency (placement-checked)\n");
+    let _ = writeln!(
+        md,
+        "Each repeat starts with one tight block: the floor (one cache line between the two processes), \
+         the 8 B one-way latency of every tool, the floor again. The host moves the two vCPUs between \
+         sharing a core complex (near: floor below {:.0} ns) and sitting apart, and every tool's latency \
+         follows; a repeat is stable when its floors before and after are within {:.0} % of each other. \
+         Latencies in µs; floor = mean of before and after.\n",
+        NEAR_US * 1e3,
+        (STABLE_RATIO - 1.0) * 100.0
+    );
+    let mut head = String::from("| rep | floor before | floor after | placement | stable | polyrail |");
+    for (_, label) in PAIRED_PEERS {
+        head += &format!(" {label} |");
+    }
+    let _ = writeln!(md, "{head} {ratio_heads}\n|---:|---:|---:|---|---|{}", "---:|".repeat(PAIRED_PEERS.len() + 4));
+    for r in &reps {
+        let placement = r.near.map_or("-", |n| if n { "near" } else { "apart" });
+        let mut row = format!(
+            "| {} | {} | {} | {placement} | {} |",
+            r.rep,
+            fmt(r.before, 3),
+            fmt(r.after, 3),
+            if r.stable { "yes" } else { "no" }
+        );
+        for v in &r.lat {
+            row += &format!(" {} |", fmt(*v, 3));
+        }
+        for v in r.ratios {
+            row += &format!(" {} |", fmt(v, 2));
+        }
+        let _ = writeln!(md, "{row}");
+    }
+    let stable: Vec<&Repeat> = reps.iter().filter(|r| r.stable).collect();
+    let _ = writeln!(md, "\nMedians of the ratios over stable repeats ({} of {} stable):\n", stable.len(), reps.len());
+    let _ = writeln!(md, "| repeats | count | {ratio_heads}\n|---|---:|---:|---:|---:|");
+    let (near, apart): (Vec<&Repeat>, Vec<&Repeat>) = stable.iter().partition(|r| r.near == Some(true));
+    let mut groups = vec![("stable", &stable)];
+    if !near.is_empty() && !apart.is_empty() {
+        groups.extend([("stable, near", &near), ("stable, apart", &apart)]);
+    }
+    for (name, group) in groups {
+        let mut row = format!("| {name} | {} |", group.len());
+        for i in 0..3 {
+            row += &format!(" {} |", fmt(median(group.iter().filter_map(|r| r.ratios[i]).collect()), 2));
+        }
+        let _ = writeln!(md, "{row}");
+    }
+    let _ = writeln!(md);
 }
 
 fn plot(m: &Medians, metric: &str, ylabel: &str, path: &Path) -> anyhow::Result<()> {
