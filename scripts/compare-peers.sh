@@ -20,7 +20,10 @@
 # tight block (a few seconds): the cache-line floor, the 8 B one-way latency of polyrail, Open
 # MPI, MPICH and UCX, and the floor again. Its rows are tool=paired, mode=floor_before|polyrail|
 # ompi|mpich|ucx|floor_after, metric lat_us, size 8; the report compares them repeat by repeat
-# and keeps only repeats whose floors before and after agree (the placement held).
+# and keeps only repeats whose floors before and after agree (the placement held). Every other
+# measurement (one polyrail latency or bandwidth run, one MPI program, one UCX series) is
+# bracketed by the floor too (rows tool=place), and the report gives, beside the medians of
+# everything, the medians of the measurements that ran wholly near and wholly apart.
 # Env: REPEATS (3), OUT (target/peers), PEERS_SRC (../shared/tools/peers), SKIP_INSTALL=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -88,6 +91,10 @@ ucx_run() {
     line=$(grep '^Final:' "$4.cli.txt" | tail -1 || true)
     [ -n "$line" ] || log "UCX $1 $2: no result (see $4.cli.txt)"
 }
+# place TOOL MODE METRIC before|after: the floor around one measurement of the main loop, as a
+# row tool=place, mode=TOOL:MODE:METRIC (METRIC all for a program measuring both), metric
+# floor_before|floor_after; the report sorts measurements by the placement they ran in.
+place() { rec place "$1:$2:$3" "floor_$4" 0 "$r" "$(floor_us)"; }
 # prec MODE VALUE: one row of the paired block of repeat $r (skipped, logged, if VALUE is empty).
 prec() { if [ -n "$2" ]; then rec paired "$1" lat_us 8 "$r" "$2"; else log "paired $1: no result"; fi; }
 
@@ -116,16 +123,22 @@ for r in $(seq 1 "$REPEATS"); do
     # MappedHeap (memory files too, registered at first use).
     for t in auto shm cma registered heap; do
         args=(--transport "$t"); [ "$t" = registered ] && args=(--registered); [ "$t" = heap ] && args=(--heap)
+        place polyrail "$t" lat_us before
         "$BENCH" latency "${args[@]}" --sizes "$csv_sizes" > "$OUT/logs/polyrail_lat_${t}_$r.txt"
+        place polyrail "$t" lat_us after
         while read -r sz v; do rec polyrail "$t" lat_us "$sz" "$r" "$v"; done < <(grep -E '^[0-9]' "$OUT/logs/polyrail_lat_${t}_$r.txt")
+        place polyrail "$t" bw_MBps before
         "$BENCH" bw "${args[@]}" --sizes "$csv_sizes" > "$OUT/logs/polyrail_bw_${t}_$r.txt"
+        place polyrail "$t" bw_MBps after
         while read -r sz v; do rec polyrail "$t" bw_MBps "$sz" "$r" "$v"; done < <(grep -E '^[0-9]' "$OUT/logs/polyrail_bw_${t}_$r.txt")
     done
 
     log "repeat $r: Open MPI (vader + cma), MPICH (ch4:ucx)"
     for m in ompi mpich; do
         f="$OUT/logs/${m}_$r.txt"
+        place $m default all before
         mpi_run $m "$f"
+        place $m default all after
         while read -r k sz v; do
             [ "$k" = lat ] && rec "$m" default lat_us "$sz" "$r" "$v"
             [ "$k" = bw ] && rec "$m" default bw_MBps "$sz" "$r" "$v"
@@ -134,6 +147,8 @@ for r in $(seq 1 "$REPEATS"); do
 
     log "repeat $r: UCX (ucx_perftest, default transports)"
     for t in tag_lat tag_bw; do
+        metric=lat_us; [ $t = tag_bw ] && metric=bw_MBps
+        place ucx default $metric before
         for s in $SIZES; do
             ucx_run $t "$s" "$(ucx_n "$s")" "$OUT/logs/ucx_${t}_${s}_$r"
             [ -z "$line" ] && continue
@@ -141,6 +156,7 @@ for r in $(seq 1 "$REPEATS"); do
             if [ $t = tag_lat ]; then rec ucx default lat_us "$s" "$r" "$overall"
             else rec ucx default bw_MBps "$s" "$r" "$(awk -v x="$bwall" 'BEGIN{printf "%.1f", x*1.048576}')"; fi
         done
+        place ucx default $metric after
     done
 done
 

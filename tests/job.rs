@@ -429,6 +429,8 @@ const CHANNELS: &[(&str, u32, Vars)] = &[
             ("POLYRAIL_IB_EAGER_LIMIT", "2k"),
         ],
     ),
+    // Single-copy sizes of a stream through the send cells (off by default).
+    ("stream-eager", 1, &[("POLYRAIL_STREAM_EAGER", "auto")]),
 ];
 
 fn main() {

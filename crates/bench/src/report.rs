@@ -45,13 +45,52 @@ fn read(path: &Path) -> anyhow::Result<Vec<Row>> {
     Ok(rows)
 }
 
-/// Medians of every key but the paired block's (which has its own section).
-fn medians(rows: &[Row]) -> Medians {
+/// Medians of the main loop's rows (not the paired block's or the placement rows) that `keep`
+/// accepts.
+fn medians(rows: &[Row], keep: impl Fn(&Row) -> bool) -> Medians {
     let mut points: BTreeMap<&Key, Vec<f64>> = BTreeMap::new();
-    for r in rows.iter().filter(|r| r.key.0 != PAIRED) {
+    for r in rows.iter().filter(|r| r.key.0 != PAIRED && r.key.0 != PLACE && keep(r)) {
         points.entry(&r.key).or_default().push(r.value);
     }
     points.into_iter().filter_map(|(k, v)| Some((k.clone(), median(v)?))).collect()
+}
+
+/// Tool name of the rows that bracket a measurement with the cache-line floor: mode
+/// `TOOL:MODE:METRIC` (METRIC `all` for a program that measures both), metric
+/// `floor_before|floor_after`.
+const PLACE: &str = "place";
+
+/// Where the two vCPUs were during each measurement of the main loop, from its bracketing
+/// floors: (tool, mode, metric or `all`, repeat) -> near (`true`) or apart; measurements whose
+/// floors disagree, or that have none, are in neither.
+fn placements(rows: &[Row]) -> BTreeMap<(String, u32), bool> {
+    let mut floors: BTreeMap<(String, u32), Vec<f64>> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.key.0 == PLACE) {
+        floors.entry((r.key.1.clone(), r.rep)).or_default().push(r.value);
+    }
+    floors
+        .into_iter()
+        .filter(|(_, v)| v.len() == 2)
+        .filter_map(|(k, v)| {
+            let near = v.iter().all(|f| *f < NEAR_US);
+            (near || v.iter().all(|f| *f >= NEAR_US)).then_some((k, near))
+        })
+        .collect()
+}
+
+/// The placement a main-loop row was measured in (`None`: unknown or changing; the physical
+/// floor's rows, which the placement tables share, count as both).
+fn placement_of(place: &BTreeMap<(String, u32), bool>, r: &Row, near: bool) -> bool {
+    let (tool, mode, metric, _) = &r.key;
+    if tool == "floor" {
+        return true;
+    }
+    [metric.as_str(), "all"].iter().any(|m| place.get(&(format!("{tool}:{mode}:{m}"), r.rep)) == Some(&near))
+}
+
+/// Median of the bracketing floors (µs) on one side of [`NEAR_US`].
+fn placement_floor(rows: &[Row], near: bool) -> Option<f64> {
+    median(rows.iter().filter(|r| r.key.0 == PLACE && (r.value < NEAR_US) == near).map(|r| r.value).collect())
 }
 
 /// The series shown, in order: (tool, mode, label).
@@ -85,7 +124,7 @@ fn fmt(v: Option<f64>, digits: usize) -> String {
 /// Writes `report.md`, `latency.svg` and `bandwidth.svg` into `out`.
 pub fn report(input: &Path, out: &Path) -> anyhow::Result<()> {
     let rows = read(input)?;
-    let m = medians(&rows);
+    let m = medians(&rows, |_| true);
     let mut md = String::new();
     let floor_line = get(&m, "floor", "memcpy", "GBps", 4 << 20);
     let cacheline = get(&m, "floor", "cacheline", "lat_us", 64);
@@ -96,8 +135,40 @@ pub fn report(input: &Path, out: &Path) -> anyhow::Result<()> {
         fmt(cacheline, 3),
         fmt(floor_line, 2)
     );
+    tables(&mut md, &m, cacheline, "###");
+    let place = placements(&rows);
+    for (near, name) in [(true, "near"), (false, "apart")] {
+        let pm = medians(&rows, |r| placement_of(&place, r, near));
+        if !pm.keys().any(|k| k.0 != "floor") {
+            continue;
+        }
+        let floor = placement_floor(&rows, near);
+        let count = place.values().filter(|&&n| n == near).count();
+        let _ = writeln!(
+            md,
+            "### Measured {name} only\n\n{count} measurements (one latency or bandwidth run of a tool) ran wholly with \
+             the two vCPUs {} (their bracketing floors both {} {:.0} ns); medians of those. Cache-line floor of \
+             this placement: {} µs.\n",
+            if near { "in one core complex" } else { "apart" },
+            if near { "below" } else { "at or above" },
+            NEAR_US * 1e3,
+            fmt(floor, 3)
+        );
+        tables(&mut md, &pm, floor, "####");
+    }
+    paired(&rows, &mut md);
+    std::fs::create_dir_all(out)?;
+    std::fs::write(out.join("report.md"), md)?;
+    plot(&m, "lat_us", "one-way latency (µs)", &out.join("latency.svg"))?;
+    plot(&m, "bw_MBps", "bandwidth (MB/s)", &out.join("bandwidth.svg"))?;
+    Ok(())
+}
+
+/// The latency and bandwidth tables of medians `m`, with ratios to the best peer and to the
+/// floor (`cacheline`: the cache-line time for 8 and 64 bytes), under headings of `level`.
+fn tables(md: &mut String, m: &Medians, cacheline: Option<f64>, level: &str) {
     for (metric, title, digits) in [("lat_us", "Latency (µs)", 2usize), ("bw_MBps", "Bandwidth (MB/s)", 0)] {
-        let _ = writeln!(md, "### {title}\n");
+        let _ = writeln!(md, "{level} {title}\n");
         let mut head = String::from("| size |");
         let mut rule = String::from("|---:|");
         for (_, _, label) in SERIES {
@@ -107,12 +178,12 @@ pub fn report(input: &Path, out: &Path) -> anyhow::Result<()> {
         head += " polyrail / best peer | polyrail / floor | registered / best peer | registered / floor | heap / best peer | heap / floor |";
         rule += "---:|---:|---:|---:|---:|---:|";
         let _ = writeln!(md, "{head}\n{rule}");
-        for size in sizes(&m, metric) {
+        for size in sizes(m, metric) {
             let mut row = format!("| {} |", polyrail::format_size(size));
             for (tool, mode, _) in SERIES {
-                row += &format!(" {} |", fmt(get(&m, tool, mode, metric, size), digits));
+                row += &format!(" {} |", fmt(get(m, tool, mode, metric, size), digits));
             }
-            let peers: Vec<f64> = PEERS.iter().filter_map(|p| get(&m, p, "default", metric, size)).collect();
+            let peers: Vec<f64> = PEERS.iter().filter_map(|p| get(m, p, "default", metric, size)).collect();
             let best = if metric == "lat_us" {
                 peers.iter().copied().reduce(f64::min)
             } else {
@@ -124,13 +195,13 @@ pub fn report(input: &Path, out: &Path) -> anyhow::Result<()> {
                 if size <= 64 {
                     cacheline
                 } else {
-                    get(&m, "floor", "memcpy", "GBps", size).map(|g| size as f64 / (g * 1e3))
+                    get(m, "floor", "memcpy", "GBps", size).map(|g| size as f64 / (g * 1e3))
                 }
             } else {
-                get(&m, "floor", "memcpy", "GBps", size).map(|g| g * 1e3)
+                get(m, "floor", "memcpy", "GBps", size).map(|g| g * 1e3)
             };
             for mode in ["auto", "registered", "heap"] {
-                let ours = get(&m, "polyrail", mode, metric, size);
+                let ours = get(m, "polyrail", mode, metric, size);
                 let ratio = |to: Option<f64>| fmt(ours.zip(to).map(|(a, b)| a / b), 2);
                 row += &format!(" {} | {} |", ratio(best), ratio(floor));
             }
@@ -138,12 +209,6 @@ pub fn report(input: &Path, out: &Path) -> anyhow::Result<()> {
         }
         let _ = writeln!(md);
     }
-    paired(&rows, &mut md);
-    std::fs::create_dir_all(out)?;
-    std::fs::write(out.join("report.md"), md)?;
-    plot(&m, "lat_us", "one-way latency (µs)", &out.join("latency.svg"))?;
-    plot(&m, "bw_MBps", "bandwidth (MB/s)", &out.join("bandwidth.svg"))?;
-    Ok(())
 }
 
 /// Tool name of the paired block's rows (`scripts/compare-peers.sh`: floor, each tool's 8 B

@@ -258,10 +258,12 @@ pub struct Config {
     pub split_threshold: SplitThreshold,
     /// `POLYRAIL_STREAM_EAGER`: messages that would go by single copy go eagerly through send
     /// cells instead when no message came from the peer since the last send to it (a stream, as
-    /// in osu_bw): there both processes copy at once and no message waits for a handshake. `auto`
-    /// (default): below 1.5 times the pair's single-copy threshold (measured by osu_bw: 32 KiB
-    /// streams faster through cells, 48 KiB by single copy; see `docs/benchmarks.md`), at most
-    /// `POLYRAIL_EAGER_LIMIT`; `off`; or the largest such message.
+    /// in osu_bw): there both processes copy at once and no message waits for a handshake.
+    /// `off` (default): on the AMD EPYC host of `docs/benchmarks.md` single copy streams 32 KiB
+    /// faster, 1.1 times with the two cores in one core complex and 3.5 times apart; `auto`: below
+    /// 1.5 times the pair's single-copy threshold, at most `POLYRAIL_EAGER_LIMIT` (on the Intel
+    /// host measured before, 32 KiB streamed 15 % faster through cells); or the largest such
+    /// message.
     pub stream_eager: StreamEager,
     /// `POLYRAIL_EAGER_LIMIT`: largest message sent eagerly through send cells when single copy
     /// is not used; larger ones wait for the receiver (rendezvous) and stream through cells.
@@ -306,7 +308,7 @@ impl Default for Config {
             tuning: None,
             routes: Vec::new(),
             split_threshold: SplitThreshold::Auto,
-            stream_eager: StreamEager::Auto,
+            stream_eager: StreamEager::Off,
             eager_limit: 64 << 10,
             shm_slots: 256,
             shm_cell_size: 16 << 10,

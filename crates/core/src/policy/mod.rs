@@ -460,6 +460,8 @@ mod tests {
         let c = [Candidate { id: 1, attr: &shm }, Candidate { id: 2, attr: &cma }];
         let upto = |cfg: &Config| build_route(TopoClass::SharedL3, &c, cfg).unwrap().stream_eager.map(|r| r.upto);
         let mut cfg = Config::default();
+        assert_eq!(upto(&cfg), None, "off by default");
+        cfg.set("POLYRAIL_STREAM_EAGER", "auto").unwrap();
         assert_eq!(upto(&cfg), Some((48 << 10) - 1));
         cfg.set("POLYRAIL_EAGER_LIMIT", "40k").unwrap();
         assert_eq!(upto(&cfg), Some(40 << 10), "at most the eager limit");
