@@ -283,7 +283,16 @@ fn paired(rows: &[Row], md: &mut String) {
     }
     let _ = writeln!(md, "{head} {ratio_heads}\n|---:|---:|---:|---|---|{}", "---:|".repeat(PAIRED_PEERS.len() + 4));
     for r in &reps {
-        let placement = r.near.map_or("-", |n| if n { "near" } else { "apart" });
+        let placement = match r.near {
+            Some(n) if r.stable => {
+                if n {
+                    "near"
+                } else {
+                    "apart"
+                }
+            }
+            _ => "changed",
+        };
         let mut row = format!(
             "| {} | {} | {} | {placement} | {} |",
             r.rep,
