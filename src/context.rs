@@ -24,7 +24,35 @@ const FINALIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 #[derive(Debug)]
 #[must_use = "a request must be waited for to get its buffer and its result"]
 pub struct Request {
-    id: ReqId,
+    state: RequestState,
+}
+
+#[derive(Debug)]
+enum RequestState {
+    /// In the engine: running, or finished with its result not taken yet.
+    Engine(ReqId),
+    /// An eager send that left when it was started: nothing runs, the buffer is free again.
+    Sent(Completion),
+}
+
+impl Request {
+    /// A send of `len` bytes to `to` with `tag` that left at once; `buf` is given back.
+    fn sent(to: Rank, tag: u32, len: usize, buf: Vec<u8>) -> Request {
+        let status = Status { source: to, tag, len };
+        Request { state: RequestState::Sent(Completion { status, buf }) }
+    }
+
+    fn engine(id: ReqId) -> Request {
+        Request { state: RequestState::Engine(id) }
+    }
+
+    /// The engine's request, unless the operation finished when it was started.
+    fn engine_id(&self) -> Option<ReqId> {
+        match self.state {
+            RequestState::Engine(id) => Some(id),
+            RequestState::Sent(_) => None,
+        }
+    }
 }
 
 /// A finished non-blocking operation: its status and its buffer.
@@ -169,15 +197,27 @@ impl Context {
         status
     }
 
-    /// Starts sending `buf` (owned by the request until it finishes).
+    /// Starts sending `buf` (owned by the request until it finishes). A small eager message
+    /// leaves at once when the channel has room; its request is then finished already.
     pub fn isend(&mut self, to: Rank, tag: u32, buf: Vec<u8>) -> Result<Request> {
         self.heap.before_post(&mut self.driver, buf.as_ptr(), buf.len());
+        // SAFETY: if a request is made, the Vec is stored in `self.owned` until its result is
+        // taken; its heap memory does not move when the Vec value moves.
+        if let Some(started) = unsafe { self.driver.start_send_inline(to, tag, USER_CTX, buf.as_ptr(), buf.len()) } {
+            return Ok(match started? {
+                None => Request::sent(to, tag, buf.len(), buf),
+                Some(id) => {
+                    self.keep(id, buf);
+                    Request::engine(id)
+                }
+            });
+        }
         // SAFETY: the Vec is stored in `self.owned` until the request's result is taken; its
         // heap memory does not move when the Vec value moves.
         let id = unsafe { self.driver.engine.post_send(to, tag, USER_CTX, region(&buf))? };
         self.keep(id, buf);
         self.driver.drain();
-        Ok(Request { id })
+        Ok(Request::engine(id))
     }
 
     /// Starts receiving into `buf` (owned by the request until it finishes); the message may
@@ -192,7 +232,7 @@ impl Context {
         let id = unsafe { self.driver.engine.post_recv(from, tag.into(), USER_CTX, region_mut(&mut buf))? };
         self.keep(id, buf);
         self.driver.drain();
-        Ok(Request { id })
+        Ok(Request::engine(id))
     }
 
     /// Starts sending `len` bytes at `ptr`, for runtimes that manage their own memory (the
@@ -203,9 +243,13 @@ impl Context {
     pub unsafe fn isend_raw(&mut self, to: Rank, tag: u32, ptr: *const u8, len: usize) -> Result<Request> {
         self.heap.before_post(&mut self.driver, ptr, len);
         // SAFETY: forwarded to the caller.
+        if let Some(started) = unsafe { self.driver.start_send_inline(to, tag, USER_CTX, ptr, len) } {
+            return Ok(started?.map_or_else(|| Request::sent(to, tag, len, Vec::new()), Request::engine));
+        }
+        // SAFETY: forwarded to the caller.
         let id = unsafe { self.driver.engine.post_send(to, tag, USER_CTX, Region { ptr, len })? };
         self.driver.drain();
-        Ok(Request { id })
+        Ok(Request::engine(id))
     }
 
     /// Starts receiving into `len` bytes at `ptr`; see [`Context::isend_raw`].
@@ -228,7 +272,7 @@ impl Context {
         // SAFETY: forwarded to the caller.
         let id = unsafe { self.driver.engine.post_recv(from.into(), tag.into(), USER_CTX, RegionMut { ptr, len })? };
         self.driver.drain();
-        Ok(Request { id })
+        Ok(Request::engine(id))
     }
 
     fn keep(&mut self, id: ReqId, buf: Vec<u8>) {
@@ -265,23 +309,28 @@ impl Context {
 
     /// Waits for a request; gives back its status and buffer.
     pub fn wait(&mut self, req: Request) -> Result<Completion> {
-        let r = self.driver.wait(req.id);
-        let buf = self.take_buf(req.id);
+        let id = match req.state {
+            RequestState::Engine(id) => id,
+            RequestState::Sent(done) => return Ok(done),
+        };
+        let r = self.driver.wait(id);
+        let buf = self.take_buf(id);
         r.map(|status| Completion { status, buf })
     }
 
     /// Makes progress once; whether `req` finished (then [`Context::wait`] returns at once).
     pub fn test(&mut self, req: &Request) -> Result<bool> {
-        if !self.driver.engine.is_done(req.id) {
+        let Some(id) = req.engine_id() else { return Ok(true) };
+        if !self.driver.engine.is_done(id) {
             self.driver.progress()?;
         }
-        Ok(self.driver.engine.is_done(req.id))
+        Ok(self.driver.engine.is_done(id))
     }
 
     /// Waits for every request; the completions are in the order of `reqs`. If any failed, all
     /// are still waited for and the first error is returned.
     pub fn wait_all(&mut self, reqs: Vec<Request>) -> Result<Vec<Completion>> {
-        let ids: Vec<ReqId> = reqs.iter().map(|r| r.id).collect();
+        let ids: Vec<ReqId> = reqs.iter().filter_map(Request::engine_id).collect();
         // Requests finish roughly in order: skip past the finished prefix instead of checking
         // every request on every poll.
         let mut next = 0;
@@ -298,9 +347,16 @@ impl Context {
                 }
             }
         }
-        let mut out = Vec::with_capacity(ids.len());
+        let mut out = Vec::with_capacity(reqs.len());
         let mut first_err = waited.err();
-        for id in ids {
+        for req in reqs {
+            let id = match req.state {
+                RequestState::Engine(id) => id,
+                RequestState::Sent(done) => {
+                    out.push(done);
+                    continue;
+                }
+            };
             let buf = self.take_buf(id);
             match self.driver.engine.take_result(id) {
                 Some(Ok(status)) => out.push(Completion { status, buf }),

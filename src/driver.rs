@@ -466,23 +466,49 @@ impl Driver {
     /// message must take the general path.
     #[inline]
     pub fn try_send_inline(&mut self, to: Rank, tag: u32, ctx: u16, buf: &[u8]) -> Option<Result<()>> {
+        // SAFETY: `buf` is borrowed by the caller until this function returns, and a request
+        // made for it is waited for (or failed) before that.
+        match unsafe { self.start_send_inline(to, tag, ctx, buf.as_ptr(), buf.len())? } {
+            Ok(Some(id)) => Some(self.wait(id).map(|_| ())),
+            Ok(None) => Some(Ok(())),
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    /// The non-blocking form of [`Driver::try_send_inline`]: `Ok(None)` when the message left
+    /// (nothing to wait for), `Ok(Some(id))` when the channel would block and the message waits
+    /// as request `id`, in its place in the pair's order; `None` for the general path.
+    ///
+    /// # Safety
+    /// The `len` bytes at `ptr` stay valid and unmodified until the request, if one is made,
+    /// was waited for (or failed).
+    #[inline]
+    pub unsafe fn start_send_inline(
+        &mut self,
+        to: Rank,
+        tag: u32,
+        ctx: u16,
+        ptr: *const u8,
+        len: usize,
+    ) -> Option<Result<Option<ReqId>>> {
         if !self.blocked.get(to as usize)?.is_empty() {
             return None;
         }
-        let region = polyrail_core::Region { ptr: buf.as_ptr(), len: buf.len() };
+        let region = polyrail_core::Region { ptr, len };
         let (channel, hdr) = self.engine.inline_send(to, tag, ctx, region)?;
         self.self_sent |= to == self.engine.rank();
         let mut raw = [0u8; Header::WIRE_LEN];
         hdr.encode(&mut raw);
-        match self.channels[channel as usize].try_send(to, &raw, buf) {
+        // SAFETY: the caller keeps the bytes valid for this call (and longer, see above).
+        let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
+        match self.channels[channel as usize].try_send(to, &raw, bytes) {
             Ok(Issued::WouldBlock) => {
-                // SAFETY: `buf` is borrowed by the caller until this function returns, and the
-                // request is waited for (or failed) before that.
+                // SAFETY: forwarded to the caller.
                 let id = unsafe { self.engine.post_prepared_send(to, channel, hdr, region) };
                 self.drain();
-                Some(self.wait(id).map(|_| ()))
+                Some(Ok(Some(id)))
             }
-            Ok(_) => Some(Ok(())),
+            Ok(_) => Some(Ok(None)),
             Err(e) => {
                 self.engine.handle_peer_lost(to, e.duplicate());
                 Some(Err(e))
