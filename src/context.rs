@@ -31,15 +31,15 @@ pub struct Request {
 enum RequestState {
     /// In the engine: running, or finished with its result not taken yet.
     Engine(ReqId),
-    /// An eager send that left when it was started: nothing runs, the buffer is free again.
-    Sent(Completion),
+    /// Finished when it was started (an eager send that left at once, a receive whose message
+    /// was here already): nothing runs, the buffer is free again.
+    Done(Completion),
 }
 
 impl Request {
-    /// A send of `len` bytes to `to` with `tag` that left at once; `buf` is given back.
-    fn sent(to: Rank, tag: u32, len: usize, buf: Vec<u8>) -> Request {
-        let status = Status { source: to, tag, len };
-        Request { state: RequestState::Sent(Completion { status, buf }) }
+    /// An operation that finished when it started, with `status`; `buf` is given back.
+    fn done(status: Status, buf: Vec<u8>) -> Request {
+        Request { state: RequestState::Done(Completion { status, buf }) }
     }
 
     fn engine(id: ReqId) -> Request {
@@ -50,7 +50,7 @@ impl Request {
     fn engine_id(&self) -> Option<ReqId> {
         match self.state {
             RequestState::Engine(id) => Some(id),
-            RequestState::Sent(_) => None,
+            RequestState::Done(_) => None,
         }
     }
 }
@@ -186,6 +186,11 @@ impl Context {
             self.driver.note_unread(r);
         }
         self.heap.before_post(&mut self.driver, buf.as_ptr(), buf.len());
+        // SAFETY: `buf` is borrowed for the call.
+        if let Some(status) = unsafe { self.driver.engine.recv_unexpected(from, tag, ctx, region_mut(buf)) } {
+            self.driver.drain();
+            return Ok(status);
+        }
         // SAFETY: as in `send`; the request ends before `buf`'s borrow does.
         let id = unsafe { self.driver.engine.post_recv(from, tag, ctx, region_mut(buf))? };
         self.driver.drain();
@@ -205,7 +210,7 @@ impl Context {
         // taken; its heap memory does not move when the Vec value moves.
         if let Some(started) = unsafe { self.driver.start_send_inline(to, tag, USER_CTX, buf.as_ptr(), buf.len()) } {
             return Ok(match started? {
-                None => Request::sent(to, tag, buf.len(), buf),
+                None => Request::done(Status { source: to, tag, len: buf.len() }, buf),
                 Some(id) => {
                     self.keep(id, buf);
                     Request::engine(id)
@@ -221,15 +226,22 @@ impl Context {
     }
 
     /// Starts receiving into `buf` (owned by the request until it finishes); the message may
-    /// be at most `buf.len()` bytes.
+    /// be at most `buf.len()` bytes. When a matching eager message is here already, it is
+    /// copied at once and the request is finished already.
     pub fn irecv(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>, mut buf: Vec<u8>) -> Result<Request> {
         let from = from.into();
         if let Source::Rank(r) = from {
             self.driver.note_unread(r);
         }
         self.heap.before_post(&mut self.driver, buf.as_ptr(), buf.len());
+        let tag = tag.into();
+        // SAFETY: `buf` is borrowed for the call.
+        if let Some(status) = unsafe { self.driver.engine.recv_unexpected(from, tag, USER_CTX, region_mut(&mut buf)) } {
+            self.driver.drain();
+            return Ok(Request::done(status, buf));
+        }
         // SAFETY: as in `isend`.
-        let id = unsafe { self.driver.engine.post_recv(from, tag.into(), USER_CTX, region_mut(&mut buf))? };
+        let id = unsafe { self.driver.engine.post_recv(from, tag, USER_CTX, region_mut(&mut buf))? };
         self.keep(id, buf);
         self.driver.drain();
         Ok(Request::engine(id))
@@ -244,7 +256,9 @@ impl Context {
         self.heap.before_post(&mut self.driver, ptr, len);
         // SAFETY: forwarded to the caller.
         if let Some(started) = unsafe { self.driver.start_send_inline(to, tag, USER_CTX, ptr, len) } {
-            return Ok(started?.map_or_else(|| Request::sent(to, tag, len, Vec::new()), Request::engine));
+            return Ok(
+                started?.map_or_else(|| Request::done(Status { source: to, tag, len }, Vec::new()), Request::engine)
+            );
         }
         // SAFETY: forwarded to the caller.
         let id = unsafe { self.driver.engine.post_send(to, tag, USER_CTX, Region { ptr, len })? };
@@ -269,8 +283,14 @@ impl Context {
         len: usize,
     ) -> Result<Request> {
         self.heap.before_post(&mut self.driver, ptr, len);
+        let (from, tag, region) = (from.into(), tag.into(), RegionMut { ptr, len });
         // SAFETY: forwarded to the caller.
-        let id = unsafe { self.driver.engine.post_recv(from.into(), tag.into(), USER_CTX, RegionMut { ptr, len })? };
+        if let Some(status) = unsafe { self.driver.engine.recv_unexpected(from, tag, USER_CTX, region) } {
+            self.driver.drain();
+            return Ok(Request::done(status, Vec::new()));
+        }
+        // SAFETY: forwarded to the caller.
+        let id = unsafe { self.driver.engine.post_recv(from, tag, USER_CTX, region)? };
         self.driver.drain();
         Ok(Request::engine(id))
     }
@@ -311,7 +331,7 @@ impl Context {
     pub fn wait(&mut self, req: Request) -> Result<Completion> {
         let id = match req.state {
             RequestState::Engine(id) => id,
-            RequestState::Sent(done) => return Ok(done),
+            RequestState::Done(done) => return Ok(done),
         };
         let r = self.driver.wait(id);
         let buf = self.take_buf(id);
@@ -352,7 +372,7 @@ impl Context {
         for req in reqs {
             let id = match req.state {
                 RequestState::Engine(id) => id,
-                RequestState::Sent(done) => {
+                RequestState::Done(done) => {
                     out.push(done);
                     continue;
                 }

@@ -549,6 +549,36 @@ impl Engine {
         Ok(id)
     }
 
+    /// The fast path of a receive whose message is here already: when the first unexpected
+    /// message matching `(src, tag, ctx)` is an eager one that arrived whole and fits `buf`,
+    /// copies it into `buf` and returns its status, without a request (the skew feedback counts
+    /// the receive as [`Engine::post_recv`] does; run the actions afterwards). `None`: post the
+    /// receive instead (nothing matched, a rendezvous or fragments still to come, a message
+    /// too long for `buf`, which the request then reports).
+    ///
+    /// # Safety
+    /// `buf` must be valid for writes of `buf.len` bytes during the call.
+    pub unsafe fn recv_unexpected(&mut self, src: Source, tag: TagMatch, ctx: u16, buf: RegionMut) -> Option<Status> {
+        let (from, i) = self.find_unexpected(src, tag, ctx)?;
+        let u = &self.peers[from as usize].unexpected[i];
+        match &u.body {
+            UxBody::Eager { received, .. } if *received == u.len && u.len <= buf.len => {}
+            _ => return None,
+        }
+        self.touched();
+        if let Source::Rank(r) = src {
+            let p = &mut self.peers[r as usize];
+            let waiting = p.unexpected.len() + std::mem::take(&mut p.unread_hint);
+            self.watch_skew(r, waiting);
+        }
+        let ux = self.peers[from as usize].unexpected.remove(i)?;
+        let UxBody::Eager { data, .. } = ux.body else { return None };
+        // SAFETY: ux.len <= buf.len (checked above) and data holds ux.len bytes; the caller
+        // guarantees the buffer.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf.ptr, ux.len) };
+        Some(Status { source: from, tag: ux.tag, len: ux.len })
+    }
+
     /// Withdraws every receive that has not matched a message yet (it fails with an error that
     /// says so); returns how many. Used when the process finishes: such a receive could only
     /// keep it waiting forever.

@@ -1104,3 +1104,34 @@ fn mapped_ranges_are_found_in_any_order() {
     assert!(!in_ranges(&e.mapped, region(0x5800, 0x10)));
     assert!(in_ranges(&e.mapped, region(0x3000, 0x10)) && in_ranges(&e.mapped, region(0x9000, 0x10)));
 }
+
+#[test]
+fn a_receive_takes_a_whole_unexpected_eager_message_without_a_request() {
+    let mut sim = Sim::new(3, one_sided_route);
+    let (a, b, big) = (pattern(1, 40), pattern(2, 300), pattern(3, 800));
+    let sends = [send(&mut sim, 0, 2, 7, &a), send(&mut sim, 1, 2, 8, &b), send(&mut sim, 0, 2, 9, &big)];
+    sim.settle();
+    let take = |sim: &mut Sim, src: Source, tag: TagMatch, buf: &mut [u8]| {
+        let region = RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() };
+        // SAFETY: `buf` is valid for the call.
+        unsafe { sim.engines[2].recv_unexpected(src, tag, 0, region) }
+    };
+    let mut out = vec![0u8; 500];
+    // Nothing with tag 5 from anyone: post the receive instead.
+    assert!(take(&mut sim, Source::Any, TagMatch::Tag(5), &mut out).is_none());
+    // ANY_SOURCE takes the first arrival that matches.
+    let st = take(&mut sim, Source::Any, TagMatch::Any, &mut out).expect("rank 0's first message");
+    assert_eq!((st.source, st.tag, st.len), (0, 7, 40));
+    assert_eq!(out[..40], a[..]);
+    let st = take(&mut sim, Source::Rank(1), TagMatch::Any, &mut out).expect("rank 1's message");
+    assert_eq!((st.source, st.tag, st.len), (1, 8, 300));
+    assert_eq!(out[..300], b[..]);
+    // Too long for the buffer: left for a request, which reports the truncation.
+    assert!(take(&mut sim, Source::Rank(0), TagMatch::Any, &mut out).is_none());
+    let q = recv(&mut sim, 2, Source::Rank(0), TagMatch::Any, &mut out);
+    assert!(matches!(result(&mut sim, 2, q), Err(Error::Truncated { from: 0, tag: 9, len: 800, capacity: 500 })));
+    for (i, s) in sends.into_iter().enumerate() {
+        assert!(result(&mut sim, [0, 1, 0][i], s).is_ok());
+    }
+    assert_eq!(sim.engines[2].active_requests(), 0);
+}
