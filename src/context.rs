@@ -15,12 +15,13 @@ const BARRIER_CTX: u16 = 1;
 /// How long finalize waits for unfinished sends.
 const FINALIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// A non-blocking send or receive in flight. Finish it with [`Context::wait`] (which gives the
-/// buffer back) or poll it with [`Context::test`].
+/// A non-blocking send or receive in flight, or one that finished when it started (a small
+/// eager send that left at once, a receive whose message was here). Finish it with
+/// [`Context::wait`] (which gives the buffer back) or poll it with [`Context::test`].
 ///
 /// Dropping a `Request` detaches it: the transfer still completes, and its buffer is freed when
-/// the context ends. The buffer is owned by the context meanwhile, so it cannot be freed or
-/// reused under the transfer.
+/// the context ends (at once, if it had finished). The buffer is owned by the context
+/// meanwhile, so it cannot be freed or reused under the transfer.
 #[derive(Debug)]
 #[must_use = "a request must be waited for to get its buffer and its result"]
 pub struct Request {
