@@ -188,8 +188,7 @@ impl Context {
         }
         self.heap.before_post(&mut self.driver, buf.as_ptr(), buf.len());
         // SAFETY: `buf` is borrowed for the call.
-        if let Some(status) = unsafe { self.driver.engine.recv_unexpected(from, tag, ctx, region_mut(buf)) } {
-            self.driver.drain();
+        if let Some(status) = unsafe { self.take_arrived(from, tag, ctx, region_mut(buf)) } {
             return Ok(status);
         }
         // SAFETY: as in `send`; the request ends before `buf`'s borrow does.
@@ -237,8 +236,7 @@ impl Context {
         self.heap.before_post(&mut self.driver, buf.as_ptr(), buf.len());
         let tag = tag.into();
         // SAFETY: `buf` is borrowed for the call.
-        if let Some(status) = unsafe { self.driver.engine.recv_unexpected(from, tag, USER_CTX, region_mut(&mut buf)) } {
-            self.driver.drain();
+        if let Some(status) = unsafe { self.take_arrived(from, tag, USER_CTX, region_mut(&mut buf)) } {
             return Ok(Request::done(status, buf));
         }
         // SAFETY: as in `isend`.
@@ -286,14 +284,25 @@ impl Context {
         self.heap.before_post(&mut self.driver, ptr, len);
         let (from, tag, region) = (from.into(), tag.into(), RegionMut { ptr, len });
         // SAFETY: forwarded to the caller.
-        if let Some(status) = unsafe { self.driver.engine.recv_unexpected(from, tag, USER_CTX, region) } {
-            self.driver.drain();
+        if let Some(status) = unsafe { self.take_arrived(from, tag, USER_CTX, region) } {
             return Ok(Request::done(status, Vec::new()));
         }
         // SAFETY: forwarded to the caller.
         let id = unsafe { self.driver.engine.post_recv(from, tag, USER_CTX, region)? };
         self.driver.drain();
         Ok(Request::engine(id))
+    }
+
+    /// A receive's fast path: the matching message is here already and is copied into `buf`
+    /// without a request ([`polyrail_core::engine::Engine::recv_unexpected`]).
+    ///
+    /// # Safety
+    /// `buf` is valid for writes of `buf.len` bytes during the call.
+    unsafe fn take_arrived(&mut self, from: Source, tag: TagMatch, ctx: u16, buf: RegionMut) -> Option<Status> {
+        // SAFETY: forwarded to the caller.
+        let status = unsafe { self.driver.engine.recv_unexpected(from, tag, ctx, buf) }?;
+        self.driver.drain(); // the skew feedback may have a packet to send
+        Some(status)
     }
 
     fn keep(&mut self, id: ReqId, buf: Vec<u8>) {

@@ -72,14 +72,15 @@ fn placements(rows: &[Row]) -> BTreeMap<(String, u32), bool> {
         .into_iter()
         .filter(|(_, v)| v.len() == 2)
         .filter_map(|(k, v)| {
-            let near = v.iter().all(|f| *f < NEAR_US);
-            (near || v.iter().all(|f| *f >= NEAR_US)).then_some((k, near))
+            let near = is_near(v[0]);
+            (is_near(v[1]) == near).then_some((k, near))
         })
         .collect()
 }
 
-/// The placement a main-loop row was measured in (`None`: unknown or changing; the physical
-/// floor's rows, which the placement tables share, count as both).
+/// Whether a main-loop row was measured near (`near`) or apart as asked; rows of measurements
+/// whose placement is unknown or changed count as neither, the physical floor's rows (which
+/// the placement tables share) as both.
 fn placement_of(place: &BTreeMap<(String, u32), bool>, r: &Row, near: bool) -> bool {
     let (tool, mode, metric, _) = &r.key;
     if tool == "floor" {
@@ -90,7 +91,7 @@ fn placement_of(place: &BTreeMap<(String, u32), bool>, r: &Row, near: bool) -> b
 
 /// Median of the bracketing floors (µs) on one side of [`NEAR_US`].
 fn placement_floor(rows: &[Row], near: bool) -> Option<f64> {
-    median(rows.iter().filter(|r| r.key.0 == PLACE && (r.value < NEAR_US) == near).map(|r| r.value).collect())
+    median(rows.iter().filter(|r| r.key.0 == PLACE && is_near(r.value) == near).map(|r| r.value).collect())
 }
 
 /// The series shown, in order: (tool, mode, label).
@@ -218,6 +219,11 @@ const PAIRED: &str = "paired";
 const PAIRED_PEERS: &[(&str, &str)] = &[("ompi", "Open MPI"), ("mpich", "MPICH"), ("ucx", "UCX")];
 /// A floor below this (µs) means the two vCPUs share a core complex ("near").
 const NEAR_US: f64 = 0.1;
+
+/// Whether a cache-line floor (µs) says the two vCPUs share a core complex.
+fn is_near(floor_us: f64) -> bool {
+    floor_us < NEAR_US
+}
 /// A repeat is stable when its larger floor is at most this times the smaller.
 const STABLE_RATIO: f64 = 1.25;
 
@@ -260,7 +266,7 @@ fn paired(rows: &[Row], md: &mut String) {
                 after,
                 lat: std::iter::once("polyrail").chain(PAIRED_PEERS.iter().map(|p| p.0)).map(get).collect(),
                 stable: before.zip(after).is_some_and(|(a, b)| a.max(b) <= STABLE_RATIO * a.min(b)),
-                near: floor.map(|f| f < NEAR_US),
+                near: floor.map(is_near),
                 ratios: [ratio(floor), ratio(get("ompi")), ratio(get("ucx"))],
             }
         })

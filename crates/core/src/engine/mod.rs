@@ -522,11 +522,7 @@ impl Engine {
             Source::Any => self.me,
         };
         let id = self.reqs.insert(Req::new(Dir::Recv, from, tag, ctx, buf.ptr, buf.len));
-        if let Source::Rank(r) = src {
-            let p = &mut self.peers[r as usize];
-            let waiting = p.unexpected.len() + std::mem::take(&mut p.unread_hint);
-            self.watch_skew(r, waiting);
-        }
+        self.count_receive(src);
         if let Some((from, i)) = self.find_unexpected(src, tag, ctx) {
             let ux = self.peers[from as usize].unexpected.remove(i).expect("index from find_unexpected");
             self.match_unexpected(id, from, ux);
@@ -566,17 +562,23 @@ impl Engine {
             _ => return None,
         }
         self.touched();
-        if let Source::Rank(r) = src {
-            let p = &mut self.peers[r as usize];
-            let waiting = p.unexpected.len() + std::mem::take(&mut p.unread_hint);
-            self.watch_skew(r, waiting);
-        }
+        self.count_receive(src);
         let ux = self.peers[from as usize].unexpected.remove(i)?;
         let UxBody::Eager { data, .. } = ux.body else { return None };
         // SAFETY: ux.len <= buf.len (checked above) and data holds ux.len bytes; the caller
         // guarantees the buffer.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf.ptr, ux.len) };
         Some(Status { source: from, tag: ux.tag, len: ux.len })
+    }
+
+    /// Skew feedback's view of a receive being posted (or taking its message at once): how
+    /// many of the named source's messages wait for it.
+    fn count_receive(&mut self, src: Source) {
+        if let Source::Rank(r) = src {
+            let p = &mut self.peers[r as usize];
+            let waiting = p.unexpected.len() + std::mem::take(&mut p.unread_hint);
+            self.watch_skew(r, waiting);
+        }
     }
 
     /// Withdraws every receive that has not matched a message yet (it fails with an error that
