@@ -269,8 +269,8 @@ pub struct Config {
     /// is not used; larger ones wait for the receiver (rendezvous) and stream through cells.
     /// Default 64k.
     pub eager_limit: usize,
-    /// `POLYRAIL_SHM_SLOTS`: slots of 64 bytes in each shared-memory ring (power of two,
-    /// 16..=65536). Default 256.
+    /// `POLYRAIL_SHM_SLOTS`: records (one per message) and 64-byte body slots in each
+    /// shared-memory ring (power of two, 16..=65536). Default 256.
     pub shm_slots: usize,
     /// `POLYRAIL_SHM_CELL_SIZE`: bytes per send cell (4k..=1m). Default 16k.
     pub shm_cell_size: usize,
@@ -336,7 +336,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
         "largest single-copy message sent eagerly in a stream of sends to a peer: auto (default), off or a size",
     ),
     ("POLYRAIL_EAGER_LIMIT", "largest eager message through send cells (default 64k)"),
-    ("POLYRAIL_SHM_SLOTS", "64-byte slots per shared-memory ring (power of two, default 256)"),
+    ("POLYRAIL_SHM_SLOTS", "records and 64-byte body slots per shared-memory ring (power of two, default 256)"),
     ("POLYRAIL_SHM_CELL_SIZE", "bytes per send cell (default 16k)"),
     ("POLYRAIL_SHM_CELLS", "send cells per process (default 128)"),
     ("POLYRAIL_LOG", "log level: error, warn, info, debug, trace"),

@@ -137,6 +137,37 @@ impl Header {
         })
     }
 
+    /// Bytes of a compact header ([`Header::compact`]): the context, tag and sequence id.
+    pub const COMPACT_LEN: usize = 10;
+
+    /// The compact form of the wire header `wire` of a packet carrying `plen` payload bytes: its
+    /// context, tag and sequence id, when the header is an eager message sent whole (no flags,
+    /// length `plen`, no request ids, no offset) and [`Header::expand`] gives it back exactly;
+    /// `None` otherwise. A channel may carry such headers in [`Header::COMPACT_LEN`] bytes.
+    #[inline]
+    pub fn compact(wire: &[u8; Self::WIRE_LEN], plen: usize) -> Option<[u8; Self::COMPACT_LEN]> {
+        let len = u64::from_le_bytes(wire[12..20].try_into().expect("8 bytes"));
+        let rest = u128::from_le_bytes(wire[20..].try_into().expect("16 bytes"));
+        if wire[0] != PacketKind::Eager as u8 || wire[1] != 0 || len != plen as u64 || rest != 0 {
+            return None;
+        }
+        let mut c = [0u8; Self::COMPACT_LEN];
+        c[..2].copy_from_slice(&wire[2..4]);
+        c[2..].copy_from_slice(&wire[4..12]);
+        Some(c)
+    }
+
+    /// The wire header whose compact form ([`Header::compact`]) is `c`, for `plen` payload bytes.
+    #[inline]
+    pub fn expand(c: &[u8; Self::COMPACT_LEN], plen: usize) -> [u8; Self::WIRE_LEN] {
+        let mut wire = [0u8; Self::WIRE_LEN];
+        wire[0] = PacketKind::Eager as u8;
+        wire[2..4].copy_from_slice(&c[..2]);
+        wire[4..12].copy_from_slice(&c[2..]);
+        wire[12..20].copy_from_slice(&(plen as u64).to_le_bytes());
+        wire
+    }
+
     /// The wire header that follows `prev` in a stream of like messages: every field as in
     /// `prev` but the sequence id, one higher, and the length, `len`. A channel that sends
     /// only headers equal to the successor of the last one it sent in a compact form (and
@@ -180,6 +211,27 @@ mod tests {
         h.encode(&mut w);
         let next = Header::decode(0, &Header::successor(&w, 1024)).unwrap();
         assert_eq!(next, Header { seq: 0, len: 1024, ..h });
+    }
+
+    #[test]
+    fn compact_form_only_for_whole_eager_messages() {
+        let h = Header { tag: 0xdead_beef, seq: 41, len: 8, ctx: 513, ..Header::new(PacketKind::Eager) };
+        let mut w = [0u8; Header::WIRE_LEN];
+        h.encode(&mut w);
+        let c = Header::compact(&w, 8).expect("a whole eager message is compact");
+        assert_eq!(Header::expand(&c, 8), w);
+        // A first fragment (length above the payload), flags, a request id or another kind are not.
+        assert_eq!(Header::compact(&w, 7), None);
+        for other in [
+            Header { flags: Header::STREAM, ..h },
+            Header { sreq: 1, ..h },
+            Header { rreq: 1, ..h },
+            Header { offset: 1, ..h },
+            Header { kind: PacketKind::Rts, ..h },
+        ] {
+            other.encode(&mut w);
+            assert_eq!(Header::compact(&w, 8), None, "{other:?}");
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use polyrail_core::{Config, Error, Header, Issued, OpId, PeerInfo, Rank, Reach, Result, Sink, Transport};
+use polyrail_core::{Config, Error, Header, Issued, OpId, PacketKind, PeerInfo, Rank, Reach, Result, Sink, Transport};
 use polyrail_shm::ShmTransport;
 
 const ROLE: &str = "PINGPONG_ROLE";
@@ -73,6 +73,13 @@ fn wait_one(t: &mut ShmTransport, sink: &mut Count) {
     }
 }
 
+/// The header the engine gives a whole eager message of `len` bytes.
+fn eager_header(len: usize) -> [u8; Header::WIRE_LEN] {
+    let mut wire = [0u8; Header::WIRE_LEN];
+    Header { tag: 7, len: len as u64, ..Header::new(PacketKind::Eager) }.encode(&mut wire);
+    wire
+}
+
 fn main() {
     let sizes: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().expect("size in bytes")).collect();
     let sizes = if sizes.is_empty() { vec![8] } else { sizes };
@@ -83,7 +90,6 @@ fn main() {
     pin(rank as usize);
     let mut t =
         ShmTransport::with_inline_slots(&cfg, &job, rank, 2, inline_slots).expect("segment").with_host("pingpong");
-    let hdr = [0u8; Header::WIRE_LEN];
     let mut sink = Count(0);
     if rank == 1 {
         let mut line = String::new();
@@ -95,7 +101,7 @@ fn main() {
         std::io::stdin().read_line(&mut line).unwrap();
         t.connected().unwrap();
         for &size in &sizes {
-            let payload = vec![1u8; size];
+            let (hdr, payload) = (eager_header(size), vec![1u8; size]);
             for _ in 0..WARMUP + BATCH * BATCHES {
                 wait_one(&mut t, &mut sink);
                 send(&mut t, 0, &hdr, &payload, &mut sink);
@@ -124,7 +130,7 @@ fn main() {
     println!("{}", t.describe());
     println!("{:>8} {:>14} {:>14}", "bytes", "one-way ns p50", "min batch ns");
     for &size in &sizes {
-        let payload = vec![1u8; size];
+        let (hdr, payload) = (eager_header(size), vec![1u8; size]);
         let mut round_trip = |t: &mut ShmTransport| {
             send(t, 1, &hdr, &payload, &mut sink);
             wait_one(t, &mut sink);

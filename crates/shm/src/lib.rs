@@ -1,15 +1,18 @@
 //! polyrail-shm: the node-local channels of polyrail.
 //!
 //! - [`ShmTransport`] (`shm`): active messages through shared memory. One single-producer
-//!   single-consumer ring of 64-byte slots per ordered pair, in the sender's segment; small
-//!   payloads travel inline in the slots, larger ones in send cells of the sender's pool that the
-//!   slot names (Chai 2009, §3.2). Arrivals are handed to the sink borrowed from the slots or the
-//!   cell: the only copies are the sender's copy in and the receiver's copy out.
+//!   single-consumer ring per ordered pair: a 32-byte record per message in the pair's lanes,
+//!   where the two directions' records share cache lines (a reply travels in the line of the
+//!   message it answers), and 64-byte body slots in the sender's segment; payloads up to 16
+//!   bytes travel in the record, up to about 1 KiB in body slots, larger ones in send cells of
+//!   the sender's pool that the record names (Chai 2009, §3.2). Arrivals are handed to the sink
+//!   borrowed from the ring or the cell: the only copies are the sender's copy in and the
+//!   receiver's copy out.
 //! - [`CmaTransport`] (`cma`): one-sided `get`/`put` with `process_vm_readv`/`process_vm_writev`
 //!   (kernel single copy), after a real probe of each peer.
 //! - [`Loopback`] (`self`): messages and one-sided copies within the process.
 //!
-//! All three implement [`polyrail_core::Transport`]. Bytes written by peers (slots, cell
+//! All three implement [`polyrail_core::Transport`]. Bytes written by peers (records, cell
 //! indices, addresses, keys) are checked before use: a faulty peer gets an
 //! [`polyrail_core::Error::Protocol`] or a refusal, never an out-of-bounds access.
 #![deny(missing_docs)]

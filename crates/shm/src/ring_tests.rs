@@ -4,8 +4,8 @@
 //! They also run under Miri (loop counts scaled down, the property test skipped):
 //! `MIRIFLAGS="-Zmiri-disable-weak-memory-emulation" cargo +nightly miri test -p polyrail-shm --lib ring::`
 //! Weak-memory emulation is off because Miri (nightly 2026-05) stops with an internal error on
-//! words written both atomically (stamps) and as plain bytes (payload in continuation slots);
-//! its data-race detector stays on and checks every non-atomic access against the protocol.
+//! words written both atomically (stamps) and as plain bytes; its data-race detector stays on
+//! and checks every non-atomic access against the protocol.
 
 use super::*;
 use proptest::prelude::*;
@@ -33,10 +33,27 @@ impl HeapRing {
         HeapRing { ptr, layout }
     }
 
+    /// Its lanes (after the body slots, as in a segment).
+    fn lanes(&self, geo: Geometry) -> NonNull<u8> {
+        // SAFETY: lanes_offset < bytes: inside the allocation.
+        unsafe { self.ptr.add(geo.lanes_offset()) }
+    }
+
     fn pair(&self, geo: Geometry) -> (Producer, Consumer) {
         // SAFETY: the memory is zeroed, aligned, large enough and outlives both sides in every
-        // test; one producer and one consumer are made per ring.
-        unsafe { (Producer::new(self.ptr, geo), Consumer::new(self.ptr, geo)) }
+        // test; one producer and one consumer are made per ring, on the lower half of the lanes.
+        unsafe {
+            (Producer::new(self.ptr, self.lanes(geo), false, geo), Consumer::new(self.ptr, self.lanes(geo), false, geo))
+        }
+    }
+
+    /// The other direction's ring of a pair whose lanes are in `lower` (this ring's own lanes
+    /// stay unused, as in the higher rank's segment).
+    fn upper_pair(&self, lower: &HeapRing, geo: Geometry) -> (Producer, Consumer) {
+        // SAFETY: as in `pair`, on the upper half of `lower`'s lanes.
+        unsafe {
+            (Producer::new(self.ptr, lower.lanes(geo), true, geo), Consumer::new(self.ptr, lower.lanes(geo), true, geo))
+        }
     }
 }
 
@@ -60,37 +77,52 @@ fn payload(n: u64, len: usize) -> Vec<u8> {
 
 /// Pops one message if there is one and checks it is message `n` of `len` bytes.
 fn pop_check(c: &mut Consumer, n: u64, len: usize) -> bool {
-    let nslots = match c.peek().expect("ring corrupt") {
-        None => {
-            c.idle();
-            return false;
+    pop_check_header(c, &header(n), n, len)
+}
+
+/// As `pop_check`, for a message sent with header `hdr`.
+fn pop_check_header(c: &mut Consumer, hdr: &[u8; Header::WIRE_LEN], n: u64, len: usize) -> bool {
+    let took = c.take(|h, body| {
+        assert_eq!(h, hdr, "header of message {n}");
+        match body {
+            Body::Inline(p) => assert!(p == payload(n, len).as_slice(), "payload of message {n} ({len} bytes)"),
+            Body::Cell { .. } => panic!("unexpected cell message"),
         }
-        Some(a) => {
-            assert_eq!(a.hdr, &header(n), "header of message {n}");
-            match a.body {
-                Body::Inline(p) => assert!(p == payload(n, len).as_slice(), "payload of message {n} ({len} bytes)"),
-                Body::Cell { .. } => panic!("unexpected cell message"),
-            }
-            a.nslots
-        }
-    };
-    c.consume(nslots);
+        Ok(())
+    });
+    if !took.expect("ring corrupt") {
+        c.idle();
+        return false;
+    }
     true
+}
+
+/// The header the engine gives a whole eager message `n` of `len` bytes (compact in a record).
+fn eager(n: u64, len: usize) -> [u8; Header::WIRE_LEN] {
+    let mut w = [0u8; Header::WIRE_LEN];
+    Header { tag: n as u32, seq: n as u32, len: len as u64, ..Header::new(polyrail_core::PacketKind::Eager) }
+        .encode(&mut w);
+    w
 }
 
 #[test]
 fn geometry_limits() {
     let g = Geometry::new(256, 17);
     assert_eq!(FIRST_INLINE, 16);
-    assert_eq!(g.inline_max(), 16 + 16 * 64);
-    assert_eq!(Geometry::slots_for(0), 1);
-    assert_eq!(Geometry::slots_for(16), 1);
-    assert_eq!(Geometry::slots_for(17), 2);
-    assert_eq!(Geometry::slots_for(80), 2);
-    assert_eq!(Geometry::slots_for(81), 3);
-    assert_eq!(Geometry::slots_for(g.inline_max()), 17);
-    // Small rings clamp the message size to a quarter of the ring.
+    assert_eq!(g.inline_max(), 17 * 64 - 36);
+    assert_eq!(Shape::of(true, 16, false), Shape { kind: KIND_HALF, nbody: 0 });
+    assert_eq!(Shape::of(true, 17, false), Shape { kind: KIND_BODY, nbody: 1 });
+    assert_eq!(Shape::of(true, 65, false), Shape { kind: KIND_BODY, nbody: 2 });
+    assert_eq!(Shape::of(false, 0, false), Shape { kind: KIND_FULL, nbody: 1 });
+    assert_eq!(Shape::of(false, 28, false), Shape { kind: KIND_FULL, nbody: 1 });
+    assert_eq!(Shape::of(false, 29, false), Shape { kind: KIND_FULL, nbody: 2 });
+    assert_eq!(Shape::of(false, g.inline_max(), false), Shape { kind: KIND_FULL, nbody: 17 });
+    assert_eq!(Shape::of(false, 1 << 20, true), Shape { kind: KIND_FULL_CELL, nbody: 1 });
+    assert_eq!(Shape::of(true, 1 << 20, true), Shape { kind: KIND_CELL, nbody: 0 });
+    // Small rings clamp the message size to a quarter of the ring, large ones to 1024 slots.
     assert_eq!(Geometry::new(16, 17).max_msg_slots, 4);
+    assert_eq!(Geometry::new(1 << 16, 1 << 16).max_msg_slots, Geometry::MAX_MSG_SLOTS);
+    assert!(Geometry::new(1 << 16, 1 << 16).inline_max() <= u16::MAX as usize);
 }
 
 #[test]
@@ -101,10 +133,10 @@ fn every_size_through_many_laps() {
     let mut n = 0u64;
     for round in 0..if cfg!(miri) { 3 } else { 40 } {
         for len in (0..=geo.inline_max()).step_by(if cfg!(miri) { 13 } else { 1 }) {
-            let k = Geometry::slots_for(len);
-            assert!(p.reserve(k).unwrap(), "round {round} len {len}");
-            p.push_inline(&header(n), &payload(n, len));
-            assert!(pop_check(&mut c, n, len));
+            // Both header forms: compact (eager, whole) and full.
+            let hdr = if n % 2 == 0 { eager(n, len) } else { header(n) };
+            assert!(p.try_push_inline(&hdr, &payload(n, len)).unwrap(), "round {round} len {len}");
+            assert!(pop_check_header(&mut c, &hdr, n, len));
             n += 1;
         }
     }
@@ -117,71 +149,86 @@ fn full_ring_would_block_until_consumer_publishes() {
     let mem = HeapRing::new(geo);
     let (mut p, mut c) = mem.pair(geo);
     let mut sent = 0u64;
-    while p.reserve(1).unwrap() {
-        p.push_inline(&header(sent), &payload(sent, 8));
+    while p.try_push_inline(&header(sent), &payload(sent, 8)).unwrap() {
         sent += 1;
     }
-    // One position stays free for the next message's marker.
+    // One record position stays free for the next record's marker.
     assert_eq!(sent, 15);
-    // Consuming without publishing (fewer than N/4 slots) does not free anything yet.
+    // Consuming without publishing (fewer than N/4 records) does not free anything yet.
     assert!(pop_check(&mut c, 0, 8));
-    assert!(!p.reserve(1).unwrap());
+    assert!(!p.try_push_inline(&header(sent), &payload(sent, 8)).unwrap());
     for n in 1..sent {
         assert!(pop_check(&mut c, n, 8));
     }
     // Found empty: the consumer publishes, the producer sees the space.
     assert!(!pop_check(&mut c, sent, 8));
-    assert!(p.reserve(1).unwrap());
-    assert!(p.reserve(4).unwrap());
+    assert!(p.try_push_inline(&header(sent), &payload(sent, 8)).unwrap());
+    assert!(pop_check(&mut c, sent, 8));
+    assert!(!pop_check(&mut c, sent + 1, 8));
+    // The body fills up on its own: 4-slot messages, 16 body slots.
+    let big = geo.inline_max();
+    let mut n = sent + 1;
+    while p.try_push_inline(&header(n), &payload(n, big)).unwrap() {
+        n += 1;
+    }
+    assert_eq!(n - sent - 1, 4, "four bodies of four slots fill the 16 body slots");
+    for m in sent + 1..n {
+        assert!(pop_check(&mut c, m, big));
+    }
 }
 
-/// A valid first-slot image (bytes 4..64) of an inline message `n` of 3 bytes.
-fn slot_image(n: u64) -> [u8; 60] {
-    let mut img = [0u8; 60];
-    img[OFF_NSLOTS - 4..OFF_NSLOTS - 2].copy_from_slice(&1u16.to_ne_bytes());
-    img[OFF_KIND - 4] = KIND_INLINE;
-    img[OFF_PLEN - 4..OFF_PLEN].copy_from_slice(&3u32.to_ne_bytes());
-    img[OFF_HEADER - 4..OFF_INLINE - 4].copy_from_slice(&header(n));
-    img[OFF_INLINE - 4..OFF_INLINE - 1].copy_from_slice(&payload(n, 3));
+/// A valid record image of a compact eager message `n` of 3 bytes (in the record).
+fn record_image(n: u64) -> [u8; RECORD] {
+    let mut img = [0u8; RECORD];
+    img[OFF_KIND] = KIND_HALF;
+    img[OFF_COMPACT..OFF_PLEN].copy_from_slice(&Header::compact(&eager(n, 3), 3).unwrap());
+    img[OFF_PLEN..OFF_INLINE].copy_from_slice(&3u16.to_le_bytes());
+    img[OFF_INLINE..OFF_INLINE + 3].copy_from_slice(&payload(n, 3));
     img
 }
 
 #[test]
-fn corrupt_slots_are_errors_not_panics() {
+fn corrupt_records_are_errors_not_panics() {
     let geo = Geometry::new(16, 4);
-    type Mutation = fn(&mut [u8; 60]);
+    type Mutation = fn(&mut [u8; RECORD]);
     let cases: &[(&str, Mutation)] = &[
-        ("nslots", |i| i[OFF_NSLOTS - 4] = 9),
-        ("zero nslots", |i| i[OFF_NSLOTS - 4] = 0),
-        ("plen over the limit", |i| i[OFF_PLEN - 4 + 2] = 1),
-        ("kind", |i| i[OFF_KIND - 4] = 7),
-        ("flags", |i| i[OFF_FLAGS - 4] = 1),
-        ("cell message over several slots", |i| {
-            i[OFF_KIND - 4] = KIND_CELL;
-            i[OFF_NSLOTS - 4] = 2;
+        ("payload over a record", |i| i[OFF_PLEN] = 17),
+        ("plen over the limit", |i| {
+            i[OFF_KIND] = KIND_BODY;
+            i[OFF_PLEN + 1] = 1;
+        }),
+        ("small payload in the body", |i| i[OFF_KIND] = KIND_BODY),
+        ("kind", |i| i[OFF_KIND] = 9),
+        ("reserved byte", |i| i[OFF_ZERO] = 1),
+        ("skip of nothing", |i| {
+            i[OFF_KIND] = KIND_SKIP;
+            i[OFF_PLEN] = 0;
+        }),
+        ("skip too far", |i| {
+            i[OFF_KIND] = KIND_SKIP;
+            i[OFF_PLEN] = 5;
         }),
     ];
     for &(what, mutate) in cases {
         let mem = HeapRing::new(geo);
         let (mut p, mut c) = mem.pair(geo);
         // The untouched image is accepted: the mutation alone makes the difference.
-        p.corrupt_next(4, &slot_image(0), true);
-        assert!(pop_check(&mut c, 0, 3), "{what}");
-        p.reserve(1).unwrap();
-        p.push_inline(&header(1), &payload(1, 3));
-        let mut img = slot_image(2);
+        p.corrupt_next(2, &record_image(0)[2..], true);
+        assert!(pop_check_header(&mut c, &eager(0, 3), 0, 3), "{what}");
+        assert!(p.try_push_inline(&header(1), &payload(1, 3)).unwrap());
+        let mut img = record_image(2);
         mutate(&mut img);
         assert!(pop_check(&mut c, 1, 3));
         // Written where message 2 goes (head did not move past message 1 through corrupt_next).
-        p.corrupt_next(4, &img, true);
-        let err = c.peek().expect_err(what);
-        assert!(err.contains("slot"), "{what}: {err}");
+        p.corrupt_next(2, &img[2..], true);
+        let err = c.take(|_, _| Ok(())).expect_err(what);
+        assert!(err.contains("record"), "{what}: {err}");
     }
     // A stamp that is neither "arrived" nor "empty".
     let mem = HeapRing::new(geo);
-    let (mut p, c) = mem.pair(geo);
-    p.corrupt_next(0, &[0xde, 0xad, 0xbe, 0xef], false);
-    assert!(c.peek().unwrap_err().contains("stamp"));
+    let (mut p, mut c) = mem.pair(geo);
+    p.corrupt_next(0, &[0xad, 0xde], false);
+    assert!(c.take(|_, _| Ok(())).unwrap_err().contains("stamp"));
 }
 
 #[test]
@@ -189,12 +236,54 @@ fn consumer_publishing_nonsense_is_an_error() {
     let geo = Geometry::new(16, 4);
     let mem = HeapRing::new(geo);
     let (mut p, _c) = mem.pair(geo);
-    while p.reserve(1).unwrap() {
-        p.push_inline(&header(0), &[]);
-    }
+    while p.try_push_inline(&header(0), &[]).unwrap() {}
     // SAFETY: test-only write to the read position, as a faulty consumer would do.
     unsafe { (*mem.ptr.as_ptr().cast::<AtomicU64>()).store(1000, Ordering::Relaxed) };
-    assert!(p.reserve(1).is_err());
+    assert!(p.try_push_inline(&header(0), &[]).is_err());
+}
+
+/// Two directions of a pair over shared lanes: after traffic in one direction only, a reply
+/// skips to the line of the message it answers, and from then on a ping-pong stays paired.
+#[test]
+fn replies_align_with_the_messages_they_answer() {
+    let geo = Geometry::new(64, 4);
+    let (lower, upper) = (HeapRing::new(geo), HeapRing::new(geo));
+    let (mut ap, mut ac) = lower.pair(geo); // a -> b on the lower halves
+    let (mut bp, mut bc) = upper.upper_pair(&lower, geo); // b -> a on the upper halves
+    let mut n = 0;
+    // Five messages one way: a's head is at 5, b's at 0.
+    for _ in 0..5 {
+        assert!(ap.try_push_inline(&eager(n, 8), &payload(n, 8)).unwrap());
+        assert!(pop_check_header(&mut ac, &eager(n, 8), n, 8));
+        n += 1;
+    }
+    assert_eq!(ac.last_consumed(), 4);
+    // b's reply skips four positions to line 4; a sees the skip, then the reply.
+    bp.align(ac.last_consumed()).unwrap();
+    assert_eq!(bp.head, 4);
+    assert!(bp.try_push_inline(&eager(n, 8), &payload(n, 8)).unwrap());
+    assert!(pop_check_header(&mut bc, &eager(n, 8), n, 8));
+    assert_eq!(bc.last_consumed(), 4);
+    n += 1;
+    // Ping-pong of mixed sizes: each message goes to the line of the one it answers, or the next.
+    for round in 0..100u64 {
+        let len = [8, 100, 0, 16, 17, 200][round as usize % 6];
+        ap.align(bc.last_consumed()).unwrap();
+        let line = ap.head % 64;
+        assert!(line == bc.last_consumed() % 64 || line == (bc.last_consumed() + 1) % 64, "round {round}");
+        assert!(ap.try_push_inline(&eager(n, len), &payload(n, len)).unwrap());
+        assert!(pop_check_header(&mut ac, &eager(n, len), n, len));
+        n += 1;
+        bp.align(ac.last_consumed()).unwrap();
+        assert_eq!(bp.head % 64, ac.last_consumed() % 64, "round {round}: the reply shares the line");
+        assert!(bp.try_push_inline(&header(n), &payload(n, len)).unwrap());
+        assert!(pop_check(&mut bc, n, len));
+        n += 1;
+    }
+    // A producer ahead of its peer does not skip (a lap round would): the peer moves instead.
+    let before = ap.head;
+    ap.align(bc.last_consumed().wrapping_sub(3)).unwrap();
+    assert_eq!(ap.head, before);
 }
 
 #[derive(Clone, Debug)]
@@ -212,7 +301,7 @@ proptest! {
     /// from its (possibly stale) point of view.
     #[test]
     fn ring_matches_a_queue(ops in prop::collection::vec(
-        prop_oneof![(0usize..=208).prop_map(Op::Push), Just(Op::Pop)], 1..600)) {
+        prop_oneof![(0usize..=220).prop_map(Op::Push), Just(Op::Pop)], 1..600)) {
         let geo = Geometry::new(16, 4);
         let mem = HeapRing::new(geo);
         let (mut p, mut c) = mem.pair(geo);
@@ -222,8 +311,7 @@ proptest! {
             match op {
                 Op::Push(len) => {
                     let len = len.min(geo.inline_max());
-                    if p.reserve(Geometry::slots_for(len)).unwrap() {
-                        p.push_inline(&header(next), &payload(next, len));
+                    if p.try_push_inline(&header(next), &payload(next, len)).unwrap() {
                         model.push_back((next, len));
                         next += 1;
                     }
@@ -242,41 +330,48 @@ proptest! {
         }
         prop_assert!(!pop_check(&mut c, next, 0));
         // After a full drain the producer sees all space again.
-        prop_assert!(p.reserve(4).unwrap());
+        prop_assert!(p.try_push_inline(&header(next), &payload(next, geo.inline_max())).unwrap());
     }
 }
 
-/// One producer thread and one consumer thread over a small ring: lengths vary so messages
-/// overflow, skip slots and need markers, at every possible interleaving the scheduler picks.
+/// Two threads, each the producer of one direction of a pair and the consumer of the other,
+/// over shared lanes: bursts of varying length in both directions, so records skip to align,
+/// markers are needed, bodies overflow, and headers alternate between compact and full, at every
+/// interleaving the scheduler picks.
 #[test]
 fn two_threads_stress() {
     let geo = Geometry::new(16, 4);
-    let mem = Arc::new(HeapRing::new(geo));
-    let total: u64 = if cfg!(miri) { 200 } else { 200_000 };
+    let (lower, upper) = (Arc::new(HeapRing::new(geo)), Arc::new(HeapRing::new(geo)));
+    let total: u64 = if cfg!(miri) { 200 } else { 100_000 };
     let len_of = move |n: u64| ((n * 2654435761) % (geo.inline_max() as u64 + 1)) as usize;
-    let (mut p, mut c) = mem.pair(geo);
-    let keep = Arc::clone(&mem);
-    let producer = std::thread::spawn(move || {
-        let _keep = keep;
-        let mut n = 0;
-        while n < total {
-            let len = len_of(n);
-            if p.reserve(Geometry::slots_for(len)).unwrap() {
-                p.push_inline(&header(n), &payload(n, len));
-                n += 1;
-            } else {
-                std::hint::spin_loop();
+    let hdr_of = move |n: u64| if n % 3 == 0 { header(n) } else { eager(n, len_of(n)) };
+    let (ap, ac) = lower.pair(geo);
+    let (bp, bc) = upper.upper_pair(&lower, geo);
+    // Sends `total` messages on `p` in bursts of 1..=7 while taking `total` from `c`; aligns as
+    // the shm transport does.
+    let side = move |mut p: Producer, mut c: Consumer, seed: u64| {
+        let (mut sent, mut got) = (0u64, 0u64);
+        while sent < total || got < total {
+            let burst = 1 + (sent.wrapping_mul(seed) >> 7) % 7;
+            for _ in 0..burst.min(total - sent) {
+                p.align(c.last_consumed()).unwrap();
+                if !p.try_push_inline(&hdr_of(sent), &payload(sent, len_of(sent))).unwrap() {
+                    break;
+                }
+                sent += 1;
             }
-        }
-    });
-    let mut n = 0;
-    while n < total {
-        if pop_check(&mut c, n, len_of(n)) {
-            n += 1;
-        } else {
+            while got < total && pop_check_header(&mut c, &hdr_of(got), got, len_of(got)) {
+                got += 1;
+            }
             std::hint::spin_loop();
         }
-    }
-    producer.join().unwrap();
-    assert!(!pop_check(&mut c, n, 0));
+        assert!(!pop_check(&mut c, got, 0));
+    };
+    let keep = (Arc::clone(&lower), Arc::clone(&upper));
+    let other = std::thread::spawn(move || {
+        let _keep = keep;
+        side(bp, ac, 0x9e37_79b9);
+    });
+    side(ap, bc, 0x85eb_ca6b);
+    other.join().unwrap();
 }

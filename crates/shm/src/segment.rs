@@ -8,8 +8,9 @@
 //! offset 128      sleeping: AtomicU32 on its own line (owner: 1 while it sleeps on its doorbell;
 //!                 read by senders after every message when waiting may block)
 //! offset 192      doorbell: AtomicU32 futex word on its own line (senders add 1 and wake)
-//! offset 4096     ring r for r in 0..size: the owner's outgoing ring to rank r
-//!                 (ring_stride = Geometry::bytes rounded up to 128 bytes)
+//! offset 4096     ring r for r in 0..size: the owner's outgoing ring to rank r, and after it
+//!                 the lanes of the pair (owner, r), used when the owner is the lower rank
+//!                 (ring_stride = Geometry::bytes rounded up to 128 bytes; see `ring.rs`)
 //! cells_offset    send cell c for c in 0..cells (page aligned):
 //!                   64-byte line: state AtomicU32 (FREE = 0 / IN_FLIGHT = 1), rest unused
 //!                   cell_size bytes of payload, rounded up to 64
@@ -19,7 +20,7 @@
 //! error now rather than a `SIGBUS` later, and first touch places the pages in the owner's NUMA
 //! node), and mapped with `MAP_POPULATE` so no page fault lands on the message path. The memory
 //! is `size` rings per process, `size * size` per node with everything on one node: with the
-//! defaults, about 17.5 KiB per ordered pair.
+//! defaults, about 33 KiB per ordered pair (half of it lanes, used by one rank of each pair).
 
 use std::ffi::CString;
 use std::io;
@@ -35,7 +36,7 @@ use crate::sys;
 /// Magic number at the start of every segment: `b"PRLSHM01"`.
 const MAGIC: u64 = u64::from_le_bytes(*b"PRLSHM01");
 /// Layout version; bump on any change of the segment or slot layout.
-pub(crate) const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 2;
 /// Bytes before the first ring.
 const HEADER_BYTES: usize = 4096;
 /// Offset of the `finalized` flag.
@@ -169,7 +170,11 @@ impl SegAddress {
         if !r.0.is_empty() {
             return Err(format!("{} trailing bytes", r.0.len()));
         }
-        if !slots.is_power_of_two() || slots < 16 || max_msg_slots == 0 || max_msg_slots > slots / 4 {
+        if !slots.is_power_of_two()
+            || slots < 16
+            || max_msg_slots == 0
+            || max_msg_slots > (slots / 4).min(Geometry::MAX_MSG_SLOTS)
+        {
             return Err(format!("impossible ring shape: {slots} slots, messages of up to {max_msg_slots} slots"));
         }
         let geo = Geometry::new(slots, max_msg_slots);

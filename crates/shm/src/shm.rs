@@ -17,12 +17,13 @@ use polyrail_core::{
 };
 
 use crate::cells::{CellArea, SendCells};
-use crate::ring::{Body, Consumer, Geometry, Producer, FIRST_INLINE, SLOT};
+use crate::ring::{Body, Consumer, Geometry, Producer, FIRST_INLINE, RECORD, SLOT};
 use crate::segment::{self, Mapping, OwnSegment, SegAddress, SegLayout};
 use crate::sys::{self, ProcessWatch};
 
-/// Slots an inline message may take by default: 16 + 16 * 64 = 1040 payload bytes (clamped to a
-/// quarter of the ring). Above that, a send cell is as fast and keeps the ring free for others.
+/// Body slots an inline message may take by default: 17 * 64 - 36 = 1052 payload bytes whatever
+/// the header (clamped to a quarter of the ring). Above that, a send cell is as fast and keeps the
+/// ring free for others.
 pub(crate) const DEFAULT_INLINE_SLOTS: u32 = 17;
 
 /// Model default of an active message's latency (ns): about twice the cache-line transfer
@@ -107,7 +108,7 @@ fn sanitize(job_id: &str) -> String {
 }
 
 impl ShmTransport {
-    /// Delivers up to `budget` messages from `rank`'s ring; a corrupt slot makes the peer lost.
+    /// Delivers up to `budget` messages from `rank`'s ring; a corrupt record makes the peer lost.
     /// (An associated function over `peers` alone, so that `progress` can lend the sweep and
     /// the list of active peers at the same time.)
     #[inline]
@@ -126,40 +127,30 @@ impl ShmTransport {
     /// The part of [`ShmTransport::poll_peer`] that runs once something may have arrived.
     fn deliver(p: &mut Peer, rank: Rank, budget: usize, sink: &mut dyn Sink) -> usize {
         let mut done = 0;
-        while !p.failed && done < budget {
-            let (nslots, cell) = match p.inc.peek() {
-                Ok(None) => {
+        while done < budget {
+            let their_cells = &mut p.their_cells;
+            let took = p.inc.take(|hdr, body| {
+                match body {
+                    Body::Inline(payload) => sink.message(rank, hdr, payload),
+                    Body::Cell { index, len } => {
+                        sink.message(rank, hdr, their_cells.payload(index, len)?);
+                        their_cells.release(index);
+                    }
+                }
+                Ok(())
+            });
+            match took {
+                Ok(true) => done += 1,
+                Ok(false) => {
                     p.inc.idle();
                     break;
                 }
-                Ok(Some(a)) => match a.body {
-                    Body::Inline(payload) => {
-                        sink.message(rank, a.hdr, payload);
-                        (a.nslots, None)
-                    }
-                    Body::Cell { index, len } => match p.their_cells.payload(index, len) {
-                        Ok(payload) => {
-                            sink.message(rank, a.hdr, payload);
-                            (a.nslots, Some(index))
-                        }
-                        Err(what) => {
-                            p.failed = true;
-                            sink.peer_lost(rank, Error::protocol(rank, what));
-                            break;
-                        }
-                    },
-                },
                 Err(what) => {
                     p.failed = true;
                     sink.peer_lost(rank, Error::protocol(rank, what));
                     break;
                 }
-            };
-            if let Some(index) = cell {
-                p.their_cells.release(index);
             }
-            p.inc.consume(nslots);
-            done += 1;
         }
         done
     }
@@ -174,8 +165,8 @@ impl ShmTransport {
         Self::with_inline_slots(cfg, job_id, rank, size, DEFAULT_INLINE_SLOTS)
     }
 
-    /// [`ShmTransport::new`] with inline messages of up to `max_slots` slots (clamped to
-    /// `1..=shm_slots / 4`); for measurements. Every process of a job must use the same value.
+    /// [`ShmTransport::new`] with inline messages of up to `max_slots` body slots (clamped to
+    /// `1..=shm_slots / 4` and 1024); for measurements. Every process of a job must use the same value.
     #[doc(hidden)]
     pub fn with_inline_slots(cfg: &Config, job_id: &str, rank: u32, size: u32, max_slots: u32) -> Result<ShmTransport> {
         if size == 0 || rank >= size {
@@ -240,9 +231,9 @@ impl ShmTransport {
         self.layout.geo.inline_max()
     }
 
-    /// Test hook: writes `bytes` at byte `offset` of the slot where our next message to `peer`
-    /// starts; with `publish`, stamps that slot as an arrived one-slot message (see the slot
-    /// layout in `ring.rs`). Used to check that a receiver rejects corrupt slots.
+    /// Test hook: writes `bytes` at byte `offset` of the 32-byte record of our next message to
+    /// `peer`; with `publish`, stamps that record as arrived (see the record layout in
+    /// `ring.rs`). Used to check that a receiver rejects corrupt records.
     #[doc(hidden)]
     pub fn corrupt_for_test(&mut self, peer: Rank, offset: usize, bytes: &[u8], publish: bool) {
         if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
@@ -259,13 +250,25 @@ impl ShmTransport {
         segment::same_layout(&self.layout, &addr.layout)?;
         let (map, pid) = segment::open_peer(&addr, peer.rank)?;
         let geo = self.layout.geo;
-        // SAFETY: our segment holds a zero-filled ring at this offset (it is only written by the
-        // producer made here, once per peer: add_peer refuses a second call), 128-byte aligned,
-        // and the segment outlives the producer (field order of ShmTransport).
-        let out = unsafe { Producer::new(self.seg.map.at(self.layout.ring_offset(peer.rank)), geo) };
-        // SAFETY: the peer's segment has our layout (checked above); its ring to us lies at this
-        // offset; `map` is stored with the consumer and dropped after it.
-        let inc = unsafe { Consumer::new(map.at(self.layout.ring_offset(self.rank)), geo) };
+        // The pair's lanes are in the lower rank's segment, after its ring to the higher rank.
+        let lanes = if self.rank < peer.rank {
+            self.seg.map.at(self.layout.ring_offset(peer.rank) + geo.lanes_offset())
+        } else {
+            map.at(self.layout.ring_offset(self.rank) + geo.lanes_offset())
+        };
+        // SAFETY: our segment holds a zero-filled ring at this offset and the peer's segment (our
+        // layout, checked above) zero-filled lanes where we computed; only the producer made
+        // here writes the ring and the half of the lanes given by our place in the pair (once per
+        // peer: add_peer refuses a second call); 128-byte aligned; our segment outlives the
+        // producer (field order of ShmTransport) and `map` is stored with it in `Peer`.
+        let out = unsafe {
+            Producer::new(self.seg.map.at(self.layout.ring_offset(peer.rank)), lanes, self.rank > peer.rank, geo)
+        };
+        // SAFETY: the peer's segment has our layout; its ring to us lies at this offset; the
+        // peer's records in the lanes are the other half; `map` is stored with the consumer and
+        // dropped after it.
+        let inc =
+            unsafe { Consumer::new(map.at(self.layout.ring_offset(self.rank)), lanes, peer.rank > self.rank, geo) };
         // SAFETY: as above, for the peer's cell pool.
         let their_cells = unsafe { CellArea::new(map.base(), &self.layout) };
         Ok(Peer { out, inc, their_cells, pid, watch: ProcessWatch::new(pid), failed: false, reported: false, map })
@@ -315,14 +318,15 @@ impl Transport for ShmTransport {
     #[inline]
     fn try_send(&mut self, peer: Rank, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) -> Result<Issued> {
         let Some(Some(p)) = self.peers.get_mut(peer as usize) else { return Err(Self::not_connected(peer)) };
+        // Pair this message's record with the peer's last one (see `ring.rs`, Alignment).
+        p.out.align(p.inc.last_consumed()).map_err(|what| Error::protocol(peer, what))?;
         let len = payload.len();
         if len <= self.attr.max_inline {
-            match p.out.reserve(Geometry::slots_for(len)) {
+            match p.out.try_push_inline(hdr, payload) {
                 Ok(true) => {}
                 Ok(false) => return Ok(Issued::WouldBlock),
                 Err(what) => return Err(Error::protocol(peer, what)),
             }
-            p.out.push_inline(hdr, payload);
             if self.ring_doorbells {
                 ring_doorbell(&p.map);
             }
@@ -334,7 +338,7 @@ impl Transport for ShmTransport {
                 what: format!("payload of {len} bytes to rank {peer} exceeds max_eager ({})", self.attr.max_eager),
             });
         }
-        match p.out.reserve(1) {
+        match p.out.reserve_cell(hdr, len) {
             Ok(true) => {}
             Ok(false) => return Ok(Issued::WouldBlock),
             Err(what) => return Err(Error::protocol(peer, what)),
@@ -355,7 +359,7 @@ impl Transport for ShmTransport {
 
     fn has_unread(&self, peer: Rank) -> bool {
         let Some(Some(p)) = self.peers.get(peer as usize) else { return false };
-        // A corrupt slot counts too: this is a hint (skew feedback); polling reports the slot.
+        // A corrupt record counts too: this is a hint (skew feedback); polling reports it.
         !p.failed && p.inc.may_have_arrival()
     }
 
@@ -371,7 +375,7 @@ impl Transport for ShmTransport {
         let arrived = self
             .active
             .iter()
-            .any(|&r| self.peers[r as usize].as_ref().is_some_and(|p| !p.failed && !matches!(p.inc.peek(), Ok(None))));
+            .any(|&r| self.peers[r as usize].as_ref().is_some_and(|p| !p.failed && p.inc.may_have_arrival()));
         !arrived
     }
 
@@ -414,7 +418,8 @@ impl Transport for ShmTransport {
     fn describe(&self) -> String {
         let l = &self.layout;
         format!(
-            "{} slots x {SLOT} B per ring, inline up to {} B ({FIRST_INLINE} B in the first slot), {} cells x {} B ({} in flight), segment {} B, {} peers mapped{}",
+            "{} records x {RECORD} B (paired per cache line with the peer's) and {} body slots x {SLOT} B per ring, inline up to {} B ({FIRST_INLINE} B in the record), {} cells x {} B ({} in flight), segment {} B, {} peers mapped{}",
+            l.geo.slots,
             l.geo.slots,
             l.geo.inline_max(),
             l.cells,

@@ -37,8 +37,8 @@ fn pair(cfg: &Config) -> (ShmTransport, ShmTransport) {
 fn sizes() -> Vec<usize> {
     let mut v: Vec<usize> = (0..=1100).collect();
     v.extend((1100..=20000).step_by(97));
-    v.extend([20000, 0, 16, 17, 975, 976, 977, 1040, 1041]);
-    v.extend((0..2000).map(|i| [8, 100, 976, 977, 5000][i % 5]));
+    v.extend([20000, 0, 16, 17, 28, 29, 64, 65, 1051, 1052, 1053]);
+    v.extend((0..2000).map(|i| [8, 100, 1052, 1053, 5000][i % 5]));
     v
 }
 
@@ -124,9 +124,9 @@ fn attributes_and_description() {
     assert!(attr.caps.contains(Caps::AM));
     assert_eq!(attr.max_eager, 16 << 10);
     assert_eq!(attr.max_inline, a.inline_limit());
-    assert_eq!(a.inline_limit(), 1040);
+    assert_eq!(a.inline_limit(), 1052);
     let d = a.describe();
-    assert!(d.contains("256 slots") && d.contains("128 cells") && d.contains("1 peers"), "{d}");
+    assert!(d.contains("256 records") && d.contains("128 cells") && d.contains("1 peers"), "{d}");
 }
 
 #[test]
@@ -199,27 +199,38 @@ fn cell_exhaustion_would_block_until_cells_come_back() {
 }
 
 #[test]
-fn corrupt_slot_is_a_protocol_error() {
-    // (offset, bytes, publish): garbage stamp; bad kind; nslots; inline length; cell index.
-    let cases: &[(usize, &[u8], bool)] = &[
-        (0, &[0xef, 0xbe, 0xad, 0xde], false),
-        (6, &[9], true),
-        (4, &[200, 0], true),
-        (4, &[1, 0, 1, 0, 0xff, 0xff, 0, 0], true),
-        (4, &[1, 0, 2, 0, 8, 0, 0, 0], true), // a cell message; bytes 48.. give the index below
+fn corrupt_record_is_a_protocol_error() {
+    // A record image from byte 2 (after the stamp): kind, reserved byte, compact header (10
+    // bytes), payload length (u16), then 16 bytes of payload or a cell's index and length.
+    let image = |kind: u8, plen: u16, cell: Option<(u32, u32)>| {
+        let mut img = vec![kind, 0];
+        img.extend([0; 10]);
+        img.extend(plen.to_le_bytes());
+        let (index, len) = cell.unwrap_or((0, 0));
+        img.extend(index.to_le_bytes());
+        img.extend(len.to_le_bytes());
+        img.extend([0; 8]);
+        img
+    };
+    // (offset, bytes, publish): garbage stamp; unknown kind; 17 bytes claimed in a record; a
+    // body over the inline limit; a cell index outside the pool; the reserved byte set.
+    let cases: Vec<(usize, Vec<u8>, bool)> = vec![
+        (0, vec![0xef, 0xbe], false),
+        (2, image(9, 0, None), true),
+        (2, image(1, 17, None), true),
+        (2, image(2, u16::MAX, None), true),
+        (2, image(4, 0, Some((9999, 8))), true),
+        (2, [&[1u8, 1][..], &image(1, 3, None)[2..]].concat(), true),
     ];
-    for (i, &(offset, bytes, publish)) in cases.iter().enumerate() {
+    for (i, (offset, bytes, publish)) in cases.iter().enumerate() {
         let (mut a, mut b) = pair(&Config::default());
         assert_eq!(a.try_send(1, &header(0, 5), &pattern(0, 5)).unwrap(), Issued::Done);
-        if i == 4 {
-            a.corrupt_for_test(1, 48, &9999u32.to_le_bytes(), false);
-        }
-        a.corrupt_for_test(1, offset, bytes, publish);
+        a.corrupt_for_test(1, *offset, bytes, *publish);
         let mut sink = Collect::default();
         assert_eq!(b.progress(usize::MAX, &mut sink).unwrap(), 1);
         match &sink.lost[..] {
             [(0, what)] => {
-                assert!(what.contains("protocol") && (what.contains("slot") || what.contains("cell")), "{what}")
+                assert!(what.contains("protocol") && (what.contains("record") || what.contains("cell")), "{what}")
             }
             other => panic!("case {i}: expected rank 0 lost by a protocol error, got {other:?}"),
         }
