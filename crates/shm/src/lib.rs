@@ -1,11 +1,10 @@
 //! polyrail-shm: the node-local channels of polyrail.
 //!
 //! - [`ShmTransport`] (`shm`): active messages through shared memory. One single-producer
-//!   single-consumer ring per ordered pair: a 32-byte record per message in the pair's lanes,
-//!   where the two directions' records share cache lines (a reply travels in the line of the
-//!   message it answers), and 64-byte body slots in the sender's segment; payloads up to 16
-//!   bytes travel in the record, up to about 1 KiB in body slots, larger ones in send cells of
-//!   the sender's pool that the record names (Chai 2009, §3.2). Arrivals are handed to the sink
+//!   single-consumer ring per ordered pair, in the sender's segment: a 64-byte record per
+//!   message (the header, compact for whole eager messages, and payloads up to 48 bytes) and
+//!   64-byte body slots for payloads up to about 1 KiB; larger ones go in send cells of the
+//!   sender's pool that the record names (Chai 2009, §3.2). Arrivals are handed to the sink
 //!   borrowed from the ring or the cell: the only copies are the sender's copy in and the
 //!   receiver's copy out.
 //! - [`CmaTransport`] (`cma`): one-sided `get`/`put` with `process_vm_readv`/`process_vm_writev`

@@ -33,27 +33,10 @@ impl HeapRing {
         HeapRing { ptr, layout }
     }
 
-    /// Its lanes (after the body slots, as in a segment).
-    fn lanes(&self, geo: Geometry) -> NonNull<u8> {
-        // SAFETY: lanes_offset < bytes: inside the allocation.
-        unsafe { self.ptr.add(geo.lanes_offset()) }
-    }
-
     fn pair(&self, geo: Geometry) -> (Producer, Consumer) {
         // SAFETY: the memory is zeroed, aligned, large enough and outlives both sides in every
-        // test; one producer and one consumer are made per ring, on the lower half of the lanes.
-        unsafe {
-            (Producer::new(self.ptr, self.lanes(geo), false, geo), Consumer::new(self.ptr, self.lanes(geo), false, geo))
-        }
-    }
-
-    /// The other direction's ring of a pair whose lanes are in `lower` (this ring's own lanes
-    /// stay unused, as in the higher rank's segment).
-    fn upper_pair(&self, lower: &HeapRing, geo: Geometry) -> (Producer, Consumer) {
-        // SAFETY: as in `pair`, on the upper half of `lower`'s lanes.
-        unsafe {
-            (Producer::new(self.ptr, lower.lanes(geo), true, geo), Consumer::new(self.ptr, lower.lanes(geo), true, geo))
-        }
+        // test; one producer and one consumer are made per ring.
+        unsafe { (Producer::new(self.ptr, geo), Consumer::new(self.ptr, geo)) }
     }
 }
 
@@ -108,18 +91,18 @@ fn eager(n: u64, len: usize) -> [u8; Header::WIRE_LEN] {
 #[test]
 fn geometry_limits() {
     let g = Geometry::new(256, 17);
-    assert_eq!(FIRST_INLINE, 16);
-    assert_eq!(g.inline_max(), 17 * 64 - 36);
-    assert_eq!(Shape::of(true, 16, false), Shape { kind: KIND_HALF, nbody: 0 });
-    assert_eq!(Shape::of(true, 17, false), Shape { kind: KIND_BODY, nbody: 1 });
+    assert_eq!(RECORD_INLINE, 48);
+    assert_eq!(g.inline_max(), 17 * 64);
+    assert_eq!(Shape::of(true, 48, false), Shape { kind: KIND_INLINE, nbody: 0 });
+    assert_eq!(Shape::of(true, 49, false), Shape { kind: KIND_BODY, nbody: 1 });
     assert_eq!(Shape::of(true, 65, false), Shape { kind: KIND_BODY, nbody: 2 });
-    assert_eq!(Shape::of(false, 0, false), Shape { kind: KIND_FULL, nbody: 1 });
-    assert_eq!(Shape::of(false, 28, false), Shape { kind: KIND_FULL, nbody: 1 });
-    assert_eq!(Shape::of(false, 29, false), Shape { kind: KIND_FULL, nbody: 2 });
+    assert_eq!(Shape::of(false, 0, false), Shape { kind: KIND_FULL, nbody: 0 });
+    assert_eq!(Shape::of(false, 64, false), Shape { kind: KIND_FULL, nbody: 1 });
+    assert_eq!(Shape::of(false, 65, false), Shape { kind: KIND_FULL, nbody: 2 });
     assert_eq!(Shape::of(false, g.inline_max(), false), Shape { kind: KIND_FULL, nbody: 17 });
-    assert_eq!(Shape::of(false, 1 << 20, true), Shape { kind: KIND_FULL_CELL, nbody: 1 });
+    assert_eq!(Shape::of(false, 1 << 20, true), Shape { kind: KIND_FULL_CELL, nbody: 0 });
     assert_eq!(Shape::of(true, 1 << 20, true), Shape { kind: KIND_CELL, nbody: 0 });
-    // Small rings clamp the message size to a quarter of the ring, large ones to 1024 slots.
+    // Small rings clamp the message size to a quarter of the ring, large ones to 1023 slots.
     assert_eq!(Geometry::new(16, 17).max_msg_slots, 4);
     assert_eq!(Geometry::new(1 << 16, 1 << 16).max_msg_slots, Geometry::MAX_MSG_SLOTS);
     assert!(Geometry::new(1 << 16, 1 << 16).inline_max() <= u16::MAX as usize);
@@ -149,22 +132,21 @@ fn full_ring_would_block_until_consumer_publishes() {
     let mem = HeapRing::new(geo);
     let (mut p, mut c) = mem.pair(geo);
     let mut sent = 0u64;
-    while p.try_push_inline(&header(sent), &payload(sent, 8)).unwrap() {
+    while p.try_push_inline(&header(sent), &[]).unwrap() {
         sent += 1;
     }
-    // One record position stays free for the next record's marker.
-    assert_eq!(sent, 15);
+    assert_eq!(sent, 16, "one record per message");
     // Consuming without publishing (fewer than N/4 records) does not free anything yet.
-    assert!(pop_check(&mut c, 0, 8));
-    assert!(!p.try_push_inline(&header(sent), &payload(sent, 8)).unwrap());
+    assert!(pop_check(&mut c, 0, 0));
+    assert!(!p.try_push_inline(&header(sent), &[]).unwrap());
     for n in 1..sent {
-        assert!(pop_check(&mut c, n, 8));
+        assert!(pop_check(&mut c, n, 0));
     }
     // Found empty: the consumer publishes, the producer sees the space.
-    assert!(!pop_check(&mut c, sent, 8));
-    assert!(p.try_push_inline(&header(sent), &payload(sent, 8)).unwrap());
-    assert!(pop_check(&mut c, sent, 8));
-    assert!(!pop_check(&mut c, sent + 1, 8));
+    assert!(!pop_check(&mut c, sent, 0));
+    assert!(p.try_push_inline(&header(sent), &[]).unwrap());
+    assert!(pop_check(&mut c, sent, 0));
+    assert!(!pop_check(&mut c, sent + 1, 0));
     // The body fills up on its own: 4-slot messages, 16 body slots.
     let big = geo.inline_max();
     let mut n = sent + 1;
@@ -177,22 +159,22 @@ fn full_ring_would_block_until_consumer_publishes() {
     }
 }
 
-/// A valid record image of a compact eager message `n` of 3 bytes (in the record).
-fn record_image(n: u64) -> [u8; RECORD] {
-    let mut img = [0u8; RECORD];
-    img[OFF_KIND] = KIND_HALF;
+/// Bytes 0..16 of a valid record of a compact eager message `n` of 3 bytes (in the record);
+/// its payload is written at byte 16 separately.
+fn record_image(n: u64) -> [u8; 16] {
+    let mut img = [0u8; 16];
+    img[OFF_KIND] = KIND_INLINE;
     img[OFF_COMPACT..OFF_PLEN].copy_from_slice(&Header::compact(&eager(n, 3), 3).unwrap());
-    img[OFF_PLEN..OFF_INLINE].copy_from_slice(&3u16.to_le_bytes());
-    img[OFF_INLINE..OFF_INLINE + 3].copy_from_slice(&payload(n, 3));
+    img[OFF_PLEN..].copy_from_slice(&3u16.to_le_bytes());
     img
 }
 
 #[test]
 fn corrupt_records_are_errors_not_panics() {
     let geo = Geometry::new(16, 4);
-    type Mutation = fn(&mut [u8; RECORD]);
+    type Mutation = fn(&mut [u8; 16]);
     let cases: &[(&str, Mutation)] = &[
-        ("payload over a record", |i| i[OFF_PLEN] = 17),
+        ("payload over a record", |i| i[OFF_PLEN] = 49),
         ("plen over the limit", |i| {
             i[OFF_KIND] = KIND_BODY;
             i[OFF_PLEN + 1] = 1;
@@ -200,19 +182,12 @@ fn corrupt_records_are_errors_not_panics() {
         ("small payload in the body", |i| i[OFF_KIND] = KIND_BODY),
         ("kind", |i| i[OFF_KIND] = 9),
         ("reserved byte", |i| i[OFF_ZERO] = 1),
-        ("skip of nothing", |i| {
-            i[OFF_KIND] = KIND_SKIP;
-            i[OFF_PLEN] = 0;
-        }),
-        ("skip too far", |i| {
-            i[OFF_KIND] = KIND_SKIP;
-            i[OFF_PLEN] = 5;
-        }),
     ];
     for &(what, mutate) in cases {
         let mem = HeapRing::new(geo);
         let (mut p, mut c) = mem.pair(geo);
         // The untouched image is accepted: the mutation alone makes the difference.
+        p.corrupt_next(OFF_INLINE, &payload(0, 3), false);
         p.corrupt_next(2, &record_image(0)[2..], true);
         assert!(pop_check_header(&mut c, &eager(0, 3), 0, 3), "{what}");
         assert!(p.try_push_inline(&header(1), &payload(1, 3)).unwrap());
@@ -240,50 +215,6 @@ fn consumer_publishing_nonsense_is_an_error() {
     // SAFETY: test-only write to the read position, as a faulty consumer would do.
     unsafe { (*mem.ptr.as_ptr().cast::<AtomicU64>()).store(1000, Ordering::Relaxed) };
     assert!(p.try_push_inline(&header(0), &[]).is_err());
-}
-
-/// Two directions of a pair over shared lanes: after traffic in one direction only, a reply
-/// skips to the line of the message it answers, and from then on a ping-pong stays paired.
-#[test]
-fn replies_align_with_the_messages_they_answer() {
-    let geo = Geometry::new(64, 4);
-    let (lower, upper) = (HeapRing::new(geo), HeapRing::new(geo));
-    let (mut ap, mut ac) = lower.pair(geo); // a -> b on the lower halves
-    let (mut bp, mut bc) = upper.upper_pair(&lower, geo); // b -> a on the upper halves
-    let mut n = 0;
-    // Five messages one way: a's head is at 5, b's at 0.
-    for _ in 0..5 {
-        assert!(ap.try_push_inline(&eager(n, 8), &payload(n, 8)).unwrap());
-        assert!(pop_check_header(&mut ac, &eager(n, 8), n, 8));
-        n += 1;
-    }
-    assert_eq!(ac.last_consumed(), 4);
-    // b's reply skips four positions to line 4; a sees the skip, then the reply.
-    bp.align(ac.last_consumed()).unwrap();
-    assert_eq!(bp.head, 4);
-    assert!(bp.try_push_inline(&eager(n, 8), &payload(n, 8)).unwrap());
-    assert!(pop_check_header(&mut bc, &eager(n, 8), n, 8));
-    assert_eq!(bc.last_consumed(), 4);
-    n += 1;
-    // Ping-pong of mixed sizes: each message goes to the line of the one it answers, or the next.
-    for round in 0..100u64 {
-        let len = [8, 100, 0, 16, 17, 200][round as usize % 6];
-        ap.align(bc.last_consumed()).unwrap();
-        let line = ap.head % 64;
-        assert!(line == bc.last_consumed() % 64 || line == (bc.last_consumed() + 1) % 64, "round {round}");
-        assert!(ap.try_push_inline(&eager(n, len), &payload(n, len)).unwrap());
-        assert!(pop_check_header(&mut ac, &eager(n, len), n, len));
-        n += 1;
-        bp.align(ac.last_consumed()).unwrap();
-        assert_eq!(bp.head % 64, ac.last_consumed() % 64, "round {round}: the reply shares the line");
-        assert!(bp.try_push_inline(&header(n), &payload(n, len)).unwrap());
-        assert!(pop_check(&mut bc, n, len));
-        n += 1;
-    }
-    // A producer ahead of its peer does not skip (a lap round would): the peer moves instead.
-    let before = ap.head;
-    ap.align(bc.last_consumed().wrapping_sub(3)).unwrap();
-    assert_eq!(ap.head, before);
 }
 
 #[derive(Clone, Debug)]
@@ -334,44 +265,37 @@ proptest! {
     }
 }
 
-/// Two threads, each the producer of one direction of a pair and the consumer of the other,
-/// over shared lanes: bursts of varying length in both directions, so records skip to align,
-/// markers are needed, bodies overflow, and headers alternate between compact and full, at every
-/// interleaving the scheduler picks.
+/// One producer thread and one consumer thread over a small ring: lengths vary so bodies
+/// overflow and headers alternate between compact and full, at every interleaving the scheduler
+/// picks.
 #[test]
 fn two_threads_stress() {
     let geo = Geometry::new(16, 4);
-    let (lower, upper) = (Arc::new(HeapRing::new(geo)), Arc::new(HeapRing::new(geo)));
-    let total: u64 = if cfg!(miri) { 200 } else { 100_000 };
+    let mem = Arc::new(HeapRing::new(geo));
+    let total: u64 = if cfg!(miri) { 200 } else { 200_000 };
     let len_of = move |n: u64| ((n * 2654435761) % (geo.inline_max() as u64 + 1)) as usize;
     let hdr_of = move |n: u64| if n % 3 == 0 { header(n) } else { eager(n, len_of(n)) };
-    let (ap, ac) = lower.pair(geo);
-    let (bp, bc) = upper.upper_pair(&lower, geo);
-    // Sends `total` messages on `p` in bursts of 1..=7 while taking `total` from `c`; aligns as
-    // the shm transport does.
-    let side = move |mut p: Producer, mut c: Consumer, seed: u64| {
-        let (mut sent, mut got) = (0u64, 0u64);
-        while sent < total || got < total {
-            let burst = 1 + (sent.wrapping_mul(seed) >> 7) % 7;
-            for _ in 0..burst.min(total - sent) {
-                p.align(c.last_consumed()).unwrap();
-                if !p.try_push_inline(&hdr_of(sent), &payload(sent, len_of(sent))).unwrap() {
-                    break;
-                }
-                sent += 1;
+    let (mut p, mut c) = mem.pair(geo);
+    let keep = Arc::clone(&mem);
+    let producer = std::thread::spawn(move || {
+        let _keep = keep;
+        let mut n = 0;
+        while n < total {
+            if p.try_push_inline(&hdr_of(n), &payload(n, len_of(n))).unwrap() {
+                n += 1;
+            } else {
+                std::hint::spin_loop();
             }
-            while got < total && pop_check_header(&mut c, &hdr_of(got), got, len_of(got)) {
-                got += 1;
-            }
+        }
+    });
+    let mut n = 0;
+    while n < total {
+        if pop_check_header(&mut c, &hdr_of(n), n, len_of(n)) {
+            n += 1;
+        } else {
             std::hint::spin_loop();
         }
-        assert!(!pop_check(&mut c, got, 0));
-    };
-    let keep = (Arc::clone(&lower), Arc::clone(&upper));
-    let other = std::thread::spawn(move || {
-        let _keep = keep;
-        side(bp, ac, 0x9e37_79b9);
-    });
-    side(ap, bc, 0x85eb_ca6b);
-    other.join().unwrap();
+    }
+    producer.join().unwrap();
+    assert!(!pop_check(&mut c, n, 0));
 }

@@ -8,8 +8,7 @@
 //! offset 128      sleeping: AtomicU32 on its own line (owner: 1 while it sleeps on its doorbell;
 //!                 read by senders after every message when waiting may block)
 //! offset 192      doorbell: AtomicU32 futex word on its own line (senders add 1 and wake)
-//! offset 4096     ring r for r in 0..size: the owner's outgoing ring to rank r, and after it
-//!                 the lanes of the pair (owner, r), used when the owner is the lower rank
+//! offset 4096     ring r for r in 0..size: the owner's outgoing ring to rank r
 //!                 (ring_stride = Geometry::bytes rounded up to 128 bytes; see `ring.rs`)
 //! cells_offset    send cell c for c in 0..cells (page aligned):
 //!                   64-byte line: state AtomicU32 (FREE = 0 / IN_FLIGHT = 1), rest unused
@@ -20,7 +19,7 @@
 //! error now rather than a `SIGBUS` later, and first touch places the pages in the owner's NUMA
 //! node), and mapped with `MAP_POPULATE` so no page fault lands on the message path. The memory
 //! is `size` rings per process, `size * size` per node with everything on one node: with the
-//! defaults, about 33 KiB per ordered pair (half of it lanes, used by one rank of each pair).
+//! defaults, about 33 KiB per ordered pair.
 
 use std::ffi::CString;
 use std::io;

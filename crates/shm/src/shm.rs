@@ -17,13 +17,12 @@ use polyrail_core::{
 };
 
 use crate::cells::{CellArea, SendCells};
-use crate::ring::{Body, Consumer, Geometry, Producer, FIRST_INLINE, RECORD, SLOT};
+use crate::ring::{Body, Consumer, Geometry, Producer, RECORD_INLINE, SLOT};
 use crate::segment::{self, Mapping, OwnSegment, SegAddress, SegLayout};
 use crate::sys::{self, ProcessWatch};
 
-/// Body slots an inline message may take by default: 17 * 64 - 36 = 1052 payload bytes whatever
-/// the header (clamped to a quarter of the ring). Above that, a send cell is as fast and keeps the
-/// ring free for others.
+/// Body slots an inline message may take by default: 17 * 64 = 1088 payload bytes (clamped to a
+/// quarter of the ring). Above that, a send cell is as fast and keeps the ring free for others.
 pub(crate) const DEFAULT_INLINE_SLOTS: u32 = 17;
 
 /// Model default of an active message's latency (ns): about twice the cache-line transfer
@@ -166,7 +165,7 @@ impl ShmTransport {
     }
 
     /// [`ShmTransport::new`] with inline messages of up to `max_slots` body slots (clamped to
-    /// `1..=shm_slots / 4` and 1024); for measurements. Every process of a job must use the same value.
+    /// `1..=shm_slots / 4` and 1023); for measurements. Every process of a job must use the same value.
     #[doc(hidden)]
     pub fn with_inline_slots(cfg: &Config, job_id: &str, rank: u32, size: u32, max_slots: u32) -> Result<ShmTransport> {
         if size == 0 || rank >= size {
@@ -231,7 +230,7 @@ impl ShmTransport {
         self.layout.geo.inline_max()
     }
 
-    /// Test hook: writes `bytes` at byte `offset` of the 32-byte record of our next message to
+    /// Test hook: writes `bytes` at byte `offset` of the 64-byte record of our next message to
     /// `peer`; with `publish`, stamps that record as arrived (see the record layout in
     /// `ring.rs`). Used to check that a receiver rejects corrupt records.
     #[doc(hidden)]
@@ -250,25 +249,13 @@ impl ShmTransport {
         segment::same_layout(&self.layout, &addr.layout)?;
         let (map, pid) = segment::open_peer(&addr, peer.rank)?;
         let geo = self.layout.geo;
-        // The pair's lanes are in the lower rank's segment, after its ring to the higher rank.
-        let lanes = if self.rank < peer.rank {
-            self.seg.map.at(self.layout.ring_offset(peer.rank) + geo.lanes_offset())
-        } else {
-            map.at(self.layout.ring_offset(self.rank) + geo.lanes_offset())
-        };
-        // SAFETY: our segment holds a zero-filled ring at this offset and the peer's segment (our
-        // layout, checked above) zero-filled lanes where we computed; only the producer made
-        // here writes the ring and the half of the lanes given by our place in the pair (once per
-        // peer: add_peer refuses a second call); 128-byte aligned; our segment outlives the
-        // producer (field order of ShmTransport) and `map` is stored with it in `Peer`.
-        let out = unsafe {
-            Producer::new(self.seg.map.at(self.layout.ring_offset(peer.rank)), lanes, self.rank > peer.rank, geo)
-        };
-        // SAFETY: the peer's segment has our layout; its ring to us lies at this offset; the
-        // peer's records in the lanes are the other half; `map` is stored with the consumer and
-        // dropped after it.
-        let inc =
-            unsafe { Consumer::new(map.at(self.layout.ring_offset(self.rank)), lanes, peer.rank > self.rank, geo) };
+        // SAFETY: our segment holds a zero-filled ring at this offset (it is only written by the
+        // producer made here, once per peer: add_peer refuses a second call), 128-byte aligned,
+        // and the segment outlives the producer (field order of ShmTransport).
+        let out = unsafe { Producer::new(self.seg.map.at(self.layout.ring_offset(peer.rank)), geo) };
+        // SAFETY: the peer's segment has our layout (checked above); its ring to us lies at this
+        // offset; `map` is stored with the consumer and dropped after it.
+        let inc = unsafe { Consumer::new(map.at(self.layout.ring_offset(self.rank)), geo) };
         // SAFETY: as above, for the peer's cell pool.
         let their_cells = unsafe { CellArea::new(map.base(), &self.layout) };
         Ok(Peer { out, inc, their_cells, pid, watch: ProcessWatch::new(pid), failed: false, reported: false, map })
@@ -318,8 +305,6 @@ impl Transport for ShmTransport {
     #[inline]
     fn try_send(&mut self, peer: Rank, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) -> Result<Issued> {
         let Some(Some(p)) = self.peers.get_mut(peer as usize) else { return Err(Self::not_connected(peer)) };
-        // Pair this message's record with the peer's last one (see `ring.rs`, Alignment).
-        p.out.align(p.inc.last_consumed()).map_err(|what| Error::protocol(peer, what))?;
         let len = payload.len();
         if len <= self.attr.max_inline {
             match p.out.try_push_inline(hdr, payload) {
@@ -338,7 +323,7 @@ impl Transport for ShmTransport {
                 what: format!("payload of {len} bytes to rank {peer} exceeds max_eager ({})", self.attr.max_eager),
             });
         }
-        match p.out.reserve_cell(hdr, len) {
+        match p.out.reserve_cell() {
             Ok(true) => {}
             Ok(false) => return Ok(Issued::WouldBlock),
             Err(what) => return Err(Error::protocol(peer, what)),
@@ -418,7 +403,7 @@ impl Transport for ShmTransport {
     fn describe(&self) -> String {
         let l = &self.layout;
         format!(
-            "{} records x {RECORD} B (paired per cache line with the peer's) and {} body slots x {SLOT} B per ring, inline up to {} B ({FIRST_INLINE} B in the record), {} cells x {} B ({} in flight), segment {} B, {} peers mapped{}",
+            "{} records and {} body slots x {SLOT} B per ring, inline up to {} B ({RECORD_INLINE} B in the record), {} cells x {} B ({} in flight), segment {} B, {} peers mapped{}",
             l.geo.slots,
             l.geo.slots,
             l.geo.inline_max(),

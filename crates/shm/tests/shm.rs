@@ -37,8 +37,8 @@ fn pair(cfg: &Config) -> (ShmTransport, ShmTransport) {
 fn sizes() -> Vec<usize> {
     let mut v: Vec<usize> = (0..=1100).collect();
     v.extend((1100..=20000).step_by(97));
-    v.extend([20000, 0, 16, 17, 28, 29, 64, 65, 1051, 1052, 1053]);
-    v.extend((0..2000).map(|i| [8, 100, 1052, 1053, 5000][i % 5]));
+    v.extend([20000, 0, 48, 49, 64, 65, 1087, 1088, 1089]);
+    v.extend((0..2000).map(|i| [8, 100, 1088, 1089, 5000][i % 5]));
     v
 }
 
@@ -124,7 +124,7 @@ fn attributes_and_description() {
     assert!(attr.caps.contains(Caps::AM));
     assert_eq!(attr.max_eager, 16 << 10);
     assert_eq!(attr.max_inline, a.inline_limit());
-    assert_eq!(a.inline_limit(), 1052);
+    assert_eq!(a.inline_limit(), 1088);
     let d = a.describe();
     assert!(d.contains("256 records") && d.contains("128 cells") && d.contains("1 peers"), "{d}");
 }
@@ -147,9 +147,9 @@ fn ring_full_would_block_then_progress_frees_it() {
         sent += 1;
         assert!(sent < 100);
     }
-    assert_eq!(sent, 15, "a ring of 16 slots holds 15 one-slot messages");
+    assert_eq!(sent, 16, "a ring of 16 records holds 16 small messages");
     let mut sink = Collect::default();
-    assert_eq!(b.progress(usize::MAX, &mut sink).unwrap(), 15);
+    assert_eq!(b.progress(usize::MAX, &mut sink).unwrap(), 16);
     assert_eq!(b.progress(usize::MAX, &mut sink).unwrap(), 0);
     assert_eq!(a.try_send(1, &header(sent, 8), &pattern(sent, 8)).unwrap(), Issued::Done);
     for (i, (from, h, p)) in sink.msgs.iter().enumerate() {
@@ -200,32 +200,32 @@ fn cell_exhaustion_would_block_until_cells_come_back() {
 
 #[test]
 fn corrupt_record_is_a_protocol_error() {
-    // A record image from byte 2 (after the stamp): kind, reserved byte, compact header (10
-    // bytes), payload length (u16), then 16 bytes of payload or a cell's index and length.
-    let image = |kind: u8, plen: u16, cell: Option<(u32, u32)>| {
+    // Bytes 2..16 of a record (after the stamp): kind, reserved byte, compact header (10 bytes),
+    // payload length (u16).
+    let image = |kind: u8, plen: u16| {
         let mut img = vec![kind, 0];
         img.extend([0; 10]);
         img.extend(plen.to_le_bytes());
-        let (index, len) = cell.unwrap_or((0, 0));
-        img.extend(index.to_le_bytes());
-        img.extend(len.to_le_bytes());
-        img.extend([0; 8]);
         img
     };
-    // (offset, bytes, publish): garbage stamp; unknown kind; 17 bytes claimed in a record; a
-    // body over the inline limit; a cell index outside the pool; the reserved byte set.
+    // (offset, bytes, publish): garbage stamp; unknown kind; 49 bytes claimed in a record; a
+    // body over the inline limit; a cell index outside the pool (bytes 56..64: index, length);
+    // the reserved byte set.
     let cases: Vec<(usize, Vec<u8>, bool)> = vec![
         (0, vec![0xef, 0xbe], false),
-        (2, image(9, 0, None), true),
-        (2, image(1, 17, None), true),
-        (2, image(2, u16::MAX, None), true),
-        (2, image(4, 0, Some((9999, 8))), true),
-        (2, [&[1u8, 1][..], &image(1, 3, None)[2..]].concat(), true),
+        (2, image(9, 0), true),
+        (2, image(1, 49), true),
+        (2, image(2, u16::MAX), true),
+        (56, [9999u32.to_le_bytes(), 8u32.to_le_bytes()].concat(), false),
+        (2, [&[1u8, 1][..], &image(1, 3)[2..]].concat(), true),
     ];
     for (i, (offset, bytes, publish)) in cases.iter().enumerate() {
         let (mut a, mut b) = pair(&Config::default());
         assert_eq!(a.try_send(1, &header(0, 5), &pattern(0, 5)).unwrap(), Issued::Done);
         a.corrupt_for_test(1, *offset, bytes, *publish);
+        if i == 4 {
+            a.corrupt_for_test(1, 2, &image(4, 0), true); // a cell message naming that cell
+        }
         let mut sink = Collect::default();
         assert_eq!(b.progress(usize::MAX, &mut sink).unwrap(), 1);
         match &sink.lost[..] {
