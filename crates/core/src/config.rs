@@ -270,7 +270,9 @@ pub struct Config {
     /// Default 64k.
     pub eager_limit: usize,
     /// `POLYRAIL_SHM_SLOTS`: records (one per message) and 64-byte body slots in each
-    /// shared-memory ring (power of two, 16..=65536). Default 256.
+    /// shared-memory ring (power of two, 16..=65536). Default 64: a small ring's lines stay in
+    /// both caches (8 B ping-pong about 10 ns faster than with 256, 1 KiB 40-150 ns), at about
+    /// 10 % of the streaming rate of 64-512 B messages.
     pub shm_slots: usize,
     /// `POLYRAIL_SHM_CELL_SIZE`: bytes per send cell (4k..=1m). Default 16k.
     pub shm_cell_size: usize,
@@ -310,7 +312,7 @@ impl Default for Config {
             split_threshold: SplitThreshold::Auto,
             stream_eager: StreamEager::Off,
             eager_limit: 64 << 10,
-            shm_slots: 256,
+            shm_slots: 64,
             shm_cell_size: 16 << 10,
             shm_cells: 128,
             log: LogLevel::Warn,
@@ -336,7 +338,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
         "largest single-copy message sent eagerly in a stream of sends to a peer: auto (default), off or a size",
     ),
     ("POLYRAIL_EAGER_LIMIT", "largest eager message through send cells (default 64k)"),
-    ("POLYRAIL_SHM_SLOTS", "records and 64-byte body slots per shared-memory ring (power of two, default 256)"),
+    ("POLYRAIL_SHM_SLOTS", "records and 64-byte body slots per shared-memory ring (power of two, default 64)"),
     ("POLYRAIL_SHM_CELL_SIZE", "bytes per send cell (default 16k)"),
     ("POLYRAIL_SHM_CELLS", "send cells per process (default 128)"),
     ("POLYRAIL_LOG", "log level: error, warn, info, debug, trace"),

@@ -83,7 +83,7 @@ fn eager_header(len: usize) -> [u8; Header::WIRE_LEN] {
 fn main() {
     let sizes: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().expect("size in bytes")).collect();
     let sizes = if sizes.is_empty() { vec![8] } else { sizes };
-    let inline_slots: u32 = std::env::var("PINGPONG_INLINE_SLOTS").ok().and_then(|v| v.parse().ok()).unwrap_or(17);
+    let inline_slots: u32 = std::env::var("PINGPONG_INLINE_SLOTS").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
     let cfg = Config::default();
     let job = format!("pingpong{}", std::env::var("PINGPONG_JOB").unwrap_or_else(|_| std::process::id().to_string()));
     let rank: Rank = if std::env::var(ROLE).is_ok() { 1 } else { 0 };

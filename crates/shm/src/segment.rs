@@ -19,7 +19,7 @@
 //! error now rather than a `SIGBUS` later, and first touch places the pages in the owner's NUMA
 //! node), and mapped with `MAP_POPULATE` so no page fault lands on the message path. The memory
 //! is `size` rings per process, `size * size` per node with everything on one node: with the
-//! defaults, about 33 KiB per ordered pair.
+//! defaults, about 9 KiB per ordered pair.
 
 use std::ffi::CString;
 use std::io;

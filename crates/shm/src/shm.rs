@@ -21,9 +21,10 @@ use crate::ring::{Body, Consumer, Geometry, Producer, RECORD_INLINE, SLOT};
 use crate::segment::{self, Mapping, OwnSegment, SegAddress, SegLayout};
 use crate::sys::{self, ProcessWatch};
 
-/// Body slots an inline message may take by default: 17 * 64 = 1088 payload bytes (clamped to a
-/// quarter of the ring). Above that, a send cell is as fast and keeps the ring free for others.
-pub(crate) const DEFAULT_INLINE_SLOTS: u32 = 17;
+/// Body slots an inline message may take by default: 16 * 64 = 1024 payload bytes (clamped to a
+/// quarter of the ring, which the default ring of 64 slots allows). Above that, a send cell is as
+/// fast and keeps the ring free for others.
+pub(crate) const DEFAULT_INLINE_SLOTS: u32 = 16;
 
 /// Model default of an active message's latency (ns): about twice the cache-line transfer
 /// measured between two cores (see `examples/ring_pingpong.rs`).
