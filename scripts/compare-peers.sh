@@ -103,7 +103,9 @@ for r in $(seq 1 "$REPEATS"); do
     log "repeat $r/$REPEATS: paired 8 B latency (floor, polyrail, Open MPI, MPICH, UCX, floor)"
     P=$OUT/logs/paired
     prec floor_before "$(floor_us)"
-    prec polyrail "$("$BENCH" latency --sizes 8 | tee "${P}_polyrail_$r.txt" | awk '$1 == 8 {print $2}')"
+    rm -f "${P}_polyrail_$r.csv"
+    "$BENCH" latency --sizes 8 --csv "${P}_polyrail_$r.csv" > "${P}_polyrail_$r.txt"
+    prec polyrail "$(awk -F, '$3 == 8 {print $4}' "${P}_polyrail_$r.csv")"
     for m in ompi mpich; do
         mpi_run $m "${P}_${m}_$r.txt"
         prec $m "$(awk '$1 == "lat" && $2 == 8 {print $3}' "${P}_${m}_$r.txt")"
@@ -123,14 +125,16 @@ for r in $(seq 1 "$REPEATS"); do
     # MappedHeap (memory files too, registered at first use).
     for t in auto shm cma registered heap; do
         args=(--transport "$t"); [ "$t" = registered ] && args=(--registered); [ "$t" = heap ] && args=(--heap)
-        place polyrail "$t" lat_us before
-        "$BENCH" latency "${args[@]}" --sizes "$csv_sizes" > "$OUT/logs/polyrail_lat_${t}_$r.txt"
-        place polyrail "$t" lat_us after
-        while read -r sz v; do rec polyrail "$t" lat_us "$sz" "$r" "$v"; done < <(grep -E '^[0-9]' "$OUT/logs/polyrail_lat_${t}_$r.txt")
-        place polyrail "$t" bw_MBps before
-        "$BENCH" bw "${args[@]}" --sizes "$csv_sizes" > "$OUT/logs/polyrail_bw_${t}_$r.txt"
-        place polyrail "$t" bw_MBps after
-        while read -r sz v; do rec polyrail "$t" bw_MBps "$sz" "$r" "$v"; done < <(grep -E '^[0-9]' "$OUT/logs/polyrail_bw_${t}_$r.txt")
+        for b in latency bw; do
+            m=lat_us; [ "$b" = bw ] && m=bw_MBps
+            f="$OUT/logs/polyrail_${b}_${t}_$r"
+            rm -f "$f.csv"
+            place polyrail "$t" $m before
+            "$BENCH" $b "${args[@]}" --sizes "$csv_sizes" --csv "$f.csv" > "$f.txt"
+            place polyrail "$t" $m after
+            # The CSV has every digit (the OSU table rounds latencies to 10 ns).
+            while IFS=, read -r _ _ sz v _; do rec polyrail "$t" $m "$sz" "$r" "$v"; done < <(tail -n +2 "$f.csv")
+        done
     done
 
     log "repeat $r: Open MPI (vader + cma), MPICH (ch4:ucx)"
