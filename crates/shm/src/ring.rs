@@ -303,9 +303,10 @@ impl Producer {
     /// Writes a message whose payload goes into the ring (`payload.len() <= inline_max()`);
     /// `Ok(false)` when the ring is full.
     ///
-    /// Order of the writes: the body slots first, then the record (its bytes from 8, then its
-    /// first word with the stamp); the consumer spins on the record's line, so writing that line
-    /// in one burst lets it move to the consumer once instead of twice.
+    /// Order of the writes: the payload (into body slots, or the record's inline bytes), then the
+    /// rest of the record from byte 8, then its first word with the stamp; the consumer spins on
+    /// the record's line, so writing that line in one burst lets it move to the consumer once
+    /// instead of twice.
     #[inline]
     pub(crate) fn try_push_inline(&mut self, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) -> Result<bool, String> {
         let plen = payload.len();
@@ -321,8 +322,9 @@ impl Producer {
             // and read by it only after the stamp is published.
             unsafe { record.add(OFF_INLINE) }
         } else {
+            let slot = self.mem.body_slot((self.body_head & self.mem.geo.mask()) as usize);
             self.body_head += shape.nbody as u64;
-            self.mem.body_slot(((self.body_head - shape.nbody as u64) & self.mem.geo.mask()) as usize)
+            slot
         };
         // SAFETY: for a body, `reserve` said its positions are released; it starts at a slot
         // below N and nbody <= max_msg_slots = overflow + 1 (plen <= inline_max), so the bytes

@@ -166,7 +166,8 @@ impl ShmTransport {
     }
 
     /// [`ShmTransport::new`] with inline messages of up to `max_slots` body slots (clamped to
-    /// `1..=shm_slots / 4` and 1023); for measurements. Every process of a job must use the same value.
+    /// `1..=shm_slots / 4` and 1023); for measurements. Every process of a job must use the same
+    /// value.
     #[doc(hidden)]
     pub fn with_inline_slots(cfg: &Config, job_id: &str, rank: u32, size: u32, max_slots: u32) -> Result<ShmTransport> {
         if size == 0 || rank >= size {
@@ -404,8 +405,7 @@ impl Transport for ShmTransport {
     fn describe(&self) -> String {
         let l = &self.layout;
         format!(
-            "{} records and {} body slots x {SLOT} B per ring, inline up to {} B ({RECORD_INLINE} B in the record), {} cells x {} B ({} in flight), segment {} B, {} peers mapped{}",
-            l.geo.slots,
+            "{} records and as many body slots of {SLOT} B per ring, inline up to {} B ({RECORD_INLINE} B in the record), {} cells x {} B ({} in flight), segment {} B, {} peers mapped{}",
             l.geo.slots,
             l.geo.inline_max(),
             l.cells,
