@@ -2,8 +2,9 @@
 //! rings and send cells.
 //!
 //! Each process creates one segment (see `segment.rs` for its layout) holding its outgoing ring
-//! to every rank and its send-cell pool. A peer maps it read-write: it reads the slots and cells
-//! addressed to it, and writes back only its ring's `read` position and the cells' `FREE` states.
+//! to every rank and its send-cell pool. A peer maps it read-write: it reads the records, body
+//! slots and cells addressed to it, and writes back only its ring's read positions and the
+//! cells' `FREE` states.
 //! Once every process has mapped every segment (`connected`), the names are unlinked, so nothing
 //! is left in `/dev/shm` even if the job is killed later.
 
