@@ -182,7 +182,11 @@ fn tables(md: &mut String, m: &Medians, cacheline: Option<f64>, level: &str) {
         for size in sizes(m, metric) {
             let mut row = format!("| {} |", polyrail::format_size(size));
             for (tool, mode, _) in SERIES {
-                row += &format!(" {} |", fmt(get(m, tool, mode, metric, size), digits));
+                let v = get(m, tool, mode, metric, size);
+                // Sub-microsecond latencies with a third decimal: 10 ns steps hide the differences
+                // that matter there.
+                let digits = if metric == "lat_us" && v.is_some_and(|x| x < 1.0) { 3 } else { digits };
+                row += &format!(" {} |", fmt(v, digits));
             }
             let peers: Vec<f64> = PEERS.iter().filter_map(|p| get(m, p, "default", metric, size)).collect();
             let best = if metric == "lat_us" {
