@@ -169,10 +169,9 @@ impl SegAddress {
         if !r.0.is_empty() {
             return Err(format!("{} trailing bytes", r.0.len()));
         }
-        if !slots.is_power_of_two()
-            || slots < 16
-            || max_msg_slots == 0
-            || max_msg_slots > (slots / 4).min(Geometry::MAX_MSG_SLOTS)
+        // A shape Geometry::new would not make as it is (its clamp of the message size) is one
+        // no peer of ours published.
+        if !slots.is_power_of_two() || slots < 16 || Geometry::new(slots, max_msg_slots).max_msg_slots != max_msg_slots
         {
             return Err(format!("impossible ring shape: {slots} slots, messages of up to {max_msg_slots} slots"));
         }
