@@ -503,3 +503,27 @@ pub(crate) fn same_layout(ours: &SegLayout, theirs: &SegLayout) -> std::result::
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An address of a 64-slot ring whose message size field (`max_msg_slots`) says `max`.
+    fn address_with_max(max: u32) -> Vec<u8> {
+        let layout = SegLayout::new(2, Geometry::new(64, 16), 128, 16 << 10).unwrap();
+        let mut bytes = SegAddress { name: "/n".into(), rank: 1, layout }.encode();
+        // magic, version, name length and name, rank, size, slots: then max_msg_slots.
+        let at = 4 + 4 + 2 + 2 + 4 + 4 + 4;
+        bytes[at..at + 4].copy_from_slice(&max.to_le_bytes());
+        bytes
+    }
+
+    #[test]
+    fn decode_refuses_ring_shapes_geometry_would_not_make() {
+        assert_eq!(SegAddress::decode(&address_with_max(16)).unwrap().layout.geo.max_msg_slots, 16);
+        for max in [0, 17, Geometry::MAX_MSG_SLOTS + 1] {
+            let err = SegAddress::decode(&address_with_max(max)).unwrap_err();
+            assert!(err.contains("impossible ring shape"), "{max}: {err}");
+        }
+    }
+}
