@@ -1,7 +1,7 @@
 //! The user-facing endpoint: `Context`.
 
 use crate::buffer::RegisteredBuffer;
-use crate::driver::Driver;
+use crate::driver::{Driver, ParkedEnd};
 use crate::heap::HeapRegistrations;
 use crate::job::{Job, JobReport};
 use polyrail_core::bootstrap::Bootstrap;
@@ -191,9 +191,20 @@ impl Context {
         if let Some(status) = unsafe { self.take_arrived(from, tag, ctx, region_mut(buf)) } {
             return Ok(status);
         }
-        // SAFETY: as in `send`; the request ends before `buf`'s borrow does.
-        let id = unsafe { self.driver.engine.post_recv(from, tag, ctx, region_mut(buf))? };
-        self.driver.drain();
+        // SAFETY: `buf` is borrowed for the call; wait_parked ends the parked receive before
+        // returning, and a request it became is waited for (or abandoned) below.
+        let id = if unsafe { self.driver.engine.park_recv(from, tag, ctx, region_mut(buf)) } {
+            self.driver.drain(); // the skew feedback may have a packet to send
+            match self.driver.wait_parked()? {
+                ParkedEnd::Received(status) => return Ok(status),
+                ParkedEnd::Request(id) => id,
+            }
+        } else {
+            // SAFETY: as in `send`; the request ends before `buf`'s borrow does.
+            let id = unsafe { self.driver.engine.post_recv(from, tag, ctx, region_mut(buf))? };
+            self.driver.drain();
+            id
+        };
         let status = self.driver.wait(id);
         if self.driver.engine.take_peer_may_write(id) {
             // A borrowed buffer cannot be kept: the warning is all that can be done.

@@ -1,7 +1,7 @@
 //! Drives the sans-IO engine: executes its actions on the channels, polls the channels, waits.
 
 use polyrail_core::config::{PollPolicy, WaitMode};
-use polyrail_core::engine::{Action, Engine, Payload, ReqId, Status};
+use polyrail_core::engine::{Action, Engine, Payload, ReqId, Status, Unparked};
 use polyrail_core::policy::{ChannelId, ChannelSet};
 use polyrail_core::{Caps, Error, Header, Issued, Rank, Region, Result, SharedFile, Transport, TransportKind};
 use std::collections::VecDeque;
@@ -122,6 +122,14 @@ impl PollPlan {
             self.from_others = 0;
         }
     }
+}
+
+/// How a receive parked in the engine ended ([`Driver::wait_parked`]).
+pub enum ParkedEnd {
+    /// Its message was copied in.
+    Received(Status),
+    /// It became this request, still to be waited for.
+    Request(ReqId),
 }
 
 impl Driver {
@@ -525,6 +533,25 @@ impl Driver {
             return Err(e);
         }
         self.engine.take_result(req).unwrap_or_else(|| Err(Error::InvalidArgument("unknown request".into())))
+    }
+
+    /// Waits for the receive parked by [`Engine::park_recv`]: its status, or the request it
+    /// became (which the caller then waits for). Either way the engine no longer holds the
+    /// parked buffer outside that request when this returns.
+    #[inline]
+    pub fn wait_parked(&mut self) -> Result<ParkedEnd> {
+        let waited = self.wait_until(Engine::parked_settled);
+        match self.engine.unpark() {
+            Unparked::Done(status) => status.map(ParkedEnd::Received),
+            Unparked::Promoted(id) if waited.is_ok() => Ok(ParkedEnd::Request(id)),
+            Unparked::Promoted(id) => {
+                self.abandon(id);
+                Err(waited.expect_err("checked above"))
+            }
+            Unparked::Withdrawn => Err(waited
+                .err()
+                .unwrap_or_else(|| Error::InvalidArgument("a parked receive ended without its message".into()))),
+        }
     }
 
     /// Forgets `req` and drops its queued actions, so that its buffer is no longer used.

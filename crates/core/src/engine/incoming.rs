@@ -32,6 +32,9 @@ impl Engine {
                     ));
                 }
                 p.expected_seq = p.expected_seq.wrapping_add(1);
+                if self.meet_parked(from, &hdr, payload) {
+                    return Ok(());
+                }
                 if hdr.kind == PacketKind::Eager {
                     self.on_eager(from, hdr, payload)
                 } else {

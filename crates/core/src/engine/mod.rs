@@ -73,6 +73,29 @@ struct Rtr {
     key: RemoteKey,
 }
 
+/// A blocking receive waiting without a request ([`Engine::park_recv`]).
+struct Parked {
+    from: Rank,
+    tag: TagMatch,
+    ctx: u16,
+    buf: RegionMut,
+    /// How it ended: a message copied in, or an error.
+    result: Option<Result<Status>>,
+    /// The request it became: its message needs more than one copy of a whole packet.
+    promoted: Option<ReqId>,
+}
+
+/// How a parked receive ended ([`Engine::unpark`]).
+#[derive(Debug)]
+pub enum Unparked {
+    /// It took its message (or failed) without a request.
+    Done(Result<Status>),
+    /// It became request `ReqId`, which the caller now waits for as for any receive.
+    Promoted(ReqId),
+    /// Nothing happened yet; it is withdrawn.
+    Withdrawn,
+}
+
 /// A message that arrived before its receive was posted.
 #[derive(Debug)]
 struct Unexpected {
@@ -180,6 +203,8 @@ pub struct Engine {
     /// Registered memory that peers map, as address ranges sorted by start (see
     /// [`Engine::add_mapped_memory`]).
     mapped: Vec<Range<usize>>,
+    /// The blocking receive parked by [`Engine::park_recv`], if any.
+    parked: Option<Parked>,
 }
 
 /// Whether `buf` lies inside one of `ranges`, which are sorted by start and disjoint (distinct
@@ -206,6 +231,7 @@ impl Engine {
             awaited: None,
             peer_may_write: Vec::new(),
             mapped: Vec::new(),
+            parked: None,
         }
     }
 
@@ -343,6 +369,9 @@ impl Engine {
             return ChannelSet::ALL;
         }
         let mut s = ChannelSet::EMPTY;
+        if let Some(p) = self.parked.as_ref() {
+            s.insert(am_of(&self.peers, p.from));
+        }
         for id in self.reqs.ids() {
             let Some(r) = self.reqs.get(id).filter(|r| r.result.is_none()) else { continue };
             s.insert(am_of(&self.peers, r.peer));
@@ -571,6 +600,77 @@ impl Engine {
         Some(Status { source: from, tag: ux.tag, len: ux.len })
     }
 
+    /// The fast path of a blocking receive whose message is not here yet: when it names one
+    /// peer, no other receive waits for that peer's messages (none posted for it, no
+    /// ANY_SOURCE one), nothing unexpected of the peer matches, and a buffer of `buf.len`
+    /// bytes takes eager messages from it (so [`Engine::post_recv`] would send no
+    /// receive-first hint), the receive waits here without a request and returns `true`. A
+    /// whole eager message that fits is copied straight into `buf` on arrival; any other
+    /// matching packet (a first fragment, an RTS, a message too long) first turns it into the
+    /// request `post_recv` would have made, in its place. Progress until
+    /// [`Engine::parked_settled`], then end it with [`Engine::unpark`]. `false`: post it.
+    ///
+    /// # Safety
+    /// `buf` must stay valid and not be accessed otherwise until [`Engine::unpark`] (and, when
+    /// that gives a request, until the request's result was taken or it failed).
+    pub unsafe fn park_recv(&mut self, src: Source, tag: TagMatch, ctx: u16, buf: RegionMut) -> bool {
+        let Source::Rank(from) = src else { return false };
+        if self.parked.is_some() || !self.wild.is_empty() {
+            return false;
+        }
+        let Some(p) = self.peers.get(from as usize) else { return false };
+        let eager = p.route.as_ref().is_some_and(|r| !r.lookup(buf.len).protocol.is_one_sided());
+        if !eager || p.gone.is_some() || !p.posted.is_empty() || self.find_unexpected(src, tag, ctx).is_some() {
+            return false;
+        }
+        self.touched();
+        self.count_receive(src);
+        self.parked = Some(Parked { from, tag, ctx, buf, result: None, promoted: None });
+        true
+    }
+
+    /// Whether the parked receive ended or became a request (or none is parked).
+    #[inline]
+    pub fn parked_settled(&self) -> bool {
+        self.parked.as_ref().is_none_or(|p| p.result.is_some() || p.promoted.is_some())
+    }
+
+    /// Ends the parked receive: what became of it. After this the engine no longer uses its
+    /// buffer, unless it became a request.
+    pub fn unpark(&mut self) -> Unparked {
+        self.touched();
+        match self.parked.take() {
+            Some(Parked { result: Some(r), .. }) => Unparked::Done(r),
+            Some(Parked { promoted: Some(id), .. }) => Unparked::Promoted(id),
+            _ => Unparked::Withdrawn,
+        }
+    }
+
+    /// A packet `hdr` from `from` that starts a message, in order. When it matches the parked
+    /// receive: copies a whole eager message that fits into it (`true`: done), or else turns
+    /// the receive into a posted request, which the packet then meets as usual.
+    #[inline]
+    fn meet_parked(&mut self, from: Rank, hdr: &Header, payload: &[u8]) -> bool {
+        let Some(p) = self.parked.as_mut() else { return false };
+        if p.from != from || p.ctx != hdr.ctx || !p.tag.matches(hdr.tag) || p.result.is_some() || p.promoted.is_some() {
+            return false;
+        }
+        if hdr.kind == PacketKind::Eager && payload.len() as u64 == hdr.len && payload.len() <= p.buf.len {
+            // SAFETY: payload.len() <= buf.len; park_recv's caller keeps the buffer valid and
+            // unaliased while it is parked.
+            unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), p.buf.ptr, payload.len()) };
+            p.result = Some(Ok(Status { source: from, tag: hdr.tag, len: payload.len() }));
+            return true;
+        }
+        let (tag, ctx, buf) = (p.tag, p.ctx, p.buf);
+        let id = self.reqs.insert(Req::new(Dir::Recv, from, tag, ctx, buf.ptr, buf.len));
+        self.reqs.get_mut(id).expect("just inserted").order = self.post_counter;
+        self.post_counter += 1;
+        self.peers[from as usize].posted.push_back(id);
+        self.parked.as_mut().expect("checked above").promoted = Some(id);
+        false
+    }
+
     /// Skew feedback's view of a receive being posted (or taking its message at once): how
     /// many of the named source's messages wait for it.
     fn count_receive(&mut self, src: Source) {
@@ -721,6 +821,9 @@ impl Engine {
         let gone = if matches!(why, Error::PeerFinished { .. }) { Gone::Finished } else { Gone::Lost };
         p.gone = Some(gone);
         p.rtrs.clear();
+        if let Some(parked) = self.parked.as_mut().filter(|q| q.from == peer && q.promoted.is_none()) {
+            parked.result.get_or_insert(Err(why.duplicate()));
+        }
         let victims: Vec<ReqId> =
             self.reqs.ids().filter(|&id| self.reqs.get(id).is_some_and(|r| r.needs(peer))).collect();
         for id in victims {

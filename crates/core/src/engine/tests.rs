@@ -819,10 +819,44 @@ fn a_finish_counts_from_the_channel_that_carries_the_peer() {
 
 // ---- property test against a reference model ---------------------------------------------
 
+/// What a receive of the property test became.
+enum Got {
+    /// A posted (or promoted) request.
+    Req(ReqId),
+    /// A parked receive's own result.
+    Parked(Result<Status>),
+}
+
+/// A blocking receive's fast path: parks it (`None` when the engine declines) and runs the job
+/// until nothing moves, then ends the park. A parked receive that met nothing is withdrawn and
+/// posted instead (`None`): no matching message arrived meanwhile, so it takes the same one.
+fn park_and_settle(sim: &mut Sim, me: Rank, src: Source, tag: TagMatch, buf: &mut [u8]) -> Option<Got> {
+    let region = RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() };
+    // SAFETY: `buf` outlives the sim's use of it (the test keeps it until the end).
+    if !unsafe { sim.engines[me as usize].park_recv(src, tag, 0, region) } {
+        return None;
+    }
+    sim.settle();
+    match sim.engines[me as usize].unpark() {
+        Unparked::Done(r) => Some(Got::Parked(r)),
+        Unparked::Promoted(id) => Some(Got::Req(id)),
+        Unparked::Withdrawn => None,
+    }
+}
+
 #[derive(Clone, Debug)]
 enum Op {
-    Send { from: Rank, tag: u32, len: usize },
-    Recv { any_source: Option<Rank>, tag: Option<u32> },
+    Send {
+        from: Rank,
+        tag: u32,
+        len: usize,
+    },
+    /// `blocking`: try [`Engine::park_recv`] first, as a blocking receive does.
+    Recv {
+        any_source: Option<Rank>,
+        tag: Option<u32>,
+        blocking: bool,
+    },
     Deliver(u8),
     Settle,
 }
@@ -831,7 +865,11 @@ fn op() -> impl Strategy<Value = Op> {
     let len = prop_oneof![0usize..200, 900usize..1200, 3000usize..5000, 8000usize..9000];
     prop_oneof![
         (0u32..2, 0u32..3, len).prop_map(|(from, tag, len)| Op::Send { from, tag, len }),
-        (prop::option::of(0u32..2), prop::option::of(0u32..3)).prop_map(|(s, t)| Op::Recv { any_source: s, tag: t }),
+        (prop::option::of(0u32..2), prop::option::of(0u32..3), any::<bool>()).prop_map(|(s, t, blocking)| Op::Recv {
+            any_source: s,
+            tag: t,
+            blocking
+        }),
         any::<u8>().prop_map(Op::Deliver),
         Just(Op::Settle),
     ]
@@ -910,13 +948,17 @@ proptest! {
                     meta.push((from, tag, seq, len));
                     sends.push((from, send(&mut sim, from, 2, tag, b)));
                 }
-                Op::Recv { any_source, tag } => {
+                Op::Recv { any_source, tag, blocking } => {
                     let src = any_source.map_or(Source::Any, Source::Rank);
                     let tag = tag.map_or(TagMatch::Any, TagMatch::Tag);
-                    recv_bufs.push(vec![0u8; 9000].into_boxed_slice());
+                    // Small buffers sometimes, so that parking applies (eager sizes only).
+                    let cap = if blocking { 1000 } else { 9000 };
+                    recv_bufs.push(vec![0u8; cap].into_boxed_slice());
                     let b = recv_bufs.last_mut().unwrap();
                     let n = sim.delivered.iter().filter(|d| d.0 == 2).count();
-                    recvs.push((n, src, tag, recv(&mut sim, 2, src, tag, b)));
+                    let got = if blocking { park_and_settle(&mut sim, 2, src, tag, b) } else { None };
+                    let got = got.unwrap_or_else(|| Got::Req(recv(&mut sim, 2, src, tag, b)));
+                    recvs.push((n, src, tag, got));
                 }
                 Op::Deliver(k) => {
                     sim.run_actions();
@@ -934,13 +976,24 @@ proptest! {
             (from, m.1, seq, m.3)
         }).collect();
         let model = reference(&arrivals, &recvs.iter().map(|&(k, s, t, _)| (k, s, t)).collect::<Vec<_>>());
-        for (i, &(_, _, _, id)) in recvs.iter().enumerate() {
-            match model[i] {
-                None => prop_assert!(!sim.engines[2].is_done(id), "receive {} finished without a match in the model", i),
-                Some((from, seq)) => {
-                    let st = result(&mut sim, 2, id).unwrap();
+        for (i, (_, _, _, got)) in recvs.into_iter().enumerate() {
+            match (model[i], got) {
+                (None, Got::Req(id)) => prop_assert!(!sim.engines[2].is_done(id), "receive {} finished without a match in the model", i),
+                (None, Got::Parked(st)) => prop_assert!(false, "parked receive {} got {:?} without a match in the model", i, st),
+                (Some((from, seq)), got) => {
+                    let got = match got {
+                        Got::Req(id) => result(&mut sim, 2, id),
+                        Got::Parked(st) => st,
+                    };
                     let m = meta.iter().find(|m| m.0 == from && m.2 == seq).unwrap();
-                    prop_assert_eq!(st, Status { source: from, tag: m.1, len: m.3 });
+                    let cap = recv_bufs[i].len();
+                    if m.3 > cap {
+                        let truncated = matches!(got, Err(Error::Truncated { from: f, len, capacity, .. })
+                            if f == from && len == m.3 && capacity == cap);
+                        prop_assert!(truncated, "receive {} of {} B into {} B: {:?}", i, m.3, cap, got);
+                        continue;
+                    }
+                    prop_assert_eq!(got.unwrap(), Status { source: from, tag: m.1, len: m.3 });
                     if m.3 >= 8 {
                         let b = &recv_bufs[i];
                         prop_assert_eq!(&b[..4], &from.to_le_bytes());
@@ -1134,4 +1187,70 @@ fn a_receive_takes_a_whole_unexpected_eager_message_without_a_request() {
         assert!(result(&mut sim, [0, 1, 0][i], s).is_ok());
     }
     assert_eq!(sim.engines[2].active_requests(), 0);
+}
+
+/// A blocking receive parked in the engine takes a whole eager message without a request, lets
+/// others go unexpected, and becomes a request for a fragmented message or an RTS.
+#[test]
+fn a_parked_receive_takes_its_message_or_becomes_a_request() {
+    let mut sim = Sim::new(2, one_sided_route);
+    let park = |sim: &mut Sim, tag: u32, buf: &mut [u8]| {
+        let region = RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() };
+        // SAFETY: every buffer outlives its park (unparked before the test moves on).
+        unsafe { sim.engines[1].park_recv(Source::Rank(0), TagMatch::Tag(tag), 0, region) }
+    };
+    // Whole eager: copied on arrival; another tag first goes unexpected.
+    let (other, a) = (pattern(1, 10), pattern(2, 60));
+    let mut out = vec![0u8; 64];
+    assert!(park(&mut sim, 7, &mut out));
+    assert!(!sim.engines[1].parked_settled());
+    let s1 = send(&mut sim, 0, 1, 3, &other);
+    let s2 = send(&mut sim, 0, 1, 7, &a);
+    sim.settle();
+    assert!(sim.engines[1].parked_settled());
+    assert!(matches!(sim.engines[1].unpark(), Unparked::Done(Ok(Status { source: 0, tag: 7, len: 60 }))));
+    assert_eq!(out[..60], a[..]);
+    assert_eq!(sim.engines[1].active_requests(), 0, "no request made");
+    // A matching unexpected message is there: no park (the receive takes it as posted).
+    assert!(!park(&mut sim, 3, &mut out));
+    let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(3), &mut out);
+    assert_eq!(result(&mut sim, 1, q).unwrap().len, 10);
+    // Fragments (frag 100) and a message too long: a request, in the receive's place.
+    for (len, cap) in [(700, 1000), (200, 100)] {
+        let data = pattern(len as u8, len);
+        let mut out = vec![0u8; cap];
+        assert!(park(&mut sim, 9, &mut out));
+        let s = send(&mut sim, 0, 1, 9, &data);
+        sim.settle();
+        let Unparked::Promoted(q) = sim.engines[1].unpark() else { panic!("{len} B into {cap} B: not promoted") };
+        match result(&mut sim, 1, q) {
+            Ok(st) => assert_eq!((st.len, &out[..len]), (len, &data[..])),
+            Err(e) => assert!(matches!(e, Error::Truncated { len: 200, capacity: 100, .. }), "{e}"),
+        }
+        assert!(result(&mut sim, 0, s).is_ok());
+    }
+    // A 1000 B buffer parks (eager size); the RTS of a 2000 B message (single copy) makes it a
+    // request, which reports the truncation. A 4000 B buffer is posted (it may send an RTR).
+    let big = pattern(9, 2000);
+    let mut out = vec![0u8; 1000];
+    assert!(park(&mut sim, 4, &mut out));
+    let s = send(&mut sim, 0, 1, 4, &big);
+    sim.settle();
+    let Unparked::Promoted(q) = sim.engines[1].unpark() else { panic!("RTS: not promoted") };
+    assert!(matches!(result(&mut sim, 1, q), Err(Error::Truncated { len: 2000, capacity: 1000, .. })));
+    let mut large = vec![0u8; 4000];
+    assert!(!park(&mut sim, 4, &mut large), "a single-copy-sized buffer parks");
+    for s in [s1, s2, s] {
+        assert!(result(&mut sim, 0, s).is_ok());
+    }
+    // Nothing arrived: withdrawn.
+    assert!(park(&mut sim, 5, &mut out));
+    assert!(matches!(sim.engines[1].unpark(), Unparked::Withdrawn));
+    // The peer is lost while parked: the park ends with the error.
+    assert!(park(&mut sim, 5, &mut out));
+    assert!(sim.engines[1].awaited_channels().contains(AM));
+    sim.engines[1].handle_peer_lost(0, Error::PeerLost { rank: 0, why: "killed".into() });
+    assert!(matches!(sim.engines[1].unpark(), Unparked::Done(Err(Error::PeerLost { rank: 0, .. }))));
+    assert!(!park(&mut sim, 5, &mut out), "parked for a lost peer");
+    assert_eq!(sim.engines[1].active_requests(), 0);
 }
