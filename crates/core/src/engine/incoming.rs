@@ -10,6 +10,7 @@ use crate::error::{Error, Rank, Result};
 use crate::header::{Header, PacketKind};
 use crate::policy::Protocol;
 use crate::transport::{PeerAccess, Region, RemoteKey};
+use std::collections::VecDeque;
 
 impl Engine {
     /// A packet arrived from `from`. A malformed or unexpected packet is an error naming the
@@ -120,6 +121,7 @@ impl Engine {
     /// messages of `from` that wait unexpected or unread in the channel). After `window`
     /// receives in a row that find more than `limit` waiting, `from` is told to send eagerly;
     /// after `window` in a row that find at most `limit`, that the receiver caught up.
+    #[inline]
     pub(super) fn watch_skew(&mut self, from: Rank, waiting: usize) {
         let Some(k) = self.skew else { return };
         let p = &mut self.peers[from as usize];
@@ -128,8 +130,17 @@ impl Engine {
             p.lag_streak = 0;
             return;
         }
+        self.skew_changing(from, waiting, lagging_now, k.window);
+    }
+
+    /// The rare half of [`Engine::watch_skew`] (kept out of the receive path): a receive that
+    /// found the peer's messages waiting (or not) unlike what the peer was told.
+    #[cold]
+    #[inline(never)]
+    fn skew_changing(&mut self, from: Rank, waiting: usize, lagging_now: bool, window: u32) {
+        let p = &mut self.peers[from as usize];
         p.lag_streak = p.lag_streak.saturating_add(1);
-        if p.lag_streak < k.window {
+        if p.lag_streak < window {
             return;
         }
         p.lag_streak = 0;
@@ -521,20 +532,38 @@ impl Engine {
     }
 
     /// The first unexpected message matching `(src, tag, ctx)`: its sender and index.
+    /// Inlined: a receive naming a peer whose queue is empty costs a few instructions.
+    #[inline(always)]
     pub(super) fn find_unexpected(&self, src: Source, tag: TagMatch, ctx: u16) -> Option<(Rank, usize)> {
-        let first = |r: Rank| {
-            let unexpected = &self.peers[r as usize].unexpected;
-            if unexpected.is_empty() {
-                return None; // the common case, checked before building the iterator
-            }
-            unexpected.iter().position(|u| u.ctx == ctx && tag.matches(u.tag)).map(|i| (r, i))
-        };
         match src {
-            Source::Rank(r) => first(r),
-            Source::Any => (0..self.peers.len() as Rank)
-                .filter_map(first)
-                .min_by_key(|&(r, i)| self.peers[r as usize].unexpected[i].order),
+            Source::Rank(r) => self.first_unexpected(r, tag, ctx),
+            Source::Any => self.first_unexpected_of_any(tag, ctx),
         }
+    }
+
+    /// The earliest arrived unexpected message matching `(tag, ctx)` from any peer.
+    #[inline(never)]
+    fn first_unexpected_of_any(&self, tag: TagMatch, ctx: u16) -> Option<(Rank, usize)> {
+        (0..self.peers.len() as Rank)
+            .filter_map(|r| self.first_unexpected(r, tag, ctx))
+            .min_by_key(|&(r, i)| self.peers[r as usize].unexpected[i].order)
+    }
+
+    /// The first unexpected message of `r` matching `(tag, ctx)`.
+    #[inline(always)]
+    fn first_unexpected(&self, r: Rank, tag: TagMatch, ctx: u16) -> Option<(Rank, usize)> {
+        let unexpected = &self.peers[r as usize].unexpected;
+        if unexpected.is_empty() {
+            return None; // the common case, checked before building the iterator
+        }
+        self.unexpected_position(unexpected, tag, ctx).map(|i| (r, i))
+    }
+
+    /// Where in `unexpected` the first message matching `(tag, ctx)` is (out of line: the
+    /// receive path mostly finds the queue empty).
+    #[inline(never)]
+    fn unexpected_position(&self, unexpected: &VecDeque<Unexpected>, tag: TagMatch, ctx: u16) -> Option<usize> {
+        unexpected.iter().position(|u| u.ctx == ctx && tag.matches(u.tag))
     }
 
     /// Which of `r`'s messages matching `(tag, ctx)` a receive posted now will take, counted

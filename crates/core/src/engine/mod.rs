@@ -673,6 +673,7 @@ impl Engine {
 
     /// Skew feedback's view of a receive being posted (or taking its message at once): how
     /// many of the named source's messages wait for it.
+    #[inline]
     fn count_receive(&mut self, src: Source) {
         if let Source::Rank(r) = src {
             let p = &mut self.peers[r as usize];
