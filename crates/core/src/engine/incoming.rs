@@ -494,13 +494,16 @@ impl Engine {
     fn match_posted(&mut self, from: Rank, tag: u32, ctx: u16) -> Option<ReqId> {
         if self.wild.is_empty() {
             // Common case: no wildcard receive; the first posted receive from `from` usually
-            // matches.
-            let posted = &self.peers[from as usize].posted;
+            // matches, and is checked before any search.
             let reqs = &self.reqs;
-            let i = posted.iter().position(|id| reqs.get(*id).is_some_and(|r| r.ctx == ctx && r.tag.matches(tag)))?;
+            let fits = |id: &ReqId| reqs.get(*id).is_some_and(|r| r.ctx == ctx && r.tag.matches(tag));
             let posted = &mut self.peers[from as usize].posted;
-            // The first one matches in the common case; pop_front is far cheaper than remove.
-            let id = if i == 0 { posted.pop_front() } else { posted.remove(i) }?;
+            let id = if fits(posted.front()?) {
+                posted.pop_front()
+            } else {
+                let i = posted.iter().position(fits)?;
+                posted.remove(i)
+            }?;
             return Some(self.mark_matched(id, from, tag));
         }
         let reqs = &self.reqs;
