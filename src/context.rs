@@ -371,7 +371,8 @@ impl Context {
     /// Waits for every request; the completions are in the order of `reqs`. If any failed, all
     /// are still waited for and the first error is returned.
     pub fn wait_all(&mut self, reqs: Vec<Request>) -> Result<Vec<Completion>> {
-        let ids: Vec<ReqId> = reqs.iter().filter_map(Request::engine_id).collect();
+        let mut ids = Vec::with_capacity(reqs.len());
+        ids.extend(reqs.iter().filter_map(Request::engine_id));
         // Requests finish roughly in order: skip past the finished prefix instead of checking
         // every request on every poll.
         let mut next = 0;

@@ -297,7 +297,7 @@ impl Engine {
             }
             let split = split as usize;
             req.split = split;
-            req.peer_key = key;
+            req.peer_key = key.map(Box::new);
             req.peer_writes = split..len;
             req.pending = (split > 0) as u32 + (split < len) as u32;
             if split > 0 {
@@ -319,7 +319,7 @@ impl Engine {
         }
         let req = self.reqs.get_mut(id).expect("matched request is live");
         req.channel = channel;
-        req.peer_key = key;
+        req.peer_key = key.map(Box::new);
         req.protocol = protocol;
         if pull_all {
             req.split = len;
@@ -330,7 +330,7 @@ impl Engine {
         req.split = split;
         req.peer_writes = split..len;
         req.pending = 2; // our get and the sender's FIN after its put
-        match req.own_key {
+        match req.own_key.as_deref().copied() {
             Some(k) => self.send_cts(id, k),
             // The exposure for our RTR is still on its way (it covers the same buffer for the
             // same access): its key goes out with the CTS instead.
@@ -392,7 +392,7 @@ impl Engine {
         }
         let split = hdr.offset as usize;
         req.split = split;
-        req.peer_key = Some(key);
+        req.peer_key = Some(Box::new(key));
         req.pending = (split > 0) as u32 + (split < req.len) as u32;
         if split < req.len {
             self.start_own_copy(id);

@@ -300,7 +300,7 @@ impl Engine {
     /// Takes the result of a finished request and forgets it; `None` while it runs.
     #[inline]
     pub fn take_result(&mut self, req: ReqId) -> Option<Result<Status>> {
-        let result = self.reqs.get_mut(req)?.result.take()?;
+        let result = self.reqs.get_mut(req)?.result.take()?.map_err(|e| *e);
         self.reqs.free(req);
         Some(result)
     }
@@ -310,7 +310,11 @@ impl Engine {
     /// its buffer's key (an RTR no matching send consumed yet, or a CTS). That peer may yet
     /// write there (a cma exposure cannot be revoked), so the memory must never be reused.
     /// Answers once per request.
+    #[inline]
     pub fn take_peer_may_write(&mut self, req: ReqId) -> bool {
+        if self.peer_may_write.is_empty() {
+            return false;
+        }
         let before = self.peer_may_write.len();
         self.peer_may_write.retain(|&r| r != req);
         self.peer_may_write.len() != before
@@ -496,7 +500,7 @@ impl Engine {
                     // Receiver first: we write (all, or the back half when splitting).
                     let split = if protocol == Protocol::RndvSplit { split_point(buf.len) } else { 0 };
                     req.split = split;
-                    req.peer_key = Some(rtr.key);
+                    req.peer_key = Some(Box::new(rtr.key));
                     req.peer_req = rtr.rreq;
                     req.pending = 1 + (split > 0) as u32; // own put, then the receiver's FIN
                     if split > 0 {
@@ -751,7 +755,7 @@ impl Engine {
             Ok(k) => k,
             Err(e) => return self.fail(id, e),
         };
-        req.own_key = Some(key);
+        req.own_key = Some(Box::new(key));
         match req.expose_for.take() {
             Some(ExposeFor::Rts) => {
                 let mut hdr = Header::new(PacketKind::Rts);
@@ -949,8 +953,8 @@ impl Engine {
     fn start_own_copy(&mut self, id: ReqId) {
         let req = self.reqs.get(id).expect("live request");
         let (range, key) = match req.dir {
-            Dir::Recv => (0..req.split, req.peer_key),
-            Dir::Send => (req.split..req.len, req.peer_key),
+            Dir::Recv => (0..req.split, req.peer_key.as_deref().copied()),
+            Dir::Send => (req.split..req.len, req.peer_key.as_deref().copied()),
         };
         let op = op_id(id, OpKind::Copy);
         if range.is_empty() {
@@ -1001,7 +1005,7 @@ impl Engine {
                 Some(Ok(_)) => std::mem::replace(&mut req.peer_writes, 0..0),
                 _ => 0..0,
             };
-            self.actions.push_back(Action::Unexpose { channel: req.channel, key, written });
+            self.actions.push_back(Action::Unexpose { channel: req.channel, key: *key, written });
         }
     }
 
@@ -1011,7 +1015,7 @@ impl Engine {
         if req.result.is_some() {
             return;
         }
-        req.result = Some(Err(e));
+        req.result = Some(Err(Box::new(e)));
         let (dir, peer, matched) = (req.dir, req.peer, req.matched);
         // The peer holds our key: an RTR that no matching send consumed yet, or a CTS.
         let key_out = dir == Dir::Recv && req.own_key.is_some() && ((req.rtr_sent && !matched) || req.cts_sent);

@@ -1,7 +1,7 @@
 //! Request records and the slab that holds them.
 
 use super::types::{ReqId, Status, TagMatch};
-use crate::error::{Rank, Result};
+use crate::error::{Error, Rank};
 use crate::policy::{ChannelId, Protocol};
 use crate::transport::RemoteKey;
 use std::ops::Range;
@@ -55,14 +55,15 @@ pub(super) struct Req {
     pub received: usize,
     /// Split point of a rendezvous: the receiver copies `[0, split)`, the sender the rest.
     pub split: usize,
-    /// Key of our exposed buffer, released at completion.
-    pub own_key: Option<RemoteKey>,
+    /// Key of our exposed buffer, released at completion (boxed, like `peer_key`: only
+    /// rendezvous requests have one, and a smaller request is cheaper to make).
+    pub own_key: Option<Box<RemoteKey>>,
     /// Receives: the part of the buffer the peer writes through `own_key` (its put).
     pub peer_writes: Range<usize>,
     /// Our one-sided copy was reported done (an ordered put may be reported twice).
     pub copied: bool,
     /// Key of the peer's buffer.
-    pub peer_key: Option<RemoteKey>,
+    pub peer_key: Option<Box<RemoteKey>>,
     /// The peer's request id (wire form), once known.
     pub peer_req: u32,
     /// Receives with a receive-first hint: how many of the sender's messages the receiver had
@@ -74,7 +75,8 @@ pub(super) struct Req {
     /// Receives: a CTS gave the sender `own_key` (it writes its part of the buffer).
     pub cts_sent: bool,
     pub expose_for: Option<ExposeFor>,
-    pub result: Option<Result<Status>>,
+    /// How it ended (the error boxed: most requests end well, and carry less).
+    pub result: Option<std::result::Result<Status, Box<Error>>>,
 }
 
 // SAFETY: the raw buffer pointer is owned by the request's poster, who promised (post_send /
