@@ -435,6 +435,9 @@ pub(crate) struct Consumer {
     published: u64,
     /// Body position of the next message's body.
     body_expected: u64,
+    /// Body slots of the last message (at most 16): idle polls prefetch as many of the next
+    /// ones (see [`Consumer::prefetch_next_body`]).
+    expect_body: u32,
 }
 
 // SAFETY: the Consumer is the only reader of its ring's records and body and the only writer of
@@ -450,18 +453,49 @@ impl Consumer {
     pub(crate) unsafe fn new(base: NonNull<u8>, geo: Geometry) -> Consumer {
         // SAFETY: the caller's guarantees.
         let mem = unsafe { RingMem::new(base, geo) };
-        Consumer { mem, expected: 0, published: 0, body_expected: 0 }
+        Consumer { mem, expected: 0, published: 0, body_expected: 0, expect_body: 0 }
     }
 
     /// Whether the expected position may hold something: its stamp is not the "not yet" value
     /// (an arrival, or a corrupt record that [`Consumer::take`] reports). One load of a line that
-    /// stays in this core's cache while nothing arrives: the check of an idle poll.
+    /// stays in this core's cache while nothing arrives: the check of an idle poll (after a
+    /// message with a body, also a prefetch of where the next body goes).
     #[inline]
     pub(crate) fn may_have_arrival(&self) -> bool {
         let index = (self.expected & self.mem.geo.mask()) as usize;
         let lap = (self.expected >> self.mem.geo.shift()) as u16;
+        if self.expect_body > 0 {
+            self.prefetch_next_body();
+        }
         // Relaxed: only a hint; `take` loads the stamp again with Acquire before reading.
         stamp_of(self.mem.first_word(index).load(Ordering::Relaxed)) != lap
+    }
+
+    /// Prefetches the lines the next message's body would take if it is as long as the last
+    /// one (at most 16) while waiting for its record. The producer writes a body
+    /// before its record, so once both are written the next poll misses on all those lines at
+    /// once, instead of fetching the body only after the record said there is one: one
+    /// cache-line transfer less per message with a body. Paired runs (ping-pong, one way,
+    /// medians of 66 pairs apart and 384 near): 64 B apart 0.422 -> 0.325 µs and near 0.129 ->
+    /// 0.125, 512 B apart 0.573 -> 0.480 and near unchanged (0.176); 8 B within 1.5 % (no body,
+    /// no prefetch); osu_bw 64 B-4 KiB within 4 %. Out of line: inlined into the poll, it cost
+    /// 8 B near 2 ns.
+    #[inline(never)]
+    fn prefetch_next_body(&self) {
+        let mask = self.mem.geo.mask();
+        for k in 0..self.expect_body as u64 {
+            let body = self.mem.body_slot(((self.body_expected + k) & mask) as usize);
+            // A prefetch, not a load: the producer may be writing the line, and a prefetch is
+            // no access to it (no data race), only a request for the line.
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: PREFETCHT0 of an address inside the ring; a prefetch never faults and
+            // reads nothing into the program.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(body.cast::<i8>())
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = body;
+        }
     }
 
     /// Hands the message at the expected position to `handle`, with its header and payload
@@ -548,6 +582,7 @@ impl Consumer {
             }
         };
         handle(hdr, payload)?;
+        self.expect_body = shape.nbody.min(16);
         self.consume(shape.nbody);
         Ok(true)
     }
