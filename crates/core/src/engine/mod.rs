@@ -79,10 +79,8 @@ struct Parked {
     tag: TagMatch,
     ctx: u16,
     buf: RegionMut,
-    /// How it ended: a message copied in, or an error.
-    result: Option<Result<Status>>,
-    /// The request it became: its message needs more than one copy of a whole packet.
-    promoted: Option<ReqId>,
+    /// How it ended (`Done` or `Promoted`), once it did.
+    end: Option<Unparked>,
 }
 
 /// How a parked receive ended ([`Engine::unpark`]).
@@ -629,25 +627,21 @@ impl Engine {
         }
         self.touched();
         self.count_receive(src);
-        self.parked = Some(Parked { from, tag, ctx, buf, result: None, promoted: None });
+        self.parked = Some(Parked { from, tag, ctx, buf, end: None });
         true
     }
 
     /// Whether the parked receive ended or became a request (or none is parked).
     #[inline]
     pub fn parked_settled(&self) -> bool {
-        self.parked.as_ref().is_none_or(|p| p.result.is_some() || p.promoted.is_some())
+        self.parked.as_ref().is_none_or(|p| p.end.is_some())
     }
 
     /// Ends the parked receive: what became of it. After this the engine no longer uses its
     /// buffer, unless it became a request.
     pub fn unpark(&mut self) -> Unparked {
         self.touched();
-        match self.parked.take() {
-            Some(Parked { result: Some(r), .. }) => Unparked::Done(r),
-            Some(Parked { promoted: Some(id), .. }) => Unparked::Promoted(id),
-            _ => Unparked::Withdrawn,
-        }
+        self.parked.take().and_then(|p| p.end).unwrap_or(Unparked::Withdrawn)
     }
 
     /// A packet `hdr` from `from` that starts a message, in order. When it matches the parked
@@ -656,14 +650,14 @@ impl Engine {
     #[inline]
     fn meet_parked(&mut self, from: Rank, hdr: &Header, payload: &[u8]) -> bool {
         let Some(p) = self.parked.as_mut() else { return false };
-        if p.from != from || p.ctx != hdr.ctx || !p.tag.matches(hdr.tag) || p.result.is_some() || p.promoted.is_some() {
+        if p.from != from || p.ctx != hdr.ctx || !p.tag.matches(hdr.tag) || p.end.is_some() {
             return false;
         }
         if hdr.kind == PacketKind::Eager && payload.len() as u64 == hdr.len && payload.len() <= p.buf.len {
             // SAFETY: payload.len() <= buf.len; park_recv's caller keeps the buffer valid and
             // unaliased while it is parked.
             unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), p.buf.ptr, payload.len()) };
-            p.result = Some(Ok(Status { source: from, tag: hdr.tag, len: payload.len() }));
+            p.end = Some(Unparked::Done(Ok(Status { source: from, tag: hdr.tag, len: payload.len() })));
             return true;
         }
         let (tag, ctx, buf) = (p.tag, p.ctx, p.buf);
@@ -671,7 +665,7 @@ impl Engine {
         self.reqs.get_mut(id).expect("just inserted").order = self.post_counter;
         self.post_counter += 1;
         self.peers[from as usize].posted.push_back(id);
-        self.parked.as_mut().expect("checked above").promoted = Some(id);
+        self.parked.as_mut().expect("checked above").end = Some(Unparked::Promoted(id));
         false
     }
 
@@ -826,8 +820,8 @@ impl Engine {
         let gone = if matches!(why, Error::PeerFinished { .. }) { Gone::Finished } else { Gone::Lost };
         p.gone = Some(gone);
         p.rtrs.clear();
-        if let Some(parked) = self.parked.as_mut().filter(|q| q.from == peer && q.promoted.is_none()) {
-            parked.result.get_or_insert(Err(why.duplicate()));
+        if let Some(parked) = self.parked.as_mut().filter(|q| q.from == peer && q.end.is_none()) {
+            parked.end = Some(Unparked::Done(Err(why.duplicate())));
         }
         let victims: Vec<ReqId> =
             self.reqs.ids().filter(|&id| self.reqs.get(id).is_some_and(|r| r.needs(peer))).collect();
