@@ -265,8 +265,19 @@ pub(crate) struct HeapRegistrations {
 impl HeapRegistrations {
     /// Before a message buffer `ptr..ptr + len` goes to the engine: ends the registrations of
     /// blocks freed since the last call, then registers the block that holds the buffer, if
-    /// any and not yet. Costs an atomic load when the heap is not installed.
+    /// any and not yet. Inline, it costs a load and two compares for a small message when no
+    /// block was freed since the last call; the rest is out of line.
+    #[inline]
     pub(crate) fn before_post(&mut self, driver: &mut Driver, ptr: *const u8, len: usize) {
+        // Relaxed: only a hint; `check_and_register` loads it again with Acquire (see `FREED`).
+        if FREED.load(Ordering::Relaxed) != self.frees_seen || len >= WORTH_REGISTERING {
+            self.check_and_register(driver, ptr, len);
+        }
+    }
+
+    /// The part of [`HeapRegistrations::before_post`] that has something to check.
+    #[inline(never)]
+    fn check_and_register(&mut self, driver: &mut Driver, ptr: *const u8, len: usize) {
         let freed = FREED.load(Ordering::Acquire);
         if freed != self.frees_seen {
             self.frees_seen = freed;

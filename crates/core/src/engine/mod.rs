@@ -298,9 +298,7 @@ impl Engine {
     /// Takes the result of a finished request and forgets it; `None` while it runs.
     #[inline]
     pub fn take_result(&mut self, req: ReqId) -> Option<Result<Status>> {
-        let result = self.reqs.get_mut(req)?.result.take()?.map_err(|e| *e);
-        self.reqs.free(req);
-        Some(result)
+        Some(self.reqs.take_result(req)?.map_err(|e| *e))
     }
 
     /// Whether a peer may still write into the buffer of `req`, a request that ended (its
@@ -552,18 +550,20 @@ impl Engine {
             Source::Rank(r) => r,
             Source::Any => self.me,
         };
-        let id = self.reqs.insert(Req::new(Dir::Recv, from, tag, ctx, buf.ptr, buf.len));
+        let found = self.find_unexpected(src, tag, ctx);
+        let mut req = Req::new(Dir::Recv, from, tag, ctx, buf.ptr, buf.len);
+        if found.is_none() {
+            req.order = self.post_counter;
+            self.post_counter += 1;
+            req.any_source = src == Source::Any;
+        }
+        let id = self.reqs.insert(req);
         self.count_receive(src);
-        if let Some((from, i)) = self.find_unexpected(src, tag, ctx) {
+        if let Some((from, i)) = found {
             let ux = self.peers[from as usize].unexpected.remove(i).expect("index from find_unexpected");
             self.match_unexpected(id, from, ux);
             return Ok(id);
         }
-        let order = self.post_counter;
-        self.post_counter += 1;
-        let req = self.reqs.get_mut(id).expect("just inserted");
-        req.order = order;
-        req.any_source = src == Source::Any;
         match src {
             Source::Any => self.wild.push_back(id),
             Source::Rank(r) => {
@@ -585,8 +585,20 @@ impl Engine {
     ///
     /// # Safety
     /// `buf` must be valid for writes of `buf.len` bytes during the call.
+    #[inline]
     pub unsafe fn recv_unexpected(&mut self, src: Source, tag: TagMatch, ctx: u16, buf: RegionMut) -> Option<Status> {
         let (from, i) = self.find_unexpected(src, tag, ctx)?;
+        // SAFETY: forwarded to the caller.
+        unsafe { self.take_unexpected(src, from, i, buf) }
+    }
+
+    /// [`Engine::recv_unexpected`] once a message matched: unexpected message `i` of `from`.
+    /// Out of line: a receive mostly finds none.
+    ///
+    /// # Safety
+    /// As for [`Engine::recv_unexpected`].
+    #[inline(never)]
+    unsafe fn take_unexpected(&mut self, src: Source, from: Rank, i: usize, buf: RegionMut) -> Option<Status> {
         let u = &self.peers[from as usize].unexpected[i];
         match &u.body {
             UxBody::Eager { received, .. } if *received == u.len && u.len <= buf.len => {}
@@ -986,20 +998,15 @@ impl Engine {
     pub(super) fn finish(&mut self, id: ReqId) {
         if let Some(req) = self.reqs.get_mut(id) {
             req.finish_ok();
-            self.release_key(id);
+            unexpose(req, &mut self.actions);
         }
     }
 
     /// Ends the exposure of a request's buffer, if it has one, with what the peer wrote there
     /// (nothing when the request failed).
     fn release_key(&mut self, id: ReqId) {
-        let Some(req) = self.reqs.get_mut(id) else { return };
-        if let Some(key) = req.own_key.take() {
-            let written = match req.result {
-                Some(Ok(_)) => std::mem::replace(&mut req.peer_writes, 0..0),
-                _ => 0..0,
-            };
-            self.actions.push_back(Action::Unexpose { channel: req.channel, key: *key, written });
+        if let Some(req) = self.reqs.get_mut(id) {
+            unexpose(req, &mut self.actions);
         }
     }
 
@@ -1030,6 +1037,18 @@ impl Engine {
             }
         }
         self.release_key(id);
+    }
+}
+
+/// [`Engine::release_key`] of a request at hand.
+#[inline]
+fn unexpose(req: &mut Req, actions: &mut VecDeque<Action>) {
+    if let Some(key) = req.own_key.take() {
+        let written = match req.result {
+            Some(Ok(_)) => std::mem::replace(&mut req.peer_writes, 0..0),
+            _ => 0..0,
+        };
+        actions.push_back(Action::Unexpose { channel: req.channel, key: *key, written });
     }
 }
 

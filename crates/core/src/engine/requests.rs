@@ -85,6 +85,7 @@ pub(super) struct Req {
 unsafe impl Send for Req {}
 
 impl Req {
+    #[inline]
     pub fn new(dir: Dir, peer: Rank, tag: TagMatch, ctx: u16, ptr: *mut u8, cap: usize) -> Self {
         Req {
             dir,
@@ -150,16 +151,27 @@ pub(super) struct Requests {
 }
 
 impl Requests {
+    /// Stores `req`; its id. Always inline: the common case is a pop from the free list (a
+    /// request per receive made it 30 instructions per message cheaper in callgrind than a
+    /// call); the slab's growth is out of line.
+    #[inline(always)]
     pub fn insert(&mut self, req: Req) -> ReqId {
+        let Some(i) = self.free.pop() else { return self.push(req) };
         self.live += 1;
-        if let Some(i) = self.free.pop() {
-            let slot = &mut self.slots[i as usize];
-            slot.gen = slot.gen.wrapping_add(1) & 0xfff;
-            slot.req = Some(req);
-            return ReqId::new(i, slot.gen);
-        }
+        let slot = &mut self.slots[i as usize];
+        slot.gen = slot.gen.wrapping_add(1) & 0xfff;
+        slot.req = Some(req);
+        ReqId::new(i, slot.gen)
+    }
+
+    /// [`Requests::insert`] into a new slot (the slab grows only to the most requests ever
+    /// live at once).
+    #[cold]
+    #[inline(never)]
+    fn push(&mut self, req: Req) -> ReqId {
         let i = self.slots.len() as u32;
         assert!(i <= ReqId::INDEX_MASK, "more than 2^20 requests in flight");
+        self.live += 1;
         self.slots.push(Slot { gen: 0, req: Some(req) });
         ReqId::new(i, 0)
     }
@@ -180,6 +192,18 @@ impl Requests {
             return None;
         }
         s.req.as_mut()
+    }
+
+    /// Takes the result of a finished request and forgets the request, in one lookup; `None`
+    /// (and nothing changes) while it runs or when `id` is stale.
+    #[inline]
+    pub fn take_result(&mut self, id: ReqId) -> Option<std::result::Result<Status, Box<Error>>> {
+        let s = self.slots.get_mut(id.index()).filter(|s| s.gen == id.gen())?;
+        let result = s.req.as_mut()?.result.take()?;
+        s.req = None;
+        self.free.push(id.index() as u32);
+        self.live -= 1;
+        Some(result)
     }
 
     /// Forgets a request (dropping it in place).
