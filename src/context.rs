@@ -309,6 +309,7 @@ impl Context {
     ///
     /// # Safety
     /// `buf` is valid for writes of `buf.len` bytes during the call.
+    #[inline]
     unsafe fn take_arrived(&mut self, from: Source, tag: TagMatch, ctx: u16, buf: RegionMut) -> Option<Status> {
         // SAFETY: forwarded to the caller.
         let status = unsafe { self.driver.engine.recv_unexpected(from, tag, ctx, buf) }?;

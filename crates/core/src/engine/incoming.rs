@@ -3,8 +3,8 @@
 use super::requests::{Dir, ExposeFor, Req};
 use super::types::{op_id, OpKind};
 use super::{
-    am_of, split_point, Action, Engine, FragTarget, Incoming, Payload, ReqId, Rtr, Source, TagMatch, Unexpected,
-    UxBody, MAX_EAGER_LEN, MAX_RTR_PLACE, SEND_HISTORY,
+    am_of, split_point, unexpose, Action, Engine, FragTarget, Incoming, Payload, ReqId, Rtr, Source, TagMatch,
+    Unexpected, UxBody, MAX_EAGER_LEN, MAX_RTR_PLACE, SEND_HISTORY,
 };
 use crate::error::{Error, Rank, Result};
 use crate::header::{Header, PacketKind};
@@ -84,7 +84,8 @@ impl Engine {
             unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), req.ptr, payload.len()) };
             req.received = payload.len();
             if req.received == len {
-                self.finish(id);
+                req.finish_ok();
+                unexpose(req, &mut self.actions);
             } else {
                 self.track_fragments(from, hdr.seq, len, payload.len(), FragTarget::Req(id));
             }
@@ -495,15 +496,17 @@ impl Engine {
         if self.wild.is_empty() {
             // Common case: no wildcard receive; the first posted receive from `from` usually
             // matches, and is checked before any search.
-            let reqs = &self.reqs;
-            let fits = |id: &ReqId| reqs.get(*id).is_some_and(|r| r.ctx == ctx && r.tag.matches(tag));
             let posted = &mut self.peers[from as usize].posted;
-            let id = if fits(posted.front()?) {
-                posted.pop_front()
-            } else {
-                let i = posted.iter().position(fits)?;
-                posted.remove(i)
-            }?;
+            let first = *posted.front()?;
+            if let Some(req) = self.reqs.get_mut(first).filter(|r| r.ctx == ctx && r.tag.matches(tag)) {
+                // The first posted receive takes it: one lookup, no search.
+                mark(req, from, tag);
+                posted.pop_front();
+                return Some(first);
+            }
+            let reqs = &self.reqs;
+            let i = posted.iter().position(|id| reqs.get(*id).is_some_and(|r| r.ctx == ctx && r.tag.matches(tag)))?;
+            let id = posted.remove(i)?;
             return Some(self.mark_matched(id, from, tag));
         }
         let reqs = &self.reqs;
@@ -526,11 +529,7 @@ impl Engine {
 
     #[inline]
     fn mark_matched(&mut self, id: ReqId, from: Rank, tag: u32) -> ReqId {
-        let req = self.reqs.get_mut(id).expect("posted request is live");
-        req.matched = true;
-        req.any_source = false;
-        req.peer = from;
-        req.tag = TagMatch::Tag(tag);
+        mark(self.reqs.get_mut(id).expect("posted request is live"), from, tag);
         id
     }
 
@@ -652,4 +651,13 @@ impl Engine {
         let access = PeerAccess::Write;
         self.actions.push_back(Action::Expose { channel, region, access, op: op_id(id, OpKind::Exposed) });
     }
+}
+
+/// A posted receive met a message `(from, tag)`.
+#[inline]
+fn mark(req: &mut Req, from: Rank, tag: u32) {
+    req.matched = true;
+    req.any_source = false;
+    req.peer = from;
+    req.tag = TagMatch::Tag(tag);
 }

@@ -428,9 +428,7 @@ impl Engine {
     /// As for [`Engine::post_send`].
     pub unsafe fn post_prepared_send(&mut self, to: Rank, channel: ChannelId, hdr: Header, buf: Region) -> ReqId {
         self.touched();
-        let id =
-            self.reqs.insert(Req::new(Dir::Send, to, TagMatch::Tag(hdr.tag), hdr.ctx, buf.ptr as *mut u8, buf.len));
-        let req = self.reqs.get_mut(id).expect("just inserted");
+        let (id, req) = self.reqs.insert(Dir::Send, to, TagMatch::Tag(hdr.tag), hdr.ctx, buf.ptr as *mut u8, buf.len);
         (req.seq, req.len, req.pending) = (hdr.seq, buf.len, 1);
         let op = Some(op_id(id, OpKind::Sent));
         self.actions.push_back(Action::Send { channel, to, hdr, payload: Payload::User(buf), op });
@@ -469,8 +467,7 @@ impl Engine {
         peer.next_send_seq = seq.wrapping_add(1);
         peer.history[seq as usize % SEND_HISTORY] = (tag, ctx);
         let rtr = Self::take_rtr(peer, tag, ctx);
-        let id = self.reqs.insert(Req::new(Dir::Send, to, TagMatch::Tag(tag), ctx, buf.ptr as *mut u8, buf.len));
-        let req = self.reqs.get_mut(id).expect("just inserted");
+        let (id, req) = self.reqs.insert(Dir::Send, to, TagMatch::Tag(tag), ctx, buf.ptr as *mut u8, buf.len);
         req.seq = seq;
         req.len = buf.len;
         req.protocol = protocol;
@@ -551,13 +548,12 @@ impl Engine {
             Source::Any => self.me,
         };
         let found = self.find_unexpected(src, tag, ctx);
-        let mut req = Req::new(Dir::Recv, from, tag, ctx, buf.ptr, buf.len);
+        let (id, req) = self.reqs.insert(Dir::Recv, from, tag, ctx, buf.ptr, buf.len);
         if found.is_none() {
             req.order = self.post_counter;
             self.post_counter += 1;
             req.any_source = src == Source::Any;
         }
-        let id = self.reqs.insert(req);
         self.count_receive(src);
         if let Some((from, i)) = found {
             let ux = self.peers[from as usize].unexpected.remove(i).expect("index from find_unexpected");
@@ -673,8 +669,8 @@ impl Engine {
             return true;
         }
         let (tag, ctx, buf) = (p.tag, p.ctx, p.buf);
-        let id = self.reqs.insert(Req::new(Dir::Recv, from, tag, ctx, buf.ptr, buf.len));
-        self.reqs.get_mut(id).expect("just inserted").order = self.post_counter;
+        let (id, req) = self.reqs.insert(Dir::Recv, from, tag, ctx, buf.ptr, buf.len);
+        req.order = self.post_counter;
         self.post_counter += 1;
         self.peers[from as usize].posted.push_back(id);
         self.parked.as_mut().expect("checked above").end = Some(Unparked::Promoted(id));

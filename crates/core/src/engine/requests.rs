@@ -151,17 +151,29 @@ pub(super) struct Requests {
 }
 
 impl Requests {
-    /// Stores `req`; its id. Always inline: the common case is a pop from the free list (a
-    /// request per receive made it 30 instructions per message cheaper in callgrind than a
-    /// call); the slab's growth is out of line.
+    /// Stores a new request, built in its slot (not built, then copied there: 152 bytes); its
+    /// id and the request. Always inline: the common case is a pop from the free list (a
+    /// receive's request costs 55 instructions less in callgrind than with a call and a copy);
+    /// the slab's growth is out of line.
     #[inline(always)]
-    pub fn insert(&mut self, req: Req) -> ReqId {
-        let Some(i) = self.free.pop() else { return self.push(req) };
+    pub fn insert(
+        &mut self,
+        dir: Dir,
+        peer: Rank,
+        tag: TagMatch,
+        ctx: u16,
+        ptr: *mut u8,
+        cap: usize,
+    ) -> (ReqId, &mut Req) {
+        let Some(i) = self.free.pop() else {
+            let id = self.push(Req::new(dir, peer, tag, ctx, ptr, cap));
+            return (id, self.slots[id.index()].req.as_mut().expect("just stored"));
+        };
         self.live += 1;
         let slot = &mut self.slots[i as usize];
         slot.gen = slot.gen.wrapping_add(1) & 0xfff;
-        slot.req = Some(req);
-        ReqId::new(i, slot.gen)
+        let req = slot.req.insert(Req::new(dir, peer, tag, ctx, ptr, cap));
+        (ReqId::new(i, slot.gen), req)
     }
 
     /// [`Requests::insert`] into a new slot (the slab grows only to the most requests ever
