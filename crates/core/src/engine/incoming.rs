@@ -500,19 +500,19 @@ impl Engine {
             // matches, and is checked before any search.
             let posted = &mut self.peers[from as usize].posted;
             let first = *posted.front()?;
-            if let Some(req) = self.reqs.get_mut(first).filter(|r| r.ctx == ctx && r.tag.matches(tag)) {
+            if let Some(req) = self.reqs.get_mut(first).filter(|r| r.accepts(tag, ctx)) {
                 // The first posted receive takes it: one lookup, no search.
                 mark(req, from, tag);
                 posted.pop_front();
                 return Some(first);
             }
             let reqs = &self.reqs;
-            let i = posted.iter().position(|id| reqs.get(*id).is_some_and(|r| r.ctx == ctx && r.tag.matches(tag)))?;
+            let i = posted.iter().position(|id| reqs.get(*id).is_some_and(|r| r.accepts(tag, ctx)))?;
             let id = posted.remove(i)?;
             return Some(self.mark_matched(id, from, tag));
         }
         let reqs = &self.reqs;
-        let fits = |id: &ReqId| reqs.get(*id).is_some_and(|r| r.ctx == ctx && r.tag.matches(tag));
+        let fits = |id: &ReqId| reqs.get(*id).is_some_and(|r| r.accepts(tag, ctx));
         let p = &self.peers[from as usize];
         let specific = p.posted.iter().position(fits);
         let wild = if self.wild.is_empty() { None } else { self.wild.iter().position(fits) };

@@ -131,6 +131,12 @@ impl Req {
         self.result = Some(Ok(status));
     }
 
+    /// Whether this receive accepts a message with `tag` in `ctx`.
+    #[inline]
+    pub fn accepts(&self, tag: u32, ctx: u16) -> bool {
+        self.ctx == ctx && self.tag.matches(tag)
+    }
+
     /// Whether the request cannot finish without `peer`.
     pub fn needs(&self, peer: Rank) -> bool {
         self.result.is_none() && self.peer == peer && !self.any_source
