@@ -3,7 +3,7 @@
 use super::requests::{Dir, ExposeFor, Req};
 use super::types::{op_id, OpKind};
 use super::{
-    am_of, split_point, unexpose, Action, Engine, FragTarget, Incoming, Payload, ReqId, Rtr, Source, TagMatch,
+    am_of, finish_req, split_point, Action, Engine, FragTarget, Incoming, Payload, ReqId, Rtr, Source, TagMatch,
     Unexpected, UxBody, MAX_EAGER_LEN, MAX_RTR_PLACE, SEND_HISTORY,
 };
 use crate::error::{Error, Rank, Result};
@@ -86,8 +86,7 @@ impl Engine {
             unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), req.ptr, payload.len()) };
             req.received = payload.len();
             if req.received == len {
-                req.finish_ok();
-                unexpose(req, &mut self.actions);
+                finish_req(req, &mut self.actions);
             } else {
                 self.track_fragments(from, hdr.seq, len, payload.len(), FragTarget::Req(id));
             }
@@ -560,14 +559,7 @@ impl Engine {
         if unexpected.is_empty() {
             return None; // the common case, checked before building the iterator
         }
-        self.unexpected_position(unexpected, tag, ctx).map(|i| (r, i))
-    }
-
-    /// Where in `unexpected` the first message matching `(tag, ctx)` is (out of line: the
-    /// receive path mostly finds the queue empty).
-    #[inline(never)]
-    fn unexpected_position(&self, unexpected: &VecDeque<Unexpected>, tag: TagMatch, ctx: u16) -> Option<usize> {
-        unexpected.iter().position(|u| u.ctx == ctx && tag.matches(u.tag))
+        unexpected_position(unexpected, tag, ctx).map(|i| (r, i))
     }
 
     /// Which of `r`'s messages matching `(tag, ctx)` a receive posted now will take, counted
@@ -662,4 +654,11 @@ fn mark(req: &mut Req, from: Rank, tag: u32) {
     req.any_source = false;
     req.peer = from;
     req.tag = TagMatch::Tag(tag);
+}
+
+/// Where in `unexpected` the first message matching `(tag, ctx)` is (out of line: the
+/// receive path mostly finds the queue empty).
+#[inline(never)]
+fn unexpected_position(unexpected: &VecDeque<Unexpected>, tag: TagMatch, ctx: u16) -> Option<usize> {
+    unexpected.iter().position(|u| u.ctx == ctx && tag.matches(u.tag))
 }

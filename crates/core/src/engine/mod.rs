@@ -993,8 +993,7 @@ impl Engine {
     /// Ends a request successfully and releases its exposure.
     pub(super) fn finish(&mut self, id: ReqId) {
         if let Some(req) = self.reqs.get_mut(id) {
-            req.finish_ok();
-            unexpose(req, &mut self.actions);
+            finish_req(req, &mut self.actions);
         }
     }
 
@@ -1034,6 +1033,13 @@ impl Engine {
         }
         self.release_key(id);
     }
+}
+
+/// [`Engine::finish`] of a request at hand.
+#[inline]
+fn finish_req(req: &mut Req, actions: &mut VecDeque<Action>) {
+    req.finish_ok();
+    unexpose(req, actions);
 }
 
 /// [`Engine::release_key`] of a request at hand.
