@@ -3,7 +3,7 @@
 use polyrail_core::config::{PollPolicy, WaitMode};
 use polyrail_core::engine::{Action, Engine, Payload, ReqId, Status, Unparked};
 use polyrail_core::policy::{ChannelId, ChannelSet};
-use polyrail_core::{Caps, Error, Header, Issued, Rank, Region, Result, SharedFile, Transport, TransportKind};
+use polyrail_core::{Caps, Error, Issued, Rank, Region, Result, SharedFile, Transport, TransportKind};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -214,8 +214,6 @@ impl Driver {
     fn attempt(&mut self, a: Action) -> Option<Action> {
         let (issued, op) = match &a {
             Action::Send { channel, to, hdr, payload, op } => {
-                let mut raw = [0u8; Header::WIRE_LEN];
-                hdr.encode(&mut raw);
                 let bytes: &[u8] = match payload {
                     Payload::Empty => &[],
                     // SAFETY: the engine keeps the user buffer valid until handle_sent(op).
@@ -223,7 +221,7 @@ impl Driver {
                     Payload::Key(k) => k.as_bytes(),
                 };
                 self.self_sent |= *to == self.engine.rank();
-                match self.channels[*channel as usize].try_send(*to, &raw, bytes) {
+                match self.channels[*channel as usize].try_send(*to, hdr, bytes) {
                     Ok(Issued::WouldBlock) => return Some(a),
                     Ok(_) => {
                         if let Some(op) = op {
@@ -505,11 +503,9 @@ impl Driver {
         let region = polyrail_core::Region { ptr, len };
         let (channel, hdr) = self.engine.inline_send(to, tag, ctx, region)?;
         self.self_sent |= to == self.engine.rank();
-        let mut raw = [0u8; Header::WIRE_LEN];
-        hdr.encode(&mut raw);
         // SAFETY: the caller keeps the bytes valid for this call (and longer, see above).
         let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
-        match self.channels[channel as usize].try_send(to, &raw, bytes) {
+        match self.channels[channel as usize].try_send(to, &hdr, bytes) {
             Ok(Issued::WouldBlock) => {
                 // SAFETY: forwarded to the caller.
                 let id = unsafe { self.engine.post_prepared_send(to, channel, hdr, region) };
@@ -578,7 +574,7 @@ mod tests {
     use super::*;
     use polyrail_core::engine::{Source, TagMatch};
     use polyrail_core::policy::{PeerRoute, Protocol, RouteEntry};
-    use polyrail_core::{Address, Cost, PeerInfo, Reach, RegionMut, Sink, TransportAttr};
+    use polyrail_core::{Address, Cost, Header, PeerInfo, Reach, RegionMut, Sink, TransportAttr};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
@@ -617,7 +613,7 @@ mod tests {
         fn add_peer(&mut self, _: &PeerInfo, _: &[u8]) -> Reach {
             Reach::Yes(String::new())
         }
-        fn try_send(&mut self, _: Rank, _: &[u8; Header::WIRE_LEN], _: &[u8]) -> Result<Issued> {
+        fn try_send(&mut self, _: Rank, _: &Header, _: &[u8]) -> Result<Issued> {
             Ok(Issued::Done)
         }
         fn progress(&mut self, _: usize, _: &mut dyn Sink) -> Result<usize> {

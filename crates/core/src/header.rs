@@ -1,8 +1,10 @@
 //! The engine's packet header: what every active message carries in front of its payload.
 //!
-//! Transports store it as [`Header::WIRE_LEN`] opaque bytes and hand it back on arrival; the
-//! engine decodes it with [`Header::decode`], which rejects anything a well-behaved peer would not
-//! send.
+//! Transports take it as a [`Header`] and hand one back on arrival. A channel that carries the
+//! whole header puts its [`Header::WIRE_LEN`]-byte encoding on the wire and reads it back with
+//! [`Header::decode`], which rejects a kind or flag a well-behaved peer would not send; one that
+//! carries a whole eager message's header in compact form ([`Header::is_compact`]) rebuilds it
+//! with [`Header::eager`]. The engine checks the rest (sequence ids, lengths, request ids).
 
 use crate::error::{Error, Rank, Result};
 
@@ -113,10 +115,15 @@ impl Header {
     /// Reads a header written by [`Header::encode`]; `peer` names the sender in errors.
     #[inline]
     pub fn decode(peer: Rank, b: &[u8; Self::WIRE_LEN]) -> Result<Self> {
-        let kind =
-            PacketKind::from_u8(b[0]).ok_or_else(|| Error::protocol(peer, format!("unknown packet kind {}", b[0])))?;
+        Self::parse(b).map_err(|what| Error::protocol(peer, what))
+    }
+
+    /// [`Header::decode`] for a channel that reports errors itself: `Err` says what is wrong.
+    #[inline]
+    pub fn parse(b: &[u8; Self::WIRE_LEN]) -> std::result::Result<Self, String> {
+        let kind = PacketKind::from_u8(b[0]).ok_or_else(|| format!("unknown packet kind {}", b[0]))?;
         if b[1] & !Self::KNOWN_FLAGS != 0 {
-            return Err(Error::protocol(peer, format!("unknown header flags {:#x}", b[1])));
+            return Err(format!("unknown header flags {:#x}", b[1]));
         }
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let u64_at = |i: usize| {
@@ -137,48 +144,33 @@ impl Header {
         })
     }
 
-    /// Bytes of a compact header ([`Header::compact`]): the context, tag and sequence id.
-    pub const COMPACT_LEN: usize = 10;
-
-    /// The compact form of the wire header `wire` of a packet carrying `plen` payload bytes: its
-    /// context, tag and sequence id, when the header is an eager message sent whole (no flags,
-    /// length `plen`, no request ids, no offset) and [`Header::expand`] gives it back exactly;
-    /// `None` otherwise. A channel may carry such headers in [`Header::COMPACT_LEN`] bytes.
+    /// The header of a whole eager message of `len` bytes: context, tag and sequence id, every
+    /// other field zero.
     #[inline]
-    pub fn compact(wire: &[u8; Self::WIRE_LEN], plen: usize) -> Option<[u8; Self::COMPACT_LEN]> {
-        let len = u64::from_le_bytes(wire[12..20].try_into().expect("8 bytes"));
-        let rest = u128::from_le_bytes(wire[20..].try_into().expect("16 bytes"));
-        if wire[0] != PacketKind::Eager as u8 || wire[1] != 0 || len != plen as u64 || rest != 0 {
-            return None;
-        }
-        let mut c = [0u8; Self::COMPACT_LEN];
-        c[..2].copy_from_slice(&wire[2..4]);
-        c[2..].copy_from_slice(&wire[4..12]);
-        Some(c)
+    pub fn eager(ctx: u16, tag: u32, seq: u32, len: u64) -> Self {
+        Header { kind: PacketKind::Eager, flags: 0, ctx, tag, seq, len, sreq: 0, rreq: 0, offset: 0 }
     }
 
-    /// The wire header whose compact form ([`Header::compact`]) is `c`, for `plen` payload bytes.
+    /// Whether this is the header of a whole eager message carrying `plen` payload bytes (no
+    /// flags, length `plen`, no request ids, no offset): then its context, tag and sequence id
+    /// are all it says, and [`Header::eager`] rebuilds it from them. A channel may carry such
+    /// headers in those 10 bytes.
     #[inline]
-    pub fn expand(c: &[u8; Self::COMPACT_LEN], plen: usize) -> [u8; Self::WIRE_LEN] {
-        let mut wire = [0u8; Self::WIRE_LEN];
-        wire[0] = PacketKind::Eager as u8;
-        wire[2..4].copy_from_slice(&c[..2]);
-        wire[4..12].copy_from_slice(&c[2..]);
-        wire[12..20].copy_from_slice(&(plen as u64).to_le_bytes());
-        wire
+    pub fn is_compact(&self, plen: usize) -> bool {
+        self.kind == PacketKind::Eager
+            && self.flags == 0
+            && self.len == plen as u64
+            && (self.sreq | self.rreq) == 0
+            && self.offset == 0
     }
 
-    /// The wire header that follows `prev` in a stream of like messages: every field as in
-    /// `prev` but the sequence id, one higher, and the length, `len`. A channel that sends
-    /// only headers equal to the successor of the last one it sent in a compact form (and
-    /// rebuilds them the same way on receipt) never changes a header.
+    /// The header that follows this one in a stream of like messages: every field the same but
+    /// the sequence id, one higher, and the length, `len`. A channel that sends only headers
+    /// equal to the successor of the last one it sent in a compact form (and rebuilds them the
+    /// same way on receipt) never changes a header.
     #[inline]
-    pub fn successor(prev: &[u8; Self::WIRE_LEN], len: u64) -> [u8; Self::WIRE_LEN] {
-        let mut next = *prev;
-        let seq = u32::from_le_bytes([prev[8], prev[9], prev[10], prev[11]]).wrapping_add(1);
-        next[8..12].copy_from_slice(&seq.to_le_bytes());
-        next[12..20].copy_from_slice(&len.to_le_bytes());
-        next
+    pub fn successor(&self, len: u64) -> Self {
+        Header { seq: self.seq.wrapping_add(1), len, ..*self }
     }
 }
 
@@ -207,21 +199,15 @@ mod tests {
     #[test]
     fn successor_changes_only_sequence_and_length() {
         let h = Header { tag: 77, seq: u32::MAX, len: 8, ctx: 2, ..Header::new(PacketKind::Eager) };
-        let mut w = [0u8; Header::WIRE_LEN];
-        h.encode(&mut w);
-        let next = Header::decode(0, &Header::successor(&w, 1024)).unwrap();
-        assert_eq!(next, Header { seq: 0, len: 1024, ..h });
+        assert_eq!(h.successor(1024), Header { seq: 0, len: 1024, ..h });
     }
 
     #[test]
     fn compact_form_only_for_whole_eager_messages() {
-        let h = Header { tag: 0xdead_beef, seq: 41, len: 8, ctx: 513, ..Header::new(PacketKind::Eager) };
-        let mut w = [0u8; Header::WIRE_LEN];
-        h.encode(&mut w);
-        let c = Header::compact(&w, 8).expect("a whole eager message is compact");
-        assert_eq!(Header::expand(&c, 8), w);
+        let h = Header::eager(513, 0xdead_beef, 41, 8);
+        assert!(h.is_compact(8));
         // A first fragment (length above the payload), flags, a request id or another kind are not.
-        assert_eq!(Header::compact(&w, 7), None);
+        assert!(!h.is_compact(7));
         for other in [
             Header { flags: Header::STREAM, ..h },
             Header { sreq: 1, ..h },
@@ -229,8 +215,7 @@ mod tests {
             Header { offset: 1, ..h },
             Header { kind: PacketKind::Rts, ..h },
         ] {
-            other.encode(&mut w);
-            assert_eq!(Header::compact(&w, 8), None, "{other:?}");
+            assert!(!other.is_compact(8), "{other:?}");
         }
     }
 

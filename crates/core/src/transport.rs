@@ -280,9 +280,10 @@ pub enum Issued {
 
 /// How arrivals and completions come up from a transport.
 pub trait Sink {
-    /// A packet from `from`: its encoded engine header and its payload, borrowed from the
-    /// transport's buffer for the duration of the call.
-    fn message(&mut self, from: Rank, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]);
+    /// A packet from `from`: its engine header (decoded by the transport, see
+    /// [`Header::decode`]) and its payload, borrowed from the transport's buffer for the
+    /// duration of the call.
+    fn message(&mut self, from: Rank, hdr: &Header, payload: &[u8]);
     /// A `get` or `put` that returned [`Issued::Pending`] finished.
     fn completed(&mut self, op: OpId, result: Result<()>);
     /// The peer is gone (exited, killed, corrupt): every operation involving it must fail.
@@ -310,9 +311,12 @@ pub trait Transport: Send {
         Ok(())
     }
 
-    /// Sends an active message: header bytes and payload (at most `attr().max_eager` bytes).
-    /// Returns [`Issued::Done`] (the payload was copied or sent) or [`Issued::WouldBlock`].
-    fn try_send(&mut self, peer: Rank, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) -> Result<Issued>;
+    /// Sends an active message: the engine header and a payload (at most `attr().max_eager`
+    /// bytes). Returns [`Issued::Done`] (the payload was copied or sent) or
+    /// [`Issued::WouldBlock`]. The transport carries the header as it likes (encoded with
+    /// [`Header::encode`], or in a compact form, [`Header::is_compact`]) and hands the same
+    /// header to the peer's [`Sink::message`].
+    fn try_send(&mut self, peer: Rank, hdr: &Header, payload: &[u8]) -> Result<Issued>;
 
     /// Delivers up to `budget` arrivals and completions to `sink`; returns how many.
     fn progress(&mut self, budget: usize, sink: &mut dyn Sink) -> Result<usize>;

@@ -136,8 +136,8 @@ struct Peer {
     compact_mtu: usize,
     /// Header of the last data packet written to the peer, and of the last one read from it:
     /// a compact packet's header is the successor of the one before.
-    sent_header: Option<[u8; Header::WIRE_LEN]>,
-    read_header: Option<[u8; Header::WIRE_LEN]>,
+    sent_header: Option<Header>,
+    read_header: Option<Header>,
     /// Immediates of compact packets that landed and wait for their turn in the ring.
     compact: VecDeque<u32>,
     /// The queue pair is ready to send (it moves there before the first request: connected on
@@ -350,7 +350,7 @@ impl<P: Provider> DirectIb<P> {
 
     /// Writes one packet into the peer's ring. `WouldBlock` without a credit (data packets keep
     /// one in reserve), a staging block or room on the queue pair.
-    fn send_packet(&mut self, to: Rank, kind: Kind, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) -> Result<Issued> {
+    fn send_packet(&mut self, to: Rank, kind: Kind, hdr: Option<&Header>, payload: &[u8]) -> Result<Issued> {
         let outstanding_max = self.provider.max_outstanding();
         let (credits_max, block, inline_max) = (self.credits, self.block, self.provider.max_inline());
         let p = self.peers.get_mut(to as usize).and_then(Option::as_mut).ok_or_else(|| Self::not_connected(to))?;
@@ -377,7 +377,7 @@ impl<P: Provider> DirectIb<P> {
         let compact = kind == Kind::Data
             && p.compact_mtu != 0
             && packet::compact_saves_packet(payload.len(), p.compact_mtu)
-            && p.sent_header.is_some_and(|prev| Header::successor(&prev, payload.len() as u64) == *hdr);
+            && p.sent_header.zip(hdr).is_some_and(|(prev, hdr)| prev.successor(payload.len() as u64) == *hdr);
         let (returned, len, remote_addr, imm) = if compact {
             let returned = p.unreturned.min(COMPACT_MAX_CREDITS);
             buf[..payload.len()].copy_from_slice(payload);
@@ -403,7 +403,7 @@ impl<P: Provider> DirectIb<P> {
             return Err(e);
         }
         if kind == Kind::Data {
-            p.sent_header = Some(*hdr);
+            p.sent_header = hdr.copied();
         }
         self.compact_sent += compact as u64;
         p.outstanding += 1;
@@ -518,7 +518,7 @@ impl<P: Provider> DirectIb<P> {
                     self.fail_peer(peer, format!("malformed ib packet from rank {peer}: {why}"));
                     return n;
                 }
-                let hdr = Header::successor(&prev, len as u64);
+                let hdr = prev.successor(len as u64);
                 p.read_header = Some(hdr);
                 p.received += 1;
                 p.unreturned += 1;
@@ -576,16 +576,21 @@ impl<P: Provider> DirectIb<P> {
             p.unreturned += 1;
             match w.kind {
                 Kind::Data => {
-                    let mut hdr = [0u8; Header::WIRE_LEN];
                     // SAFETY: the block is complete (tail seen) and the sender does not write it
                     // again before we return its credit, which happens after this call.
-                    let (h, payload) = unsafe {
+                    let (wire, payload) = unsafe {
                         (
-                            std::slice::from_raw_parts((at + HEADER_OFFSET) as *const u8, Header::WIRE_LEN),
+                            &*((at + HEADER_OFFSET) as *const [u8; Header::WIRE_LEN]),
                             std::slice::from_raw_parts((at + DATA_OFFSET) as *const u8, w.len),
                         )
                     };
-                    hdr.copy_from_slice(h);
+                    let hdr = match Header::parse(wire) {
+                        Ok(hdr) => hdr,
+                        Err(why) => {
+                            self.fail_peer(peer, format!("malformed ib packet from rank {peer}: {why}"));
+                            return n;
+                        }
+                    };
                     p.read_header = Some(hdr);
                     sink.message(peer, &hdr, payload);
                     n += 1;
@@ -612,7 +617,7 @@ impl<P: Provider> DirectIb<P> {
             return;
         }
         // WouldBlock: retried at the next progress; an error surfaces through completions.
-        let _ = self.send_packet(peer, Kind::Sync, &[0; Header::WIRE_LEN], &[]);
+        let _ = self.send_packet(peer, Kind::Sync, None, &[]);
     }
 
     /// A free bounce slot for `len` bytes, making the pool at first use; `None` when the message
@@ -958,7 +963,7 @@ impl<P: Provider> Transport for DirectIb<P> {
         ))
     }
 
-    fn try_send(&mut self, peer: Rank, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) -> Result<Issued> {
+    fn try_send(&mut self, peer: Rank, hdr: &Header, payload: &[u8]) -> Result<Issued> {
         if payload.len() > self.max_payload() {
             return Err(Error::InvalidArgument(format!(
                 "ib packet payload of {} bytes exceeds the eager block capacity {}",
@@ -966,7 +971,7 @@ impl<P: Provider> Transport for DirectIb<P> {
                 self.max_payload()
             )));
         }
-        self.send_packet(peer, Kind::Data, hdr, payload)
+        self.send_packet(peer, Kind::Data, Some(hdr), payload)
     }
 
     fn progress(&mut self, budget: usize, sink: &mut dyn Sink) -> Result<usize> {
@@ -1091,11 +1096,11 @@ impl<P: Provider> Transport for DirectIb<P> {
     fn finalize(&mut self) {
         for i in 0..self.active.len() {
             let r = self.active[i];
-            let _ = self.send_packet(r, Kind::Bye, &[0; Header::WIRE_LEN], &[]);
+            let _ = self.send_packet(r, Kind::Bye, None, &[]);
         }
         struct Ignore;
         impl Sink for Ignore {
-            fn message(&mut self, _: Rank, _: &[u8; Header::WIRE_LEN], _: &[u8]) {}
+            fn message(&mut self, _: Rank, _: &Header, _: &[u8]) {}
             fn completed(&mut self, _: OpId, _: Result<()>) {}
             fn peer_lost(&mut self, _: Rank, _: Error) {}
         }

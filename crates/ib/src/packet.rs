@@ -135,13 +135,17 @@ pub(crate) fn encode(
     seq: u64,
     kind: Kind,
     credits: u16,
-    hdr: &[u8; Header::WIRE_LEN],
+    hdr: Option<&Header>,
     payload: &[u8],
 ) -> usize {
     let tail = tail_offset(payload.len());
     block[0..8].copy_from_slice(&word0(kind, payload.len(), credits).to_le_bytes());
     block[8..16].copy_from_slice(&seq.to_le_bytes());
-    block[HEADER_OFFSET..HEADER_OFFSET + Header::WIRE_LEN].copy_from_slice(hdr);
+    let mut wire = [0u8; Header::WIRE_LEN];
+    if let Some(hdr) = hdr {
+        hdr.encode(&mut wire);
+    }
+    block[HEADER_OFFSET..HEADER_OFFSET + Header::WIRE_LEN].copy_from_slice(&wire);
     block[HEADER_OFFSET + Header::WIRE_LEN..DATA_OFFSET].fill(0);
     block[DATA_OFFSET..DATA_OFFSET + payload.len()].copy_from_slice(payload);
     block[DATA_OFFSET + payload.len()..tail].fill(0);
@@ -156,8 +160,8 @@ mod tests {
     #[test]
     fn encode_and_decode_round_trip() {
         let mut block = vec![0xaau8; 8192];
-        let hdr = [7u8; Header::WIRE_LEN];
-        let n = encode(&mut block, 42, Kind::Data, 3, &hdr, b"hello");
+        let hdr = Header::eager(1, 7, 9, 5);
+        let n = encode(&mut block, 42, Kind::Data, 3, Some(&hdr), b"hello");
         assert_eq!(n, tail_offset(5) + 8);
         let w = u64::from_le_bytes(block[..8].try_into().unwrap());
         assert_eq!(decode_word0(w, 8192 - OVERHEAD), Ok(Word0 { kind: Kind::Data, len: 5, credits: 3 }));

@@ -340,4 +340,11 @@ fn malformed_packets_fail_the_peer_with_a_reason() {
         block[56..64].copy_from_slice(&0x5052_4942_7461_696c_u64.to_le_bytes());
         forged_packet_fails_rank_0(soft_pair(&IbSettings::default()).1, block, 0, None, why);
     }
+    // A well-framed data packet whose engine header is not one.
+    let mut block = vec![0u8; 64];
+    block[..8].copy_from_slice(&(1u64 << 32).to_le_bytes());
+    block[16] = 77;
+    block[56..64].copy_from_slice(&0x5052_4942_7461_696c_u64.to_le_bytes());
+    let why = "malformed ib packet from rank 0: unknown packet kind 77";
+    forged_packet_fails_rank_0(soft_pair(&IbSettings::default()).1, block, 0, None, why);
 }

@@ -11,7 +11,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use polyrail_core::{Config, Error, Header, Issued, OpId, PacketKind, PeerInfo, Rank, Reach, Result, Sink, Transport};
+use polyrail_core::{Config, Error, Header, Issued, OpId, PeerInfo, Rank, Reach, Result, Sink, Transport};
 use polyrail_shm::ShmTransport;
 
 const ROLE: &str = "PINGPONG_ROLE";
@@ -22,7 +22,7 @@ const WARMUP: usize = 5000;
 struct Count(usize);
 
 impl Sink for Count {
-    fn message(&mut self, _from: Rank, _hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) {
+    fn message(&mut self, _from: Rank, _hdr: &Header, payload: &[u8]) {
         std::hint::black_box(payload);
         self.0 += 1;
     }
@@ -55,7 +55,7 @@ fn peer(rank: Rank) -> PeerInfo {
     PeerInfo { rank, pid: 0, host: "pingpong".into(), node: 0, cpus: vec![] }
 }
 
-fn send(t: &mut ShmTransport, to: Rank, hdr: &[u8; Header::WIRE_LEN], payload: &[u8], sink: &mut Count) {
+fn send(t: &mut ShmTransport, to: Rank, hdr: &Header, payload: &[u8], sink: &mut Count) {
     loop {
         match t.try_send(to, hdr, payload).expect("send") {
             Issued::Done => return,
@@ -74,10 +74,8 @@ fn wait_one(t: &mut ShmTransport, sink: &mut Count) {
 }
 
 /// The header the engine gives a whole eager message of `len` bytes.
-fn eager_header(len: usize) -> [u8; Header::WIRE_LEN] {
-    let mut wire = [0u8; Header::WIRE_LEN];
-    Header { tag: 7, len: len as u64, ..Header::new(PacketKind::Eager) }.encode(&mut wire);
-    wire
+fn eager_header(len: usize) -> Header {
+    Header::eager(0, 7, 0, len as u64)
 }
 
 fn main() {

@@ -429,7 +429,7 @@ impl Transport for CmaTransport {
         self.peers.get(&peer).is_some_and(|p| p.probe.is_ok() && p.files_refused.is_none())
     }
 
-    fn try_send(&mut self, peer: Rank, _hdr: &[u8; Header::WIRE_LEN], _payload: &[u8]) -> Result<Issued> {
+    fn try_send(&mut self, peer: Rank, _hdr: &Header, _payload: &[u8]) -> Result<Issued> {
         Err(Error::Transport {
             kind: "cma",
             what: format!("no active messages (to rank {peer}): cma only reads and writes"),

@@ -18,7 +18,7 @@ const MAX_EAGER: usize = 1 << 20;
 /// A queued message; its payload buffer is recycled after delivery.
 #[derive(Debug)]
 struct Packet {
-    hdr: [u8; Header::WIRE_LEN],
+    hdr: Header,
     payload: Vec<u8>,
 }
 
@@ -103,7 +103,7 @@ impl Transport for Loopback {
         }
     }
 
-    fn try_send(&mut self, peer: Rank, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) -> Result<Issued> {
+    fn try_send(&mut self, peer: Rank, hdr: &Header, payload: &[u8]) -> Result<Issued> {
         if peer != self.rank {
             return Err(self.not_self(peer));
         }

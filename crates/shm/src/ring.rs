@@ -8,8 +8,8 @@
 //!   first byte of a slot, so the receiver copies them out in whole lines.
 //!
 //! A whole eager message (the engine's common case) carries its header in compact form: the
-//! context, tag and sequence id in 10 bytes ([`Header::compact`]), the length in the record's own
-//! length field; every other header takes 36 bytes of its record.
+//! context, tag and sequence id in 10 bytes ([`Header::is_compact`]), the length in the record's
+//! own length field; every other header takes 36 bytes of its record.
 //!
 //! The sender owns a [`Producer`], the receiver a [`Consumer`]; each keeps its indices in its own
 //! private memory, and the only shared words are the records, the body slots and the consumer's
@@ -34,7 +34,8 @@
 //!                                 AtomicU64, written last (Release)
 //! byte  2      kind    u8         see below
 //! byte  3      zero    u8         0 (reserved; anything else is rejected)
-//! byte  4..14  compact [u8; 10]   the engine header's compact form (compact kinds) or zero
+//! byte  4..14  compact            compact kinds: the header's context (u16), tag (u32) and
+//!                                 sequence id (u32); other kinds: zero
 //! byte 14..16  plen    u16        payload length (kinds INLINE, BODY, FULL)
 //! byte 16..64  inline  [u8; 48]   INLINE: the payload; FULL and FULL_CELL: the 36-byte header;
 //!                                 CELL kinds: cell index u32 at 56, payload length u32 at 60
@@ -100,11 +101,8 @@ const OFF_PLEN: usize = 14;
 const OFF_INLINE: usize = 16;
 const OFF_CELL: usize = 56;
 const OFF_CELL_LEN: usize = 60;
-const _: () = assert!(
-    OFF_COMPACT + Header::COMPACT_LEN == OFF_PLEN
-        && OFF_INLINE + Header::WIRE_LEN <= OFF_CELL
-        && OFF_CELL_LEN + 4 == SLOT
-);
+const _: () =
+    assert!(OFF_COMPACT + 10 == OFF_PLEN && OFF_INLINE + Header::WIRE_LEN <= OFF_CELL && OFF_CELL_LEN + 4 == SLOT);
 
 /// Shape of a ring; both sides of a pair must agree on it (checked at connection).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -308,11 +306,11 @@ impl Producer {
     /// the record's line, so writing that line in one burst lets it move to the consumer once
     /// instead of twice.
     #[inline]
-    pub(crate) fn try_push_inline(&mut self, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) -> Result<bool, String> {
+    pub(crate) fn try_push_inline(&mut self, hdr: &Header, payload: &[u8]) -> Result<bool, String> {
         let plen = payload.len();
         assert!(plen <= self.mem.geo.inline_max(), "inline payload over the ring's limit");
-        let compact = Header::compact(hdr, plen);
-        let shape = Shape::of(compact.is_some(), plen, false);
+        let compact = hdr.is_compact(plen);
+        let shape = Shape::of(compact, plen, false);
         if !self.reserve(shape.nbody)? {
             return Ok(false);
         }
@@ -343,9 +341,9 @@ impl Producer {
     /// Writes a message whose payload (`plen` bytes) the caller already copied into send cell
     /// `cell`. The caller has had `reserve_cell` answer `Ok(true)`.
     #[inline]
-    pub(crate) fn push_cell(&mut self, hdr: &[u8; Header::WIRE_LEN], plen: u32, cell: u32) {
-        let compact = Header::compact(hdr, plen as usize);
-        let kind = Shape::of(compact.is_some(), plen as usize, true).kind;
+    pub(crate) fn push_cell(&mut self, hdr: &Header, plen: u32, cell: u32) {
+        let compact = hdr.is_compact(plen as usize);
+        let kind = Shape::of(compact, plen as usize, true).kind;
         self.write_record(kind, compact, hdr, 0, Some((cell, plen)));
     }
 
@@ -353,41 +351,36 @@ impl Producer {
     /// compact form, the cell, byte 8's word (compact header tail and `plen`), then the first
     /// word with the stamp; moves the head.
     #[inline]
-    fn write_record(
-        &mut self,
-        kind: u8,
-        compact: Option<[u8; Header::COMPACT_LEN]>,
-        hdr: &[u8; Header::WIRE_LEN],
-        plen: u16,
-        cell: Option<(u32, u32)>,
-    ) {
+    fn write_record(&mut self, kind: u8, compact: bool, hdr: &Header, plen: u16, cell: Option<(u32, u32)>) {
         let index = (self.head & self.mem.geo.mask()) as usize;
         let record = self.mem.record(index);
-        let c = compact.unwrap_or_default();
-        let mut first = [0u8; 8];
-        first[..2].copy_from_slice(&(((self.head >> self.mem.geo.shift()) + 1) as u16).to_le_bytes());
-        first[OFF_KIND] = kind;
-        first[OFF_COMPACT..].copy_from_slice(&c[..4]);
-        let mut second = [0u8; 8];
-        second[..6].copy_from_slice(&c[4..]);
-        second[OFF_PLEN - 8..].copy_from_slice(&plen.to_le_bytes());
+        let stamp = ((self.head >> self.mem.geo.shift()) + 1) as u16;
+        // Bytes 0..8 and 8..16 as little-endian words: stamp, kind, zero, then the compact
+        // header (context, tag, sequence id), then the payload length.
+        let (mut first, mut second) = (u64::from(stamp) | u64::from(kind) << 16, u64::from(plen) << 48);
+        if compact {
+            first |= u64::from(hdr.ctx) << 32 | u64::from(hdr.tag) << 48;
+            second |= u64::from(hdr.tag >> 16) | u64::from(hdr.seq) << 16;
+        }
         // SAFETY: the record is inside the ring, 64-byte aligned, and released by the consumer
         // (`reserve`); its bytes from 8 are written here only, and read by the consumer only
         // after the first word is published.
         unsafe {
-            if compact.is_none() {
-                ptr::copy_nonoverlapping(hdr.as_ptr(), record.add(OFF_INLINE), Header::WIRE_LEN);
+            if !compact {
+                let mut wire = [0u8; Header::WIRE_LEN];
+                hdr.encode(&mut wire);
+                ptr::copy_nonoverlapping(wire.as_ptr(), record.add(OFF_INLINE), Header::WIRE_LEN);
             }
             if let Some((index, len)) = cell {
                 let word = u64::from(index) | u64::from(len) << 32;
                 ptr::write(record.add(OFF_CELL).cast::<[u8; 8]>(), word.to_le_bytes());
             }
-            ptr::write(record.add(8).cast::<[u8; 8]>(), second);
+            ptr::write(record.add(8).cast::<[u8; 8]>(), second.to_le_bytes());
         }
         // Release: publishes the record (the stamp and bytes 2..8 in this word, the rest written
         // before), its body and the cell's contents; pairs with the Acquire load in
         // Consumer::take.
-        self.mem.first_word(index).store(u64::from_le_bytes(first), Ordering::Release);
+        self.mem.first_word(index).store(first, Ordering::Release);
         self.head += 1;
     }
 
@@ -506,7 +499,7 @@ impl Consumer {
     #[inline]
     pub(crate) fn take(
         &mut self,
-        handle: impl FnOnce(&[u8; Header::WIRE_LEN], Body<'_>) -> Result<(), String>,
+        handle: impl FnOnce(&Header, Body<'_>) -> Result<(), String>,
     ) -> Result<bool, String> {
         let geo = self.mem.geo;
         let index = (self.expected & geo.mask()) as usize;
@@ -528,12 +521,12 @@ impl Consumer {
         // SAFETY: bytes 8..16 of the record, inside the ring, 8-byte aligned, published by the
         // first word; one volatile read, so the values checked below are the values used even if
         // a faulty peer rewrites the record.
-        let second = unsafe { ptr::read_volatile(record.add(8).cast::<u64>()) }.to_le_bytes();
-        let first = first.to_le_bytes();
-        if first[OFF_ZERO] != 0 {
-            return Err(format!("record {index} has reserved byte {:#x} (must be 0)", first[OFF_ZERO]));
+        let second = unsafe { ptr::read_volatile(record.add(8).cast::<u64>()) };
+        let zero = (first >> (8 * OFF_ZERO)) as u8;
+        if zero != 0 {
+            return Err(format!("record {index} has reserved byte {zero:#x} (must be 0)"));
         }
-        let kind = first[OFF_KIND];
+        let kind = (first >> (8 * OFF_KIND)) as u8;
         let cell = || {
             // SAFETY: bytes 56..64 of the record, as above.
             let word = unsafe { ptr::read_volatile(record.add(OFF_CELL).cast::<u64>()) };
@@ -541,7 +534,7 @@ impl Consumer {
         };
         let (compact, plen, cell) = match kind {
             KIND_INLINE | KIND_BODY | KIND_FULL => {
-                (kind != KIND_FULL, u16::from_le_bytes([second[OFF_PLEN - 8], second[OFF_PLEN - 7]]) as usize, None)
+                (kind != KIND_FULL, (second >> (8 * (OFF_PLEN - 8))) as u16 as usize, None)
             }
             KIND_CELL | KIND_FULL_CELL => {
                 let (index, len) = cell();
@@ -556,17 +549,14 @@ impl Consumer {
                 geo.inline_max()
             ));
         }
-        let expanded;
-        let hdr: &[u8; Header::WIRE_LEN] = if compact {
-            let mut c = [0u8; Header::COMPACT_LEN];
-            c[..4].copy_from_slice(&first[OFF_COMPACT..]);
-            c[4..].copy_from_slice(&second[..6]);
-            expanded = Header::expand(&c, plen);
-            &expanded
+        let hdr = if compact {
+            let tag = (first >> 48) as u32 | (second as u32 & 0xffff) << 16;
+            Header::eager((first >> 32) as u16, tag, (second >> 16) as u32, plen as u64)
         } else {
-            // SAFETY: bytes 16..52 of the record, inside the ring and published; the engine
-            // checks the header it decodes from them.
-            unsafe { &*record.add(OFF_INLINE).cast::<[u8; Header::WIRE_LEN]>() }
+            // SAFETY: bytes 16..52 of the record, inside the ring and published; one volatile
+            // read, as for the first words.
+            let wire = unsafe { ptr::read_volatile(record.add(OFF_INLINE).cast::<[u8; Header::WIRE_LEN]>()) };
+            Header::parse(&wire).map_err(|what| format!("record {index}: {what}"))?
         };
         let payload = match (kind, cell) {
             // SAFETY: plen <= 48 (the shape check): bytes 16..16 + plen of the record, published.
@@ -581,7 +571,7 @@ impl Consumer {
                 Body::Inline(unsafe { std::slice::from_raw_parts(body, plen) })
             }
         };
-        handle(hdr, payload)?;
+        handle(&hdr, payload)?;
         self.expect_body = shape.nbody.min(16);
         self.consume(shape.nbody);
         Ok(true)

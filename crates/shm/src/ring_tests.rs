@@ -8,6 +8,7 @@
 //! and checks every non-atomic access against the protocol.
 
 use super::*;
+use polyrail_core::PacketKind;
 use proptest::prelude::*;
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::collections::VecDeque;
@@ -47,11 +48,19 @@ impl Drop for HeapRing {
     }
 }
 
-fn header(n: u64) -> [u8; Header::WIRE_LEN] {
-    let mut h = [0u8; Header::WIRE_LEN];
-    h[..8].copy_from_slice(&n.to_le_bytes());
-    h[35] = 0xa5;
-    h
+/// A header with no compact form (every field but the kind from `n`).
+fn header(n: u64) -> Header {
+    Header {
+        kind: PacketKind::Data,
+        flags: Header::STREAM,
+        ctx: n as u16,
+        tag: n as u32,
+        seq: !n as u32,
+        len: n << 20,
+        sreq: 0xa5,
+        rreq: n as u32 ^ 0x5a,
+        offset: n << 3,
+    }
 }
 
 fn payload(n: u64, len: usize) -> Vec<u8> {
@@ -64,7 +73,7 @@ fn pop_check(c: &mut Consumer, n: u64, len: usize) -> bool {
 }
 
 /// As `pop_check`, for a message sent with header `hdr`.
-fn pop_check_header(c: &mut Consumer, hdr: &[u8; Header::WIRE_LEN], n: u64, len: usize) -> bool {
+fn pop_check_header(c: &mut Consumer, hdr: &Header, n: u64, len: usize) -> bool {
     let took = c.take(|h, body| {
         assert_eq!(h, hdr, "header of message {n}");
         match body {
@@ -81,11 +90,8 @@ fn pop_check_header(c: &mut Consumer, hdr: &[u8; Header::WIRE_LEN], n: u64, len:
 }
 
 /// The header the engine gives a whole eager message `n` of `len` bytes (compact in a record).
-fn eager(n: u64, len: usize) -> [u8; Header::WIRE_LEN] {
-    let mut w = [0u8; Header::WIRE_LEN];
-    Header { tag: n as u32, seq: n as u32, len: len as u64, ..Header::new(polyrail_core::PacketKind::Eager) }
-        .encode(&mut w);
-    w
+fn eager(n: u64, len: usize) -> Header {
+    Header::eager(0, n as u32, n as u32, len as u64)
 }
 
 #[test]
@@ -164,7 +170,9 @@ fn full_ring_would_block_until_consumer_publishes() {
 fn record_image(n: u64) -> [u8; 16] {
     let mut img = [0u8; 16];
     img[OFF_KIND] = KIND_INLINE;
-    img[OFF_COMPACT..OFF_PLEN].copy_from_slice(&Header::compact(&eager(n, 3), 3).unwrap());
+    // Context 0, then tag and sequence id `n`, as `eager(n, 3)` says.
+    img[OFF_COMPACT + 2..OFF_COMPACT + 6].copy_from_slice(&(n as u32).to_le_bytes());
+    img[OFF_COMPACT + 6..OFF_PLEN].copy_from_slice(&(n as u32).to_le_bytes());
     img[OFF_PLEN..].copy_from_slice(&3u16.to_le_bytes());
     img
 }
@@ -199,6 +207,13 @@ fn corrupt_records_are_errors_not_panics() {
         let err = c.take(|_, _| Ok(())).expect_err(what);
         assert!(err.contains("record"), "{what}: {err}");
     }
+    // A whole header (kind FULL) that is no engine header.
+    let mem = HeapRing::new(geo);
+    let (mut p, mut c) = mem.pair(geo);
+    p.corrupt_next(OFF_INLINE, &[77], false);
+    p.corrupt_next(OFF_KIND, &[KIND_FULL], true);
+    let err = c.take(|_, _| Ok(())).unwrap_err();
+    assert!(err.contains("record 0: unknown packet kind 77"), "{err}");
     // A stamp that is neither "arrived" nor "empty".
     let mem = HeapRing::new(geo);
     let (mut p, mut c) = mem.pair(geo);

@@ -306,7 +306,7 @@ impl Transport for ShmTransport {
     }
 
     #[inline]
-    fn try_send(&mut self, peer: Rank, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) -> Result<Issued> {
+    fn try_send(&mut self, peer: Rank, hdr: &Header, payload: &[u8]) -> Result<Issued> {
         let Some(Some(p)) = self.peers.get_mut(peer as usize) else { return Err(Self::not_connected(peer)) };
         let len = payload.len();
         if len <= self.attr.max_inline {

@@ -125,7 +125,7 @@ fn get_and_put_between_two_processes() {
         .to_string()
         .contains("19"));
     assert!(c.get(5, &key, 0, RegionMut { ptr: tail.as_mut_ptr(), len: 1 }, 9).is_err());
-    assert!(c.try_send(1, &[0; 36], &[]).is_err());
+    assert!(c.try_send(1, &common::header(0, 0), &[]).is_err());
 
     child.send("check");
     assert_eq!(child.recv(), "ok");

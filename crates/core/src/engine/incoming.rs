@@ -15,14 +15,14 @@ use std::collections::VecDeque;
 impl Engine {
     /// A packet arrived from `from`. A malformed or unexpected packet is an error naming the
     /// peer; the caller then treats the peer as lost.
-    pub fn handle_message(&mut self, from: Rank, raw: &[u8; Header::WIRE_LEN], payload: &[u8]) -> Result<()> {
+    pub fn handle_message(&mut self, from: Rank, hdr: &Header, payload: &[u8]) -> Result<()> {
         self.touched();
         let peer =
             self.peers.get(from as usize).ok_or_else(|| Error::protocol(from, "packet from a rank outside the job"))?;
         if peer.gone.is_some() {
             return Ok(());
         }
-        let hdr = Header::decode(from, raw)?;
+        let hdr = *hdr;
         match hdr.kind {
             PacketKind::Eager | PacketKind::Rts => {
                 let p = &mut self.peers[from as usize];

@@ -1086,7 +1086,7 @@ pub struct ChannelSink<'a> {
 
 impl Sink for ChannelSink<'_> {
     #[inline]
-    fn message(&mut self, from: Rank, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) {
+    fn message(&mut self, from: Rank, hdr: &Header, payload: &[u8]) {
         if let Err(e) = self.engine.handle_message(from, hdr, payload) {
             self.engine.handle_peer_lost(from, e);
         }

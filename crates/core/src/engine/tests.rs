@@ -12,7 +12,7 @@ const RMA: ChannelId = 1;
 /// A packet in flight.
 struct Packet {
     from: Rank,
-    hdr: [u8; Header::WIRE_LEN],
+    hdr: Header,
     payload: Vec<u8>,
 }
 
@@ -124,15 +124,13 @@ impl Sim {
         let e = &mut self.engines[me as usize];
         match a {
             Action::Send { to, hdr, payload, op, .. } => {
-                let mut raw = [0u8; Header::WIRE_LEN];
-                hdr.encode(&mut raw);
                 let payload = match payload {
                     Payload::Empty => Vec::new(),
                     // SAFETY: the engine promises user payloads are valid until handle_sent.
                     Payload::User(r) => unsafe { std::slice::from_raw_parts(r.ptr, r.len) }.to_vec(),
                     Payload::Key(k) => k.as_bytes().to_vec(),
                 };
-                self.wires[to as usize].push_back(Packet { from: me, hdr: raw, payload });
+                self.wires[to as usize].push_back(Packet { from: me, hdr, payload });
                 if let Some(op) = op {
                     e.handle_sent(op);
                 }
@@ -195,11 +193,11 @@ impl Sim {
     /// Delivers the next packet to `to`; false when none is queued.
     fn deliver_one(&mut self, to: Rank) -> bool {
         let Some(p) = self.wires[to as usize].pop_front() else { return false };
-        let hdr = Header::decode(p.from, &p.hdr).unwrap();
+        let hdr = p.hdr;
         if hdr.kind.is_ordered() {
             self.delivered.push((to, p.from, hdr.seq));
         }
-        if let Err(e) = self.engines[to as usize].handle_message(p.from, &p.hdr, &p.payload) {
+        if let Err(e) = self.engines[to as usize].handle_message(p.from, &hdr, &p.payload) {
             panic!("rank {to} refused {hdr:?} from {}: {e}", p.from);
         }
         self.check_awaited(to);
@@ -320,7 +318,7 @@ fn receiver_first_uses_rtr_and_put() {
     let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
     sim.run_actions();
     // The receiver announced its buffer.
-    let rtr = Header::decode(1, &sim.wires[0][0].hdr).unwrap();
+    let rtr = sim.wires[0][0].hdr;
     assert_eq!(rtr.kind, PacketKind::Rtr);
     sim.settle();
     let s = send(&mut sim, 0, 1, 1, &data);
@@ -383,12 +381,8 @@ fn a_window_of_receives_goes_receiver_first() {
         }
     }
     sim.run_actions();
-    let places: Vec<(u32, u32)> = sim.wires[0]
-        .iter()
-        .map(|p| Header::decode(1, &p.hdr).unwrap())
-        .filter(|h| h.kind == PacketKind::Rtr)
-        .map(|h| (h.tag, h.seq))
-        .collect();
+    let places: Vec<(u32, u32)> =
+        sim.wires[0].iter().map(|p| p.hdr).filter(|h| h.kind == PacketKind::Rtr).map(|h| (h.tag, h.seq)).collect();
     let mut expected: Vec<(u32, u32)> = (0..8).map(|i| (1, i)).collect();
     expected.insert(4, (2, 0));
     assert_eq!(places, expected);
@@ -437,7 +431,7 @@ fn unused_window_rtrs_turn_off() {
     assert!(!sim.engines[1].peers[0].window_rtrs);
     let qs: Vec<ReqId> = outs.iter_mut().map(|o| recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), o)).collect();
     sim.run_actions();
-    let rtrs = sim.wires[0].iter().filter(|p| Header::decode(1, &p.hdr).unwrap().kind == PacketKind::Rtr).count();
+    let rtrs = sim.wires[0].iter().filter(|p| p.hdr.kind == PacketKind::Rtr).count();
     assert_eq!(rtrs, 1);
     for q in qs {
         send(&mut sim, 0, 1, 1, &data);
@@ -458,7 +452,7 @@ fn no_rtr_when_the_place_depends_on_arrivals() {
     recv(&mut sim, 2, Source::Any, TagMatch::Tag(1), c);
     recv(&mut sim, 2, Source::Rank(0), TagMatch::Tag(1), d);
     sim.run_actions();
-    let rtrs: Vec<Header> = sim.wires[0].iter().map(|p| Header::decode(1, &p.hdr).unwrap()).collect();
+    let rtrs: Vec<Header> = sim.wires[0].iter().map(|p| p.hdr).collect();
     assert_eq!(rtrs.len(), 1, "only the first ANY_TAG receive sends an RTR: {rtrs:?}");
     assert_eq!((rtrs[0].flags & Header::ANY_TAG, rtrs[0].seq), (Header::ANY_TAG, 0));
 }
@@ -731,31 +725,26 @@ fn garbage_from_a_peer_fails_its_requests() {
     let mut out = [0u8; 8];
     let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Any, &mut out);
     sim.settle();
-    let mut raw = [0u8; Header::WIRE_LEN];
-    raw[0] = 77;
-    sim.engines[1].sink_for(AM).message(0, &raw, &[]);
+    // A message out of the pair's order, through the channel's sink.
+    sim.engines[1].sink_for(AM).message(0, &Header::eager(0, 1, 7, 0), &[]);
     assert!(matches!(result(&mut sim, 1, q), Err(Error::Protocol { peer: 0, .. })));
     // A FIN naming a request that does not exist is refused too.
     let mut sim = Sim::new(2, one_sided_route);
     let mut fin = Header::new(PacketKind::Fin);
     fin.sreq = 12345;
-    fin.encode(&mut raw);
-    assert!(sim.engines[1].handle_message(0, &raw, &[]).is_err());
+    assert!(sim.engines[1].handle_message(0, &fin, &[]).is_err());
     // An eager message claiming more data than it carries, then a wrong fragment offset.
     let mut eager = Header::new(PacketKind::Eager);
     eager.len = 100;
-    eager.encode(&mut raw);
-    assert!(sim.engines[1].handle_message(0, &raw, &[1, 2, 3]).is_ok());
+    assert!(sim.engines[1].handle_message(0, &eager, &[1, 2, 3]).is_ok());
     let mut frag = Header::new(PacketKind::Frag);
     frag.offset = 50;
-    frag.encode(&mut raw);
-    assert!(sim.engines[1].handle_message(0, &raw, &[0; 10]).is_err());
+    assert!(sim.engines[1].handle_message(0, &frag, &[0; 10]).is_err());
     // Out-of-order sequence ids.
     let mut sim = Sim::new(2, one_sided_route);
     eager.seq = 3;
     eager.len = 1;
-    eager.encode(&mut raw);
-    assert!(sim.engines[1].handle_message(0, &raw, &[1]).is_err());
+    assert!(sim.engines[1].handle_message(0, &eager, &[1]).is_err());
 }
 
 #[test]
@@ -1022,7 +1011,7 @@ fn streams_go_eager_and_ping_pongs_by_single_copy() {
     let data = pattern(6, 3000); // rndv-get by the route
     let sends: Vec<ReqId> = (0..3).map(|_| send(&mut sim, 0, 1, 1, &data)).collect();
     sim.run_actions();
-    let kinds: Vec<PacketKind> = sim.wires[1].iter().map(|p| Header::decode(0, &p.hdr).unwrap().kind).collect();
+    let kinds: Vec<PacketKind> = sim.wires[1].iter().map(|p| p.hdr.kind).collect();
     let eager = kinds.iter().filter(|k| **k == PacketKind::Eager).count();
     assert_eq!((kinds[0], eager), (PacketKind::Rts, 2), "{kinds:?}");
     let mut outs = vec![vec![0u8; 3000]; 3];
@@ -1040,7 +1029,7 @@ fn streams_go_eager_and_ping_pongs_by_single_copy() {
     assert!(result(&mut sim, 0, q).is_ok());
     send(&mut sim, 0, 1, 1, &data);
     sim.run_actions();
-    assert_eq!(Header::decode(0, &sim.wires[1].back().unwrap().hdr).unwrap().kind, PacketKind::Rts);
+    assert_eq!(sim.wires[1].back().unwrap().hdr.kind, PacketKind::Rts);
 }
 
 #[test]
@@ -1060,7 +1049,7 @@ fn skew_feedback_sends_eagerly_while_the_receiver_lags() {
         let before = sim.wires[1].len();
         let s = send(sim, 0, 1, 3, &data);
         sim.run_actions();
-        let kind = Header::decode(0, &sim.wires[1][before].hdr).unwrap().kind;
+        let kind = sim.wires[1][before].hdr.kind;
         sim.settle();
         let q = q.unwrap_or_else(|| recv(sim, 1, Source::Rank(0), TagMatch::Tag(3), &mut out));
         sim.settle();
@@ -1108,7 +1097,7 @@ fn sends_from_mapped_memory_go_one_sided() {
         let before = sim.wires[1].len();
         let s = send(&mut sim, 0, 1, i as u32, src);
         sim.run_actions();
-        assert_eq!(Header::decode(0, &sim.wires[1][before].hdr).unwrap().kind, *kind, "case {i}");
+        assert_eq!(sim.wires[1][before].hdr.kind, *kind, "case {i}");
         let mut out = vec![0u8; src.len()];
         let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(i as u32), &mut out);
         if *kind == PacketKind::Rts {
@@ -1116,7 +1105,7 @@ fn sends_from_mapped_memory_go_one_sided() {
             let before = sim.wires[0].len();
             while sim.deliver_one(1) {}
             sim.run_actions();
-            assert_eq!(Header::decode(1, &sim.wires[0][before].hdr).unwrap().kind, PacketKind::Fin, "case {i}");
+            assert_eq!(sim.wires[0][before].hdr.kind, PacketKind::Fin, "case {i}");
         }
         sim.settle();
         assert!(result(&mut sim, 0, s).is_ok());
@@ -1128,7 +1117,7 @@ fn sends_from_mapped_memory_go_one_sided() {
     let before = sim.wires[1].len();
     send(&mut sim, 0, 1, 9, &mapped[..800]);
     sim.run_actions();
-    assert_eq!(Header::decode(0, &sim.wires[1][before].hdr).unwrap().kind, PacketKind::Eager);
+    assert_eq!(sim.wires[1][before].hdr.kind, PacketKind::Eager);
 }
 
 /// Mapped memory is found among many ranges added in any order, and only whole buffers inside

@@ -16,13 +16,13 @@ pub const PATIENCE: Duration = Duration::from_secs(120);
 /// A sink that keeps everything it is given.
 #[derive(Default)]
 pub struct Recorder {
-    pub messages: Vec<(Rank, [u8; Header::WIRE_LEN], Vec<u8>)>,
+    pub messages: Vec<(Rank, Header, Vec<u8>)>,
     pub completed: Vec<(OpId, Result<()>)>,
     pub lost: Vec<(Rank, Error)>,
 }
 
 impl Sink for Recorder {
-    fn message(&mut self, from: Rank, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) {
+    fn message(&mut self, from: Rank, hdr: &Header, payload: &[u8]) {
         self.messages.push((from, *hdr, payload.to_vec()));
     }
     fn completed(&mut self, op: OpId, result: Result<()>) {
@@ -51,11 +51,9 @@ pub fn pair<P: Provider>(open: impl Fn() -> P, settings: &IbSettings) -> (Direct
     (a, b)
 }
 
-/// An engine header numbered `i`.
-pub fn hdr_of(i: u32) -> [u8; Header::WIRE_LEN] {
-    let mut h = [0u8; Header::WIRE_LEN];
-    h[..4].copy_from_slice(&i.to_le_bytes());
-    h
+/// An engine header numbered `i` (a data packet at offset `i`).
+pub fn hdr_of(i: u32) -> Header {
+    Header { offset: i.into(), ..Header::new(PacketKind::Data) }
 }
 
 /// Runs `step` until it returns true; panics with `what` after [`PATIENCE`].
@@ -146,8 +144,7 @@ pub fn like_messages_go_compact<P: Provider>(open: impl Fn() -> P, env: &IbSetti
     let message = |i: u32| {
         let len = sizes[i as usize % sizes.len()];
         let tag = if i % 7 == 0 { 1000 + i } else { 5 };
-        let mut h = [0u8; Header::WIRE_LEN];
-        Header { tag, seq: i, len: len as u64, ..Header::new(PacketKind::Eager) }.encode(&mut h);
+        let h = Header::eager(0, tag, i, len as u64);
         (h, (0..len).map(|j| (i as usize * 13 + j) as u8).collect::<Vec<u8>>())
     };
     let mut expected = 0u64;

@@ -17,7 +17,7 @@ pub const ROLE_VAR: &str = "PRSHM_TEST_ROLE";
 #[derive(Default, Debug)]
 pub struct Collect {
     /// Arrived messages: (from, header, payload).
-    pub msgs: Vec<(Rank, [u8; Header::WIRE_LEN], Vec<u8>)>,
+    pub msgs: Vec<(Rank, Header, Vec<u8>)>,
     /// Lost peers: (rank, error text).
     pub lost: Vec<(Rank, String)>,
     /// Completions: (op, ok).
@@ -25,7 +25,7 @@ pub struct Collect {
 }
 
 impl Sink for Collect {
-    fn message(&mut self, from: Rank, hdr: &[u8; Header::WIRE_LEN], payload: &[u8]) {
+    fn message(&mut self, from: Rank, hdr: &Header, payload: &[u8]) {
         self.msgs.push((from, *hdr, payload.to_vec()));
     }
     fn completed(&mut self, op: OpId, result: Result<()>) {
@@ -51,17 +51,13 @@ pub fn job(tag: &str) -> String {
 }
 
 /// Header of message `n` with payload length `len`: for even `n` the engine's header of a whole
-/// eager message (which the shm ring carries in compact form), for odd `n` opaque bytes.
-pub fn header(n: u64, len: usize) -> [u8; Header::WIRE_LEN] {
-    let mut h = [0u8; Header::WIRE_LEN];
+/// eager message (which the shm ring carries in compact form), for odd `n` one with no compact
+/// form (a data packet whose offset is `n`).
+pub fn header(n: u64, len: usize) -> Header {
     if n % 2 == 0 {
-        Header { tag: n as u32, seq: (n / 2) as u32, len: len as u64, ..Header::new(PacketKind::Eager) }.encode(&mut h);
-        return h;
+        return Header::eager(0, n as u32, (n / 2) as u32, len as u64);
     }
-    h[..8].copy_from_slice(&n.to_le_bytes());
-    h[8..16].copy_from_slice(&(len as u64).to_le_bytes());
-    h[35] = 0x5a;
-    h
+    Header { offset: n, len: len as u64, sreq: 0x5a, ..Header::new(PacketKind::Data) }
 }
 
 /// Byte `i` of message `n`.
@@ -70,17 +66,11 @@ pub fn pattern(n: u64, len: usize) -> Vec<u8> {
 }
 
 /// Message number and length carried by a header made with [`header`].
-pub fn decode_header(h: &[u8; Header::WIRE_LEN]) -> (u64, usize) {
-    if let Ok(eager) = Header::decode(0, h) {
-        if eager.kind == PacketKind::Eager && h[35] != 0x5a {
-            return (eager.tag as u64, eager.len as usize);
-        }
+pub fn decode_header(h: &Header) -> (u64, usize) {
+    match h.kind {
+        PacketKind::Eager => (h.tag as u64, h.len as usize),
+        _ => (h.offset, h.len as usize),
     }
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&h[..8]);
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&h[8..16]);
-    (u64::from_le_bytes(a), u64::from_le_bytes(b) as usize)
 }
 
 /// Hex text of bytes.
