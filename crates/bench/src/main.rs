@@ -83,7 +83,6 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         quiet_peers: u32,
     },
-    /// Latency and bandwidth of every channel (auto, shm, cma, and auto from registered buffers and from heap blocks) in one table.
     /// Medians, ratios and SVG plots from a comparison CSV (scripts/compare-peers.sh).
     Report {
         /// The CSV (`tool,mode,metric,size,rep,value`).
@@ -93,6 +92,8 @@ enum Cmd {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Latency and bandwidth of every channel (auto, shm, cma, and auto from registered
+    /// buffers and from heap blocks) in one table.
     Compare {
         /// Sizes to measure (comma-separated, with k/m suffixes).
         #[arg(long, default_value = "8,64,512,4k,32k,256k,1m,4m")]
