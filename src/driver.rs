@@ -433,6 +433,18 @@ impl Driver {
         }
     }
 
+    /// Before a send of `len` bytes to `to`: when its route decides by how near the peer's
+    /// core is, times a cache line from the peer ([`Transport::line_transfer_ns`]) and tells
+    /// the engine.
+    #[inline]
+    pub fn note_placement(&mut self, to: Rank, len: usize) {
+        if let Some(ch) = self.engine.wants_placement(to, len) {
+            if let Some(ns) = self.channels[ch as usize].line_transfer_ns(to) {
+                self.engine.note_line_transfer(to, ns);
+            }
+        }
+    }
+
     /// Before a receive naming `peer` is posted: tells the engine whether a message of `peer`
     /// already waits unread in a channel (skew feedback).
     #[inline]
@@ -636,7 +648,10 @@ mod tests {
         for (peer, am) in [(1, 0), (2, 1)] {
             let entries =
                 vec![RouteEntry { upto: usize::MAX, protocol: Protocol::Eager, channel: am, reason: String::new() }];
-            engine.set_route(peer, PeerRoute { am, frag: 1024, entries, stream_eager: None, mapped: None });
+            engine.set_route(
+                peer,
+                PeerRoute { am, frag: 1024, entries, stream_eager: None, near_eager: None, mapped: None },
+            );
         }
         let driver = Driver::new(engine, vec![cheap, syscall], reaching, WaitMode::Spin, PollPolicy::All);
         (driver, cheap_polls, syscall_polls)

@@ -259,6 +259,13 @@ impl Job {
                             st.reason
                         );
                     }
+                    if let Some(n) = rt.near_eager.as_ref().filter(|_| r != rank) {
+                        tracing::debug!(
+                            "rank {rank}: route to rank {r}: while its core is measured near, single copy up to {} goes eager: {}",
+                            polyrail_core::format_size(n.upto),
+                            n.reason
+                        );
+                    }
                     if let Some(m) = rt.mapped.as_ref().filter(|_| r != rank) {
                         tracing::debug!(
                             "rank {rank}: route to rank {r}: from registered memory, single copy from {}: {}",

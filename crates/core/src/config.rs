@@ -129,6 +129,19 @@ pub enum StreamEager {
     UpTo(usize),
 }
 
+/// Eager sends while the peer's core is near (`POLYRAIL_NEAR_EAGER`), see
+/// [`Config::near_eager`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum NearEager {
+    /// Up to 128k.
+    #[default]
+    Auto,
+    /// Never: the route table alone decides.
+    Off,
+    /// Up to this many bytes.
+    UpTo(usize),
+}
+
 /// How a process waits for arrivals (`POLYRAIL_WAIT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum WaitMode {
@@ -265,6 +278,15 @@ pub struct Config {
     /// host measured before, 32 KiB streamed 15 % faster through cells); or the largest such
     /// message.
     pub stream_eager: StreamEager,
+    /// `POLYRAIL_NEAR_EAGER`: messages that would go by single copy go eagerly through send
+    /// cells instead while a cache line the peer wrote reaches this process quickly (the two
+    /// cores share a cache): both processes copy at once and the copies stay in that cache,
+    /// where the kernel's single copy is slow. Measured at run time per peer, on sends above the
+    /// single-copy threshold (see `docs/architecture.md`). `auto` (default): up to 128k (on the
+    /// AMD EPYC host of `docs/benchmarks.md`, near: 32 KiB one way 1.8 against 3.8 µs, streamed
+    /// 25 against 9.5 GB/s; 128 KiB 5.7 against 7.1 µs; at 256 KiB single copy streams faster);
+    /// `off`; or the largest such message.
+    pub near_eager: NearEager,
     /// `POLYRAIL_EAGER_LIMIT`: largest message sent eagerly through send cells when single copy
     /// is not used; larger ones wait for the receiver (rendezvous) and stream through cells.
     /// Default 64k.
@@ -311,6 +333,7 @@ impl Default for Config {
             routes: Vec::new(),
             split_threshold: SplitThreshold::Auto,
             stream_eager: StreamEager::Off,
+            near_eager: NearEager::Auto,
             eager_limit: 64 << 10,
             shm_slots: 64,
             shm_cell_size: 16 << 10,
@@ -336,6 +359,10 @@ pub const VARIABLES: &[(&str, &str)] = &[
     (
         "POLYRAIL_STREAM_EAGER",
         "largest single-copy message sent eagerly in a stream of sends to a peer: auto (default), off or a size",
+    ),
+    (
+        "POLYRAIL_NEAR_EAGER",
+        "largest single-copy message sent eagerly while the peer's core shares a cache: auto (default, 128k), off or a size",
     ),
     ("POLYRAIL_EAGER_LIMIT", "largest eager message through send cells (default 64k)"),
     ("POLYRAIL_SHM_SLOTS", "records and 64-byte body slots per shared-memory ring (power of two, default 64)"),
@@ -443,6 +470,13 @@ impl Config {
                     "auto" => StreamEager::Auto,
                     "off" => StreamEager::Off,
                     _ => StreamEager::UpTo(size_in(0, 1 << 30).map_err(|_| bad("`auto`, `off` or a size up to 1g"))?),
+                }
+            }
+            "POLYRAIL_NEAR_EAGER" => {
+                self.near_eager = match value {
+                    "auto" => NearEager::Auto,
+                    "off" => NearEager::Off,
+                    _ => NearEager::UpTo(size_in(0, 1 << 30).map_err(|_| bad("`auto`, `off` or a size up to 1g"))?),
                 }
             }
             "POLYRAIL_EAGER_LIMIT" => self.eager_limit = size_in(0, 1 << 30)?,
@@ -737,6 +771,11 @@ mod tests {
         assert!(e.contains("POLYRAIL_SPLIT_THRESHOLD") && e.contains("`auto`"), "{e}");
         assert_eq!(cfg(&[("POLYRAIL_STREAM_EAGER", "48k")]).unwrap().stream_eager, StreamEager::UpTo(48 << 10));
         assert_eq!(cfg(&[("POLYRAIL_STREAM_EAGER", "off")]).unwrap().stream_eager, StreamEager::Off);
+        assert_eq!(cfg(&[]).unwrap().near_eager, NearEager::Auto);
+        assert_eq!(cfg(&[("POLYRAIL_NEAR_EAGER", "96k")]).unwrap().near_eager, NearEager::UpTo(96 << 10));
+        assert_eq!(cfg(&[("POLYRAIL_NEAR_EAGER", "off")]).unwrap().near_eager, NearEager::Off);
+        let e = cfg(&[("POLYRAIL_NEAR_EAGER", "near")]).unwrap_err().to_string();
+        assert!(e.contains("POLYRAIL_NEAR_EAGER") && e.contains("near") && e.contains("`off`"), "{e}");
         let e = cfg(&[("POLYRAIL_STREAM_EAGER", "always")]).unwrap_err().to_string();
         assert!(e.contains("POLYRAIL_STREAM_EAGER") && e.contains("always") && e.contains("`auto`"), "{e}");
     }

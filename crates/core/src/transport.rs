@@ -362,6 +362,14 @@ pub trait Transport: Send {
         Err(Error::Transport { kind: self.attr().kind.name(), what: format!("cannot write memory of rank {peer}") })
     }
 
+    /// How long, in nanoseconds beyond a local load, a cache line the peer wrote since the last
+    /// call took to arrive: a measure of how near the two cores are (sharing a cache or not),
+    /// for [`crate::policy::NearEagerRule`]. `None` when the channel shares no memory with the
+    /// peer or has no fresh line to time (the default).
+    fn line_transfer_ns(&mut self, _peer: Rank) -> Option<u32> {
+        None
+    }
+
     /// Whether a message of `peer` waits unread (a peek, no delivery; for skew feedback).
     fn has_unread(&self, _peer: Rank) -> bool {
         false

@@ -314,3 +314,16 @@ fn two_threads_stress() {
     producer.join().unwrap();
     assert!(!pop_check(&mut c, n, 0));
 }
+
+#[test]
+fn the_read_line_is_timed_only_when_the_consumer_published_since() {
+    let geo = Geometry::new(16, 4);
+    let mem = HeapRing::new(geo);
+    let (mut p, mut c) = mem.pair(geo);
+    assert_eq!(p.time_read_line(), None, "nothing published yet");
+    assert!(p.try_push_inline(&eager(0, 8), &payload(0, 8)).unwrap());
+    assert!(pop_check_header(&mut c, &eager(0, 8), 0, 8));
+    assert!(!pop_check(&mut c, 1, 8), "empty: the consumer publishes its read position");
+    assert!(p.time_read_line().is_some());
+    assert_eq!(p.time_read_line(), None, "the same position again");
+}

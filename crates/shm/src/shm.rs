@@ -345,6 +345,14 @@ impl Transport for ShmTransport {
         Ok(self.sweep.run(&self.active, budget, |rank, left| Self::poll_peer(peers, rank, left, sink)))
     }
 
+    fn line_transfer_ns(&mut self, peer: Rank) -> Option<u32> {
+        let p = self.peers.get_mut(peer as usize)?.as_mut()?;
+        if p.failed {
+            return None;
+        }
+        p.out.time_read_line()
+    }
+
     fn has_unread(&self, peer: Rank) -> bool {
         let Some(Some(p)) = self.peers.get(peer as usize) else { return false };
         // A corrupt record counts too: this is a hint (skew feedback); polling reports it.

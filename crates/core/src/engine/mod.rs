@@ -36,7 +36,7 @@ pub use types::{Action, Payload, ReqId, Source, Status, TagMatch};
 use crate::config::SkewPolicy;
 use crate::error::{Error, Rank, Result};
 use crate::header::{Header, PacketKind};
-use crate::policy::{ChannelId, ChannelSet, PeerRoute, Protocol};
+use crate::policy::{ChannelId, ChannelSet, NearEagerRule, PeerRoute, Protocol};
 use crate::transport::{OpId, PeerAccess, Region, RegionMut, RemoteKey, Sink};
 use requests::{Dir, ExposeFor, Req, Requests};
 use std::collections::VecDeque;
@@ -151,6 +151,10 @@ struct Peer {
     unread_hint: usize,
     /// Sender side: the peer said it lags; medium messages go eagerly.
     peer_lags: bool,
+    /// Whether the peer's core was last measured near (see [`Engine::note_line_transfer`]),
+    /// and how many samples in a row said otherwise since.
+    near: bool,
+    near_doubts: u8,
     /// Whether receives posted behind others for the same messages send an RTR too. They pay
     /// only when receives are posted well before the sends (a window's hints usually arrive
     /// after the sender posted its window, and each costs an exposure and a packet): on after
@@ -176,6 +180,8 @@ impl Peer {
             told_lagging: false,
             unread_hint: 0,
             peer_lags: false,
+            near: false,
+            near_doubts: 0,
             window_rtrs: false,
             last_send_at: None,
         }
@@ -258,6 +264,44 @@ impl Engine {
         if let Some(p) = self.peers.get_mut(peer as usize) {
             p.unread_hint = unread as usize;
         }
+    }
+
+    /// The channel to time a line transfer from `peer` on before a send of `len` bytes to it
+    /// ([`Engine::note_line_transfer`]): when its route sends such messages eagerly while the
+    /// peer's core is near ([`crate::policy::NearEagerRule`]) and single copy otherwise.
+    #[inline]
+    pub fn wants_placement(&self, peer: Rank, len: usize) -> Option<ChannelId> {
+        let route = self.peers.get(peer as usize)?.route.as_ref()?;
+        let rule = route.near_eager.as_ref()?;
+        (len <= rule.upto && route.lookup(len).protocol.is_one_sided()).then_some(route.am)
+    }
+
+    /// A cache line written by `peer` took `ns` nanoseconds to arrive
+    /// ([`crate::Transport::line_transfer_ns`]): the verdict near or not changes after
+    /// [`NearEagerRule::TO_CHANGE`] samples in a row say so.
+    pub fn note_line_transfer(&mut self, peer: Rank, ns: u32) {
+        let Some(p) = self.peers.get_mut(peer as usize) else { return };
+        let Some(rule) = p.route.as_ref().and_then(|r| r.near_eager.as_ref()) else { return };
+        if (ns <= rule.near_ns) == p.near {
+            p.near_doubts = 0;
+            return;
+        }
+        p.near_doubts += 1;
+        if p.near_doubts >= NearEagerRule::TO_CHANGE {
+            (p.near, p.near_doubts) = (!p.near, 0);
+            tracing::debug!(
+                "rank {}: rank {peer}'s core measured {} ({ns} ns for a cache line): messages up to {} go {}",
+                self.me,
+                if p.near { "near" } else { "apart" },
+                crate::format_size(rule.upto),
+                if p.near { "eagerly" } else { "by the route table" }
+            );
+        }
+    }
+
+    /// Whether `peer`'s core was last measured near (see [`Engine::note_line_transfer`]).
+    pub fn peer_near(&self, peer: Rank) -> bool {
+        self.peers.get(peer as usize).is_some_and(|p| p.near)
     }
 
     /// Whether `peer` told us it lags (so medium messages to it go eagerly).
@@ -460,7 +504,10 @@ impl Engine {
         // completes at once. In a stream, eager sends let both processes copy at once.
         let lagging = peer.peer_lags && skew.is_some_and(|k| buf.len <= k.eager_up_to);
         let stream = streaming && mapped.is_none() && route.stream_eager.as_ref().is_some_and(|r| buf.len <= r.upto);
-        if protocol.is_one_sided() && (lagging || stream) {
+        // Both cores share a cache: two copies through cells stay in it, where the kernel's
+        // single copy is slow (POLYRAIL_NEAR_EAGER).
+        let near = peer.near && mapped.is_none() && route.near_eager.as_ref().is_some_and(|r| buf.len <= r.upto);
+        if protocol.is_one_sided() && (lagging || stream || near) {
             (protocol, data_ch) = (Protocol::Eager, am);
         }
         let seq = peer.next_send_seq;

@@ -53,7 +53,7 @@ fn route(frag: usize, protocols: &[(usize, Protocol)]) -> PeerRoute {
             reason: String::new(),
         })
         .collect();
-    PeerRoute { am: AM, frag, entries, stream_eager: None, mapped: None }
+    PeerRoute { am: AM, frag, entries, stream_eager: None, near_eager: None, mapped: None }
 }
 
 /// Eager below 1k (fragments of 100 bytes), get up to 4k, split above.
@@ -1030,6 +1030,46 @@ fn streams_go_eager_and_ping_pongs_by_single_copy() {
     send(&mut sim, 0, 1, 1, &data);
     sim.run_actions();
     assert_eq!(sim.wires[1].back().unwrap().hdr.kind, PacketKind::Rts);
+}
+
+/// With a near rule, a single-copy size goes eagerly once three line transfers in a row were
+/// quick, and by single copy again once three in a row were slow; one odd sample changes
+/// nothing.
+#[test]
+fn near_peers_get_medium_messages_eagerly() {
+    let with_rule = || PeerRoute {
+        near_eager: Some(crate::policy::NearEagerRule { upto: 5000, near_ns: 80, reason: String::new() }),
+        ..one_sided_route()
+    };
+    let mut sim = Sim::new(2, with_rule);
+    let e = &sim.engines[0];
+    assert_eq!(
+        (e.wants_placement(1, 3000), e.wants_placement(1, 8), e.wants_placement(1, 6000)),
+        (Some(AM), None, None)
+    );
+    let data = pattern(4, 3000); // rndv-get by the route
+    let mut first_kind = |sim: &mut Sim, samples: &[u32]| -> PacketKind {
+        for &ns in samples {
+            sim.engines[0].note_line_transfer(1, ns);
+        }
+        let mut out = vec![0u8; 3000];
+        let q = recv(sim, 1, Source::Rank(0), TagMatch::Tag(5), &mut out);
+        sim.settle();
+        let before = sim.wires[1].len();
+        let s = send(sim, 0, 1, 5, &data);
+        sim.run_actions();
+        let kind = sim.wires[1][before].hdr.kind;
+        sim.settle();
+        assert!(result(sim, 0, s).is_ok() && result(sim, 1, q).is_ok());
+        assert_eq!(out, data);
+        kind
+    };
+    assert_eq!(first_kind(&mut sim, &[20, 20]), PacketKind::Rts, "two quick samples are not enough");
+    assert_eq!(first_kind(&mut sim, &[20]), PacketKind::Eager);
+    assert!(sim.engines[0].peer_near(1));
+    assert_eq!(first_kind(&mut sim, &[500, 20, 200, 200]), PacketKind::Eager, "one late sample changes nothing");
+    assert_eq!(first_kind(&mut sim, &[150]), PacketKind::Rts);
+    assert!(!sim.engines[0].peer_near(1));
 }
 
 #[test]

@@ -8,7 +8,7 @@
 pub mod sweep;
 pub mod topology;
 
-use crate::config::{Config, RouteRule, SplitThreshold, StreamEager};
+use crate::config::{Config, NearEager, RouteRule, SplitThreshold, StreamEager};
 use crate::size::format_size;
 use crate::transport::{Caps, TransportAttr, TransportKind};
 use topology::TopoClass;
@@ -110,6 +110,9 @@ pub struct PeerRoute {
     /// Single-copy messages sent eagerly on `am` instead in a stream: when no message came from
     /// the peer since the last send to it (`POLYRAIL_STREAM_EAGER`).
     pub stream_eager: Option<StreamEagerRule>,
+    /// Single-copy messages sent eagerly on `am` instead while the peer's core is measured near
+    /// (`POLYRAIL_NEAR_EAGER`).
+    pub near_eager: Option<NearEagerRule>,
     /// Messages from registered memory that the peer maps (see
     /// [`crate::TransportAttr::mapped_from`]): one-sided from a smaller size, never eager in a
     /// stream.
@@ -135,6 +138,27 @@ pub struct StreamEagerRule {
     pub upto: usize,
     /// Where the size came from, for `polyrail info`.
     pub reason: String,
+}
+
+/// Up to which size messages go eagerly while the peer's core is near, and how near is told.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NearEagerRule {
+    /// Largest message sent this way.
+    pub upto: usize,
+    /// A cache line written by the peer arriving in at most this many nanoseconds (beyond a
+    /// local load) counts as near ([`crate::Transport::line_transfer_ns`]).
+    pub near_ns: u32,
+    /// Where the size came from, for `polyrail info`.
+    pub reason: String,
+}
+
+impl NearEagerRule {
+    /// Line transfers at most this long are "near": on the AMD EPYC host of
+    /// `docs/benchmarks.md`, 20 ns with both vCPUs in one core complex, 110-120 ns apart.
+    pub const NEAR_NS: u32 = 80;
+    /// Samples in a row on the other side of [`NearEagerRule::NEAR_NS`] that change the
+    /// verdict (one late sample, an interrupt, does not).
+    pub const TO_CHANGE: u8 = 3;
 }
 
 impl PeerRoute {
@@ -206,6 +230,7 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
         .or_else(|| candidates.iter().find(|c| c.attr.caps.contains(Caps::GET)));
     let mut entries = Vec::new();
     let mut stream_eager = None;
+    let mut near_eager = None;
     let mut mapped = None;
     let kind = |c: &Candidate<'_>| c.attr.kind;
     match rma {
@@ -260,6 +285,22 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
                     }
                 }
                 .filter(|r| r.upto >= threshold);
+                // The channel that carries the eager copies measures the placement.
+                near_eager = match cfg.near_eager {
+                    _ if am.attr.kind != TransportKind::Shm => None,
+                    NearEager::Off => None,
+                    NearEager::Auto => Some((128 << 10, "POLYRAIL_NEAR_EAGER=auto".to_string())),
+                    NearEager::UpTo(upto) => Some((upto, "POLYRAIL_NEAR_EAGER".to_string())),
+                }
+                .filter(|&(upto, _)| upto >= threshold)
+                .map(|(upto, why)| NearEagerRule {
+                    upto,
+                    near_ns: NearEagerRule::NEAR_NS,
+                    reason: format!(
+                        "{why}; near when a line the peer wrote arrives within {} ns of a local load",
+                        NearEagerRule::NEAR_NS
+                    ),
+                });
             }
             if let Some(from) = rma.attr.mapped_from {
                 mapped = Some(MappedRule {
@@ -334,7 +375,7 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
         }
         keep
     });
-    let mut route = PeerRoute { am: am.id, frag, entries, stream_eager, mapped };
+    let mut route = PeerRoute { am: am.id, frag, entries, stream_eager, near_eager, mapped };
     for rule in cfg.routes.iter().filter(|r| r.class.is_none_or(|c| c == class)) {
         if let Err(why) = apply_rule(&mut route, rule, candidates) {
             if class != TopoClass::SameProcess {
@@ -451,6 +492,27 @@ mod tests {
         cfg.set("POLYRAIL_SPLIT_THRESHOLD", "off").unwrap();
         let r = build_route(TopoClass::SharedL3, &c, &cfg).unwrap();
         assert_eq!(r.lookup(usize::MAX).protocol, Protocol::RndvGet);
+    }
+
+    #[test]
+    fn near_rule_covers_single_copy_sizes_up_to_its_limit() {
+        let shm = attr(TransportKind::Shm, Caps::AM, 16384);
+        let cma = attr(TransportKind::Cma, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
+        let c = [Candidate { id: 1, attr: &shm }, Candidate { id: 2, attr: &cma }];
+        let rule = |cfg: &Config| build_route(TopoClass::SharedL3, &c, cfg).unwrap().near_eager;
+        let auto = rule(&Config::default()).expect("on by default beside shm");
+        assert_eq!((auto.upto, auto.near_ns), (128 << 10, NearEagerRule::NEAR_NS));
+        let mut cfg = Config::default();
+        cfg.set("POLYRAIL_NEAR_EAGER", "off").unwrap();
+        assert_eq!(rule(&cfg), None);
+        cfg.set("POLYRAIL_NEAR_EAGER", "8k").unwrap();
+        assert_eq!(rule(&cfg), None, "below the 32k single-copy threshold: nothing to change");
+        cfg.set("POLYRAIL_NEAR_EAGER", "64k").unwrap();
+        assert_eq!(rule(&cfg).map(|r| r.upto), Some(64 << 10));
+        // Only the shared-memory channel can time a line from the peer.
+        let ib = attr(TransportKind::Ib, Caps::AM | Caps::GET | Caps::PUT, 8192);
+        let c = [Candidate { id: 1, attr: &ib }, Candidate { id: 2, attr: &cma }];
+        assert_eq!(build_route(TopoClass::SharedL3, &c, &Config::default()).unwrap().near_eager, None);
     }
 
     #[test]
