@@ -117,6 +117,10 @@ pub enum SplitThreshold {
     From(usize),
 }
 
+/// Largest message any setting may send eagerly: a receiver refuses a longer eager message as a
+/// protocol error (it would have to buffer it whole when unexpected).
+pub const MAX_EAGER_MESSAGE: usize = 256 << 20;
+
 /// Eager sends in a stream (`POLYRAIL_STREAM_EAGER`), see [`Config::stream_eager`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum StreamEager {
@@ -469,17 +473,21 @@ impl Config {
                 self.stream_eager = match value {
                     "auto" => StreamEager::Auto,
                     "off" => StreamEager::Off,
-                    _ => StreamEager::UpTo(size_in(0, 1 << 30).map_err(|_| bad("`auto`, `off` or a size up to 1g"))?),
+                    _ => StreamEager::UpTo(
+                        size_in(0, MAX_EAGER_MESSAGE).map_err(|_| bad("`auto`, `off` or a size up to 256m"))?,
+                    ),
                 }
             }
             "POLYRAIL_NEAR_EAGER" => {
                 self.near_eager = match value {
                     "auto" => NearEager::Auto,
                     "off" => NearEager::Off,
-                    _ => NearEager::UpTo(size_in(0, 1 << 30).map_err(|_| bad("`auto`, `off` or a size up to 1g"))?),
+                    _ => NearEager::UpTo(
+                        size_in(0, MAX_EAGER_MESSAGE).map_err(|_| bad("`auto`, `off` or a size up to 256m"))?,
+                    ),
                 }
             }
-            "POLYRAIL_EAGER_LIMIT" => self.eager_limit = size_in(0, 1 << 30)?,
+            "POLYRAIL_EAGER_LIMIT" => self.eager_limit = size_in(0, MAX_EAGER_MESSAGE)?,
             "POLYRAIL_SHM_SLOTS" => {
                 let n = count_in(16, 65536)?;
                 if !n.is_power_of_two() {
@@ -571,7 +579,7 @@ impl Config {
                 }
                 self.ib.block = n;
             }
-            "POLYRAIL_IB_EAGER_LIMIT" => self.ib.eager_limit = size_in(0, 1 << 30)?,
+            "POLYRAIL_IB_EAGER_LIMIT" => self.ib.eager_limit = size_in(0, MAX_EAGER_MESSAGE)?,
             "POLYRAIL_IB_SYNC_LIMIT" => self.ib.sync_limit = count_in(2, 4096)?,
             "POLYRAIL_IB_BOUNCE" => self.ib.bounce = size_in(0, 16 << 20)?,
             // 0 would be an infinite timeout: a peer that is gone would never be noticed.
@@ -774,6 +782,10 @@ mod tests {
         assert_eq!(cfg(&[]).unwrap().near_eager, NearEager::Auto);
         assert_eq!(cfg(&[("POLYRAIL_NEAR_EAGER", "96k")]).unwrap().near_eager, NearEager::UpTo(96 << 10));
         assert_eq!(cfg(&[("POLYRAIL_NEAR_EAGER", "off")]).unwrap().near_eager, NearEager::Off);
+        for var in ["POLYRAIL_NEAR_EAGER", "POLYRAIL_STREAM_EAGER", "POLYRAIL_EAGER_LIMIT", "POLYRAIL_IB_EAGER_LIMIT"] {
+            let e = cfg(&[(var, "512m")]).unwrap_err().to_string();
+            assert!(e.contains(var) && e.contains("256m"), "{e}");
+        }
         let e = cfg(&[("POLYRAIL_NEAR_EAGER", "near")]).unwrap_err().to_string();
         assert!(e.contains("POLYRAIL_NEAR_EAGER") && e.contains("near") && e.contains("`off`"), "{e}");
         let e = cfg(&[("POLYRAIL_STREAM_EAGER", "always")]).unwrap_err().to_string();
@@ -861,7 +873,7 @@ mod tests {
         let e = cfg(&[("POLYRAIL_IB_SYNC_LIMIT", "1")]).unwrap_err().to_string();
         assert!(e.contains("a whole number from 2 to 4096"), "{e}");
         let e = cfg(&[("POLYRAIL_EAGER_LIMIT", "2g")]).unwrap_err().to_string();
-        assert!(e.contains("a size from 0 to 1g (bytes, or with a k, m or g suffix)"), "{e}");
+        assert!(e.contains("a size from 0 to 256m (bytes, or with a k, m or g suffix)"), "{e}");
         for (var, bad) in [
             ("POLYRAIL_IB_PROVIDER", "hca"),
             ("POLYRAIL_IB_DEVICE", "rxe0:0"),

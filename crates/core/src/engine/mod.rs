@@ -50,7 +50,7 @@ const SEND_HISTORY: usize = 64;
 /// is only an offer, the send then goes sender-first).
 const MAX_RTR_PLACE: u32 = 1024;
 /// Largest eager message accepted from a peer (a bigger claimed length is a protocol error).
-const MAX_EAGER_LEN: u64 = 256 << 20;
+const MAX_EAGER_LEN: u64 = crate::config::MAX_EAGER_MESSAGE as u64;
 
 /// Why a peer can no longer take part.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
