@@ -186,6 +186,7 @@ impl Context {
     fn recv_in(&mut self, ctx: u16, from: Source, tag: TagMatch, buf: &mut [u8]) -> Result<Status> {
         if let Source::Rank(r) = from {
             self.driver.note_unread(r);
+            self.driver.note_placement(r, buf.len());
         }
         self.heap.before_post(&mut self.driver, buf.as_ptr(), buf.len());
         // SAFETY: `buf` is borrowed for the call.
@@ -245,6 +246,7 @@ impl Context {
         let from = from.into();
         if let Source::Rank(r) = from {
             self.driver.note_unread(r);
+            self.driver.note_placement(r, buf.len());
         }
         self.heap.before_post(&mut self.driver, buf.as_ptr(), buf.len());
         let tag = tag.into();
@@ -297,6 +299,9 @@ impl Context {
     ) -> Result<Request> {
         self.heap.before_post(&mut self.driver, ptr, len);
         let (from, tag, region) = (from.into(), tag.into(), RegionMut { ptr, len });
+        if let Source::Rank(r) = from {
+            self.driver.note_placement(r, len);
+        }
         // SAFETY: forwarded to the caller.
         if let Some(status) = unsafe { self.take_arrived(from, tag, USER_CTX, region) } {
             return Ok(Request::done(status, Vec::new()));

@@ -433,9 +433,9 @@ impl Driver {
         }
     }
 
-    /// Before a send of `len` bytes to `to`: when its route decides by how near the peer's
-    /// core is, times a cache line from the peer ([`Transport::line_transfer_ns`]) and tells
-    /// the engine.
+    /// Before a send of `len` bytes to `to`, or a receive of up to `len` bytes from it: when
+    /// its route decides by how near the peer's core is, times a cache line from the peer
+    /// ([`Transport::line_transfer_ns`]) and tells the engine.
     #[inline]
     pub fn note_placement(&mut self, to: Rank, len: usize) {
         if let Some(ch) = self.engine.wants_placement(to, len) {

@@ -3,8 +3,8 @@
 use super::requests::{Dir, ExposeFor, Req};
 use super::types::{op_id, OpKind};
 use super::{
-    am_of, finish_req, split_point, Action, Engine, FragTarget, Incoming, Payload, ReqId, Rtr, Source, TagMatch,
-    Unexpected, UxBody, MAX_EAGER_LEN, MAX_RTR_PLACE, SEND_HISTORY,
+    am_of, finish_req, near_eager_covers, split_point, Action, Engine, FragTarget, Incoming, Payload, ReqId, Rtr,
+    Source, TagMatch, Unexpected, UxBody, MAX_EAGER_LEN, MAX_RTR_PLACE, SEND_HISTORY,
 };
 use crate::error::{Error, Rank, Result};
 use crate::header::{Header, PacketKind};
@@ -631,7 +631,8 @@ impl Engine {
         }) else {
             return;
         };
-        if !protocol.is_one_sided() {
+        // A near peer sends it eagerly: no buffer to offer.
+        if !protocol.is_one_sided() || near_eager_covers(&self.peers[r as usize], cap) {
             return;
         }
         let max = if self.peers[r as usize].window_rtrs { MAX_RTR_PLACE } else { 0 };

@@ -52,6 +52,12 @@ const MAX_RTR_PLACE: u32 = 1024;
 /// Largest eager message accepted from a peer (a bigger claimed length is a protocol error).
 const MAX_EAGER_LEN: u64 = crate::config::MAX_EAGER_MESSAGE as u64;
 
+/// Whether `p`'s core was measured near and its route's near rule sends `len` bytes eagerly.
+#[inline]
+fn near_eager_covers(p: &Peer, len: usize) -> bool {
+    p.near && p.route.as_ref().and_then(|r| r.near_eager.as_ref()).is_some_and(|r| len <= r.upto)
+}
+
 /// Why a peer can no longer take part.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Gone {
@@ -204,6 +210,9 @@ pub struct Engine {
     /// Receives that failed after their buffer's key went to a peer that is still alive: see
     /// [`Engine::take_peer_may_write`].
     peer_may_write: Vec<ReqId>,
+    /// Smallest message a route's near rule decides (see [`Engine::wants_placement`]);
+    /// `usize::MAX` when no route has one.
+    placement_from: usize,
     /// Registered memory that peers map, as address ranges sorted by start (see
     /// [`Engine::add_mapped_memory`]).
     mapped: Vec<Range<usize>>,
@@ -234,6 +243,7 @@ impl Engine {
             skew: None,
             awaited: None,
             peer_may_write: Vec::new(),
+            placement_from: usize::MAX,
             mapped: Vec::new(),
             parked: None,
         }
@@ -266,11 +276,15 @@ impl Engine {
         }
     }
 
-    /// The channel to time a line transfer from `peer` on before a send of `len` bytes to it
-    /// ([`Engine::note_line_transfer`]): when its route sends such messages eagerly while the
-    /// peer's core is near ([`crate::policy::NearEagerRule`]) and single copy otherwise.
+    /// The channel to time a line transfer from `peer` on before a send of `len` bytes to it,
+    /// or a receive of at most `len` bytes from it ([`Engine::note_line_transfer`]): when its
+    /// route sends such messages eagerly while the peer's core is near
+    /// ([`crate::policy::NearEagerRule`]) and single copy otherwise.
     #[inline]
     pub fn wants_placement(&self, peer: Rank, len: usize) -> Option<ChannelId> {
+        if len < self.placement_from {
+            return None; // every small message: one comparison
+        }
         let route = self.peers.get(peer as usize)?.route.as_ref()?;
         let rule = route.near_eager.as_ref()?;
         (len <= rule.upto && route.lookup(len).protocol.is_one_sided()).then_some(route.am)
@@ -323,6 +337,10 @@ impl Engine {
     pub fn set_route(&mut self, peer: Rank, route: PeerRoute) {
         self.touched();
         if let Some(p) = self.peers.get_mut(peer as usize) {
+            if route.near_eager.is_some() {
+                let from = route.rndv_threshold().unwrap_or(usize::MAX);
+                self.placement_from = self.placement_from.min(from);
+            }
             p.route = Some(route);
         }
     }
@@ -506,7 +524,7 @@ impl Engine {
         let stream = streaming && mapped.is_none() && route.stream_eager.as_ref().is_some_and(|r| buf.len <= r.upto);
         // Both cores share a cache: two copies through cells stay in it, where the kernel's
         // single copy is slow (POLYRAIL_NEAR_EAGER).
-        let near = peer.near && mapped.is_none() && route.near_eager.as_ref().is_some_and(|r| buf.len <= r.upto);
+        let near = mapped.is_none() && near_eager_covers(peer, buf.len);
         if protocol.is_one_sided() && (lagging || stream || near) {
             (protocol, data_ch) = (Protocol::Eager, am);
         }
@@ -676,7 +694,10 @@ impl Engine {
             return false;
         }
         let Some(p) = self.peers.get(from as usize) else { return false };
-        let eager = p.route.as_ref().is_some_and(|r| !r.lookup(buf.len).protocol.is_one_sided());
+        // A near peer sends sizes up to its near rule's eagerly (and anything else still meets
+        // the parked receive, which then becomes a request).
+        let eager = p.route.as_ref().is_some_and(|r| !r.lookup(buf.len).protocol.is_one_sided())
+            || near_eager_covers(p, buf.len);
         if !eager || p.gone.is_some() || !p.posted.is_empty() || self.find_unexpected(src, tag, ctx).is_some() {
             return false;
         }

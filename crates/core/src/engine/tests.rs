@@ -1070,6 +1070,23 @@ fn near_peers_get_medium_messages_eagerly() {
     assert_eq!(first_kind(&mut sim, &[500, 20, 200, 200]), PacketKind::Eager, "one late sample changes nothing");
     assert_eq!(first_kind(&mut sim, &[150]), PacketKind::Rts);
     assert!(!sim.engines[0].peer_near(1));
+    // A receiver that measured its sender near offers no buffer (RTR) for such a size: the
+    // message comes eagerly.
+    let mut out = vec![0u8; 3000];
+    let rtrs = |sim: &Sim| sim.wires[0].iter().filter(|p| p.hdr.kind == PacketKind::Rtr).count();
+    let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(6), &mut out);
+    sim.run_actions();
+    assert_eq!(rtrs(&sim), 1, "apart: the receive offers its buffer");
+    let s = send(&mut sim, 0, 1, 6, &data);
+    sim.settle();
+    assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
+    sim.wires[0].clear();
+    for _ in 0..3 {
+        sim.engines[1].note_line_transfer(0, 20);
+    }
+    recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(7), &mut out);
+    sim.run_actions();
+    assert_eq!(rtrs(&sim), 0, "near: no offer");
 }
 
 #[test]
