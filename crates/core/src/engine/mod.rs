@@ -161,6 +161,9 @@ struct Peer {
     /// and how many samples in a row said otherwise since.
     near: bool,
     near_doubts: u8,
+    /// Messages the near rule covered since the last line was timed (see
+    /// [`Engine::wants_placement`]).
+    unsampled: u8,
     /// Whether receives posted behind others for the same messages send an RTR too. They pay
     /// only when receives are posted well before the sends (a window's hints usually arrive
     /// after the sender posted its window, and each costs an exposure and a packet): on after
@@ -188,6 +191,7 @@ impl Peer {
             peer_lags: false,
             near: false,
             near_doubts: 0,
+            unsampled: 0,
             window_rtrs: false,
             last_send_at: None,
         }
@@ -277,17 +281,22 @@ impl Engine {
     }
 
     /// The channel to time a line transfer from `peer` on before a send of `len` bytes to it,
-    /// or a receive of at most `len` bytes from it ([`Engine::note_line_transfer`]): when its
-    /// route sends such messages eagerly while the peer's core is near
-    /// ([`crate::policy::NearEagerRule`]) and single copy otherwise.
+    /// or a receive of at most `len` bytes from it ([`Engine::note_line_transfer`]): on every
+    /// [`NearEagerRule::SAMPLE_EVERY`]-th such message when its route sends it eagerly while
+    /// the peer's core is near ([`crate::policy::NearEagerRule`]) and single copy otherwise.
     #[inline]
-    pub fn wants_placement(&self, peer: Rank, len: usize) -> Option<ChannelId> {
+    pub fn wants_placement(&mut self, peer: Rank, len: usize) -> Option<ChannelId> {
         if len < self.placement_from {
             return None; // every small message: one comparison
         }
-        let route = self.peers.get(peer as usize)?.route.as_ref()?;
+        let p = self.peers.get_mut(peer as usize)?;
+        let route = p.route.as_ref()?;
         let rule = route.near_eager.as_ref()?;
-        (len <= rule.upto && route.lookup(len).protocol.is_one_sided()).then_some(route.am)
+        if len > rule.upto || !route.lookup(len).protocol.is_one_sided() {
+            return None;
+        }
+        p.unsampled = p.unsampled.wrapping_add(1);
+        (p.unsampled % NearEagerRule::SAMPLE_EVERY == 1).then_some(route.am)
     }
 
     /// A cache line written by `peer` took `ns` nanoseconds to arrive

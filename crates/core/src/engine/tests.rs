@@ -1042,11 +1042,11 @@ fn near_peers_get_medium_messages_eagerly() {
         ..one_sided_route()
     };
     let mut sim = Sim::new(2, with_rule);
-    let e = &sim.engines[0];
-    assert_eq!(
-        (e.wants_placement(1, 3000), e.wants_placement(1, 8), e.wants_placement(1, 6000)),
-        (Some(AM), None, None)
-    );
+    let e = &mut sim.engines[0];
+    assert_eq!((e.wants_placement(1, 8), e.wants_placement(1, 6000)), (None, None), "sizes the rule does not cover");
+    let every = NearEagerRule::SAMPLE_EVERY as usize;
+    let sampled: Vec<bool> = (0..2 * every).map(|_| e.wants_placement(1, 3000).is_some()).collect();
+    assert!(sampled[0] && sampled[every] && sampled.iter().filter(|s| **s).count() == 2, "{sampled:?}");
     let data = pattern(4, 3000); // rndv-get by the route
     let mut first_kind = |sim: &mut Sim, samples: &[u32]| -> PacketKind {
         for &ns in samples {
