@@ -65,7 +65,8 @@ pub fn channel_settings(transport: &str) -> anyhow::Result<&'static [(&'static s
     Ok(match transport {
         "auto" | "ib" => &[],
         "shm" => &[("POLYRAIL_TRANSPORTS", "shm")],
-        "cma" => &[("POLYRAIL_CMA_THRESHOLD", "1")],
+        // Not eager while the peer's core is near either: single copy whatever the placement.
+        "cma" => &[("POLYRAIL_CMA_THRESHOLD", "1"), ("POLYRAIL_NEAR_EAGER", "off")],
         other => anyhow::bail!("--transport {other} is not accepted: use auto, shm, cma or ib"),
     })
 }
