@@ -1048,7 +1048,7 @@ fn near_peers_get_medium_messages_eagerly() {
     let sampled: Vec<bool> = (0..2 * every).map(|_| e.wants_placement(1, 3000).is_some()).collect();
     assert!(sampled[0] && sampled[every] && sampled.iter().filter(|s| **s).count() == 2, "{sampled:?}");
     let data = pattern(4, 3000); // rndv-get by the route
-    let mut first_kind = |sim: &mut Sim, samples: &[u32]| -> PacketKind {
+    let first_kind = |sim: &mut Sim, samples: &[u32]| -> PacketKind {
         for &ns in samples {
             sim.engines[0].note_line_transfer(1, ns);
         }
