@@ -259,12 +259,8 @@ impl Job {
                             st.reason
                         );
                     }
-                    if let Some(n) = rt.near_eager.as_ref().filter(|_| r != rank) {
-                        tracing::debug!(
-                            "rank {rank}: route to rank {r}: while its core is measured near, single copy up to {} goes eager: {}",
-                            polyrail_core::format_size(n.upto),
-                            n.reason
-                        );
+                    if let Some(n) = rt.placement.as_ref().filter(|_| r != rank) {
+                        tracing::debug!("rank {rank}: route to rank {r}: {}", n.describe());
                     }
                     if let Some(m) = rt.mapped.as_ref().filter(|_| r != rank) {
                         tracing::debug!(

@@ -146,6 +146,19 @@ pub enum NearEager {
     UpTo(usize),
 }
 
+/// Single copy while the peer's core is apart (`POLYRAIL_APART_SINGLE_COPY`), see
+/// [`Config::apart_single_copy`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ApartSingleCopy {
+    /// From 16k.
+    #[default]
+    Auto,
+    /// Never: the route table alone decides.
+    Off,
+    /// From this many bytes.
+    From(usize),
+}
+
 /// How a process waits for arrivals (`POLYRAIL_WAIT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum WaitMode {
@@ -291,6 +304,14 @@ pub struct Config {
     /// 25 against 9.5 GB/s; 128 KiB 5.7 against 7.1 µs; at 256 KiB single copy streams faster);
     /// `off`; or the largest such message.
     pub near_eager: NearEager,
+    /// `POLYRAIL_APART_SINGLE_COPY`: messages below the single-copy threshold go by single copy
+    /// from this size while a cache line the peer wrote reaches this process slowly (the two
+    /// cores share no cache), where two copies through send cells cross between the caches
+    /// twice. Measured as for `POLYRAIL_NEAR_EAGER`. `auto` (default): from 16k (on the AMD
+    /// EPYC host of `docs/benchmarks.md`, apart: 16 KiB one way 5.5-7.9 µs through cells against
+    /// 4.2-4.8 by single copy; 8 KiB 2.6-3.6 against 3.7-3.8); `off`; or the smallest such
+    /// message.
+    pub apart_single_copy: ApartSingleCopy,
     /// `POLYRAIL_EAGER_LIMIT`: largest message sent eagerly through send cells when single copy
     /// is not used; larger ones wait for the receiver (rendezvous) and stream through cells.
     /// Default 64k.
@@ -338,6 +359,7 @@ impl Default for Config {
             split_threshold: SplitThreshold::Auto,
             stream_eager: StreamEager::Off,
             near_eager: NearEager::Auto,
+            apart_single_copy: ApartSingleCopy::Auto,
             eager_limit: 64 << 10,
             shm_slots: 64,
             shm_cell_size: 16 << 10,
@@ -367,6 +389,10 @@ pub const VARIABLES: &[(&str, &str)] = &[
     (
         "POLYRAIL_NEAR_EAGER",
         "largest single-copy message sent eagerly while the peer's core shares a cache: auto (default, 128k), off or a size",
+    ),
+    (
+        "POLYRAIL_APART_SINGLE_COPY",
+        "smallest message sent by single copy while the peer's core shares no cache: auto (default, 16k), off or a size",
     ),
     ("POLYRAIL_EAGER_LIMIT", "largest eager message through send cells (default 64k)"),
     ("POLYRAIL_SHM_SLOTS", "records and 64-byte body slots per shared-memory ring (power of two, default 64)"),
@@ -484,6 +510,15 @@ impl Config {
                     "off" => NearEager::Off,
                     _ => NearEager::UpTo(
                         size_in(0, MAX_EAGER_MESSAGE).map_err(|_| bad("`auto`, `off` or a size up to 256m"))?,
+                    ),
+                }
+            }
+            "POLYRAIL_APART_SINGLE_COPY" => {
+                self.apart_single_copy = match value {
+                    "auto" => ApartSingleCopy::Auto,
+                    "off" => ApartSingleCopy::Off,
+                    _ => ApartSingleCopy::From(
+                        size_in(1, 1 << 40).map_err(|_| bad("`auto`, `off` or a size of at least 1"))?,
                     ),
                 }
             }
@@ -786,6 +821,14 @@ mod tests {
             let e = cfg(&[(var, "512m")]).unwrap_err().to_string();
             assert!(e.contains(var) && e.contains("256m"), "{e}");
         }
+        assert_eq!(cfg(&[]).unwrap().apart_single_copy, ApartSingleCopy::Auto);
+        assert_eq!(
+            cfg(&[("POLYRAIL_APART_SINGLE_COPY", "8k")]).unwrap().apart_single_copy,
+            ApartSingleCopy::From(8192)
+        );
+        assert_eq!(cfg(&[("POLYRAIL_APART_SINGLE_COPY", "off")]).unwrap().apart_single_copy, ApartSingleCopy::Off);
+        let e = cfg(&[("POLYRAIL_APART_SINGLE_COPY", "0")]).unwrap_err().to_string();
+        assert!(e.contains("POLYRAIL_APART_SINGLE_COPY") && e.contains("`off`"), "{e}");
         let e = cfg(&[("POLYRAIL_NEAR_EAGER", "near")]).unwrap_err().to_string();
         assert!(e.contains("POLYRAIL_NEAR_EAGER") && e.contains("near") && e.contains("`off`"), "{e}");
         let e = cfg(&[("POLYRAIL_STREAM_EAGER", "always")]).unwrap_err().to_string();

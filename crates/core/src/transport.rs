@@ -364,7 +364,7 @@ pub trait Transport: Send {
 
     /// How long, in nanoseconds beyond a local load, a cache line the peer wrote since the last
     /// call took to arrive: a measure of how near the two cores are (sharing a cache or not),
-    /// for [`crate::policy::NearEagerRule`]. `None` when the channel shares no memory with the
+    /// for [`crate::policy::PlacementRule`]. `None` when the channel shares no memory with the
     /// peer or has no fresh line to time (the default).
     fn line_transfer_ns(&mut self, _peer: Rank) -> Option<u32> {
         None

@@ -228,14 +228,8 @@ fn format_report(ctx: &Context) -> String {
                         st.reason
                     );
                 }
-                if let Some(n) = &route.near_eager {
-                    let ch = channel_name(route.am);
-                    let _ = writeln!(
-                        s,
-                        "  while the peer's core is measured near (shares a cache): single copy up to {} goes eager over {ch} ({})",
-                        format_size(n.upto),
-                        n.reason
-                    );
+                if let Some(n) = &route.placement {
+                    let _ = writeln!(s, "  {}", n.describe());
                 }
                 if let Some(m) = &route.mapped {
                     let ch = channel_name(m.channel);

@@ -36,7 +36,7 @@ pub use types::{Action, Payload, ReqId, Source, Status, TagMatch};
 use crate::config::SkewPolicy;
 use crate::error::{Error, Rank, Result};
 use crate::header::{Header, PacketKind};
-use crate::policy::{ChannelId, ChannelSet, NearEagerRule, PeerRoute, Protocol};
+use crate::policy::{ChannelId, ChannelSet, PeerRoute, PlacementRule, Protocol};
 use crate::transport::{OpId, PeerAccess, Region, RegionMut, RemoteKey, Sink};
 use requests::{Dir, ExposeFor, Req, Requests};
 use std::collections::VecDeque;
@@ -52,10 +52,23 @@ const MAX_RTR_PLACE: u32 = 1024;
 /// Largest eager message accepted from a peer (a bigger claimed length is a protocol error).
 const MAX_EAGER_LEN: u64 = crate::config::MAX_EAGER_MESSAGE as u64;
 
-/// Whether `p`'s core was measured near and its route's near rule sends `len` bytes eagerly.
+/// Whether `p`'s core was measured near and its route's placement rule sends `len` bytes
+/// eagerly then.
 #[inline]
 fn near_eager_covers(p: &Peer, len: usize) -> bool {
-    p.near && p.route.as_ref().and_then(|r| r.near_eager.as_ref()).is_some_and(|r| len <= r.upto)
+    p.near == Some(true) && placement_rule(p).and_then(|r| r.near_upto).is_some_and(|upto| len <= upto)
+}
+
+/// Whether `p`'s core was measured apart and its route's placement rule sends `len` bytes by
+/// single copy then.
+#[inline]
+fn apart_covers(p: &Peer, len: usize) -> bool {
+    p.near == Some(false) && placement_rule(p).and_then(|r| r.apart_from).is_some_and(|from| len >= from)
+}
+
+#[inline]
+fn placement_rule(p: &Peer) -> Option<&PlacementRule> {
+    p.route.as_ref()?.placement.as_ref()
 }
 
 /// Why a peer can no longer take part.
@@ -157,10 +170,12 @@ struct Peer {
     unread_hint: usize,
     /// Sender side: the peer said it lags; medium messages go eagerly.
     peer_lags: bool,
-    /// Whether the peer's core was last measured near (see [`Engine::note_line_transfer`]),
-    /// and how many samples in a row said otherwise since.
-    near: bool,
-    near_doubts: u8,
+    /// Whether the peer's core was measured near (`Some(true)`), apart (`Some(false)`) or not
+    /// yet (see [`Engine::note_line_transfer`]); the side of the last samples and how many in
+    /// a row were on it.
+    near: Option<bool>,
+    streak_near: bool,
+    streak: u8,
     /// Messages the near rule covered since the last line was timed (see
     /// [`Engine::wants_placement`]).
     unsampled: u8,
@@ -189,8 +204,9 @@ impl Peer {
             told_lagging: false,
             unread_hint: 0,
             peer_lags: false,
-            near: false,
-            near_doubts: 0,
+            near: None,
+            streak_near: false,
+            streak: 0,
             unsampled: 0,
             window_rtrs: false,
             last_send_at: None,
@@ -282,8 +298,8 @@ impl Engine {
 
     /// The channel to time a line transfer from `peer` on before a send of `len` bytes to it,
     /// or a receive of at most `len` bytes from it ([`Engine::note_line_transfer`]): on every
-    /// [`NearEagerRule::SAMPLE_EVERY`]-th such message when its route sends it eagerly while
-    /// the peer's core is near ([`crate::policy::NearEagerRule`]) and single copy otherwise.
+    /// [`PlacementRule::SAMPLE_EVERY`]-th message whose protocol the placement of the peer's
+    /// core decides ([`PlacementRule`]).
     #[inline]
     pub fn wants_placement(&mut self, peer: Rank, len: usize) -> Option<ChannelId> {
         if len < self.placement_from {
@@ -291,40 +307,43 @@ impl Engine {
         }
         let p = self.peers.get_mut(peer as usize)?;
         let route = p.route.as_ref()?;
-        let rule = route.near_eager.as_ref()?;
-        if len > rule.upto || !route.lookup(len).protocol.is_one_sided() {
+        let rule = route.placement.as_ref()?;
+        let one_sided = route.lookup(len).protocol.is_one_sided();
+        let near_decides = one_sided && rule.near_upto.is_some_and(|upto| len <= upto);
+        let apart_decides = !one_sided && rule.apart_from.is_some_and(|from| len >= from);
+        if !(near_decides || apart_decides) {
             return None;
         }
         p.unsampled = p.unsampled.wrapping_add(1);
-        (p.unsampled % NearEagerRule::SAMPLE_EVERY == 1).then_some(route.am)
+        (p.unsampled % PlacementRule::SAMPLE_EVERY == 1).then_some(route.am)
     }
 
     /// A cache line written by `peer` took `ns` nanoseconds to arrive
-    /// ([`crate::Transport::line_transfer_ns`]): the verdict near or not changes after
-    /// [`NearEagerRule::TO_CHANGE`] samples in a row say so.
+    /// ([`crate::Transport::line_transfer_ns`]): the verdict, near or apart, is set or changed
+    /// once [`PlacementRule::TO_CHANGE`] samples in a row agree on it.
     pub fn note_line_transfer(&mut self, peer: Rank, ns: u32) {
+        let me = self.me;
         let Some(p) = self.peers.get_mut(peer as usize) else { return };
-        let Some(rule) = p.route.as_ref().and_then(|r| r.near_eager.as_ref()) else { return };
-        if (ns <= rule.near_ns) == p.near {
-            p.near_doubts = 0;
-            return;
+        let Some(near_ns) = placement_rule(p).map(|r| r.near_ns) else { return };
+        let near = ns <= near_ns;
+        if p.streak > 0 && p.streak_near == near {
+            p.streak = p.streak.saturating_add(1);
+        } else {
+            (p.streak_near, p.streak) = (near, 1);
         }
-        p.near_doubts += 1;
-        if p.near_doubts >= NearEagerRule::TO_CHANGE {
-            (p.near, p.near_doubts) = (!p.near, 0);
+        if p.streak >= PlacementRule::TO_CHANGE && p.near != Some(near) {
+            p.near = Some(near);
             tracing::debug!(
-                "rank {}: rank {peer}'s core measured {} ({ns} ns for a cache line): messages up to {} go {}",
-                self.me,
-                if p.near { "near" } else { "apart" },
-                crate::format_size(rule.upto),
-                if p.near { "eagerly" } else { "by the route table" }
+                "rank {me}: rank {peer}'s core measured {} ({ns} ns for a cache line)",
+                if near { "near: medium messages go eagerly" } else { "apart: medium messages go by single copy" }
             );
         }
     }
 
-    /// Whether `peer`'s core was last measured near (see [`Engine::note_line_transfer`]).
-    pub fn peer_near(&self, peer: Rank) -> bool {
-        self.peers.get(peer as usize).is_some_and(|p| p.near)
+    /// How `peer`'s core was last measured: near (`Some(true)`), apart (`Some(false)`), or not
+    /// yet (see [`Engine::note_line_transfer`]).
+    pub fn peer_near(&self, peer: Rank) -> Option<bool> {
+        self.peers.get(peer as usize)?.near
     }
 
     /// Whether `peer` told us it lags (so medium messages to it go eagerly).
@@ -346,8 +365,9 @@ impl Engine {
     pub fn set_route(&mut self, peer: Rank, route: PeerRoute) {
         self.touched();
         if let Some(p) = self.peers.get_mut(peer as usize) {
-            if route.near_eager.is_some() {
-                let from = route.rndv_threshold().unwrap_or(usize::MAX);
+            if let Some(rule) = &route.placement {
+                let near_from = rule.near_upto.and(route.rndv_threshold()).unwrap_or(usize::MAX);
+                let from = near_from.min(rule.apart_from.unwrap_or(usize::MAX));
                 self.placement_from = self.placement_from.min(from);
             }
             p.route = Some(route);
@@ -473,10 +493,14 @@ impl Engine {
     #[inline]
     pub fn inline_send(&mut self, to: Rank, tag: u32, ctx: u16, buf: Region) -> Option<(ChannelId, Header)> {
         let len = buf.len;
+        let placement_from = self.placement_from;
         let peer = self.peers.get_mut(to as usize)?;
         let route = peer.route.as_ref()?;
         if peer.gone.is_some() || len > route.frag || route.entries[0].upto < len {
             return None;
+        }
+        if len >= placement_from && apart_covers(peer, len) {
+            return None; // single copy while the peer is apart (post_send)
         }
         if route.mapped.as_ref().is_some_and(|m| len >= m.from) && in_ranges(&self.mapped, buf) {
             return None; // single copy from mapped memory (post_send)
@@ -526,6 +550,12 @@ impl Engine {
         let mapped = route.mapped.as_ref().filter(|m| from_mapped && buf.len >= m.from);
         if let Some(m) = mapped.filter(|_| protocol == Protocol::Eager) {
             (protocol, data_ch) = (Protocol::RndvGet, m.channel);
+        }
+        // The cores share no cache: two copies through cells would cross between the caches
+        // twice (POLYRAIL_APART_SINGLE_COPY).
+        if protocol == Protocol::Eager && apart_covers(peer, buf.len) {
+            let rma = route.placement.as_ref().expect("apart_covers found a rule").rma;
+            (protocol, data_ch) = (Protocol::RndvGet, rma);
         }
         // Skew feedback: a single-copy send would wait for the lagging receiver; an eager one
         // completes at once. In a stream, eager sends let both processes copy at once.

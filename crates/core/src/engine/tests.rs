@@ -53,7 +53,7 @@ fn route(frag: usize, protocols: &[(usize, Protocol)]) -> PeerRoute {
             reason: String::new(),
         })
         .collect();
-    PeerRoute { am: AM, frag, entries, stream_eager: None, near_eager: None, mapped: None }
+    PeerRoute { am: AM, frag, entries, stream_eager: None, placement: None, mapped: None }
 }
 
 /// Eager below 1k (fragments of 100 bytes), get up to 4k, split above.
@@ -1032,27 +1032,35 @@ fn streams_go_eager_and_ping_pongs_by_single_copy() {
     assert_eq!(sim.wires[1].back().unwrap().hdr.kind, PacketKind::Rts);
 }
 
-/// With a near rule, a single-copy size goes eagerly once three line transfers in a row were
-/// quick, and by single copy again once three in a row were slow; one odd sample changes
-/// nothing.
+/// With a placement rule, nothing changes until three line transfers in a row agree; then a
+/// near peer gets single-copy sizes eagerly and an apart one gets eager sizes by single copy;
+/// one odd sample changes nothing.
 #[test]
-fn near_peers_get_medium_messages_eagerly() {
+fn the_measured_placement_changes_medium_messages() {
     let with_rule = || PeerRoute {
-        near_eager: Some(crate::policy::NearEagerRule { upto: 5000, near_ns: 80, reason: String::new() }),
+        placement: Some(PlacementRule {
+            near_upto: Some(5000),
+            apart_from: Some(50),
+            rma: RMA,
+            near_ns: 80,
+            reason: String::new(),
+        }),
         ..one_sided_route()
     };
     let mut sim = Sim::new(2, with_rule);
     let e = &mut sim.engines[0];
-    assert_eq!((e.wants_placement(1, 8), e.wants_placement(1, 6000)), (None, None), "sizes the rule does not cover");
-    let every = NearEagerRule::SAMPLE_EVERY as usize;
+    assert_eq!((e.wants_placement(1, 8), e.wants_placement(1, 6000)), (None, None), "sizes the rule does not decide");
+    let every = PlacementRule::SAMPLE_EVERY as usize;
     let sampled: Vec<bool> = (0..2 * every).map(|_| e.wants_placement(1, 3000).is_some()).collect();
     assert!(sampled[0] && sampled[every] && sampled.iter().filter(|s| **s).count() == 2, "{sampled:?}");
-    let data = pattern(4, 3000); // rndv-get by the route
-    let first_kind = |sim: &mut Sim, samples: &[u32]| -> PacketKind {
+    assert!(e.wants_placement(1, 600).is_some(), "an eager size the apart part decides");
+    // The kind of the first packet of a message of `len` bytes, after the samples.
+    let first_kind = |sim: &mut Sim, samples: &[u32], len: usize| -> PacketKind {
         for &ns in samples {
             sim.engines[0].note_line_transfer(1, ns);
         }
-        let mut out = vec![0u8; 3000];
+        let data = pattern(4, len);
+        let mut out = vec![0u8; len];
         let q = recv(sim, 1, Source::Rank(0), TagMatch::Tag(5), &mut out);
         sim.settle();
         let before = sim.wires[1].len();
@@ -1064,19 +1072,29 @@ fn near_peers_get_medium_messages_eagerly() {
         assert_eq!(out, data);
         kind
     };
-    assert_eq!(first_kind(&mut sim, &[20, 20]), PacketKind::Rts, "two quick samples are not enough");
-    assert_eq!(first_kind(&mut sim, &[20]), PacketKind::Eager);
-    assert!(sim.engines[0].peer_near(1));
-    assert_eq!(first_kind(&mut sim, &[500, 20, 200, 200]), PacketKind::Eager, "one late sample changes nothing");
-    assert_eq!(first_kind(&mut sim, &[150]), PacketKind::Rts);
-    assert!(!sim.engines[0].peer_near(1));
-    // A receiver that measured its sender near offers no buffer (RTR) for such a size: the
-    // message comes eagerly.
+    assert_eq!(first_kind(&mut sim, &[20, 20], 3000), PacketKind::Rts, "two quick samples are not enough");
+    assert_eq!(sim.engines[0].peer_near(1), None);
+    assert_eq!(first_kind(&mut sim, &[], 600), PacketKind::Eager, "not measured: the route table");
+    assert_eq!(first_kind(&mut sim, &[20], 3000), PacketKind::Eager);
+    assert_eq!(sim.engines[0].peer_near(1), Some(true));
+    assert_eq!(first_kind(&mut sim, &[500, 20, 200, 200], 3000), PacketKind::Eager, "one late sample changes nothing");
+    assert_eq!(first_kind(&mut sim, &[150], 3000), PacketKind::Rts);
+    assert_eq!(sim.engines[0].peer_near(1), Some(false));
+    assert_eq!(first_kind(&mut sim, &[], 600), PacketKind::Rts, "apart: single copy below the threshold");
+    assert_eq!(first_kind(&mut sim, &[], 40), PacketKind::Eager, "below the apart part's size");
+    // The small-send fast path leaves such sizes to post_send while apart.
+    let buf = [7u8; 80];
+    let region = Region { ptr: buf.as_ptr(), len: buf.len() };
+    assert!(sim.engines[0].inline_send(1, 9, 0, region).is_none());
+    // A receiver that measured its sender near offers no buffer (RTR) for a single-copy size:
+    // the message comes eagerly.
     let mut out = vec![0u8; 3000];
+    let data = pattern(4, 3000);
     let rtrs = |sim: &Sim| sim.wires[0].iter().filter(|p| p.hdr.kind == PacketKind::Rtr).count();
+    sim.wires[0].clear();
     let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(6), &mut out);
     sim.run_actions();
-    assert_eq!(rtrs(&sim), 1, "apart: the receive offers its buffer");
+    assert_eq!(rtrs(&sim), 1, "not measured: the receive offers its buffer");
     let s = send(&mut sim, 0, 1, 6, &data);
     sim.settle();
     assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());

@@ -8,7 +8,7 @@
 pub mod sweep;
 pub mod topology;
 
-use crate::config::{Config, NearEager, RouteRule, SplitThreshold, StreamEager};
+use crate::config::{ApartSingleCopy, Config, NearEager, RouteRule, SplitThreshold, StreamEager};
 use crate::size::format_size;
 use crate::transport::{Caps, TransportAttr, TransportKind};
 use topology::TopoClass;
@@ -110,9 +110,9 @@ pub struct PeerRoute {
     /// Single-copy messages sent eagerly on `am` instead in a stream: when no message came from
     /// the peer since the last send to it (`POLYRAIL_STREAM_EAGER`).
     pub stream_eager: Option<StreamEagerRule>,
-    /// Single-copy messages sent eagerly on `am` instead while the peer's core is measured near
-    /// (`POLYRAIL_NEAR_EAGER`).
-    pub near_eager: Option<NearEagerRule>,
+    /// How the route changes with the measured placement of the peer's core
+    /// (`POLYRAIL_NEAR_EAGER`, `POLYRAIL_APART_SINGLE_COPY`).
+    pub placement: Option<PlacementRule>,
     /// Messages from registered memory that the peer maps (see
     /// [`crate::TransportAttr::mapped_from`]): one-sided from a smaller size, never eager in a
     /// stream.
@@ -140,23 +140,48 @@ pub struct StreamEagerRule {
     pub reason: String,
 }
 
-/// Up to which size messages go eagerly while the peer's core is near, and how near is told.
+/// How the route changes with the placement of the peer's core, measured at run time: near
+/// (sharing a cache), single-copy sizes up to `near_upto` go eagerly through the active-message
+/// channel; apart, eager sizes from `apart_from` go by single copy.
 #[derive(Clone, Debug, PartialEq)]
-pub struct NearEagerRule {
-    /// Largest message sent this way.
-    pub upto: usize,
+pub struct PlacementRule {
+    /// Largest single-copy message sent eagerly while the peer is near (`POLYRAIL_NEAR_EAGER`).
+    pub near_upto: Option<usize>,
+    /// Smallest eager message sent by single copy while the peer is apart
+    /// (`POLYRAIL_APART_SINGLE_COPY`).
+    pub apart_from: Option<usize>,
+    /// The single-copy channel.
+    pub rma: ChannelId,
     /// A cache line written by the peer arriving in at most this many nanoseconds (beyond a
     /// local load) counts as near ([`crate::Transport::line_transfer_ns`]).
     pub near_ns: u32,
-    /// Where the size came from, for `polyrail info`.
+    /// Where the sizes came from, for `polyrail info`.
     pub reason: String,
 }
 
-impl NearEagerRule {
+impl PlacementRule {
+    /// What the rule does, for `polyrail info` and the log.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(upto) = self.near_upto {
+            parts.push(format!(
+                "while the peer's core is measured near (shares a cache), single copy up to {} goes eager",
+                format_size(upto)
+            ));
+        }
+        if let Some(from) = self.apart_from {
+            parts.push(format!(
+                "while it is measured apart, eager messages from {} go by single copy",
+                format_size(from)
+            ));
+        }
+        format!("{} ({})", parts.join("; "), self.reason)
+    }
+
     /// Line transfers at most this long are "near": on the AMD EPYC host of
     /// `docs/benchmarks.md`, 20 ns with both vCPUs in one core complex, 110-120 ns apart.
     pub const NEAR_NS: u32 = 80;
-    /// Samples in a row on the other side of [`NearEagerRule::NEAR_NS`] that change the
+    /// Samples in a row on the other side of [`PlacementRule::NEAR_NS`] that change the
     /// verdict (one late sample, an interrupt, does not).
     pub const TO_CHANGE: u8 = 3;
     /// One message in this many that the rule covers times a line (a sample costs about
@@ -221,6 +246,39 @@ fn model_crossover(am: &TransportAttr, rma: &TransportAttr) -> Option<usize> {
     (6..=30).map(|p| 1usize << p).find(|&s| rndv(s) < eager(s))
 }
 
+/// The placement rule of a pair whose single-copy threshold is `threshold` (on channel `rma`):
+/// `None` when neither part changes anything (`near_upto` below the threshold, `apart_from` at
+/// or above it, or both off).
+fn placement_rule(cfg: &Config, threshold: usize, rma: ChannelId) -> Option<PlacementRule> {
+    let near = match cfg.near_eager {
+        NearEager::Off => None,
+        NearEager::Auto => Some((128 << 10, "POLYRAIL_NEAR_EAGER=auto")),
+        NearEager::UpTo(upto) => Some((upto, "POLYRAIL_NEAR_EAGER")),
+    }
+    .filter(|&(upto, _)| upto >= threshold);
+    let apart = match cfg.apart_single_copy {
+        ApartSingleCopy::Off => None,
+        ApartSingleCopy::Auto => Some((16 << 10, "POLYRAIL_APART_SINGLE_COPY=auto")),
+        ApartSingleCopy::From(from) => Some((from, "POLYRAIL_APART_SINGLE_COPY")),
+    }
+    .filter(|&(from, _)| from < threshold);
+    if near.is_none() && apart.is_none() {
+        return None;
+    }
+    let why: Vec<&str> = [near.map(|n| n.1), apart.map(|a| a.1)].into_iter().flatten().collect();
+    Some(PlacementRule {
+        near_upto: near.map(|n| n.0),
+        apart_from: apart.map(|a| a.0),
+        rma,
+        near_ns: PlacementRule::NEAR_NS,
+        reason: format!(
+            "{}; near when a line the peer wrote arrives within {} ns of a local load",
+            why.join(", "),
+            PlacementRule::NEAR_NS
+        ),
+    })
+}
+
 /// Builds the route to one peer of class `class` from the channels that reach it.
 ///
 /// `am` must have [`Caps::AM`]. Returns `None` when no channel can carry active messages.
@@ -234,7 +292,7 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
         .or_else(|| candidates.iter().find(|c| c.attr.caps.contains(Caps::GET)));
     let mut entries = Vec::new();
     let mut stream_eager = None;
-    let mut near_eager = None;
+    let mut placement = None;
     let mut mapped = None;
     let kind = |c: &Candidate<'_>| c.attr.kind;
     match rma {
@@ -290,21 +348,9 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
                 }
                 .filter(|r| r.upto >= threshold);
                 // The channel that carries the eager copies measures the placement.
-                near_eager = match cfg.near_eager {
-                    _ if am.attr.kind != TransportKind::Shm => None,
-                    NearEager::Off => None,
-                    NearEager::Auto => Some((128 << 10, "POLYRAIL_NEAR_EAGER=auto".to_string())),
-                    NearEager::UpTo(upto) => Some((upto, "POLYRAIL_NEAR_EAGER".to_string())),
+                if am.attr.kind == TransportKind::Shm {
+                    placement = placement_rule(cfg, threshold, rma.id);
                 }
-                .filter(|&(upto, _)| upto >= threshold)
-                .map(|(upto, why)| NearEagerRule {
-                    upto,
-                    near_ns: NearEagerRule::NEAR_NS,
-                    reason: format!(
-                        "{why}; near when a line the peer wrote arrives within {} ns of a local load",
-                        NearEagerRule::NEAR_NS
-                    ),
-                });
             }
             if let Some(from) = rma.attr.mapped_from {
                 mapped = Some(MappedRule {
@@ -379,7 +425,7 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
         }
         keep
     });
-    let mut route = PeerRoute { am: am.id, frag, entries, stream_eager, near_eager, mapped };
+    let mut route = PeerRoute { am: am.id, frag, entries, stream_eager, placement, mapped };
     for rule in cfg.routes.iter().filter(|r| r.class.is_none_or(|c| c == class)) {
         if let Err(why) = apply_rule(&mut route, rule, candidates) {
             if class != TopoClass::SameProcess {
@@ -499,24 +545,27 @@ mod tests {
     }
 
     #[test]
-    fn near_rule_covers_single_copy_sizes_up_to_its_limit() {
+    fn placement_rule_covers_sizes_on_both_sides_of_the_threshold() {
         let shm = attr(TransportKind::Shm, Caps::AM, 16384);
         let cma = attr(TransportKind::Cma, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
         let c = [Candidate { id: 1, attr: &shm }, Candidate { id: 2, attr: &cma }];
-        let rule = |cfg: &Config| build_route(TopoClass::SharedL3, &c, cfg).unwrap().near_eager;
+        let rule = |cfg: &Config| build_route(TopoClass::SharedL3, &c, cfg).unwrap().placement;
         let auto = rule(&Config::default()).expect("on by default beside shm");
-        assert_eq!((auto.upto, auto.near_ns), (128 << 10, NearEagerRule::NEAR_NS));
+        assert_eq!((auto.near_upto, auto.apart_from, auto.rma), (Some(128 << 10), Some(16 << 10), 2));
+        assert!(auto.describe().contains("up to 128k") && auto.describe().contains("from 16k"), "{}", auto.describe());
         let mut cfg = Config::default();
-        cfg.set("POLYRAIL_NEAR_EAGER", "off").unwrap();
-        assert_eq!(rule(&cfg), None);
         cfg.set("POLYRAIL_NEAR_EAGER", "8k").unwrap();
-        assert_eq!(rule(&cfg), None, "below the 32k single-copy threshold: nothing to change");
+        assert_eq!(rule(&cfg).unwrap().near_upto, None, "below the 32k single-copy threshold: nothing to change");
         cfg.set("POLYRAIL_NEAR_EAGER", "64k").unwrap();
-        assert_eq!(rule(&cfg).map(|r| r.upto), Some(64 << 10));
+        cfg.set("POLYRAIL_APART_SINGLE_COPY", "32k").unwrap();
+        let r = rule(&cfg).unwrap();
+        assert_eq!((r.near_upto, r.apart_from), (Some(64 << 10), None), "single copy from 32k anyway");
+        cfg.set("POLYRAIL_NEAR_EAGER", "off").unwrap();
+        assert_eq!(rule(&cfg), None, "both parts off");
         // Only the shared-memory channel can time a line from the peer.
         let ib = attr(TransportKind::Ib, Caps::AM | Caps::GET | Caps::PUT, 8192);
         let c = [Candidate { id: 1, attr: &ib }, Candidate { id: 2, attr: &cma }];
-        assert_eq!(build_route(TopoClass::SharedL3, &c, &Config::default()).unwrap().near_eager, None);
+        assert_eq!(build_route(TopoClass::SharedL3, &c, &Config::default()).unwrap().placement, None);
     }
 
     #[test]
