@@ -169,7 +169,6 @@ impl Context {
         if let Some(done) = self.driver.try_send_inline(to, tag, USER_CTX, buf) {
             return done;
         }
-        self.driver.note_placement(to, buf.len());
         // SAFETY: `buf` is borrowed until this function returns, and the request is waited for
         // (or failed, which ends every use of the buffer) before that.
         let id = unsafe { self.driver.engine.post_send(to, tag, USER_CTX, region(buf))? };
@@ -230,7 +229,6 @@ impl Context {
                 }
             });
         }
-        self.driver.note_placement(to, buf.len());
         // SAFETY: the Vec is stored in `self.owned` until the request's result is taken; its
         // heap memory does not move when the Vec value moves.
         let id = unsafe { self.driver.engine.post_send(to, tag, USER_CTX, region(&buf))? };
@@ -274,7 +272,6 @@ impl Context {
                 started?.map_or_else(|| Request::done(Status { source: to, tag, len }, Vec::new()), Request::engine)
             );
         }
-        self.driver.note_placement(to, len);
         // SAFETY: forwarded to the caller.
         let id = unsafe { self.driver.engine.post_send(to, tag, USER_CTX, Region { ptr, len })? };
         self.driver.drain();

@@ -509,6 +509,8 @@ impl Driver {
         ptr: *const u8,
         len: usize,
     ) -> Option<Result<Option<ReqId>>> {
+        // Every send passes here first (the general path after it): the one place it samples.
+        self.note_placement(to, len);
         if !self.blocked.get(to as usize)?.is_empty() {
             return None;
         }
