@@ -436,8 +436,17 @@ impl Driver {
     /// Before a send of `len` bytes to `to`, or a receive of up to `len` bytes from it: when
     /// its route decides by how near the peer's core is, times a cache line from the peer
     /// ([`Transport::line_transfer_ns`]) and tells the engine.
-    #[inline]
+    #[inline(always)]
     pub fn note_placement(&mut self, to: Rank, len: usize) {
+        // Inline: every small message (below any size a placement rule decides) stops here.
+        if len >= self.engine.placement_from() {
+            self.sample_placement(to, len);
+        }
+    }
+
+    /// [`Driver::note_placement`] for a size a placement rule may decide.
+    #[inline(never)]
+    fn sample_placement(&mut self, to: Rank, len: usize) {
         if let Some(ch) = self.engine.wants_placement(to, len) {
             if let Some(ns) = self.channels[ch as usize].line_transfer_ns(to) {
                 self.engine.note_line_transfer(to, ns);

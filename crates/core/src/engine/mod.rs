@@ -296,6 +296,14 @@ impl Engine {
         }
     }
 
+    /// The smallest message whose protocol the measured placement of a peer's core may decide
+    /// (`usize::MAX` when no route has a placement rule): smaller ones need no
+    /// [`Engine::wants_placement`].
+    #[inline]
+    pub fn placement_from(&self) -> usize {
+        self.placement_from
+    }
+
     /// The channel to time a line transfer from `peer` on before a send of `len` bytes to it,
     /// or a receive of at most `len` bytes from it ([`Engine::note_line_transfer`]): on every
     /// [`PlacementRule::SAMPLE_EVERY`]-th message whose protocol the placement of the peer's
