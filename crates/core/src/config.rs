@@ -117,6 +117,13 @@ pub enum SplitThreshold {
     From(usize),
 }
 
+/// A setting that is `auto`, `off` or a size.
+enum AutoOffSize {
+    Auto,
+    Off,
+    Size(usize),
+}
+
 /// Largest message any setting may send eagerly: a receiver refuses a longer eager message as a
 /// protocol error (it would have to buffer it whole when unexpected).
 pub const MAX_EAGER_MESSAGE: usize = 256 << 20;
@@ -469,6 +476,16 @@ impl Config {
                 ))),
             }
         };
+        // `auto`, `off`, or a size from `lo` to `hi`.
+        let auto_off_size = |lo: usize, hi: usize| -> Result<AutoOffSize> {
+            match value {
+                "auto" => Ok(AutoOffSize::Auto),
+                "off" => Ok(AutoOffSize::Off),
+                _ => size_in(lo, hi).map(AutoOffSize::Size).map_err(|_| {
+                    bad(&format!("`auto`, `off` or a size from {} to {}", format_size(lo), format_size(hi)))
+                }),
+            }
+        };
         let count_in = |lo: usize, hi: usize| -> Result<usize> {
             match value.parse::<usize>() {
                 Ok(n) if (lo..=hi).contains(&n) => Ok(n),
@@ -487,39 +504,31 @@ impl Config {
                 self.tuning = Some((value.to_owned(), sizes));
             }
             "POLYRAIL_SPLIT_THRESHOLD" => {
-                self.split_threshold = match value {
-                    "auto" => SplitThreshold::Auto,
-                    "off" => SplitThreshold::Off,
-                    _ => SplitThreshold::From(
-                        size_in(4096, 1 << 40).map_err(|_| bad("`auto`, `off` or a size of at least 4k"))?,
-                    ),
+                self.split_threshold = match auto_off_size(4096, 1 << 40)? {
+                    AutoOffSize::Auto => SplitThreshold::Auto,
+                    AutoOffSize::Off => SplitThreshold::Off,
+                    AutoOffSize::Size(n) => SplitThreshold::From(n),
                 }
             }
             "POLYRAIL_STREAM_EAGER" => {
-                self.stream_eager = match value {
-                    "auto" => StreamEager::Auto,
-                    "off" => StreamEager::Off,
-                    _ => StreamEager::UpTo(
-                        size_in(0, MAX_EAGER_MESSAGE).map_err(|_| bad("`auto`, `off` or a size up to 256m"))?,
-                    ),
+                self.stream_eager = match auto_off_size(0, MAX_EAGER_MESSAGE)? {
+                    AutoOffSize::Auto => StreamEager::Auto,
+                    AutoOffSize::Off => StreamEager::Off,
+                    AutoOffSize::Size(n) => StreamEager::UpTo(n),
                 }
             }
             "POLYRAIL_NEAR_EAGER" => {
-                self.near_eager = match value {
-                    "auto" => NearEager::Auto,
-                    "off" => NearEager::Off,
-                    _ => NearEager::UpTo(
-                        size_in(0, MAX_EAGER_MESSAGE).map_err(|_| bad("`auto`, `off` or a size up to 256m"))?,
-                    ),
+                self.near_eager = match auto_off_size(0, MAX_EAGER_MESSAGE)? {
+                    AutoOffSize::Auto => NearEager::Auto,
+                    AutoOffSize::Off => NearEager::Off,
+                    AutoOffSize::Size(n) => NearEager::UpTo(n),
                 }
             }
             "POLYRAIL_APART_SINGLE_COPY" => {
-                self.apart_single_copy = match value {
-                    "auto" => ApartSingleCopy::Auto,
-                    "off" => ApartSingleCopy::Off,
-                    _ => ApartSingleCopy::From(
-                        size_in(1, 1 << 40).map_err(|_| bad("`auto`, `off` or a size of at least 1"))?,
-                    ),
+                self.apart_single_copy = match auto_off_size(1, 1 << 40)? {
+                    AutoOffSize::Auto => ApartSingleCopy::Auto,
+                    AutoOffSize::Off => ApartSingleCopy::Off,
+                    AutoOffSize::Size(n) => ApartSingleCopy::From(n),
                 }
             }
             "POLYRAIL_EAGER_LIMIT" => self.eager_limit = size_in(0, MAX_EAGER_MESSAGE)?,
