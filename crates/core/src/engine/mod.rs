@@ -176,7 +176,7 @@ struct Peer {
     near: Option<bool>,
     streak_near: bool,
     streak: u8,
-    /// Messages the near rule covered since the last line was timed (see
+    /// Messages whose protocol the placement decides since the last line was timed (see
     /// [`Engine::wants_placement`]).
     unsampled: u8,
     /// Whether receives posted behind others for the same messages send an RTR too. They pay
@@ -230,7 +230,7 @@ pub struct Engine {
     /// Receives that failed after their buffer's key went to a peer that is still alive: see
     /// [`Engine::take_peer_may_write`].
     peer_may_write: Vec<ReqId>,
-    /// Smallest message a route's near rule decides (see [`Engine::wants_placement`]);
+    /// Smallest message a route's placement rule decides (see [`Engine::wants_placement`]);
     /// `usize::MAX` when no route has one.
     placement_from: usize,
     /// Registered memory that peers map, as address ranges sorted by start (see
@@ -561,9 +561,9 @@ impl Engine {
         }
         // The cores share no cache: two copies through cells would cross between the caches
         // twice (POLYRAIL_APART_SINGLE_COPY).
-        if protocol == Protocol::Eager && apart_covers(peer, buf.len) {
-            let rma = route.placement.as_ref().expect("apart_covers found a rule").rma;
-            (protocol, data_ch) = (Protocol::RndvGet, rma);
+        let apart = protocol == Protocol::Eager && apart_covers(peer, buf.len);
+        if let Some(rule) = route.placement.as_ref().filter(|_| apart) {
+            (protocol, data_ch) = (Protocol::RndvGet, rule.rma);
         }
         // Skew feedback: a single-copy send would wait for the lagging receiver; an eager one
         // completes at once. In a stream, eager sends let both processes copy at once.

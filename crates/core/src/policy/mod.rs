@@ -181,7 +181,7 @@ impl PlacementRule {
     /// Line transfers at most this long are "near": on the AMD EPYC host of
     /// `docs/benchmarks.md`, 20 ns with both vCPUs in one core complex, 110-120 ns apart.
     pub const NEAR_NS: u32 = 80;
-    /// Samples in a row on the other side of [`PlacementRule::NEAR_NS`] that change the
+    /// Samples in a row on one side of [`PlacementRule::NEAR_NS`] that set or change the
     /// verdict (one late sample, an interrupt, does not).
     pub const TO_CHANGE: u8 = 3;
     /// One message in this many that the rule covers times a line (a sample costs about
