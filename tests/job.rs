@@ -48,6 +48,8 @@ const SIZES: &[usize] = &[
     65535,
     65536,
     65537,
+    131072,
+    131073,
     262143,
     262144,
     262145,
@@ -437,6 +439,10 @@ const CHANNELS: &[(&str, u32, Vars)] = &[
     ),
     // Single-copy sizes of a stream through the send cells (off by default).
     ("stream-eager", 1, &[("POLYRAIL_STREAM_EAGER", "auto")]),
+    // Both halves of the placement rule, whatever the host does with our vCPUs: near, up to
+    // 128k through the cells; apart, single copy from 16k.
+    ("near", 1, &[("POLYRAIL_PLACEMENT", "near")]),
+    ("apart", 1, &[("POLYRAIL_PLACEMENT", "apart")]),
 ];
 
 fn main() {

@@ -166,6 +166,19 @@ pub enum ApartSingleCopy {
     From(usize),
 }
 
+/// Where the verdict on a peer's placement comes from (`POLYRAIL_PLACEMENT`), see
+/// [`Config::placement`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PlacementMode {
+    /// Measured at run time, per peer.
+    #[default]
+    Measure,
+    /// Every peer's core taken as sharing a cache with ours.
+    Near,
+    /// Every peer's core taken as sharing no cache with ours.
+    Apart,
+}
+
 /// How a process waits for arrivals (`POLYRAIL_WAIT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum WaitMode {
@@ -319,6 +332,10 @@ pub struct Config {
     /// 4.2-4.8 by single copy; 8 KiB 2.6-3.6 against 3.7-3.8); `off`; or the smallest such
     /// message.
     pub apart_single_copy: ApartSingleCopy,
+    /// `POLYRAIL_PLACEMENT`: where the verdict near/apart of `POLYRAIL_NEAR_EAGER` and
+    /// `POLYRAIL_APART_SINGLE_COPY` comes from: `measure` (default: timed per peer at run time),
+    /// or `near` / `apart` for every peer (a machine whose placement is known, tests).
+    pub placement: PlacementMode,
     /// `POLYRAIL_EAGER_LIMIT`: largest message sent eagerly through send cells when single copy
     /// is not used; larger ones wait for the receiver (rendezvous) and stream through cells.
     /// Default 64k.
@@ -367,6 +384,7 @@ impl Default for Config {
             stream_eager: StreamEager::Off,
             near_eager: NearEager::Auto,
             apart_single_copy: ApartSingleCopy::Auto,
+            placement: PlacementMode::Measure,
             eager_limit: 64 << 10,
             shm_slots: 64,
             shm_cell_size: 16 << 10,
@@ -401,6 +419,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
         "POLYRAIL_APART_SINGLE_COPY",
         "smallest message sent by single copy while the peer's core shares no cache: auto (default, 16k), off or a size",
     ),
+    ("POLYRAIL_PLACEMENT", "placement of the peers' cores for those two: measure (default), near or apart"),
     ("POLYRAIL_EAGER_LIMIT", "largest eager message through send cells (default 64k)"),
     ("POLYRAIL_SHM_SLOTS", "records and 64-byte body slots per shared-memory ring (power of two, default 64)"),
     ("POLYRAIL_SHM_CELL_SIZE", "bytes per send cell (default 16k)"),
@@ -529,6 +548,14 @@ impl Config {
                     AutoOffSize::Auto => ApartSingleCopy::Auto,
                     AutoOffSize::Off => ApartSingleCopy::Off,
                     AutoOffSize::Size(n) => ApartSingleCopy::From(n),
+                }
+            }
+            "POLYRAIL_PLACEMENT" => {
+                self.placement = match value {
+                    "measure" => PlacementMode::Measure,
+                    "near" => PlacementMode::Near,
+                    "apart" => PlacementMode::Apart,
+                    _ => return Err(bad("`measure`, `near` or `apart`")),
                 }
             }
             "POLYRAIL_EAGER_LIMIT" => self.eager_limit = size_in(0, MAX_EAGER_MESSAGE)?,
@@ -838,6 +865,9 @@ mod tests {
         assert_eq!(cfg(&[("POLYRAIL_APART_SINGLE_COPY", "off")]).unwrap().apart_single_copy, ApartSingleCopy::Off);
         let e = cfg(&[("POLYRAIL_APART_SINGLE_COPY", "0")]).unwrap_err().to_string();
         assert!(e.contains("POLYRAIL_APART_SINGLE_COPY") && e.contains("`off`"), "{e}");
+        assert_eq!(cfg(&[("POLYRAIL_PLACEMENT", "apart")]).unwrap().placement, PlacementMode::Apart);
+        let e = cfg(&[("POLYRAIL_PLACEMENT", "far")]).unwrap_err().to_string();
+        assert!(e.contains("POLYRAIL_PLACEMENT") && e.contains("far") && e.contains("`measure`"), "{e}");
         let e = cfg(&[("POLYRAIL_NEAR_EAGER", "near")]).unwrap_err().to_string();
         assert!(e.contains("POLYRAIL_NEAR_EAGER") && e.contains("near") && e.contains("`off`"), "{e}");
         let e = cfg(&[("POLYRAIL_STREAM_EAGER", "always")]).unwrap_err().to_string();

@@ -315,7 +315,7 @@ impl Engine {
         }
         let p = self.peers.get_mut(peer as usize)?;
         let route = p.route.as_ref()?;
-        let rule = route.placement.as_ref()?;
+        let rule = route.placement.as_ref().filter(|r| r.given.is_none())?;
         let one_sided = route.lookup(len).protocol.is_one_sided();
         let near_decides = one_sided && rule.near_upto.is_some_and(|upto| len <= upto);
         let apart_decides = !one_sided && rule.apart_from.is_some_and(|from| len >= from);
@@ -332,7 +332,7 @@ impl Engine {
     pub fn note_line_transfer(&mut self, peer: Rank, ns: u32) {
         let me = self.me;
         let Some(p) = self.peers.get_mut(peer as usize) else { return };
-        let Some(near_ns) = placement_rule(p).map(|r| r.near_ns) else { return };
+        let Some(near_ns) = placement_rule(p).filter(|r| r.given.is_none()).map(|r| r.near_ns) else { return };
         let near = ns <= near_ns;
         if p.streak > 0 && p.streak_near == near {
             p.streak = p.streak.saturating_add(1);
@@ -377,6 +377,9 @@ impl Engine {
                 let near_from = rule.near_upto.and(route.rndv_threshold()).unwrap_or(usize::MAX);
                 let from = near_from.min(rule.apart_from.unwrap_or(usize::MAX));
                 self.placement_from = self.placement_from.min(from);
+                if rule.given.is_some() {
+                    p.near = rule.given; // POLYRAIL_PLACEMENT: nothing to measure
+                }
             }
             p.route = Some(route);
         }

@@ -1042,6 +1042,7 @@ fn the_measured_placement_changes_medium_messages() {
             near_upto: Some(5000),
             apart_from: Some(50),
             rma: RMA,
+            given: None,
             near_ns: 80,
             reason: String::new(),
         }),
@@ -1105,6 +1106,32 @@ fn the_measured_placement_changes_medium_messages() {
     recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(7), &mut out);
     sim.run_actions();
     assert_eq!(rtrs(&sim), 0, "near: no offer");
+}
+
+/// A given placement (POLYRAIL_PLACEMENT) holds from the start and asks for no samples.
+#[test]
+fn a_given_placement_needs_no_samples() {
+    let rule = |given| PlacementRule {
+        near_upto: Some(5000),
+        apart_from: Some(50),
+        rma: RMA,
+        given: Some(given),
+        near_ns: 80,
+        reason: String::new(),
+    };
+    for near in [true, false] {
+        let mut sim = Sim::new(2, || PeerRoute { placement: Some(rule(near)), ..one_sided_route() });
+        assert_eq!(sim.engines[0].peer_near(1), Some(near));
+        assert_eq!(sim.engines[0].wants_placement(1, 3000), None);
+        assert_eq!(sim.engines[0].wants_placement(1, 600), None);
+        let buf = [0u8; 80];
+        let region = Region { ptr: buf.as_ptr(), len: buf.len() };
+        assert_eq!(sim.engines[0].inline_send(1, 9, 0, region).is_some(), near, "near {near}");
+        for _ in 0..PlacementRule::TO_CHANGE {
+            sim.engines[0].note_line_transfer(1, if near { 500 } else { 5 });
+        }
+        assert_eq!(sim.engines[0].peer_near(1), Some(near), "samples do not change a given placement");
+    }
 }
 
 #[test]

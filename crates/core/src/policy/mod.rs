@@ -8,7 +8,7 @@
 pub mod sweep;
 pub mod topology;
 
-use crate::config::{ApartSingleCopy, Config, NearEager, RouteRule, SplitThreshold, StreamEager};
+use crate::config::{ApartSingleCopy, Config, NearEager, PlacementMode, RouteRule, SplitThreshold, StreamEager};
 use crate::size::format_size;
 use crate::transport::{Caps, TransportAttr, TransportKind};
 use topology::TopoClass;
@@ -152,6 +152,9 @@ pub struct PlacementRule {
     pub apart_from: Option<usize>,
     /// The single-copy channel.
     pub rma: ChannelId,
+    /// The verdict when it is given (`POLYRAIL_PLACEMENT`): near (`true`) or apart; `None`:
+    /// measured.
+    pub given: Option<bool>,
     /// A cache line written by the peer arriving in at most this many nanoseconds (beyond a
     /// local load) counts as near ([`crate::Transport::line_transfer_ns`]).
     pub near_ns: u32,
@@ -175,7 +178,12 @@ impl PlacementRule {
                 format_size(from)
             ));
         }
-        format!("{} ({})", parts.join("; "), self.reason)
+        let given = match self.given {
+            Some(true) => "; every peer taken as near, POLYRAIL_PLACEMENT=near",
+            Some(false) => "; every peer taken as apart, POLYRAIL_PLACEMENT=apart",
+            None => "",
+        };
+        format!("{} ({}{given})", parts.join("; "), self.reason)
     }
 
     /// Line transfers at most this long are "near": on the AMD EPYC host of
@@ -270,6 +278,11 @@ fn placement_rule(cfg: &Config, threshold: usize, rma: ChannelId) -> Option<Plac
         near_upto: near.map(|n| n.0),
         apart_from: apart.map(|a| a.0),
         rma,
+        given: match cfg.placement {
+            PlacementMode::Measure => None,
+            PlacementMode::Near => Some(true),
+            PlacementMode::Apart => Some(false),
+        },
         near_ns: PlacementRule::NEAR_NS,
         reason: format!(
             "{}; near when a line the peer wrote arrives within {} ns of a local load",
