@@ -132,9 +132,9 @@ pub const MAX_EAGER_MESSAGE: usize = 256 << 20;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum StreamEager {
     /// Below 1.5 times the pair's single-copy threshold, at most `POLYRAIL_EAGER_LIMIT`.
-    #[default]
     Auto,
-    /// Never: the route table alone decides.
+    /// Never: the route table alone decides (the default).
+    #[default]
     Off,
     /// Up to this many bytes.
     UpTo(usize),
@@ -409,7 +409,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("POLYRAIL_SPLIT_THRESHOLD", "smallest single-copy message both processes copy: auto (default), off or a size"),
     (
         "POLYRAIL_STREAM_EAGER",
-        "largest single-copy message sent eagerly in a stream of sends to a peer: auto (default), off or a size",
+        "largest single-copy message sent eagerly in a stream of sends to a peer: off (default), auto or a size",
     ),
     (
         "POLYRAIL_NEAR_EAGER",
