@@ -440,10 +440,13 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
     });
     let mut route = PeerRoute { am: am.id, frag, entries, stream_eager, placement, mapped };
     for rule in cfg.routes.iter().filter(|r| r.class.is_none_or(|c| c == class)) {
-        if let Err(why) = apply_rule(&mut route, rule, candidates) {
-            if class != TopoClass::SameProcess {
+        match apply_rule(&mut route, rule, candidates) {
+            // A route the user wrote is taken as written: no placement rule changes it.
+            Ok(()) => route.placement = None,
+            Err(why) if class != TopoClass::SameProcess => {
                 tracing::warn!("POLYRAIL_ROUTE rule for {}: {why}; rule ignored for this peer", rule.channel);
             }
+            Err(_) => {}
         }
     }
     Some(route)
@@ -575,6 +578,12 @@ mod tests {
         assert_eq!((r.near_upto, r.apart_from), (Some(64 << 10), None), "single copy from 32k anyway");
         cfg.set("POLYRAIL_NEAR_EAGER", "off").unwrap();
         assert_eq!(rule(&cfg), None, "both parts off");
+        // A POLYRAIL_ROUTE rule for the peer's class: the route is taken as written.
+        let mut cfg = Config::default();
+        cfg.set("POLYRAIL_ROUTE", "shared-l3:1k-64k:cma/get").unwrap();
+        assert_eq!(rule(&cfg), None);
+        cfg.set("POLYRAIL_ROUTE", "socket:1k-64k:cma/get").unwrap();
+        assert!(rule(&cfg).is_some(), "a rule for another class changes nothing here");
         // Only the shared-memory channel can time a line from the peer.
         let ib = attr(TransportKind::Ib, Caps::AM | Caps::GET | Caps::PUT, 8192);
         let c = [Candidate { id: 1, attr: &ib }, Candidate { id: 2, attr: &cma }];
