@@ -1103,9 +1103,30 @@ fn the_measured_placement_changes_medium_messages() {
     for _ in 0..3 {
         sim.engines[1].note_line_transfer(0, 20);
     }
-    recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(7), &mut out);
+    let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(7), &mut out);
     sim.run_actions();
     assert_eq!(rtrs(&sim), 0, "near: no offer");
+    // The sender thinks otherwise (apart): its RTS still meets the receive.
+    assert_eq!(sim.engines[0].peer_near(1), Some(false));
+    let s = send(&mut sim, 0, 1, 7, &data);
+    sim.settle();
+    assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
+    assert_eq!(out, data);
+    // And a parked receive of such a size (receiver near) turns into a request on that RTS.
+    let mut out = vec![0u8; 3000];
+    // SAFETY: `out` outlives the park, ended by unpark below.
+    assert!(unsafe {
+        sim.engines[1].park_recv(Source::Rank(0), TagMatch::Tag(8), 0, RegionMut { ptr: out.as_mut_ptr(), len: 3000 })
+    });
+    let s = send(&mut sim, 0, 1, 8, &data);
+    sim.settle();
+    let id = match sim.engines[1].unpark() {
+        Unparked::Promoted(id) => id,
+        other => panic!("the RTS should have made the parked receive a request: {other:?}"),
+    };
+    sim.settle();
+    assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, id).is_ok());
+    assert_eq!(out, data);
 }
 
 /// A given placement (POLYRAIL_PLACEMENT) holds from the start and asks for no samples.
