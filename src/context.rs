@@ -184,8 +184,7 @@ impl Context {
 
     fn recv_in(&mut self, ctx: u16, from: Source, tag: TagMatch, buf: &mut [u8]) -> Result<Status> {
         if let Source::Rank(r) = from {
-            self.driver.note_unread(r);
-            self.driver.note_placement(r, buf.len());
+            self.driver.before_recv(r, buf.len());
         }
         self.heap.before_post(&mut self.driver, buf.as_ptr(), buf.len());
         // SAFETY: `buf` is borrowed for the call.
@@ -243,8 +242,7 @@ impl Context {
     pub fn irecv(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>, mut buf: Vec<u8>) -> Result<Request> {
         let from = from.into();
         if let Source::Rank(r) = from {
-            self.driver.note_unread(r);
-            self.driver.note_placement(r, buf.len());
+            self.driver.before_recv(r, buf.len());
         }
         self.heap.before_post(&mut self.driver, buf.as_ptr(), buf.len());
         let tag = tag.into();

@@ -454,6 +454,14 @@ impl Driver {
         }
     }
 
+    /// Before a receive of up to `len` bytes naming `peer` is posted: the skew hint
+    /// ([`Driver::note_unread`]) and the placement sample ([`Driver::note_placement`]).
+    #[inline]
+    pub fn before_recv(&mut self, peer: Rank, len: usize) {
+        self.note_unread(peer);
+        self.note_placement(peer, len);
+    }
+
     /// Before a receive naming `peer` is posted: tells the engine whether a message of `peer`
     /// already waits unread in a channel (skew feedback).
     #[inline]

@@ -318,8 +318,9 @@ pub struct Config {
     /// `POLYRAIL_NEAR_EAGER`: messages that would go by single copy go eagerly through send
     /// cells instead while a cache line the peer wrote reaches this process quickly (the two
     /// cores share a cache): both processes copy at once and the copies stay in that cache,
-    /// where the kernel's single copy is slow. Measured at run time per peer, on sends above the
-    /// single-copy threshold (see `docs/architecture.md`). `auto` (default): up to 128k (on the
+    /// where the kernel's single copy is slow. Measured at run time per peer, on one in eight sends
+    /// and receives whose protocol the placement decides, or given by `POLYRAIL_PLACEMENT` (see
+    /// `docs/architecture.md`). `auto` (default): up to 128k (on the
     /// AMD EPYC host of `docs/benchmarks.md`, near: 32 KiB one way 1.8 against 3.8 µs, streamed
     /// 25 against 9.5 GB/s; 128 KiB 5.7 against 7.1 µs; at 256 KiB single copy streams faster);
     /// `off`; or the largest such message.
