@@ -2,8 +2,9 @@
 //!
 //! The ring lives in the **sender's** segment (Chai §3.1: placed in the sender's memory by first
 //! touch). It has two parts:
-//! - **records**: one 64-byte record (one cache line) per message, with the engine header and,
-//!   for small eager messages, the payload itself (up to [`RECORD_INLINE`] bytes);
+//! - **records**: one 128-byte record (a pair of cache lines, the unit of the adjacent-line
+//!   prefetcher) per message, with the engine header and, for small eager messages, the payload
+//!   itself (up to [`RECORD_INLINE`] bytes);
 //! - **body**: 64-byte slots for payloads that do not fit in their record, contiguous from the
 //!   first byte of a slot, so the receiver copies them out in whole lines.
 //!
@@ -22,12 +23,12 @@
 //!                      body_read: AtomicU64 (offset 8) — body slots likewise; both written by
 //!                      the consumer only, in batches; read by the producer only when full
 //! offset  64  line 1   padding (the adjacent-line prefetcher fetches 128-byte pairs)
-//! offset 128  record 0 .. N-1, 64 bytes each
+//! offset 128  record 0 .. N-1, 128 bytes each
 //! then        body slot 0 .. N-1, 64 bytes each, then OVERFLOW = max_msg_slots - 1 slots, so a
 //!             body never wraps
 //! ```
 //!
-//! # Record layout (64 bytes)
+//! # Record layout (128 bytes)
 //!
 //! ```text
 //! byte  0..2   stamp   u16        lap + 1 once the record is complete; bytes 0..8 are one
@@ -37,11 +38,13 @@
 //! byte  4..14  compact            compact kinds: the header's context (u16), tag (u32) and
 //!                                 sequence id (u32); other kinds: zero
 //! byte 14..16  plen    u16        payload length (kinds INLINE, BODY, FULL)
-//! byte 16..64  inline  [u8; 48]   INLINE: the payload; FULL and FULL_CELL: the 36-byte header;
+//! byte 16..128 inline  [u8; 112]  INLINE: the payload; FULL and FULL_CELL: the 36-byte header;
 //!                                 CELL kinds: cell index u32 at 56, payload length u32 at 60
+//!                                 (the second line is written only by INLINE payloads over 48
+//!                                 bytes)
 //! ```
 //! Kinds, and where the header and payload are:
-//! - `INLINE`: compact header, payload in the record (at most 48 bytes);
+//! - `INLINE`: compact header, payload in the record (at most 112 bytes);
 //! - `BODY`: compact header, payload in `ceil(plen / 64)` body slots;
 //! - `FULL`: header in the record, payload (if any) in `ceil(plen / 64)` body slots;
 //! - `CELL`: compact header, payload in a send cell;
@@ -77,12 +80,15 @@ use std::time::Instant;
 
 use polyrail_core::Header;
 
-/// Bytes of one record or body slot (one cache line).
+/// Bytes of one body slot (one cache line).
 pub(crate) const SLOT: usize = 64;
+/// Bytes of one record: a 128-byte pair of cache lines, the unit the adjacent-line prefetcher
+/// fetches, so that a payload of up to [`RECORD_INLINE`] bytes travels with its header.
+pub(crate) const RECORD: usize = 128;
 /// Bytes of the control block in front of the records (two cache lines).
 pub(crate) const CONTROL: usize = 128;
 /// Payload bytes a record carries itself (kind `INLINE`).
-pub(crate) const RECORD_INLINE: usize = SLOT - OFF_INLINE;
+pub(crate) const RECORD_INLINE: usize = RECORD - OFF_INLINE;
 
 /// Record kind: compact header, payload in the record.
 pub(crate) const KIND_INLINE: u8 = 1;
@@ -133,12 +139,12 @@ impl Geometry {
 
     /// Bytes of ring memory (control block, records, body slots and overflow slots).
     pub(crate) fn bytes(&self) -> usize {
-        CONTROL + (2 * self.slots + self.overflow()) as usize * SLOT
+        CONTROL + self.slots as usize * RECORD + (self.slots + self.overflow()) as usize * SLOT
     }
 
     /// Largest payload carried in the ring (larger ones go through send cells).
     pub(crate) fn inline_max(&self) -> usize {
-        self.max_msg_slots as usize * SLOT
+        (self.max_msg_slots as usize * SLOT).max(RECORD_INLINE)
     }
 
     #[inline]
@@ -205,19 +211,19 @@ impl RingMem {
     #[inline]
     fn record(&self, index: usize) -> *mut u8 {
         // SAFETY: callers pass `index < slots`: a record inside the ring memory.
-        unsafe { self.base.as_ptr().add(CONTROL + index * SLOT) }
+        unsafe { self.base.as_ptr().add(CONTROL + index * RECORD) }
     }
 
     #[inline]
     fn body_slot(&self, index: usize) -> *mut u8 {
         // SAFETY: callers pass `index < slots + overflow`: a body slot inside the ring memory.
-        unsafe { self.base.as_ptr().add(CONTROL + (self.geo.slots as usize + index) * SLOT) }
+        unsafe { self.base.as_ptr().add(CONTROL + self.geo.slots as usize * RECORD + index * SLOT) }
     }
 
     /// The first word of record `index`: the stamp in its low 16 bits, then bytes 2..8.
     #[inline]
     fn first_word(&self, index: usize) -> &AtomicU64 {
-        // SAFETY: the record is 64-byte aligned inside the ring memory; its first 8 bytes are
+        // SAFETY: the record is 128-byte aligned inside the ring memory; its first 8 bytes are
         // only ever accessed as this atomic.
         unsafe { &*self.record(index).cast::<AtomicU64>() }
     }
@@ -338,7 +344,7 @@ impl Producer {
         }
         let record = self.mem.record((self.head & self.mem.geo.mask()) as usize);
         let dst = if shape.kind == KIND_INLINE {
-            // SAFETY: plen <= 48: bytes 16..64 of the record, released by the consumer (`reserve`)
+            // SAFETY: plen <= 112: bytes 16..128 of the record, released by the consumer (`reserve`)
             // and read by it only after the stamp is published.
             unsafe { record.add(OFF_INLINE) }
         } else {
@@ -384,7 +390,7 @@ impl Producer {
             first |= u64::from(hdr.ctx) << 32 | u64::from(hdr.tag) << 48;
             second |= u64::from(hdr.tag >> 16) | u64::from(hdr.seq) << 16;
         }
-        // SAFETY: the record is inside the ring, 64-byte aligned, and released by the consumer
+        // SAFETY: the record is inside the ring, 128-byte aligned, and released by the consumer
         // (`reserve`); its bytes from 8 are written here only, and read by the consumer only
         // after the first word is published.
         unsafe {
@@ -410,8 +416,8 @@ impl Producer {
     /// `publish`, the record is then published (whatever its fields say); without, only the
     /// bytes change (e.g. a garbage stamp).
     pub(crate) fn corrupt_next(&mut self, offset: usize, bytes: &[u8], publish: bool) {
-        let offset = offset.min(SLOT);
-        let len = bytes.len().min(SLOT - offset);
+        let offset = offset.min(RECORD);
+        let len = bytes.len().min(RECORD - offset);
         let index = (self.head & self.mem.geo.mask()) as usize;
         // SAFETY: offset + len <= 64: the writes stay inside one record.
         unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), self.mem.record(index).add(offset), len) };
@@ -451,8 +457,11 @@ pub(crate) struct Consumer {
     /// Body position of the next message's body.
     body_expected: u64,
     /// Body slots of the last message (at most 16): idle polls prefetch as many of the next
-    /// ones (see [`Consumer::prefetch_next_body`]).
+    /// ones (see [`Consumer::prefetch_next_payload`]).
     expect_body: u32,
+    /// The last message's payload reached its record's second line: idle polls prefetch the
+    /// second line of the next record too.
+    expect_buddy: bool,
 }
 
 // SAFETY: the Consumer is the only reader of its ring's records and body and the only writer of
@@ -468,38 +477,44 @@ impl Consumer {
     pub(crate) unsafe fn new(base: NonNull<u8>, geo: Geometry) -> Consumer {
         // SAFETY: the caller's guarantees.
         let mem = unsafe { RingMem::new(base, geo) };
-        Consumer { mem, expected: 0, published: 0, body_expected: 0, expect_body: 0 }
+        Consumer { mem, expected: 0, published: 0, body_expected: 0, expect_body: 0, expect_buddy: false }
     }
 
     /// Whether the expected position may hold something: its stamp is not the "not yet" value
     /// (an arrival, or a corrupt record that [`Consumer::take`] reports). One load of a line that
     /// stays in this core's cache while nothing arrives: the check of an idle poll (after a
-    /// message with a body, also a prefetch of where the next body goes).
+    /// message with payload lines of its own, also a prefetch of where the next one's go).
     #[inline]
     pub(crate) fn may_have_arrival(&self) -> bool {
         let index = (self.expected & self.mem.geo.mask()) as usize;
         let lap = (self.expected >> self.mem.geo.shift()) as u16;
-        if self.expect_body > 0 {
-            self.prefetch_next_body();
+        if self.expect_body > 0 || self.expect_buddy {
+            self.prefetch_next_payload(index);
         }
         // Relaxed: only a hint; `take` loads the stamp again with Acquire before reading.
         stamp_of(self.mem.first_word(index).load(Ordering::Relaxed)) != lap
     }
 
-    /// Prefetches the lines the next message's body would take if it is as long as the last
-    /// one (at most 16) while waiting for its record. The producer writes a body
-    /// before its record, so once both are written the next poll misses on all those lines at
-    /// once, instead of fetching the body only after the record said there is one: one
-    /// cache-line transfer less per message with a body. Paired runs (ping-pong, one way,
-    /// medians of 66 pairs apart and 384 near): 64 B apart 0.422 -> 0.325 µs and near 0.129 ->
-    /// 0.125, 512 B apart 0.573 -> 0.480 and near unchanged (0.176); 8 B within 1.5 % (no body,
-    /// no prefetch); osu_bw 64 B-4 KiB within 4 %. Out of line: inlined into the poll, it cost
-    /// 8 B near 2 ns.
+    /// Prefetches the lines the next message's payload would take if it is shaped like the
+    /// last one while waiting for its record (record `index`): its record's second line, or its
+    /// body slots (at most 16). The producer writes a payload before its record's first word, so
+    /// once both are written the next poll misses on all those lines at once, instead of
+    /// fetching the payload only after the record said there is one: one cache-line transfer
+    /// less per message. Paired runs (ping-pong, one way, medians of 66 pairs apart and 384
+    /// near), body slots: 64 B apart 0.422 -> 0.325 µs and near 0.129 -> 0.125, 512 B apart
+    /// 0.573 -> 0.480 and near unchanged (0.176); 8 B within 1.5 % (no payload line, no
+    /// prefetch); osu_bw 64 B-4 KiB within 4 %. The second line: 64 B apart took 1.13x as long
+    /// as with 64-byte records without this prefetch (4 alternating runs), 0.97x with it (13).
+    /// Out of line: inlined into the poll, it cost 8 B near 2 ns.
     #[inline(never)]
-    fn prefetch_next_body(&self) {
+    fn prefetch_next_payload(&self, index: usize) {
         let mask = self.mem.geo.mask();
-        for k in 0..self.expect_body as u64 {
-            let body = self.mem.body_slot(((self.body_expected + k) & mask) as usize);
+        // SAFETY: `index` is masked below N: the record and its second line (RECORD = 2 * SLOT)
+        // are inside the ring.
+        let buddy = self.expect_buddy.then(|| unsafe { self.mem.record(index).add(SLOT) });
+        let bodies =
+            (0..self.expect_body as u64).map(|k| self.mem.body_slot(((self.body_expected + k) & mask) as usize));
+        for body in buddy.into_iter().chain(bodies) {
             // A prefetch, not a load: the producer may be writing the line, and a prefetch is
             // no access to it (no data race), only a request for the line.
             #[cfg(target_arch = "x86_64")]
@@ -581,7 +596,7 @@ impl Consumer {
             Header::parse(&wire).map_err(|what| format!("record {index}: {what}"))?
         };
         let payload = match (kind, cell) {
-            // SAFETY: plen <= 48 (the shape check): bytes 16..16 + plen of the record, published.
+            // SAFETY: plen <= 112 (the shape check): bytes 16..16 + plen of the record, published.
             (KIND_INLINE, _) => Body::Inline(unsafe { std::slice::from_raw_parts(record.add(OFF_INLINE), plen) }),
             (_, Some(index)) => Body::Cell { index, len: plen },
             _ => {
@@ -595,6 +610,7 @@ impl Consumer {
         };
         handle(&hdr, payload)?;
         self.expect_body = shape.nbody.min(16);
+        self.expect_buddy = kind == KIND_INLINE && plen > SLOT - OFF_INLINE;
         self.consume(shape.nbody);
         Ok(true)
     }

@@ -97,11 +97,13 @@ fn eager(n: u64, len: usize) -> Header {
 #[test]
 fn geometry_limits() {
     let g = Geometry::new(256, 17);
-    assert_eq!(RECORD_INLINE, 48);
+    assert_eq!(RECORD_INLINE, 112);
     assert_eq!(g.inline_max(), 17 * 64);
-    assert_eq!(Shape::of(true, 48, false), Shape { kind: KIND_INLINE, nbody: 0 });
-    assert_eq!(Shape::of(true, 49, false), Shape { kind: KIND_BODY, nbody: 1 });
-    assert_eq!(Shape::of(true, 65, false), Shape { kind: KIND_BODY, nbody: 2 });
+    // A record carries what fits in its two lines, even when bodies are limited to one slot.
+    assert_eq!(Geometry::new(256, 1).inline_max(), RECORD_INLINE);
+    assert_eq!(Shape::of(true, 112, false), Shape { kind: KIND_INLINE, nbody: 0 });
+    assert_eq!(Shape::of(true, 113, false), Shape { kind: KIND_BODY, nbody: 2 });
+    assert_eq!(Shape::of(true, 129, false), Shape { kind: KIND_BODY, nbody: 3 });
     assert_eq!(Shape::of(false, 0, false), Shape { kind: KIND_FULL, nbody: 0 });
     assert_eq!(Shape::of(false, 64, false), Shape { kind: KIND_FULL, nbody: 1 });
     assert_eq!(Shape::of(false, 65, false), Shape { kind: KIND_FULL, nbody: 2 });
@@ -182,7 +184,7 @@ fn corrupt_records_are_errors_not_panics() {
     let geo = Geometry::new(16, 4);
     type Mutation = fn(&mut [u8; 16]);
     let cases: &[(&str, Mutation)] = &[
-        ("payload over a record", |i| i[OFF_PLEN] = 49),
+        ("payload over a record", |i| i[OFF_PLEN] = 113),
         ("plen over the limit", |i| {
             i[OFF_KIND] = KIND_BODY;
             i[OFF_PLEN + 1] = 1;

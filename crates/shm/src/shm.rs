@@ -18,7 +18,7 @@ use polyrail_core::{
 };
 
 use crate::cells::{CellArea, SendCells};
-use crate::ring::{Body, Consumer, Geometry, Producer, RECORD_INLINE, SLOT};
+use crate::ring::{Body, Consumer, Geometry, Producer, RECORD, RECORD_INLINE, SLOT};
 use crate::segment::{self, Mapping, OwnSegment, SegAddress, SegLayout};
 use crate::sys::{self, ProcessWatch};
 
@@ -233,7 +233,7 @@ impl ShmTransport {
         self.layout.geo.inline_max()
     }
 
-    /// Test hook: writes `bytes` at byte `offset` of the 64-byte record of our next message to
+    /// Test hook: writes `bytes` at byte `offset` of the 128-byte record of our next message to
     /// `peer`; with `publish`, stamps that record as arrived (see the record layout in
     /// `ring.rs`). Used to check that a receiver rejects corrupt records.
     #[doc(hidden)]
@@ -414,7 +414,7 @@ impl Transport for ShmTransport {
     fn describe(&self) -> String {
         let l = &self.layout;
         format!(
-            "{} records and as many body slots of {SLOT} B per ring, inline up to {} B ({RECORD_INLINE} B in the record), {} cells x {} B ({} in flight), segment {} B, {} peers mapped{}",
+            "{} records of {RECORD} B and as many body slots of {SLOT} B per ring, inline up to {} B ({RECORD_INLINE} B in the record), {} cells x {} B ({} in flight), segment {} B, {} peers mapped{}",
             l.geo.slots,
             l.geo.inline_max(),
             l.cells,

@@ -37,7 +37,7 @@ fn pair(cfg: &Config) -> (ShmTransport, ShmTransport) {
 fn sizes() -> Vec<usize> {
     let mut v: Vec<usize> = (0..=1100).collect();
     v.extend((1100..=20000).step_by(97));
-    v.extend([20000, 0, 48, 49, 64, 65, 1023, 1024, 1025]);
+    v.extend([20000, 0, 48, 49, 64, 65, 112, 113, 1023, 1024, 1025]);
     v.extend((0..2000).map(|i| [8, 100, 1024, 1025, 5000][i % 5]));
     v
 }
@@ -208,13 +208,13 @@ fn corrupt_record_is_a_protocol_error() {
         img.extend(plen.to_le_bytes());
         img
     };
-    // (offset, bytes, publish): garbage stamp; unknown kind; 49 bytes claimed in a record; a
+    // (offset, bytes, publish): garbage stamp; unknown kind; 113 bytes claimed in a record; a
     // body over the inline limit; a cell index outside the pool (bytes 56..64: index, length);
     // the reserved byte set.
     let cases: Vec<(usize, Vec<u8>, bool)> = vec![
         (0, vec![0xef, 0xbe], false),
         (2, image(9, 0), true),
-        (2, image(1, 49), true),
+        (2, image(1, 113), true),
         (2, image(2, u16::MAX), true),
         (56, [9999u32.to_le_bytes(), 8u32.to_le_bytes()].concat(), false),
         (2, [&[1u8, 1][..], &image(1, 3)[2..]].concat(), true),
