@@ -143,6 +143,7 @@ impl Geometry {
     }
 
     /// Largest payload carried in the ring (larger ones go through send cells).
+    #[inline]
     pub(crate) fn inline_max(&self) -> usize {
         (self.max_msg_slots as usize * SLOT).max(RECORD_INLINE)
     }

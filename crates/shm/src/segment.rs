@@ -251,6 +251,7 @@ impl Mapping {
     }
 
     /// Pointer to `offset` (callers keep `offset` inside the mapping, at the alignment they use).
+    #[inline]
     pub(crate) fn at(&self, offset: usize) -> NonNull<u8> {
         assert!(offset < self.len, "offset {offset} outside a mapping of {} bytes", self.len);
         // SAFETY: offset < len, inside the mapping, so the result is in bounds and non-null.
