@@ -262,6 +262,7 @@ impl Context {
     ///
     /// # Safety
     /// The memory must stay valid and unmodified until the request was waited for.
+    #[inline]
     pub unsafe fn isend_raw(&mut self, to: Rank, tag: u32, ptr: *const u8, len: usize) -> Result<Request> {
         self.heap.before_post(&mut self.driver, ptr, len);
         // SAFETY: forwarded to the caller.
@@ -285,6 +286,7 @@ impl Context {
     /// withdraws, after it announced its buffer to a peer that is still running (a warning says
     /// so) may yet be written by that peer: such memory must never be reused. Buffers of
     /// [`Context::irecv`] are kept out of use in that case by polyrail itself.
+    #[inline]
     pub unsafe fn irecv_raw(
         &mut self,
         from: impl Into<Source>,
