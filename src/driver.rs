@@ -517,7 +517,7 @@ impl Driver {
     /// # Safety
     /// The `len` bytes at `ptr` stay valid and unmodified until the request, if one is made,
     /// was waited for (or failed).
-    #[inline]
+    #[inline(always)]
     pub unsafe fn start_send_inline(
         &mut self,
         to: Rank,

@@ -327,8 +327,8 @@ impl Producer {
         Some(took.saturating_sub(timer).as_nanos().min(u32::MAX as u128) as u32)
     }
 
-    /// Writes a message whose payload goes into the ring (`payload.len() <= inline_max()`);
-    /// `Ok(false)` when the ring is full.
+    /// Writes a message whose payload goes into the ring (`payload.len() <= inline_max()`): in its
+    /// record ([`Producer::try_push_compact`]) or in body slots; `Ok(false)` when the ring is full.
     ///
     /// Order of the writes: the payload (into body slots, or the record's inline bytes), then the
     /// rest of the record from byte 8, then its first word with the stamp; the consumer spins on
@@ -339,25 +339,38 @@ impl Producer {
         let plen = payload.len();
         assert!(plen <= self.mem.geo.inline_max(), "inline payload over the ring's limit");
         let compact = hdr.is_compact(plen);
+        if compact && plen <= RECORD_INLINE {
+            return self.try_push_compact(hdr, payload);
+        }
+        // The payload goes into body slots (kind BODY or FULL).
         let shape = Shape::of(compact, plen, false);
         if !self.reserve(shape.nbody)? {
             return Ok(false);
         }
-        let record = self.mem.record((self.head & self.mem.geo.mask()) as usize);
-        let dst = if shape.kind == KIND_INLINE {
-            // SAFETY: plen <= 112: bytes 16..128 of the record, released by the consumer (`reserve`)
-            // and read by it only after the stamp is published.
-            unsafe { record.add(OFF_INLINE) }
-        } else {
-            let slot = self.mem.body_slot((self.body_head & self.mem.geo.mask()) as usize);
-            self.body_head += shape.nbody as u64;
-            slot
-        };
-        // SAFETY: for a body, `reserve` said its positions are released; it starts at a slot
-        // below N and nbody <= max_msg_slots = overflow + 1 (plen <= inline_max), so the bytes
-        // lie inside the body slots; nobody reads them until the record's stamp is published.
-        unsafe { ptr::copy_nonoverlapping(payload.as_ptr(), dst, plen) };
+        let body = self.mem.body_slot((self.body_head & self.mem.geo.mask()) as usize);
+        self.body_head += shape.nbody as u64;
+        // SAFETY: `reserve` said the body's positions are released; it starts at a slot below N
+        // and nbody <= max_msg_slots = overflow + 1 (plen <= inline_max), so the bytes lie
+        // inside the body slots; nobody reads them until the record's stamp is published.
+        unsafe { ptr::copy_nonoverlapping(payload.as_ptr(), body, plen) };
         self.write_record(shape.kind, compact, hdr, plen as u16, None);
+        Ok(true)
+    }
+
+    /// [`Producer::try_push_inline`] for the common case, with nothing else to decide: a compact
+    /// header (`hdr.is_compact(payload.len())`) and a payload that fits in the record.
+    #[inline]
+    pub(crate) fn try_push_compact(&mut self, hdr: &Header, payload: &[u8]) -> Result<bool, String> {
+        let plen = payload.len();
+        assert!(plen <= RECORD_INLINE, "payload over a record");
+        if !self.reserve(0)? {
+            return Ok(false);
+        }
+        let record = self.mem.record((self.head & self.mem.geo.mask()) as usize);
+        // SAFETY: plen <= 112: bytes 16..128 of the record, released by the consumer (`reserve`)
+        // and read by it only after the stamp is published.
+        unsafe { ptr::copy_nonoverlapping(payload.as_ptr(), record.add(OFF_INLINE), plen) };
+        self.write_record(KIND_INLINE, true, hdr, plen as u16, None);
         Ok(true)
     }
 
@@ -413,6 +426,12 @@ impl Producer {
         self.head += 1;
     }
 
+    /// Messages pushed so far.
+    #[inline]
+    pub(crate) fn pushed(&self) -> u64 {
+        self.head
+    }
+
     /// Test hook: writes `bytes` at `offset` of the record where the next message goes. With
     /// `publish`, the record is then published (whatever its fields say); without, only the
     /// bytes change (e.g. a garbage stamp).
@@ -460,9 +479,11 @@ pub(crate) struct Consumer {
     /// Body slots of the last message (at most 16): idle polls prefetch as many of the next
     /// ones (see [`Consumer::prefetch_next_payload`]).
     expect_body: u32,
-    /// The last message's payload reached its record's second line: idle polls prefetch the
-    /// second line of the next record too.
+    /// The last message's payload reached its record's second line, and second lines are
+    /// prefetched: idle polls prefetch the second line of the next record too.
     expect_buddy: bool,
+    /// Whether to prefetch second lines ([`Consumer::prefetch_second_lines`]).
+    second_lines: bool,
 }
 
 // SAFETY: the Consumer is the only reader of its ring's records and body and the only writer of
@@ -478,7 +499,15 @@ impl Consumer {
     pub(crate) unsafe fn new(base: NonNull<u8>, geo: Geometry) -> Consumer {
         // SAFETY: the caller's guarantees.
         let mem = unsafe { RingMem::new(base, geo) };
-        Consumer { mem, expected: 0, published: 0, body_expected: 0, expect_body: 0, expect_buddy: false }
+        Consumer {
+            mem,
+            expected: 0,
+            published: 0,
+            body_expected: 0,
+            expect_body: 0,
+            expect_buddy: false,
+            second_lines: false,
+        }
     }
 
     /// Whether the expected position may hold something: its stamp is not the "not yet" value
@@ -504,9 +533,9 @@ impl Consumer {
     /// less per message. Paired runs (ping-pong, one way, medians of 66 pairs apart and 384
     /// near), body slots: 64 B apart 0.422 -> 0.325 µs and near 0.129 -> 0.125, 512 B apart
     /// 0.573 -> 0.480 and near unchanged (0.176); 8 B within 1.5 % (no payload line, no
-    /// prefetch); osu_bw 64 B-4 KiB within 4 %. The second line: 64 B apart took 1.13x as long
-    /// as with 64-byte records without this prefetch (4 alternating runs), 0.97x with it (13).
-    /// Out of line: inlined into the poll, it cost 8 B near 2 ns.
+    /// prefetch); osu_bw 64 B-4 KiB within 4 %. The second line only while the cores share no
+    /// cache ([`Consumer::prefetch_second_lines`]). Out of line: inlined into the poll, it cost
+    /// 8 B near 2 ns.
     #[inline(never)]
     fn prefetch_next_payload(&self, index: usize) {
         let mask = self.mem.geo.mask();
@@ -527,6 +556,15 @@ impl Consumer {
             #[cfg(not(target_arch = "x86_64"))]
             let _ = body;
         }
+    }
+
+    /// Whether idle polls prefetch the second line of the next record after a message whose
+    /// payload reached its record's second line (off at first). On while the cores share no
+    /// cache: 64 B one way apart 0.355 µs without, 0.319 with (7-8 alternating runs); near the
+    /// prefetch competes with the producer's write of that line (0.113 without, 0.133 with).
+    pub(crate) fn prefetch_second_lines(&mut self, on: bool) {
+        self.second_lines = on;
+        self.expect_buddy &= on;
     }
 
     /// Hands the message at the expected position to `handle`, with its header and payload
@@ -611,7 +649,7 @@ impl Consumer {
         };
         handle(&hdr, payload)?;
         self.expect_body = shape.nbody.min(16);
-        self.expect_buddy = kind == KIND_INLINE && plen > SLOT - OFF_INLINE;
+        self.expect_buddy = self.second_lines && kind == KIND_INLINE && plen > SLOT - OFF_INLINE;
         self.consume(shape.nbody);
         Ok(true)
     }

@@ -34,6 +34,13 @@ const AM_LATENCY_NS: f64 = 200.0;
 const AM_OVERHEAD_NS: f64 = 50.0;
 /// Model default of the bandwidth of the two-copy path through cells (bytes/s).
 const AM_BANDWIDTH: f64 = 5e9;
+/// A cache-line transfer from the peer's core above this many nanoseconds means the two cores
+/// share no cache (on the AMD EPYC host of `docs/benchmarks.md`: 10-20 ns within one core
+/// complex, 110-140 between two): the consumer then prefetches the second line of a record
+/// while it waits ([`Consumer::prefetch_second_lines`]).
+const SLOW_LINE_NS: u32 = 80;
+/// One send in this many to a peer times a line transfer from it (when no one asked meanwhile).
+const LINE_SAMPLE_EVERY: u64 = 1024;
 
 /// A connected peer: our ring to it, its ring to us, its segment.
 #[derive(Debug)]
@@ -268,6 +275,70 @@ impl ShmTransport {
     fn not_connected(peer: Rank) -> Error {
         Error::Transport { kind: "shm", what: format!("rank {peer} is not connected through shared memory") }
     }
+
+    /// Times a line transfer from `p`'s core (when it published something new since the last
+    /// time) and lets our consumer of its ring follow: second lines are prefetched while
+    /// transfers are slow.
+    fn time_line(p: &mut Peer) -> Option<u32> {
+        let ns = p.out.time_read_line()?;
+        p.inc.prefetch_second_lines(ns > SLOW_LINE_NS);
+        Some(ns)
+    }
+
+    /// What a push into `p`'s ring means for the sender: done (after ringing a sleeping peer's
+    /// doorbell; and one push in [`LINE_SAMPLE_EVERY`] times a line transfer), the ring is full,
+    /// or the peer published a read position that is nonsense.
+    #[inline]
+    fn pushed(p: &mut Peer, peer: Rank, pushed: std::result::Result<bool, String>, doorbells: bool) -> Result<Issued> {
+        match pushed {
+            Ok(true) => {
+                if doorbells {
+                    ring_doorbell(&p.map);
+                }
+                if p.out.pushed() % LINE_SAMPLE_EVERY == 0 {
+                    Self::time_line_cold(p);
+                }
+                Ok(Issued::Done)
+            }
+            Ok(false) => Ok(Issued::WouldBlock),
+            Err(what) => Err(Error::protocol(peer, what)),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn time_line_cold(p: &mut Peer) {
+        Self::time_line(p);
+    }
+
+    /// [`Transport::try_send`] for every message but a whole eager one that fits in its record:
+    /// a payload in body slots, a header that takes the record, or a payload in a send cell.
+    #[inline(never)]
+    fn send_general(&mut self, peer: Rank, hdr: &Header, payload: &[u8]) -> Result<Issued> {
+        let Some(Some(p)) = self.peers.get_mut(peer as usize) else { return Err(Self::not_connected(peer)) };
+        let len = payload.len();
+        if len <= self.attr.max_inline {
+            let pushed = p.out.try_push_inline(hdr, payload);
+            return Self::pushed(p, peer, pushed, self.ring_doorbells);
+        }
+        if len > self.attr.max_eager {
+            return Err(Error::Transport {
+                kind: "shm",
+                what: format!("payload of {len} bytes to rank {peer} exceeds max_eager ({})", self.attr.max_eager),
+            });
+        }
+        match p.out.reserve_cell() {
+            Ok(true) => {}
+            Ok(false) => return Ok(Issued::WouldBlock),
+            Err(what) => return Err(Error::protocol(peer, what)),
+        }
+        let Some(cell) = self.cells.fill(peer, payload) else { return Ok(Issued::WouldBlock) };
+        p.out.push_cell(hdr, len as u32, cell);
+        if self.ring_doorbells {
+            ring_doorbell(&p.map);
+        }
+        Ok(Issued::Done)
+    }
 }
 
 impl Transport for ShmTransport {
@@ -307,36 +378,14 @@ impl Transport for ShmTransport {
 
     #[inline]
     fn try_send(&mut self, peer: Rank, hdr: &Header, payload: &[u8]) -> Result<Issued> {
-        let Some(Some(p)) = self.peers.get_mut(peer as usize) else { return Err(Self::not_connected(peer)) };
-        let len = payload.len();
-        if len <= self.attr.max_inline {
-            match p.out.try_push_inline(hdr, payload) {
-                Ok(true) => {}
-                Ok(false) => return Ok(Issued::WouldBlock),
-                Err(what) => return Err(Error::protocol(peer, what)),
+        // The common case with nothing else around it: a whole eager message in its record.
+        if payload.len() <= RECORD_INLINE && hdr.is_compact(payload.len()) {
+            if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
+                let pushed = p.out.try_push_compact(hdr, payload);
+                return Self::pushed(p, peer, pushed, self.ring_doorbells);
             }
-            if self.ring_doorbells {
-                ring_doorbell(&p.map);
-            }
-            return Ok(Issued::Done);
         }
-        if len > self.attr.max_eager {
-            return Err(Error::Transport {
-                kind: "shm",
-                what: format!("payload of {len} bytes to rank {peer} exceeds max_eager ({})", self.attr.max_eager),
-            });
-        }
-        match p.out.reserve_cell() {
-            Ok(true) => {}
-            Ok(false) => return Ok(Issued::WouldBlock),
-            Err(what) => return Err(Error::protocol(peer, what)),
-        }
-        let Some(cell) = self.cells.fill(peer, payload) else { return Ok(Issued::WouldBlock) };
-        p.out.push_cell(hdr, len as u32, cell);
-        if self.ring_doorbells {
-            ring_doorbell(&p.map);
-        }
-        Ok(Issued::Done)
+        self.send_general(peer, hdr, payload)
     }
 
     fn progress(&mut self, budget: usize, sink: &mut dyn Sink) -> Result<usize> {
@@ -350,7 +399,7 @@ impl Transport for ShmTransport {
         if p.failed {
             return None;
         }
-        p.out.time_read_line()
+        Self::time_line(p)
     }
 
     fn has_unread(&self, peer: Rank) -> bool {
