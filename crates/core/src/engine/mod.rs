@@ -501,7 +501,7 @@ impl Engine {
     /// one packet, assigns its sequence id and returns the channel and header to send it with
     /// now, without a request. If that send does not happen (the channel would block), hand the
     /// message to [`Engine::post_prepared_send`]; it has its place in the pair's order already.
-    #[inline]
+    #[inline(always)]
     pub fn inline_send(&mut self, to: Rank, tag: u32, ctx: u16, buf: Region) -> Option<(ChannelId, Header)> {
         let len = buf.len;
         let placement_from = self.placement_from;
