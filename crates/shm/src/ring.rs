@@ -108,15 +108,20 @@ const OFF_PLEN: usize = 14;
 const OFF_INLINE: usize = 16;
 const OFF_CELL: usize = 56;
 const OFF_CELL_LEN: usize = 60;
-const _: () =
-    assert!(OFF_COMPACT + 10 == OFF_PLEN && OFF_INLINE + Header::WIRE_LEN <= OFF_CELL && OFF_CELL_LEN + 4 == SLOT);
+const _: () = assert!(
+    OFF_COMPACT + 10 == OFF_PLEN
+        && OFF_INLINE + Header::WIRE_LEN <= OFF_CELL
+        && OFF_CELL_LEN + 4 == SLOT
+        && RECORD_INLINE <= 2 * SLOT
+);
 
 /// Shape of a ring; both sides of a pair must agree on it (checked at connection).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Geometry {
     /// `N`: records and body slots in the ring, a power of two, at least 16.
     pub slots: u32,
-    /// Most body slots one message may take; `1..=min(slots / 4, MAX_MSG_SLOTS)`.
+    /// Most body slots one message may take; `2..=min(slots / 4, MAX_MSG_SLOTS)` (at least a
+    /// record's payload, so that every payload a record carries also fits in the body).
     pub max_msg_slots: u32,
 }
 
@@ -126,10 +131,10 @@ impl Geometry {
     pub(crate) const MAX_MSG_SLOTS: u32 = 1023;
 
     /// A geometry of `slots` slots (a power of two, at least 16) and bodies of up to
-    /// `max_msg_slots` slots, clamped to `1..=slots / 4` and to [`Geometry::MAX_MSG_SLOTS`].
+    /// `max_msg_slots` slots, clamped to `2..=slots / 4` and to [`Geometry::MAX_MSG_SLOTS`].
     pub(crate) fn new(slots: u32, max_msg_slots: u32) -> Geometry {
         debug_assert!(slots.is_power_of_two() && slots >= 16);
-        Geometry { slots, max_msg_slots: max_msg_slots.clamp(1, (slots / 4).min(Self::MAX_MSG_SLOTS)) }
+        Geometry { slots, max_msg_slots: max_msg_slots.clamp(2, (slots / 4).min(Self::MAX_MSG_SLOTS)) }
     }
 
     /// Body slots after slot `N - 1` that a body may run into.
@@ -145,7 +150,7 @@ impl Geometry {
     /// Largest payload carried in the ring (larger ones go through send cells).
     #[inline]
     pub(crate) fn inline_max(&self) -> usize {
-        (self.max_msg_slots as usize * SLOT).max(RECORD_INLINE)
+        self.max_msg_slots as usize * SLOT
     }
 
     #[inline]
@@ -439,7 +444,7 @@ impl Producer {
         let offset = offset.min(RECORD);
         let len = bytes.len().min(RECORD - offset);
         let index = (self.head & self.mem.geo.mask()) as usize;
-        // SAFETY: offset + len <= 64: the writes stay inside one record.
+        // SAFETY: offset + len <= 128: the writes stay inside one record.
         unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), self.mem.record(index).add(offset), len) };
         if publish {
             // The record as it now is, with the stamp of an arrived message.

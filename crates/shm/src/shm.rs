@@ -174,7 +174,7 @@ impl ShmTransport {
     }
 
     /// [`ShmTransport::new`] with inline messages of up to `max_slots` body slots (clamped to
-    /// `1..=shm_slots / 4` and 1023); for measurements. Every process of a job must use the same
+    /// `2..=shm_slots / 4` and 1023); for measurements. Every process of a job must use the same
     /// value.
     #[doc(hidden)]
     pub fn with_inline_slots(cfg: &Config, job_id: &str, rank: u32, size: u32, max_slots: u32) -> Result<ShmTransport> {
