@@ -279,6 +279,8 @@ impl ShmTransport {
     /// Times a line transfer from `p`'s core (when it published something new since the last
     /// time) and lets our consumer of its ring follow: second lines are prefetched while
     /// transfers are slow.
+    #[cold]
+    #[inline(never)]
     fn time_line(p: &mut Peer) -> Option<u32> {
         let ns = p.out.time_read_line()?;
         p.inc.prefetch_second_lines(ns > SLOW_LINE_NS);
@@ -296,19 +298,13 @@ impl ShmTransport {
                     ring_doorbell(&p.map);
                 }
                 if p.out.pushed() % LINE_SAMPLE_EVERY == 0 {
-                    Self::time_line_cold(p);
+                    Self::time_line(p);
                 }
                 Ok(Issued::Done)
             }
             Ok(false) => Ok(Issued::WouldBlock),
             Err(what) => Err(Error::protocol(peer, what)),
         }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn time_line_cold(p: &mut Peer) {
-        Self::time_line(p);
     }
 
     /// [`Transport::try_send`] for every message but a whole eager one that fits in its record:
@@ -329,15 +325,11 @@ impl ShmTransport {
         }
         match p.out.reserve_cell() {
             Ok(true) => {}
-            Ok(false) => return Ok(Issued::WouldBlock),
-            Err(what) => return Err(Error::protocol(peer, what)),
+            no_record => return Self::pushed(p, peer, no_record, self.ring_doorbells),
         }
         let Some(cell) = self.cells.fill(peer, payload) else { return Ok(Issued::WouldBlock) };
         p.out.push_cell(hdr, len as u32, cell);
-        if self.ring_doorbells {
-            ring_doorbell(&p.map);
-        }
-        Ok(Issued::Done)
+        Self::pushed(p, peer, Ok(true), self.ring_doorbells)
     }
 }
 
