@@ -484,11 +484,11 @@ pub(crate) struct Consumer {
     /// Body slots of the last message (at most 16): idle polls prefetch as many of the next
     /// ones (see [`Consumer::prefetch_next_payload`]).
     expect_body: u32,
-    /// The last message's payload reached its record's second line, and second lines are
-    /// prefetched: idle polls prefetch the second line of the next record too.
+    /// The last message's payload reached its record's second line, and line transfers are
+    /// slow: idle polls prefetch the second line of the next record too.
     expect_buddy: bool,
-    /// Whether to prefetch second lines ([`Consumer::prefetch_second_lines`]).
-    second_lines: bool,
+    /// Line transfers from the producer's core are slow ([`Consumer::set_slow_lines`]).
+    slow_lines: bool,
 }
 
 // SAFETY: the Consumer is the only reader of its ring's records and body and the only writer of
@@ -511,7 +511,7 @@ impl Consumer {
             body_expected: 0,
             expect_body: 0,
             expect_buddy: false,
-            second_lines: false,
+            slow_lines: false,
         }
     }
 
@@ -538,9 +538,9 @@ impl Consumer {
     /// less per message. Paired runs (ping-pong, one way, medians of 66 pairs apart and 384
     /// near), body slots: 64 B apart 0.422 -> 0.325 µs and near 0.129 -> 0.125, 512 B apart
     /// 0.573 -> 0.480 and near unchanged (0.176); 8 B within 1.5 % (no payload line, no
-    /// prefetch); osu_bw 64 B-4 KiB within 4 %. The second line only while the cores share no
-    /// cache ([`Consumer::prefetch_second_lines`]). Out of line: inlined into the poll, it cost
-    /// 8 B near 2 ns.
+    /// prefetch); osu_bw 64 B-4 KiB within 4 %. The second line only while line transfers are
+    /// slow ([`Consumer::set_slow_lines`]). Out of line: inlined into the poll, it cost 8 B
+    /// near 2 ns.
     #[inline(never)]
     fn prefetch_next_payload(&self, index: usize) {
         let mask = self.mem.geo.mask();
@@ -563,13 +563,16 @@ impl Consumer {
         }
     }
 
-    /// Whether idle polls prefetch the second line of the next record after a message whose
-    /// payload reached its record's second line (off at first). On while the cores share no
-    /// cache: 64 B one way apart 0.355 µs without, 0.319 with (7-8 alternating runs); near the
-    /// prefetch competes with the producer's write of that line (0.113 without, 0.133 with).
-    pub(crate) fn prefetch_second_lines(&mut self, on: bool) {
-        self.second_lines = on;
-        self.expect_buddy &= on;
+    /// Whether line transfers from the producer's core are slow (the cores share no cache; off
+    /// at first). While they are, idle polls also prefetch the second line of the next record
+    /// after a message whose payload reached its record's second line (64 B one way apart
+    /// 0.355 µs without, 0.319 with, 7-8 alternating runs); near, that prefetch competes with
+    /// the producer's write of the line (0.113 without, 0.133 with). (Near, prefetching at most
+    /// 8 body lines instead of 16 made 1 KiB one way 6 % faster but osu_bw 1 KiB 7 % slower, 14
+    /// alternating runs: not adopted.)
+    pub(crate) fn set_slow_lines(&mut self, slow: bool) {
+        self.slow_lines = slow;
+        self.expect_buddy &= slow;
     }
 
     /// Hands the message at the expected position to `handle`, with its header and payload
@@ -654,7 +657,7 @@ impl Consumer {
         };
         handle(&hdr, payload)?;
         self.expect_body = shape.nbody.min(16);
-        self.expect_buddy = self.second_lines && kind == KIND_INLINE && plen > SLOT - OFF_INLINE;
+        self.expect_buddy = self.slow_lines && kind == KIND_INLINE && plen > SLOT - OFF_INLINE;
         self.consume(shape.nbody);
         Ok(true)
     }

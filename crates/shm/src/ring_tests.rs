@@ -122,19 +122,19 @@ fn geometry_limits() {
 fn every_size_through_many_laps() {
     // The largest bodies a small ring allows, and the smallest any ring allows (a record's
     // payload with a whole header goes to the body: it must fit there too).
-    // The second also prefetches second lines (as while the cores share no cache), and polls
+    // The second prefetches as while the cores share no cache (second lines too), and polls
     // (which prefetches the next payload's lines) before every take.
-    for (geo, second_lines) in [(Geometry::new(16, 17), false), (Geometry::new(16, 1), true)] {
+    for (geo, slow_lines) in [(Geometry::new(16, 17), false), (Geometry::new(16, 1), true)] {
         let mem = HeapRing::new(geo);
         let (mut p, mut c) = mem.pair(geo);
-        c.prefetch_second_lines(second_lines);
+        c.set_slow_lines(slow_lines);
         let mut n = 0u64;
         for round in 0..if cfg!(miri) { 3 } else { 40 } {
             for len in (0..=geo.inline_max()).step_by(if cfg!(miri) { 13 } else { 1 }) {
                 // Both header forms: compact (eager, whole) and full.
                 let hdr = if n % 2 == 0 { eager(n, len) } else { header(n) };
                 assert!(p.try_push_inline(&hdr, &payload(n, len)).unwrap(), "{geo:?} round {round} len {len}");
-                assert!(!second_lines || c.may_have_arrival());
+                assert!(!slow_lines || c.may_have_arrival());
                 assert!(pop_check_header(&mut c, &hdr, n, len));
                 n += 1;
             }

@@ -36,8 +36,8 @@ const AM_OVERHEAD_NS: f64 = 50.0;
 const AM_BANDWIDTH: f64 = 5e9;
 /// A cache-line transfer from the peer's core above this many nanoseconds means the two cores
 /// share no cache (on the AMD EPYC host of `docs/benchmarks.md`: 10-20 ns within one core
-/// complex, 110-140 between two): the consumer then prefetches the second line of a record
-/// while it waits ([`Consumer::prefetch_second_lines`]).
+/// complex, 110-140 between two): the consumer then prefetches more while it waits
+/// ([`Consumer::set_slow_lines`]).
 const SLOW_LINE_NS: u32 = 80;
 /// One send in this many to a peer times a line transfer from it (when no one asked meanwhile).
 const LINE_SAMPLE_EVERY: u64 = 1024;
@@ -277,13 +277,13 @@ impl ShmTransport {
     }
 
     /// Times a line transfer from `p`'s core (when it published something new since the last
-    /// time) and lets our consumer of its ring follow: second lines are prefetched while
-    /// transfers are slow.
+    /// time) and lets our consumer of its ring follow (it prefetches more while transfers are
+    /// slow).
     #[cold]
     #[inline(never)]
     fn time_line(p: &mut Peer) -> Option<u32> {
         let ns = p.out.time_read_line()?;
-        p.inc.prefetch_second_lines(ns > SLOW_LINE_NS);
+        p.inc.set_slow_lines(ns > SLOW_LINE_NS);
         Some(ns)
     }
 
