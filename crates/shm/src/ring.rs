@@ -235,6 +235,22 @@ impl RingMem {
     }
 }
 
+/// How far ahead of the next record [`Consumer::consume`] prefetches one.
+const RECORD_AHEAD: u64 = 3;
+
+/// Asks for the line at `line` (inside a ring). A prefetch, not a load: the producer may be
+/// writing the line, and a prefetch is no access to it (no data race), only a request for it.
+#[inline(always)]
+fn prefetch(line: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT0 never faults and reads nothing into the program.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.cast::<i8>())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = line;
+}
+
 /// The stamp in a record's first word (its bytes 0..2, the word read as a little-endian `u64`).
 #[inline]
 fn stamp_of(first_word: u64) -> u16 {
@@ -549,17 +565,8 @@ impl Consumer {
         let buddy = self.expect_buddy.then(|| unsafe { self.mem.record(index).add(SLOT) });
         let bodies =
             (0..self.expect_body as u64).map(|k| self.mem.body_slot(((self.body_expected + k) & mask) as usize));
-        for body in buddy.into_iter().chain(bodies) {
-            // A prefetch, not a load: the producer may be writing the line, and a prefetch is
-            // no access to it (no data race), only a request for the line.
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: PREFETCHT0 of an address inside the ring; a prefetch never faults and
-            // reads nothing into the program.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(body.cast::<i8>())
-            };
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = body;
+        for line in buddy.into_iter().chain(bodies) {
+            prefetch(line);
         }
     }
 
@@ -663,11 +670,15 @@ impl Consumer {
     }
 
     /// Moves past a handled message whose body took `nbody` slots; publishes the read positions
-    /// every `N / 4` records.
+    /// every `N / 4` records. Prefetches the record [`RECORD_AHEAD`] positions on: in a stream
+    /// the producer wrote it already, and its line then travels while the messages before it
+    /// are handled. Alternating runs against no prefetch: osu_bw near 8 B 1.01x, 64 B 1.07x,
+    /// 512 B 0.99x (16 runs), apart 8 B 1.07x, 64 B 1.05x (8); 8 B one way near 0.97x (12).
     #[inline]
     fn consume(&mut self, nbody: u32) {
         self.expected += 1;
         self.body_expected += nbody as u64;
+        prefetch(self.mem.record(((self.expected + RECORD_AHEAD) & self.mem.geo.mask()) as usize));
         if self.expected - self.published >= (self.mem.geo.slots / 4) as u64 {
             self.publish();
         }
