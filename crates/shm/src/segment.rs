@@ -34,8 +34,9 @@ use crate::sys;
 
 /// Magic number at the start of every segment: `b"PRLSHM01"`.
 const MAGIC: u64 = u64::from_le_bytes(*b"PRLSHM01");
-/// Layout version; bump on any change of the segment or slot layout.
-pub(crate) const VERSION: u32 = 2;
+/// Layout version; bump on any change of the segment or slot layout (3: 128-byte records, the
+/// sleep-barrier flag).
+pub(crate) const VERSION: u32 = 3;
 /// Bytes before the first ring.
 const HEADER_BYTES: usize = 4096;
 /// Offset of the `finalized` flag.
@@ -44,6 +45,8 @@ const FINALIZED_AT: usize = 64;
 const SLEEPING_AT: usize = 128;
 /// Offset of the doorbell futex word.
 const DOORBELL_AT: usize = 192;
+/// Offset of the sleep-barrier flag.
+const SLEEP_BARRIER_AT: usize = 256;
 /// Bytes of a cell's state line.
 pub(crate) const CELL_STATE_BYTES: usize = 64;
 /// Magic number at the start of an address: `b"PRSH"`.
@@ -277,6 +280,15 @@ impl Mapping {
     pub(crate) fn doorbell(&self) -> &AtomicU32 {
         // SAFETY: as for `finalized`: offset 192, aligned, in the header page, only this atomic.
         unsafe { &*self.at(DOORBELL_AT).as_ptr().cast::<AtomicU32>() }
+    }
+
+    /// 1 when the owner passes the global barrier ([`sys::global_barrier`]) between setting its
+    /// `sleeping` flag and its last look at the rings: then a sender registered for that
+    /// barrier needs no fence of its own before it reads the flag. Set before the segment's
+    /// address is published.
+    pub(crate) fn sleep_barrier(&self) -> &AtomicU32 {
+        // SAFETY: as for `finalized`: offset 256, aligned, in the header page, only this atomic.
+        unsafe { &*self.at(SLEEP_BARRIER_AT).as_ptr().cast::<AtomicU32>() }
     }
 
     fn info(&self) -> SegmentInfo {

@@ -8,7 +8,7 @@
 //! Once every process has mapped every segment (`connected`), the names are unlinked, so nothing
 //! is left in `/dev/shm` even if the job is killed later.
 
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{compiler_fence, fence, Ordering};
 
 use polyrail_core::config::WaitMode;
 use polyrail_core::policy::sweep::PeerSweep;
@@ -58,6 +58,9 @@ struct Peer {
     failed: bool,
     /// Set once `check_peers` reported the peer's exit.
     reported: bool,
+    /// The peer passes the global barrier before it sleeps and this process is registered for
+    /// it: our doorbell check needs no fence ([`ring_doorbell`]).
+    fenceless: bool,
     /// The peer's segment; keeps `inc` and `their_cells` valid. Dropped last.
     map: Mapping,
 }
@@ -83,16 +86,30 @@ pub struct ShmTransport {
     ring_doorbells: bool,
     /// Doorbell value seen by `arm`, for `sleep`.
     armed_at: u32,
+    /// We pass the global barrier before sleeping (our segment says so to senders).
+    sleep_barrier: bool,
+    /// The global barrier failed once: `arm` never lets the driver sleep again (senders that
+    /// skip their fence count on the barrier).
+    never_sleep: bool,
     /// Dropped after the peers: our rings stay mapped while producers exist.
     seg: OwnSegment,
 }
 
 /// After a message to the peer owning `map` was published: wakes the peer if it sleeps.
 #[inline]
-fn ring_doorbell(map: &Mapping) {
-    // SeqCst fence: orders the slot's stamp store before the `sleeping` load; pairs with the
-    // fence in `arm` (see there).
-    fence(Ordering::SeqCst);
+fn ring_doorbell(map: &Mapping, fenceless: bool) {
+    // The record's stamp store must be ordered before the `sleeping` load (a Dekker pair with
+    // `arm`: either the sleeper sees the message, or we see it sleeping). With `fenceless` the
+    // sleeper's global barrier orders them for us (it makes this thread pass a full barrier
+    // between the sleeper's store of `sleeping` and its last look at the rings): the compiler
+    // fence keeps program order, and a full fence here, which waits for the record's line to
+    // come back from the polling receiver, is spared. Otherwise the SeqCst fence pairs with
+    // the one in `arm`.
+    if fenceless {
+        compiler_fence(Ordering::SeqCst);
+    } else {
+        fence(Ordering::SeqCst);
+    }
     if map.sleeping().load(Ordering::Relaxed) != 0 {
         // Release: pairs with the Acquire load in `arm`; the count makes a sleep that starts
         // after this return at once (the futex value no longer matches).
@@ -188,6 +205,11 @@ impl ShmTransport {
         })?;
         let name = format!("/polyrail-{}-{}-{rank}", sys::uid(), sanitize(job_id));
         let seg = OwnSegment::create(&name, rank, &layout)?;
+        let ring_doorbells = cfg.wait != WaitMode::Spin;
+        // A process that may sleep and can make its senders pass a barrier says so in its
+        // segment, before the address goes out (Release: pairs with the Acquire in `connect`).
+        let sleep_barrier = ring_doorbells && sys::global_barrier_registered();
+        seg.map.sleep_barrier().store(sleep_barrier as u32, Ordering::Release);
         // SAFETY: the mapping is `layout.total_len` bytes with this layout, and `seg` outlives
         // `cells` (field order of ShmTransport).
         let area = unsafe { CellArea::new(seg.map.base(), &layout) };
@@ -211,8 +233,10 @@ impl ShmTransport {
             active: Vec::new(),
             sweep: PeerSweep::default(),
             cells: SendCells::new(area, size),
-            ring_doorbells: cfg.wait != WaitMode::Spin,
+            ring_doorbells,
             armed_at: 0,
+            sleep_barrier,
+            never_sleep: false,
             seg,
         })
     }
@@ -268,7 +292,20 @@ impl ShmTransport {
         let inc = unsafe { Consumer::new(map.at(self.layout.ring_offset(self.rank)), geo) };
         // SAFETY: as above, for the peer's cell pool.
         let their_cells = unsafe { CellArea::new(map.base(), &self.layout) };
-        Ok(Peer { out, inc, their_cells, pid, watch: ProcessWatch::new(pid), failed: false, reported: false, map })
+        // Acquire: pairs with the Release store in `with_inline_slots` (the address that led us
+        // here was published after it anyway).
+        let fenceless = sys::global_barrier_registered() && map.sleep_barrier().load(Ordering::Acquire) == 1;
+        Ok(Peer {
+            out,
+            inc,
+            their_cells,
+            pid,
+            watch: ProcessWatch::new(pid),
+            failed: false,
+            reported: false,
+            fenceless,
+            map,
+        })
     }
 
     #[cold]
@@ -295,7 +332,7 @@ impl ShmTransport {
         match pushed {
             Ok(true) => {
                 if doorbells {
-                    ring_doorbell(&p.map);
+                    ring_doorbell(&p.map, p.fenceless);
                 }
                 if p.out.pushed() % LINE_SAMPLE_EVERY == 0 {
                     Self::time_line(p);
@@ -404,11 +441,23 @@ impl Transport for ShmTransport {
         let me = &self.seg.map;
         // Acquire: a wake-up counted after this read makes `sleep` return at once.
         self.armed_at = me.doorbell().load(Ordering::Acquire);
+        if self.never_sleep {
+            return false;
+        }
         me.sleeping().store(1, Ordering::Relaxed);
         // SeqCst fence: orders the `sleeping` store before the stamp loads below; pairs with the
         // fence in `ring_doorbell` (a sender's stamp store, then its `sleeping` load). Either we
-        // see its message here, or it sees us sleeping and rings.
+        // see its message here, or it sees us sleeping and rings. Senders that skip their fence
+        // (`Peer::fenceless`) are made to pass one by the global barrier: after it, each such
+        // sender's stamp stores before its last `sleeping` load are visible to the loads below,
+        // or its later `sleeping` loads see our store.
         fence(Ordering::SeqCst);
+        if self.sleep_barrier && !sys::global_barrier() {
+            self.never_sleep = true;
+            me.sleeping().store(0, Ordering::Relaxed);
+            tracing::warn!("shm: the global memory barrier failed; this process no longer sleeps while it waits");
+            return false;
+        }
         let arrived = self
             .active
             .iter()
@@ -455,7 +504,7 @@ impl Transport for ShmTransport {
     fn describe(&self) -> String {
         let l = &self.layout;
         format!(
-            "{} records of {RECORD} B and as many body slots of {SLOT} B per ring, inline up to {} B ({RECORD_INLINE} B in the record), {} cells x {} B ({} in flight), segment {} B, {} peers mapped{}",
+            "{} records of {RECORD} B and as many body slots of {SLOT} B per ring, inline up to {} B ({RECORD_INLINE} B in the record), {} cells x {} B ({} in flight), segment {} B, {} peers mapped, {}{}",
             l.geo.slots,
             l.geo.inline_max(),
             l.cells,
@@ -463,6 +512,11 @@ impl Transport for ShmTransport {
             self.cells.in_flight(),
             l.total_len,
             self.active.len(),
+            match (self.ring_doorbells, self.sleep_barrier) {
+                (false, _) => "no doorbell (POLYRAIL_WAIT=spin)",
+                (true, true) => "doorbell checked without a fence (sleepers pass a global barrier, membarrier)",
+                (true, false) => "doorbell checked after a fence (no global barrier here)",
+            },
             if self.active.iter().any(|&r| self.peers[r as usize].as_ref().is_some_and(|p| p.failed)) {
                 " (some rings corrupt)"
             } else {

@@ -100,6 +100,36 @@ pub(crate) fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32, tim
     }
 }
 
+/// membarrier(2) commands (linux/membarrier.h).
+const MEMBARRIER_CMD_QUERY: libc::c_long = 0;
+const MEMBARRIER_CMD_GLOBAL_EXPEDITED: libc::c_long = 1 << 1;
+const MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED: libc::c_long = 1 << 2;
+
+/// Registers this process, once, for [`global_barrier`] (membarrier's `GLOBAL_EXPEDITED`);
+/// whether the kernel offers it and took the registration (a seccomp filter or an old kernel
+/// may not).
+pub(crate) fn global_barrier_registered() -> bool {
+    static REGISTERED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *REGISTERED.get_or_init(|| {
+        // SAFETY: membarrier takes no pointers; an unknown command or a refused call only returns
+        // an error.
+        unsafe {
+            let cmds = libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_QUERY, 0u32, 0i32);
+            cmds > 0
+                && cmds & MEMBARRIER_CMD_GLOBAL_EXPEDITED != 0
+                && libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0u32, 0i32) == 0
+        }
+    })
+}
+
+/// Makes every running thread of every process registered through
+/// [`global_barrier_registered`] pass a full memory barrier before this returns (a thread not
+/// running passes one when it is switched in); `false` when the call failed.
+pub(crate) fn global_barrier() -> bool {
+    // SAFETY: as in global_barrier_registered.
+    unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0u32, 0i32) == 0 }
+}
+
 /// Wakes one process sleeping in [`futex_wait`] on `word`.
 pub(crate) fn futex_wake(word: &std::sync::atomic::AtomicU32) {
     // SAFETY: as for futex_wait; FUTEX_WAKE does not access user memory beyond the address.

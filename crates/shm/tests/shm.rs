@@ -434,3 +434,38 @@ fn unsafe_uid() -> u32 {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() }
 }
+
+/// The doorbell: a receiver that arms and sleeps is woken by every message, whether senders
+/// fence before they read its `sleeping` flag or count on its global barrier (both endpoints
+/// here are in one process, registered for that barrier where the kernel offers it). A lost
+/// wake-up sleeps the whole timeout (3 s); no wait may come near it.
+#[test]
+fn sleepers_are_woken_by_every_message() {
+    let (mut a, mut b) = pair(&Config::default());
+    const ROUNDS: u64 = 200;
+    let sender = std::thread::spawn(move || {
+        for n in 0..ROUNDS {
+            // Long enough for the receiver to go to sleep, varied so the send lands anywhere in
+            // its arm / sleep sequence.
+            std::thread::sleep(Duration::from_micros(200 + (n % 7) * 150));
+            let hdr = header(2 * n, 8);
+            while a.try_send(1, &hdr, &pattern(2 * n, 8)).unwrap() != Issued::Done {}
+        }
+        a
+    });
+    let mut sink = Collect::default();
+    // Messages may arrive two at a time when this thread falls behind: count them, not rounds.
+    while sink.msgs.len() < ROUNDS as usize {
+        let start = Instant::now();
+        while b.progress(usize::MAX, &mut sink).unwrap() == 0 {
+            if b.arm() {
+                b.sleep(Duration::from_secs(3));
+            }
+            b.disarm();
+            let waited = start.elapsed();
+            assert!(waited < Duration::from_millis(1500), "waited {waited:?} after {} messages", sink.msgs.len());
+        }
+    }
+    let _a = sender.join().unwrap();
+    assert_eq!(sink.msgs.len(), ROUNDS as usize);
+}
