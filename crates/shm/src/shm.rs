@@ -89,7 +89,7 @@ pub struct ShmTransport {
     /// We pass the global barrier before sleeping (our segment says so to senders).
     sleep_barrier: bool,
     /// The global barrier failed once: `arm` never lets the driver sleep again (senders that
-    /// skip their fence count on the barrier).
+    /// skip their fence count on the barrier); it yields the core instead.
     never_sleep: bool,
     /// Dropped after the peers: our rings stay mapped while producers exist.
     seg: OwnSegment,
@@ -442,6 +442,8 @@ impl Transport for ShmTransport {
         // Acquire: a wake-up counted after this read makes `sleep` return at once.
         self.armed_at = me.doorbell().load(Ordering::Acquire);
         if self.never_sleep {
+            // Not sleeping, but giving the core away like a sleep would.
+            std::thread::yield_now();
             return false;
         }
         me.sleeping().store(1, Ordering::Relaxed);
