@@ -35,12 +35,20 @@ enum RequestState {
     /// Finished when it was started (an eager send that left at once, a receive whose message
     /// was here already): nothing runs, the buffer is free again.
     Done(Completion),
+    /// [`RequestState::Done`] for a raw operation, which has no buffer to give back: the
+    /// smallest thing to hand back from a small `isend_raw`, which makes many.
+    Finished(Status),
 }
 
 impl Request {
     /// An operation that finished when it started, with `status`; `buf` is given back.
     fn done(status: Status, buf: Vec<u8>) -> Request {
         Request { state: RequestState::Done(Completion { status, buf }) }
+    }
+
+    /// A raw operation that finished when it started, with `status`.
+    fn finished(status: Status) -> Request {
+        Request { state: RequestState::Finished(status) }
     }
 
     fn engine(id: ReqId) -> Request {
@@ -51,7 +59,7 @@ impl Request {
     fn engine_id(&self) -> Option<ReqId> {
         match self.state {
             RequestState::Engine(id) => Some(id),
-            RequestState::Done(_) => None,
+            RequestState::Done(_) | RequestState::Finished(_) => None,
         }
     }
 }
@@ -267,9 +275,7 @@ impl Context {
         self.heap.before_post(&mut self.driver, ptr, len);
         // SAFETY: forwarded to the caller.
         if let Some(started) = unsafe { self.driver.start_send_inline(to, tag, USER_CTX, ptr, len) } {
-            return Ok(
-                started?.map_or_else(|| Request::done(Status { source: to, tag, len }, Vec::new()), Request::engine)
-            );
+            return Ok(started?.map_or_else(|| Request::finished(Status { source: to, tag, len }), Request::engine));
         }
         // SAFETY: forwarded to the caller.
         let id = unsafe { self.driver.engine.post_send(to, tag, USER_CTX, Region { ptr, len })? };
@@ -301,7 +307,7 @@ impl Context {
         }
         // SAFETY: forwarded to the caller.
         if let Some(status) = unsafe { self.take_arrived(from, tag, USER_CTX, region) } {
-            return Ok(Request::done(status, Vec::new()));
+            return Ok(Request::finished(status));
         }
         // SAFETY: forwarded to the caller.
         let id = unsafe { self.driver.engine.post_recv(from, tag, USER_CTX, region)? };
@@ -359,6 +365,7 @@ impl Context {
         let id = match req.state {
             RequestState::Engine(id) => id,
             RequestState::Done(done) => return Ok(done),
+            RequestState::Finished(status) => return Ok(Completion { status, buf: Vec::new() }),
         };
         let r = self.driver.wait(id);
         let buf = self.take_buf(id);
@@ -402,6 +409,10 @@ impl Context {
                 RequestState::Engine(id) => id,
                 RequestState::Done(done) => {
                     out.push(done);
+                    continue;
+                }
+                RequestState::Finished(status) => {
+                    out.push(Completion { status, buf: Vec::new() });
                     continue;
                 }
             };

@@ -3,7 +3,7 @@
 use polyrail_core::config::{PollPolicy, WaitMode};
 use polyrail_core::engine::{Action, Engine, Payload, ReqId, Status, Unparked};
 use polyrail_core::policy::{ChannelId, ChannelSet};
-use polyrail_core::{Caps, Error, Issued, Rank, Region, Result, SharedFile, Transport, TransportKind};
+use polyrail_core::{Caps, Error, Header, Issued, Rank, Region, Result, SharedFile, Transport, TransportKind};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,8 @@ const SYSCALL_POLL_EVERY: u32 = 256;
 pub(crate) struct Driver {
     pub engine: Engine,
     pub channels: Vec<Box<dyn Transport>>,
+    /// Per channel, its [`polyrail_core::TransportAttr::max_eager_shortcut`].
+    shortcut_max: Vec<usize>,
     /// Channels that deliver arrivals (active messages, or completions of pending one-sided
     /// operations); the others are not polled.
     polled: Vec<usize>,
@@ -162,6 +164,7 @@ impl Driver {
             syscall_polled.insert(i as ChannelId);
         }
         Driver {
+            shortcut_max: channels.iter().map(|c| c.attr().max_eager_shortcut).collect(),
             syscall_polled,
             syscall_skipped: 0,
             poll_everything: false,
@@ -531,24 +534,61 @@ impl Driver {
         if !self.blocked.get(to as usize)?.is_empty() {
             return None;
         }
-        let region = polyrail_core::Region { ptr, len };
-        let (channel, hdr) = self.engine.inline_send(to, tag, ctx, region)?;
-        self.self_sent |= to == self.engine.rank();
+        let region = Region { ptr, len };
+        let (channel, env) = self.engine.inline_send(to, tag, ctx, region)?;
         // SAFETY: the caller keeps the bytes valid for this call (and longer, see above).
         let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
+        // The channel's shortcut where it has one, else (or when it declines) its try_send.
+        let shortcut = if len <= self.shortcut_max[channel as usize] {
+            self.channels[channel as usize].try_send_eager(to, env, bytes)
+        } else {
+            None
+        };
+        Some(match shortcut {
+            // SAFETY: forwarded to the caller.
+            Some(Issued::WouldBlock) => Ok(Some(unsafe { self.queue_prepared(to, channel, env.header(len), region) })),
+            Some(_) => Ok(None),
+            // SAFETY: forwarded to the caller.
+            None => unsafe { self.send_prepared(to, channel, env.header(len), region) },
+        })
+    }
+
+    /// [`Driver::start_send_inline`] through the channel's `try_send`.
+    ///
+    /// # Safety
+    /// As for [`Driver::start_send_inline`].
+    #[inline]
+    unsafe fn send_prepared(
+        &mut self,
+        to: Rank,
+        channel: ChannelId,
+        hdr: Header,
+        region: Region,
+    ) -> Result<Option<ReqId>> {
+        self.self_sent |= to == self.engine.rank();
+        // SAFETY: the caller keeps the bytes valid for this call (and longer).
+        let bytes = unsafe { std::slice::from_raw_parts(region.ptr, region.len) };
         match self.channels[channel as usize].try_send(to, &hdr, bytes) {
-            Ok(Issued::WouldBlock) => {
-                // SAFETY: forwarded to the caller.
-                let id = unsafe { self.engine.post_prepared_send(to, channel, hdr, region) };
-                self.drain();
-                Some(Ok(Some(id)))
-            }
-            Ok(_) => Some(Ok(None)),
+            // SAFETY: forwarded to the caller.
+            Ok(Issued::WouldBlock) => Ok(Some(unsafe { self.queue_prepared(to, channel, hdr, region) })),
+            Ok(_) => Ok(None),
             Err(e) => {
                 self.engine.handle_peer_lost(to, e.duplicate());
-                Some(Err(e))
+                Err(e)
             }
         }
+    }
+
+    /// Queues a message [`Driver::start_send_inline`] prepared whose channel would block.
+    ///
+    /// # Safety
+    /// As for [`Driver::start_send_inline`].
+    #[cold]
+    unsafe fn queue_prepared(&mut self, to: Rank, channel: ChannelId, hdr: Header, region: Region) -> ReqId {
+        // SAFETY: forwarded to the caller.
+        let id = unsafe { self.engine.post_prepared_send(to, channel, hdr, region) };
+        self.drain();
+        id
     }
 
     /// Waits for one request and takes its result. If waiting fails, the request is abandoned:
@@ -629,6 +669,7 @@ mod tests {
                 rma_cost: cost,
                 split_from: None,
                 mapped_from: None,
+                max_eager_shortcut: 0,
             };
             (Box::new(Counted { attr, polls: polls.clone() }), polls)
         }

@@ -62,6 +62,7 @@ fn stamp(from: u32, i: u32, len: usize) -> Vec<u8> {
     (0..len).map(|k| (k as u32).wrapping_mul(2654435761).wrapping_add(from * 977 + i * 131) as u8).collect()
 }
 
+/// Every size of [`SIZES`] around the ring of ranks, then [`raw_window`].
 fn sizes_scenario(ctx: &mut Context) -> polyrail::Result<()> {
     let (me, n) = (ctx.rank(), ctx.size());
     let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
@@ -76,6 +77,40 @@ fn sizes_scenario(ctx: &mut Context) -> polyrail::Result<()> {
         let done = ctx.wait(s)?;
         assert_eq!((done.status.source, done.status.tag, done.status.len), (next, i as u32, len));
         assert!(done.buf == stamp(me, i as u32, len), "rank {me}: send buffer of {len} bytes not given back whole");
+    }
+    raw_window(ctx, next, prev)
+}
+
+/// The raw calls as a runtime (or OSU) uses them: every size up to 64 KiB outstanding at once,
+/// sends from one buffer each and receives into distinct parts of one buffer; small sends
+/// finish when they start, the rest in `wait_all`.
+fn raw_window(ctx: &mut Context, next: u32, prev: u32) -> polyrail::Result<()> {
+    let me = ctx.rank();
+    let sizes: Vec<usize> = SIZES.iter().copied().filter(|&l| l <= 65536).collect();
+    let sends: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &l)| stamp(me, 1000 + i as u32, l)).collect();
+    let mut recv = vec![0u8; sizes.iter().sum()];
+    let mut reqs = Vec::new();
+    let mut at = 0;
+    for (i, &len) in sizes.iter().enumerate() {
+        // SAFETY: `recv` outlives the requests (waited for below) and the parts do not overlap.
+        reqs.push(unsafe { ctx.irecv_raw(prev, 1000 + i as u32, recv[at..].as_mut_ptr(), len)? });
+        at += len;
+    }
+    for (i, buf) in sends.iter().enumerate() {
+        // SAFETY: `sends` outlives the requests and is not modified.
+        reqs.push(unsafe { ctx.isend_raw(next, 1000 + i as u32, buf.as_ptr(), buf.len())? });
+    }
+    let done = ctx.wait_all(reqs)?;
+    let (received, sent) = done.split_at(sizes.len());
+    let mut at = 0;
+    for (i, (&len, r)) in sizes.iter().zip(received).enumerate() {
+        let tag = 1000 + i as u32;
+        assert_eq!((r.status.source, r.status.tag, r.status.len, r.buf.len()), (prev, tag, len, 0));
+        assert!(recv[at..at + len] == stamp(prev, tag, len), "rank {me}: raw {len}-byte message corrupted");
+        at += len;
+    }
+    for (i, (&len, s)) in sizes.iter().zip(sent).enumerate() {
+        assert_eq!((s.status.source, s.status.tag, s.status.len, s.buf.len()), (next, 1000 + i as u32, len, 0));
     }
     Ok(())
 }

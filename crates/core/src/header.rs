@@ -59,6 +59,58 @@ impl PacketKind {
     }
 }
 
+/// What the header of a whole eager message says besides its length: context, tag and per-pair
+/// sequence id (the fields a compact header carries, [`Header::is_compact`]). The small-message
+/// fast path hands a channel this instead of a whole [`Header`]
+/// ([`crate::Transport::try_send_eager`]); [`Envelope::header`] builds the header.
+///
+/// One 128-bit value, so that it travels in two registers (a struct of three fields would go
+/// through memory).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Envelope(u128);
+
+impl Envelope {
+    /// The envelope of a message with this context, tag and sequence id.
+    #[inline]
+    pub fn new(ctx: u16, tag: u32, seq: u32) -> Self {
+        Envelope(u128::from(tag) | u128::from(seq) << 32 | u128::from(ctx) << 64)
+    }
+
+    /// The message tag.
+    #[inline]
+    pub fn tag(self) -> u32 {
+        self.0 as u32
+    }
+
+    /// The per-pair sequence id.
+    #[inline]
+    pub fn seq(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+
+    /// The communication context.
+    #[inline]
+    pub fn ctx(self) -> u16 {
+        (self.0 >> 64) as u16
+    }
+
+    /// The header of a whole eager message of `len` bytes with this envelope.
+    #[inline]
+    pub fn header(self, len: usize) -> Header {
+        Header::eager(self.ctx(), self.tag(), self.seq(), len as u64)
+    }
+}
+
+impl std::fmt::Debug for Envelope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Envelope")
+            .field("ctx", &self.ctx())
+            .field("tag", &self.tag())
+            .field("seq", &self.seq())
+            .finish()
+    }
+}
+
 /// The engine header of one packet. Fixed size on the wire: [`Header::WIRE_LEN`] bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Header {
@@ -151,6 +203,12 @@ impl Header {
         Header { kind: PacketKind::Eager, flags: 0, ctx, tag, seq, len, sreq: 0, rreq: 0, offset: 0 }
     }
 
+    /// Context, tag and sequence id: the whole header when [`Header::is_compact`] says so.
+    #[inline]
+    pub fn envelope(&self) -> Envelope {
+        Envelope::new(self.ctx, self.tag, self.seq)
+    }
+
     /// Whether this is the header of a whole eager message carrying `plen` payload bytes (no
     /// flags, length `plen`, no request ids, no offset): then its context, tag and sequence id
     /// are all it says, and [`Header::eager`] rebuilds it from them. A channel may carry such
@@ -217,6 +275,16 @@ mod tests {
         ] {
             assert!(!other.is_compact(8), "{other:?}");
         }
+    }
+
+    #[test]
+    fn envelope_keeps_every_bit() {
+        let env = Envelope::new(0xfedc, 0x8765_4321, 0xffff_fffe);
+        assert_eq!((env.ctx(), env.tag(), env.seq()), (0xfedc, 0x8765_4321, 0xffff_fffe));
+        let h = env.header(100);
+        assert_eq!(h, Header::eager(0xfedc, 0x8765_4321, 0xffff_fffe, 100));
+        assert!(h.is_compact(100));
+        assert_eq!(h.envelope(), env);
     }
 
     #[test]

@@ -24,7 +24,7 @@ mod transport;
 
 pub use config::Config;
 pub use error::{Error, Rank, Result};
-pub use header::{Header, PacketKind};
+pub use header::{Envelope, Header, PacketKind};
 pub use memory::{memory_file, AnonMemory, SharedFile};
 pub use size::{format_size, parse_size};
 pub use transport::{

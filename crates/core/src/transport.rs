@@ -5,7 +5,7 @@
 //! and never chooses a protocol; the engine and the policy do that.
 
 use crate::error::{Error, Rank, Result};
-use crate::header::Header;
+use crate::header::{Envelope, Header};
 use crate::memory::SharedFile;
 use std::fmt;
 use std::ops::Range;
@@ -157,6 +157,9 @@ pub struct TransportAttr {
     /// mapping without the kernel, as measured for it; `None` when the channel does not map
     /// such memory.
     pub mapped_from: Option<usize>,
+    /// Largest payload [`Transport::try_send_eager`] takes: 0 when the channel has no such
+    /// shortcut (the default method), and the engine's small sends go to `try_send` directly.
+    pub max_eager_shortcut: usize,
 }
 
 /// What the job knows of a peer when transports connect to it.
@@ -317,6 +320,17 @@ pub trait Transport: Send {
     /// [`Header::encode`], or in a compact form, [`Header::is_compact`]) and hands the same
     /// header to the peer's [`Sink::message`].
     fn try_send(&mut self, peer: Rank, hdr: &Header, payload: &[u8]) -> Result<Issued>;
+
+    /// The small-message shortcut: sends a whole eager message, header `env.header(payload.len())`
+    /// and at most [`TransportAttr::max_eager_shortcut`] bytes, and says [`Issued::Done`] or
+    /// [`Issued::WouldBlock`], with nothing built that the channel does not need. `None` means
+    /// "not now" (something to report): nothing was sent, and the caller sends the message with
+    /// [`Transport::try_send`], which reports any error. A channel whose `try_send` is cheap
+    /// keeps the default (`None`) and a `max_eager_shortcut` of 0.
+    #[inline]
+    fn try_send_eager(&mut self, _peer: Rank, _env: Envelope, _payload: &[u8]) -> Option<Issued> {
+        None
+    }
 
     /// Delivers up to `budget` arrivals and completions to `sink`; returns how many.
     fn progress(&mut self, budget: usize, sink: &mut dyn Sink) -> Result<usize>;

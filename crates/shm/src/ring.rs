@@ -78,7 +78,7 @@ use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use polyrail_core::Header;
+use polyrail_core::{Envelope, Header};
 
 /// Bytes of one body slot (one cache line).
 pub(crate) const SLOT: usize = 64;
@@ -182,6 +182,27 @@ impl Shape {
             (false, false) => Shape { kind: KIND_FULL, nbody: plen.div_ceil(SLOT) as u32 },
             (true, true) => Shape { kind: KIND_CELL, nbody: 0 },
             (false, true) => Shape { kind: KIND_FULL_CELL, nbody: 0 },
+        }
+    }
+}
+
+/// What a record says of its message's header.
+#[derive(Clone, Copy, Debug)]
+enum RecordHeader<'a> {
+    /// Context, tag and sequence id in the record's compact bytes (a whole eager message).
+    Compact(Envelope),
+    /// The whole header, encoded in the record's inline bytes.
+    Whole(&'a Header),
+}
+
+impl<'a> RecordHeader<'a> {
+    /// `hdr` in compact form when `compact` (`hdr.is_compact(..)` said so), else whole.
+    #[inline]
+    fn of(hdr: &'a Header, compact: bool) -> Self {
+        if compact {
+            Self::Compact(hdr.envelope())
+        } else {
+            Self::Whole(hdr)
         }
     }
 }
@@ -361,7 +382,7 @@ impl Producer {
         assert!(plen <= self.mem.geo.inline_max(), "inline payload over the ring's limit");
         let compact = hdr.is_compact(plen);
         if compact && plen <= RECORD_INLINE {
-            return self.try_push_compact(hdr, payload);
+            return self.try_push_compact(hdr.envelope(), payload);
         }
         // The payload goes into body slots (kind BODY or FULL).
         let shape = Shape::of(compact, plen, false);
@@ -374,14 +395,14 @@ impl Producer {
         // and nbody <= max_msg_slots = overflow + 1 (plen <= inline_max), so the bytes lie
         // inside the body slots; nobody reads them until the record's stamp is published.
         unsafe { ptr::copy_nonoverlapping(payload.as_ptr(), body, plen) };
-        self.write_record(shape.kind, compact, hdr, plen as u16, None);
+        self.write_record(shape.kind, RecordHeader::of(hdr, compact), plen as u16, None);
         Ok(true)
     }
 
-    /// [`Producer::try_push_inline`] for the common case, with nothing else to decide: a compact
-    /// header (`hdr.is_compact(payload.len())`) and a payload that fits in the record.
-    #[inline]
-    pub(crate) fn try_push_compact(&mut self, hdr: &Header, payload: &[u8]) -> Result<bool, String> {
+    /// [`Producer::try_push_inline`] for the common case, with nothing else to decide: a whole
+    /// eager message (`env.header(payload.len())`) whose payload fits in the record.
+    #[inline(always)]
+    pub(crate) fn try_push_compact(&mut self, env: Envelope, payload: &[u8]) -> Result<bool, String> {
         let plen = payload.len();
         assert!(plen <= RECORD_INLINE, "payload over a record");
         if !self.reserve(0)? {
@@ -391,7 +412,7 @@ impl Producer {
         // SAFETY: plen <= 112: bytes 16..128 of the record, released by the consumer (`reserve`)
         // and read by it only after the stamp is published.
         unsafe { ptr::copy_nonoverlapping(payload.as_ptr(), record.add(OFF_INLINE), plen) };
-        self.write_record(KIND_INLINE, true, hdr, plen as u16, None);
+        self.write_record(KIND_INLINE, RecordHeader::Compact(env), plen as u16, None);
         Ok(true)
     }
 
@@ -407,29 +428,29 @@ impl Producer {
     pub(crate) fn push_cell(&mut self, hdr: &Header, plen: u32, cell: u32) {
         let compact = hdr.is_compact(plen as usize);
         let kind = Shape::of(compact, plen as usize, true).kind;
-        self.write_record(kind, compact, hdr, 0, Some((cell, plen)));
+        self.write_record(kind, RecordHeader::of(hdr, compact), 0, Some((cell, plen)));
     }
 
     /// Writes the record at `head` (payload already in place): the header whole when it has no
     /// compact form, the cell, byte 8's word (compact header tail and `plen`), then the first
     /// word with the stamp; moves the head.
     #[inline]
-    fn write_record(&mut self, kind: u8, compact: bool, hdr: &Header, plen: u16, cell: Option<(u32, u32)>) {
+    fn write_record(&mut self, kind: u8, header: RecordHeader, plen: u16, cell: Option<(u32, u32)>) {
         let index = (self.head & self.mem.geo.mask()) as usize;
         let record = self.mem.record(index);
         let stamp = ((self.head >> self.mem.geo.shift()) + 1) as u16;
         // Bytes 0..8 and 8..16 as little-endian words: stamp, kind, zero, then the compact
         // header (context, tag, sequence id), then the payload length.
         let (mut first, mut second) = (u64::from(stamp) | u64::from(kind) << 16, u64::from(plen) << 48);
-        if compact {
-            first |= u64::from(hdr.ctx) << 32 | u64::from(hdr.tag) << 48;
-            second |= u64::from(hdr.tag >> 16) | u64::from(hdr.seq) << 16;
+        if let RecordHeader::Compact(env) = header {
+            first |= u64::from(env.ctx()) << 32 | u64::from(env.tag()) << 48;
+            second |= u64::from(env.tag() >> 16) | u64::from(env.seq()) << 16;
         }
         // SAFETY: the record is inside the ring, 128-byte aligned, and released by the consumer
         // (`reserve`); its bytes from 8 are written here only, and read by the consumer only
         // after the first word is published.
         unsafe {
-            if !compact {
+            if let RecordHeader::Whole(hdr) = header {
                 let mut wire = [0u8; Header::WIRE_LEN];
                 hdr.encode(&mut wire);
                 ptr::copy_nonoverlapping(wire.as_ptr(), record.add(OFF_INLINE), Header::WIRE_LEN);

@@ -13,8 +13,8 @@ use std::sync::atomic::{compiler_fence, fence, Ordering};
 use polyrail_core::config::WaitMode;
 use polyrail_core::policy::sweep::PeerSweep;
 use polyrail_core::{
-    Address, Caps, Config, Cost, Error, Header, Issued, PeerInfo, Rank, Reach, Result, Sink, Transport, TransportAttr,
-    TransportKind,
+    Address, Caps, Config, Cost, Envelope, Error, Header, Issued, PeerInfo, Rank, Reach, Result, Sink, Transport,
+    TransportAttr, TransportKind,
 };
 
 use crate::cells::{CellArea, SendCells};
@@ -223,6 +223,7 @@ impl ShmTransport {
             rma_cost: Cost { latency_ns: f64::INFINITY, overhead_ns: 0.0, bandwidth: 1.0 },
             split_from: None,
             mapped_from: None,
+            max_eager_shortcut: RECORD_INLINE,
         };
         Ok(ShmTransport {
             attr,
@@ -331,16 +332,23 @@ impl ShmTransport {
     fn pushed(p: &mut Peer, peer: Rank, pushed: std::result::Result<bool, String>, doorbells: bool) -> Result<Issued> {
         match pushed {
             Ok(true) => {
-                if doorbells {
-                    ring_doorbell(&p.map, p.fenceless);
-                }
-                if p.out.pushed() % LINE_SAMPLE_EVERY == 0 {
-                    Self::time_line(p);
-                }
+                Self::after_push(p, doorbells);
                 Ok(Issued::Done)
             }
             Ok(false) => Ok(Issued::WouldBlock),
             Err(what) => Err(Error::protocol(peer, what)),
+        }
+    }
+
+    /// What follows a message's push into `p`'s ring: the doorbell of a sleeping peer, and one
+    /// push in [`LINE_SAMPLE_EVERY`] a line transfer's timing.
+    #[inline]
+    fn after_push(p: &mut Peer, doorbells: bool) {
+        if doorbells {
+            ring_doorbell(&p.map, p.fenceless);
+        }
+        if p.out.pushed() % LINE_SAMPLE_EVERY == 0 {
+            Self::time_line(p);
         }
     }
 
@@ -410,11 +418,27 @@ impl Transport for ShmTransport {
         // The common case with nothing else around it: a whole eager message in its record.
         if payload.len() <= RECORD_INLINE && hdr.is_compact(payload.len()) {
             if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
-                let pushed = p.out.try_push_compact(hdr, payload);
+                let pushed = p.out.try_push_compact(hdr.envelope(), payload);
                 return Self::pushed(p, peer, pushed, self.ring_doorbells);
             }
         }
         self.send_general(peer, hdr, payload)
+    }
+
+    #[inline]
+    fn try_send_eager(&mut self, peer: Rank, env: Envelope, payload: &[u8]) -> Option<Issued> {
+        if payload.len() > RECORD_INLINE {
+            return None;
+        }
+        let p = self.peers.get_mut(peer as usize)?.as_mut()?;
+        // A read position that is nonsense is `try_send`'s to report.
+        let issued = if p.out.try_push_compact(env, payload).ok()? {
+            Self::after_push(p, self.ring_doorbells);
+            Issued::Done
+        } else {
+            Issued::WouldBlock
+        };
+        Some(issued)
     }
 
     fn progress(&mut self, budget: usize, sink: &mut dyn Sink) -> Result<usize> {

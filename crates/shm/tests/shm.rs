@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use common::*;
-use polyrail_core::{Caps, Config, Error, Issued, Reach, Transport, TransportKind};
+use polyrail_core::{Caps, Config, Envelope, Error, Issued, Reach, Transport, TransportKind};
 use polyrail_shm::ShmTransport;
 
 fn cfg(slots: usize, cells: usize, cell_size: usize) -> Config {
@@ -137,6 +137,35 @@ fn two_threads_stream_every_size() {
     let echoer = std::thread::spawn(move || echo(&mut b, 0, &s2));
     send_and_check_echoes(&mut a, 1, &sizes);
     echoer.join().unwrap();
+}
+
+#[test]
+fn eager_shortcut_carries_what_try_send_would() {
+    let (mut a, mut b) = pair(&cfg(16, 4, 4096));
+    let max = a.attr().max_eager_shortcut;
+    assert_eq!(max, 112, "a record's payload");
+    // Every length the shortcut takes, with tags and sequence ids that use all their bits.
+    let env = |n: u64| Envelope::new(n as u16 ^ 0xa5a5, 0xfedc_ba98 ^ n as u32, 0x8765_4321 ^ n as u32);
+    let len = |n: u64| (n as usize * 37) % (max + 1);
+    let mut sink = Collect::default();
+    let mut sent = 0u64;
+    while sent <= max as u64 {
+        match a.try_send_eager(1, env(sent), &pattern(sent, len(sent))) {
+            Some(Issued::Done) => sent += 1,
+            Some(Issued::WouldBlock) => {
+                assert_eq!(sent % 16, 0, "a ring of 16 records is full after 16 messages");
+                b.progress(usize::MAX, &mut sink).unwrap();
+            }
+            other => panic!("shortcut said {other:?}"),
+        }
+    }
+    b.progress(usize::MAX, &mut sink).unwrap();
+    assert_eq!(sink.msgs.len(), sent as usize);
+    for (n, (from, h, p)) in sink.msgs.iter().enumerate() {
+        let n = n as u64;
+        assert_eq!((*from, *h), (0, env(n).header(len(n))), "message {n}");
+        assert_eq!(p, &pattern(n, len(n)), "message {n}");
+    }
 }
 
 #[test]

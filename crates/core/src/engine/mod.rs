@@ -35,7 +35,7 @@ pub use types::{Action, Payload, ReqId, Source, Status, TagMatch};
 
 use crate::config::SkewPolicy;
 use crate::error::{Error, Rank, Result};
-use crate::header::{Header, PacketKind};
+use crate::header::{Envelope, Header, PacketKind};
 use crate::policy::{ChannelId, ChannelSet, PeerRoute, PlacementRule, Protocol};
 use crate::transport::{OpId, PeerAccess, Region, RegionMut, RemoteKey, Sink};
 use requests::{Dir, ExposeFor, Req, Requests};
@@ -497,12 +497,13 @@ impl Engine {
 
     // ---- mutators -----------------------------------------------------------------------
 
-    /// The fast path of a small blocking send: when the message `buf` to `to` goes eager in
-    /// one packet, assigns its sequence id and returns the channel and header to send it with
-    /// now, without a request. If that send does not happen (the channel would block), hand the
-    /// message to [`Engine::post_prepared_send`]; it has its place in the pair's order already.
+    /// The fast path of a small send: when the message `buf` to `to` goes eager in one packet,
+    /// assigns its sequence id and returns the channel and envelope to send it with now, without
+    /// a request (its header is `envelope.header(buf.len)`). If that send does not happen (the
+    /// channel would block), hand the message to [`Engine::post_prepared_send`]; it has its place
+    /// in the pair's order already.
     #[inline(always)]
-    pub fn inline_send(&mut self, to: Rank, tag: u32, ctx: u16, buf: Region) -> Option<(ChannelId, Header)> {
+    pub fn inline_send(&mut self, to: Rank, tag: u32, ctx: u16, buf: Region) -> Option<(ChannelId, Envelope)> {
         let len = buf.len;
         let placement_from = self.placement_from;
         let peer = self.peers.get_mut(to as usize)?;
@@ -523,9 +524,7 @@ impl Engine {
         if !peer.rtrs.is_empty() {
             Self::take_rtr(peer, tag, ctx);
         }
-        let mut hdr = Header::new(PacketKind::Eager);
-        (hdr.tag, hdr.ctx, hdr.seq, hdr.len) = (tag, ctx, seq, len as u64);
-        Some((am, hdr))
+        Some((am, Envelope::new(ctx, tag, seq)))
     }
 
     /// Queues a message prepared by [`Engine::inline_send`] that could not leave at once.
