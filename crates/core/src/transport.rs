@@ -378,8 +378,9 @@ pub trait Transport: Send {
 
     /// How long, in nanoseconds beyond a local load, a cache line the peer wrote since the last
     /// call took to arrive: a measure of how near the two cores are (sharing a cache or not),
-    /// for [`crate::policy::PlacementRule`]. `None` when the channel shares no memory with the
-    /// peer or has no fresh line to time (the default).
+    /// for [`crate::policy::PlacementRule`]. A channel with no fresh line of its own may give
+    /// the peer's latest such time instead (the two cores are as near either way). `None` when
+    /// the channel shares no memory with the peer or has no fresh time (the default).
     fn line_transfer_ns(&mut self, _peer: Rank) -> Option<u32> {
         None
     }

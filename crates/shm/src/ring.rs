@@ -22,7 +22,10 @@
 //! offset   0  line 0   read: AtomicU64 — records the consumer has finished with;
 //!                      body_read: AtomicU64 (offset 8) — body slots likewise; both written by
 //!                      the consumer only, in batches; read by the producer only when full
-//! offset  64  line 1   padding (the adjacent-line prefetcher fetches 128-byte pairs)
+//! offset  64  line 1   shared_sample: AtomicU64 — the producer's latest line-transfer time
+//!                      (`count << 32 | ns`, see `Producer::share_sample`), written by the
+//!                      producer only, rarely; the rest padding (the adjacent-line prefetcher
+//!                      fetches 128-byte pairs)
 //! offset 128  record 0 .. N-1, 128 bytes each
 //! then        body slot 0 .. N-1, 64 bytes each, then OVERFLOW = max_msg_slots - 1 slots, so a
 //!             body never wraps
@@ -236,6 +239,13 @@ impl RingMem {
     }
 
     #[inline]
+    fn shared_sample(&self) -> &AtomicU64 {
+        // SAFETY: as `read_pos`, bytes 64..72 of the control block, only ever accessed as this
+        // atomic.
+        unsafe { &*self.base.as_ptr().add(64).cast::<AtomicU64>() }
+    }
+
+    #[inline]
     fn record(&self, index: usize) -> *mut u8 {
         // SAFETY: callers pass `index < slots`: a record inside the ring memory.
         unsafe { self.base.as_ptr().add(CONTROL + index * RECORD) }
@@ -294,6 +304,8 @@ pub(crate) struct Producer {
     cached_body_read: u64,
     /// Last `read` loaded from shared memory, by `reload` or `time_read_line`.
     seen_read: u64,
+    /// Samples shared so far ([`Producer::share_sample`]).
+    shared: u32,
 }
 
 // SAFETY: the Producer is the only writer of its ring's records and body slots; the raw pointer
@@ -310,7 +322,7 @@ impl Producer {
     pub(crate) unsafe fn new(base: NonNull<u8>, geo: Geometry) -> Producer {
         // SAFETY: the caller's guarantees.
         let mem = unsafe { RingMem::new(base, geo) };
-        Producer { mem, head: 0, cached_read: 0, body_head: 0, cached_body_read: 0, seen_read: 0 }
+        Producer { mem, head: 0, cached_read: 0, body_head: 0, cached_body_read: 0, seen_read: 0, shared: 0 }
     }
 
     /// Whether a record and `nbody` body slots are free. `Err` names a read position the
@@ -367,6 +379,16 @@ impl Producer {
         }
         self.seen_read = read;
         Some(took.saturating_sub(timer).as_nanos().min(u32::MAX as u128) as u32)
+    }
+
+    /// Publishes `ns`, a line-transfer time this producer measured ([`Producer::time_read_line`]),
+    /// for the consumer: the two cores are as near to each other either way, and a consumer
+    /// that sends little (the receiver of a one-way stream) has no fresh line of its own to
+    /// time ([`Consumer::shared_sample`]).
+    pub(crate) fn share_sample(&mut self, ns: u32) {
+        self.shared = self.shared.wrapping_add(1);
+        // Relaxed: a hint read on its own; nothing else is published with it.
+        self.mem.shared_sample().store(u64::from(self.shared) << 32 | u64::from(ns), Ordering::Relaxed);
     }
 
     /// Writes a message whose payload goes into the ring (`payload.len() <= inline_max()`): in its
@@ -526,6 +548,8 @@ pub(crate) struct Consumer {
     expect_buddy: bool,
     /// Line transfers from the producer's core are slow ([`Consumer::set_slow_lines`]).
     slow_lines: bool,
+    /// The last value of the producer's shared sample taken ([`Consumer::shared_sample`]).
+    seen_sample: u64,
 }
 
 // SAFETY: the Consumer is the only reader of its ring's records and body and the only writer of
@@ -549,7 +573,21 @@ impl Consumer {
             expect_body: 0,
             expect_buddy: false,
             slow_lines: false,
+            seen_sample: 0,
         }
+    }
+
+    /// The producer's latest line-transfer time ([`Producer::share_sample`]), when it shared one
+    /// since the last call; `None` otherwise. Only a hint (the placement's): whatever a peer
+    /// writes there changes nothing else.
+    pub(crate) fn shared_sample(&mut self) -> Option<u32> {
+        // Relaxed: see `share_sample`.
+        let v = self.mem.shared_sample().load(Ordering::Relaxed);
+        if v == self.seen_sample {
+            return None;
+        }
+        self.seen_sample = v;
+        Some(v as u32)
     }
 
     /// Whether the expected position may hold something: its stamp is not the "not yet" value

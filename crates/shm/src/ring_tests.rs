@@ -338,3 +338,21 @@ fn the_read_line_is_timed_only_when_the_consumer_published_since() {
     assert!(p.time_read_line().is_some());
     assert_eq!(p.time_read_line(), None, "the same position again");
 }
+
+#[test]
+fn the_consumer_takes_each_shared_sample_once() {
+    let geo = Geometry::new(16, 4);
+    let mem = HeapRing::new(geo);
+    let (mut p, mut c) = mem.pair(geo);
+    assert_eq!(c.shared_sample(), None, "nothing shared yet");
+    p.share_sample(37);
+    assert_eq!(c.shared_sample(), Some(37));
+    assert_eq!(c.shared_sample(), None, "the same sample again");
+    p.share_sample(37);
+    assert_eq!(c.shared_sample(), Some(37), "a new sample of the same time");
+    // The sample lives in the control block's second line, beside nothing the ring uses.
+    assert!(p.try_push_inline(&eager(0, 8), &payload(0, 8)).unwrap());
+    assert!(pop_check_header(&mut c, &eager(0, 8), 0, 8));
+    p.share_sample(u32::MAX);
+    assert_eq!(c.shared_sample(), Some(u32::MAX));
+}

@@ -35,8 +35,8 @@ use crate::sys;
 /// Magic number at the start of every segment: `b"PRLSHM01"`.
 const MAGIC: u64 = u64::from_le_bytes(*b"PRLSHM01");
 /// Layout version; bump on any change of the segment or slot layout (3: 128-byte records, the
-/// sleep-barrier flag).
-pub(crate) const VERSION: u32 = 3;
+/// sleep-barrier flag; 4: the producer's shared line-transfer sample in each ring).
+pub(crate) const VERSION: u32 = 4;
 /// Bytes before the first ring.
 const HEADER_BYTES: usize = 4096;
 /// Offset of the `finalized` flag.

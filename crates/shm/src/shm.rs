@@ -315,12 +315,19 @@ impl ShmTransport {
     }
 
     /// Times a line transfer from `p`'s core (when it published something new since the last
-    /// time) and lets our consumer of its ring follow (it prefetches more while transfers are
-    /// slow).
+    /// time; else takes the peer's own latest time, which it shares for this) and lets our
+    /// consumer of its ring follow (it prefetches more while transfers are slow).
     #[cold]
     #[inline(never)]
     fn time_line(p: &mut Peer) -> Option<u32> {
-        let ns = p.out.time_read_line()?;
+        let ns = match p.out.time_read_line() {
+            Some(ns) => {
+                p.out.share_sample(ns);
+                ns
+            }
+            // No fresh line of ours (we send little to the peer): the peer's own latest measure.
+            None => p.inc.shared_sample()?,
+        };
         p.inc.set_slow_lines(ns > SLOW_LINE_NS);
         Some(ns)
     }
@@ -415,11 +422,12 @@ impl Transport for ShmTransport {
 
     #[inline]
     fn try_send(&mut self, peer: Rank, hdr: &Header, payload: &[u8]) -> Result<Issued> {
-        // The common case with nothing else around it: a whole eager message in its record.
+        // The common case with nothing else around it: a whole eager message in its record (a
+        // queued one; the engine's small sends come through `try_send_eager` itself). Anything
+        // to report, the general path finds again and reports.
         if payload.len() <= RECORD_INLINE && hdr.is_compact(payload.len()) {
-            if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
-                let pushed = p.out.try_push_compact(hdr.envelope(), payload);
-                return Self::pushed(p, peer, pushed, self.ring_doorbells);
+            if let Some(issued) = self.try_send_eager(peer, hdr.envelope(), payload) {
+                return Ok(issued);
             }
         }
         self.send_general(peer, hdr, payload)

@@ -169,6 +169,22 @@ fn eager_shortcut_carries_what_try_send_would() {
 }
 
 #[test]
+fn a_receiver_that_sends_nothing_learns_the_line_time_from_its_sender() {
+    let (mut a, mut b) = pair(&cfg(16, 4, 4096));
+    assert_eq!(b.line_transfer_ns(0), None, "nothing to time yet");
+    let mut sink = Collect::default();
+    for n in 0..4 {
+        assert_eq!(a.try_send(1, &header(n, 8), &pattern(n, 8)).unwrap(), Issued::Done);
+        b.progress(usize::MAX, &mut sink).unwrap();
+    }
+    // b published its read position: a times loading it, and shares the time with b, whose
+    // own ring to a is unused.
+    let ns = a.line_transfer_ns(1).expect("a fresh read position to time");
+    assert_eq!(b.line_transfer_ns(0), Some(ns));
+    assert_eq!(b.line_transfer_ns(0), None, "each shared time once");
+}
+
+#[test]
 fn ring_full_would_block_then_progress_frees_it() {
     let (mut a, mut b) = pair(&cfg(16, 4, 4096));
     let mut sent = 0u64;
