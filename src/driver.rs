@@ -39,8 +39,9 @@ const SYSCALL_POLL_EVERY: u32 = 256;
 pub(crate) struct Driver {
     pub engine: Engine,
     pub channels: Vec<Box<dyn Transport>>,
-    /// Per channel, its [`polyrail_core::TransportAttr::max_eager_shortcut`].
-    shortcut_max: Vec<usize>,
+    /// Per channel, one more than its [`polyrail_core::TransportAttr::max_eager_shortcut`] (0:
+    /// none): payloads below it take the channel's shortcut.
+    shortcut_below: Vec<usize>,
     /// Channels that deliver arrivals (active messages, or completions of pending one-sided
     /// operations); the others are not polled.
     polled: Vec<usize>,
@@ -164,7 +165,7 @@ impl Driver {
             syscall_polled.insert(i as ChannelId);
         }
         Driver {
-            shortcut_max: channels.iter().map(|c| c.attr().max_eager_shortcut).collect(),
+            shortcut_below: channels.iter().map(|c| c.attr().max_eager_shortcut.map_or(0, |m| m + 1)).collect(),
             syscall_polled,
             syscall_skipped: 0,
             poll_everything: false,
@@ -539,7 +540,7 @@ impl Driver {
         // SAFETY: the caller keeps the bytes valid for this call (and longer, see above).
         let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
         // The channel's shortcut where it has one, else (or when it declines) its try_send.
-        let shortcut = if len <= self.shortcut_max[channel as usize] {
+        let shortcut = if len < self.shortcut_below[channel as usize] {
             self.channels[channel as usize].try_send_eager(to, env, bytes)
         } else {
             None
@@ -669,7 +670,7 @@ mod tests {
                 rma_cost: cost,
                 split_from: None,
                 mapped_from: None,
-                max_eager_shortcut: 0,
+                max_eager_shortcut: None,
             };
             (Box::new(Counted { attr, polls: polls.clone() }), polls)
         }

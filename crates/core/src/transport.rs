@@ -157,9 +157,9 @@ pub struct TransportAttr {
     /// mapping without the kernel, as measured for it; `None` when the channel does not map
     /// such memory.
     pub mapped_from: Option<usize>,
-    /// Largest payload [`Transport::try_send_eager`] takes: 0 when the channel has no such
+    /// Largest payload [`Transport::try_send_eager`] takes; `None` when the channel has no such
     /// shortcut (the default method), and the engine's small sends go to `try_send` directly.
-    pub max_eager_shortcut: usize,
+    pub max_eager_shortcut: Option<usize>,
 }
 
 /// What the job knows of a peer when transports connect to it.
@@ -326,7 +326,7 @@ pub trait Transport: Send {
     /// [`Issued::WouldBlock`], with nothing built that the channel does not need. `None` means
     /// "not now" (something to report): nothing was sent, and the caller sends the message with
     /// [`Transport::try_send`], which reports any error. A channel whose `try_send` is cheap
-    /// keeps the default (`None`) and a `max_eager_shortcut` of 0.
+    /// keeps the default (`None`), and its `max_eager_shortcut` is `None`.
     #[inline]
     fn try_send_eager(&mut self, _peer: Rank, _env: Envelope, _payload: &[u8]) -> Option<Issued> {
         None

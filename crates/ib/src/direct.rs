@@ -281,7 +281,7 @@ impl<P: Provider> DirectIb<P> {
             },
             split_from: cpu_copies.then_some(SPLIT_FROM),
             mapped_from: None,
-            max_eager_shortcut: 0,
+            max_eager_shortcut: None,
         };
         Ok(DirectIb {
             attr,

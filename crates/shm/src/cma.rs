@@ -154,7 +154,7 @@ impl CmaTransport {
             rma_cost: Cost { latency_ns: RMA_LATENCY_NS, overhead_ns: RMA_OVERHEAD_NS, bandwidth: RMA_BANDWIDTH },
             split_from: Some(SPLIT_FROM),
             mapped_from: Some(MAPPED_FROM),
-            max_eager_shortcut: 0,
+            max_eager_shortcut: None,
         };
         CmaTransport {
             attr,

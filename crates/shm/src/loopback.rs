@@ -51,7 +51,7 @@ impl Loopback {
             // One thread makes both halves of a split copy: nothing gained.
             split_from: None,
             mapped_from: None,
-            max_eager_shortcut: 0,
+            max_eager_shortcut: None,
         };
         Loopback {
             attr,

@@ -223,7 +223,7 @@ impl ShmTransport {
             rma_cost: Cost { latency_ns: f64::INFINITY, overhead_ns: 0.0, bandwidth: 1.0 },
             split_from: None,
             mapped_from: None,
-            max_eager_shortcut: RECORD_INLINE,
+            max_eager_shortcut: Some(RECORD_INLINE),
         };
         Ok(ShmTransport {
             attr,

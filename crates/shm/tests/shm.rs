@@ -142,7 +142,7 @@ fn two_threads_stream_every_size() {
 #[test]
 fn eager_shortcut_carries_what_try_send_would() {
     let (mut a, mut b) = pair(&cfg(16, 4, 4096));
-    let max = a.attr().max_eager_shortcut;
+    let max = a.attr().max_eager_shortcut.expect("shm has the shortcut");
     assert_eq!(max, 112, "a record's payload");
     // Every length the shortcut takes, with tags and sequence ids that use all their bits.
     let env = |n: u64| Envelope::new(n as u16 ^ 0xa5a5, 0xfedc_ba98 ^ n as u32, 0x8765_4321 ^ n as u32);

@@ -524,7 +524,7 @@ mod tests {
             rma_cost,
             split_from,
             mapped_from: (kind == TransportKind::Cma).then_some(8 << 10),
-            max_eager_shortcut: 0,
+            max_eager_shortcut: None,
         }
     }
 
