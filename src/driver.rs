@@ -158,6 +158,8 @@ impl Driver {
             .map(|(i, _)| i)
             .collect();
         let loopback = channels.iter().position(|c| c.attr().kind == TransportKind::Loopback);
+        // A send to oneself must pass `send_prepared`, which notes it (`self_sent`).
+        debug_assert!(loopback.is_none_or(|i| channels[i].attr().max_eager_shortcut.is_none()));
         let sleeper = polled.iter().copied().find(|&i| channels[i].attr().caps.contains(Caps::WAKEUP));
         let poll = PollPlan::new(poll, &channels, &polled);
         let mut syscall_polled = ChannelSet::EMPTY;
@@ -539,7 +541,8 @@ impl Driver {
         let (channel, env) = self.engine.inline_send(to, tag, ctx, region)?;
         // SAFETY: the caller keeps the bytes valid for this call (and longer, see above).
         let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
-        // The channel's shortcut where it has one, else (or when it declines) its try_send.
+        // The channel's shortcut where it has one, else (or when it declines) its try_send. (The
+        // loopback channel, whose arrivals `self_sent` announces, has no shortcut.)
         let shortcut = if len < self.shortcut_below[channel as usize] {
             self.channels[channel as usize].try_send_eager(to, env, bytes)
         } else {
