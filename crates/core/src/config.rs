@@ -157,7 +157,7 @@ pub enum NearEager {
 /// [`Config::apart_single_copy`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ApartSingleCopy {
-    /// From 16k.
+    /// From 64k.
     #[default]
     Auto,
     /// Never: the route table alone decides.
@@ -325,17 +325,19 @@ pub struct Config {
     /// 25 against 9.5 GB/s; 128 KiB 5.7 against 7.1 µs; at 256 KiB single copy streams faster);
     /// `off`; or the largest such message.
     pub near_eager: NearEager,
-    /// `POLYRAIL_APART_SINGLE_COPY`: messages below the single-copy threshold go by single copy
-    /// from this size while a cache line the peer wrote reaches this process slowly (the two
-    /// cores share no cache), where two copies through send cells cross between the caches
-    /// twice. Measured as for `POLYRAIL_NEAR_EAGER`. `auto` (default): from 16k (on the AMD
-    /// EPYC host of `docs/benchmarks.md`, apart: 16 KiB one way 5.5-7.9 µs through cells against
-    /// 4.2-4.8 by single copy; 8 KiB 2.6-3.6 against 3.7-3.8); `off`; or the smallest such
-    /// message.
+    /// `POLYRAIL_APART_SINGLE_COPY`: while a cache line the peer wrote reaches this process
+    /// slowly (the two cores share no cache), messages from this size go by single copy and
+    /// smaller ones eagerly through send cells, on either side of the single-copy threshold (the
+    /// shm channel fills cells with non-temporal stores then, so that the receiver's reads do not
+    /// take each line back from the sender's cache). Measured as for `POLYRAIL_NEAR_EAGER`.
+    /// `auto` (default): from 64k (on the AMD EPYC host of `docs/benchmarks.md`, apart: 32 KiB
+    /// one way 3.4-3.8 µs through cells against 5.2-6.0 by single copy, streamed 13-14.5 against
+    /// 8.2 GB/s; at 128 KiB single copy streams faster); `off`; or the smallest such message.
     pub apart_single_copy: ApartSingleCopy,
     /// `POLYRAIL_PLACEMENT`: where the verdict near/apart of `POLYRAIL_NEAR_EAGER` and
-    /// `POLYRAIL_APART_SINGLE_COPY` comes from: `measure` (default: timed per peer at run time),
-    /// or `near` / `apart` for every peer (a machine whose placement is known, tests).
+    /// `POLYRAIL_APART_SINGLE_COPY` comes from, and the shm channel's (apart, it fills send
+    /// cells with non-temporal stores): `measure` (default: timed per peer at run time), or
+    /// `near` / `apart` for every peer (a machine whose placement is known, tests).
     pub placement: PlacementMode,
     /// `POLYRAIL_EAGER_LIMIT`: largest message sent eagerly through send cells when single copy
     /// is not used; larger ones wait for the receiver (rendezvous) and stream through cells.
@@ -418,9 +420,9 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ),
     (
         "POLYRAIL_APART_SINGLE_COPY",
-        "smallest message sent by single copy while the peer's core shares no cache: auto (default, 16k), off or a size",
+        "smallest message sent by single copy while the peer's core shares no cache: auto (default, 64k), off or a size",
     ),
-    ("POLYRAIL_PLACEMENT", "placement of the peers' cores for those two: measure (default), near or apart"),
+    ("POLYRAIL_PLACEMENT", "placement of the peers' cores for those two and shm's cell filling: measure (default), near or apart"),
     ("POLYRAIL_EAGER_LIMIT", "largest eager message through send cells (default 64k)"),
     ("POLYRAIL_SHM_SLOTS", "records and 64-byte body slots per shared-memory ring (power of two, default 64)"),
     ("POLYRAIL_SHM_CELL_SIZE", "bytes per send cell (default 16k)"),

@@ -10,7 +10,7 @@
 
 use std::sync::atomic::{compiler_fence, fence, Ordering};
 
-use polyrail_core::config::WaitMode;
+use polyrail_core::config::{PlacementMode, WaitMode};
 use polyrail_core::policy::sweep::PeerSweep;
 use polyrail_core::{
     Address, Caps, Config, Cost, Envelope, Error, Header, Issued, PeerInfo, Rank, Reach, Result, Sink, Transport,
@@ -41,6 +41,9 @@ const AM_BANDWIDTH: f64 = 5e9;
 const SLOW_LINE_NS: u32 = 80;
 /// One send in this many to a peer times a line transfer from it (when no one asked meanwhile).
 const LINE_SAMPLE_EVERY: u64 = 1024;
+/// One message in this many (counting every message to the peer) times a line transfer when it
+/// goes through a send cell: how cells are filled follows the placement ([`Peer::apart`]).
+const CELL_SAMPLE_EVERY: u64 = 32;
 
 /// A connected peer: our ring to it, its ring to us, its segment.
 #[derive(Debug)]
@@ -61,6 +64,14 @@ struct Peer {
     /// The peer passes the global barrier before it sleeps and this process is registered for
     /// it: our doorbell check needs no fence ([`ring_doorbell`]).
     fenceless: bool,
+    /// The peer's core shares no cache with ours (two line-transfer samples in a row above
+    /// [`SLOW_LINE_NS`], or `POLYRAIL_PLACEMENT=apart`): send cells are filled with
+    /// non-temporal stores, and the consumer prefetches more ([`Consumer::set_slow_lines`]).
+    apart: bool,
+    /// `POLYRAIL_PLACEMENT` gave the placement: samples do not change `apart`.
+    given: bool,
+    /// Whether the latest line-transfer sample was above [`SLOW_LINE_NS`].
+    last_sample_slow: bool,
     /// The peer's segment; keeps `inc` and `their_cells` valid. Dropped last.
     map: Mapping,
 }
@@ -91,6 +102,9 @@ pub struct ShmTransport {
     /// The global barrier failed once: `arm` never lets the driver sleep again (senders that
     /// skip their fence count on the barrier); it yields the core instead.
     never_sleep: bool,
+    /// Every peer's placement as `POLYRAIL_PLACEMENT` gives it (apart: `Some(true)`), or
+    /// `None`: measured ([`Peer::apart`]).
+    given_apart: Option<bool>,
     /// Dropped after the peers: our rings stay mapped while producers exist.
     seg: OwnSegment,
 }
@@ -238,6 +252,11 @@ impl ShmTransport {
             armed_at: 0,
             sleep_barrier,
             never_sleep: false,
+            given_apart: match cfg.placement {
+                PlacementMode::Measure => None,
+                PlacementMode::Near => Some(false),
+                PlacementMode::Apart => Some(true),
+            },
             seg,
         })
     }
@@ -290,7 +309,9 @@ impl ShmTransport {
         let out = unsafe { Producer::new(self.seg.map.at(self.layout.ring_offset(peer.rank)), geo) };
         // SAFETY: the peer's segment has our layout (checked above); its ring to us lies at this
         // offset; `map` is stored with the consumer and dropped after it.
-        let inc = unsafe { Consumer::new(map.at(self.layout.ring_offset(self.rank)), geo) };
+        let mut inc = unsafe { Consumer::new(map.at(self.layout.ring_offset(self.rank)), geo) };
+        let apart = self.given_apart == Some(true);
+        inc.set_slow_lines(apart);
         // SAFETY: as above, for the peer's cell pool.
         let their_cells = unsafe { CellArea::new(map.base(), &self.layout) };
         // Acquire: pairs with the Release store in `with_inline_slots` (the address that led us
@@ -305,6 +326,9 @@ impl ShmTransport {
             failed: false,
             reported: false,
             fenceless,
+            apart,
+            given: self.given_apart.is_some(),
+            last_sample_slow: apart,
             map,
         })
     }
@@ -328,7 +352,13 @@ impl ShmTransport {
             // No fresh line of ours (we send little to the peer): the peer's own latest measure.
             None => p.inc.shared_sample()?,
         };
-        p.inc.set_slow_lines(ns > SLOW_LINE_NS);
+        // Two samples in a row decide: one stretched by an interrupt does not flip the verdict.
+        let slow = ns > SLOW_LINE_NS;
+        if slow == p.last_sample_slow && !p.given {
+            p.apart = slow;
+            p.inc.set_slow_lines(slow);
+        }
+        p.last_sample_slow = slow;
         Some(ns)
     }
 
@@ -379,8 +409,11 @@ impl ShmTransport {
             Ok(true) => {}
             no_record => return Self::pushed(p, peer, no_record, self.ring_doorbells),
         }
-        let Some(cell) = self.cells.fill(peer, payload) else { return Ok(Issued::WouldBlock) };
+        let Some(cell) = self.cells.fill(peer, payload, p.apart) else { return Ok(Issued::WouldBlock) };
         p.out.push_cell(hdr, len as u32, cell);
+        if p.out.pushed() % CELL_SAMPLE_EVERY == 0 {
+            Self::time_line(p);
+        }
         Self::pushed(p, peer, Ok(true), self.ring_doorbells)
     }
 }
@@ -538,7 +571,7 @@ impl Transport for ShmTransport {
     fn describe(&self) -> String {
         let l = &self.layout;
         format!(
-            "{} records of {RECORD} B and as many body slots of {SLOT} B per ring, inline up to {} B ({RECORD_INLINE} B in the record), {} cells x {} B ({} in flight), segment {} B, {} peers mapped, {}{}",
+            "{} records of {RECORD} B and as many body slots of {SLOT} B per ring, inline up to {} B ({RECORD_INLINE} B in the record), {} cells x {} B ({} in flight), segment {} B, {} peers mapped ({} apart{}: cells filled with non-temporal stores), {}{}",
             l.geo.slots,
             l.geo.inline_max(),
             l.cells,
@@ -546,6 +579,8 @@ impl Transport for ShmTransport {
             self.cells.in_flight(),
             l.total_len,
             self.active.len(),
+            self.active.iter().filter(|&&r| self.peers[r as usize].as_ref().is_some_and(|p| p.apart)).count(),
+            if self.given_apart.is_some() { ", POLYRAIL_PLACEMENT" } else { ", measured" },
             match (self.ring_doorbells, self.sleep_barrier) {
                 (false, _) => "no doorbell (POLYRAIL_WAIT=spin)",
                 (true, true) => "doorbell checked without a fence (sleepers pass a global barrier, membarrier)",

@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use common::*;
+use polyrail_core::config::PlacementMode;
 use polyrail_core::{Caps, Config, Envelope, Error, Issued, Reach, Transport, TransportKind};
 use polyrail_shm::ShmTransport;
 
@@ -137,6 +138,21 @@ fn two_threads_stream_every_size() {
     let echoer = std::thread::spawn(move || echo(&mut b, 0, &s2));
     send_and_check_echoes(&mut a, 1, &sizes);
     echoer.join().unwrap();
+}
+
+/// With the placement given as apart, send cells are filled with non-temporal stores and the
+/// consumer prefetches as it does apart: every size still arrives intact and in order.
+#[test]
+fn two_threads_stream_every_size_apart() {
+    let cfg = Config { placement: PlacementMode::Apart, ..stream_cfg() };
+    let (mut a, mut b) = pair(&cfg);
+    let sizes = sizes();
+    let s2 = sizes.clone();
+    let echoer = std::thread::spawn(move || echo(&mut b, 0, &s2));
+    send_and_check_echoes(&mut a, 1, &sizes);
+    echoer.join().unwrap();
+    let d = a.describe();
+    assert!(d.contains("1 peers mapped (1 apart, POLYRAIL_PLACEMENT"), "{d}");
 }
 
 #[test]

@@ -3,7 +3,7 @@
 use super::requests::{Dir, ExposeFor, Req};
 use super::types::{op_id, OpKind};
 use super::{
-    am_of, finish_req, near_eager_covers, split_point, Action, Engine, FragTarget, Incoming, Payload, ReqId, Rtr,
+    am_of, finish_req, placement_says_eager, split_point, Action, Engine, FragTarget, Incoming, Payload, ReqId, Rtr,
     Source, TagMatch, Unexpected, UxBody, MAX_EAGER_LEN, MAX_RTR_PLACE, SEND_HISTORY,
 };
 use crate::error::{Error, Rank, Result};
@@ -652,8 +652,8 @@ impl Engine {
         }) else {
             return;
         };
-        // A near peer sends it eagerly: no buffer to offer.
-        if !protocol.is_one_sided() || near_eager_covers(&self.peers[r as usize], cap) {
+        // The peer sends it eagerly: no buffer to offer.
+        if !protocol.is_one_sided() || placement_says_eager(&self.peers[r as usize], cap) == Some(true) {
             return;
         }
         let max = if self.peers[r as usize].window_rtrs { MAX_RTR_PLACE } else { 0 };

@@ -52,18 +52,17 @@ const MAX_RTR_PLACE: u32 = 1024;
 /// Largest eager message accepted from a peer (a bigger claimed length is a protocol error).
 const MAX_EAGER_LEN: u64 = crate::config::MAX_EAGER_MESSAGE as u64;
 
-/// Whether `p`'s core was measured near and its route's placement rule sends `len` bytes
-/// eagerly then.
+/// What `p`'s measured placement says of a message of `len` bytes: eager (`Some(true)`), single
+/// copy (`Some(false)`), or nothing (`None`: the route table decides). Near, messages up to the
+/// rule's `near_upto` go eagerly; apart, messages from its `apart_from` go by single copy and
+/// smaller ones eagerly (also above the table's threshold).
 #[inline]
-fn near_eager_covers(p: &Peer, len: usize) -> bool {
-    p.near == Some(true) && placement_rule(p).and_then(|r| r.near_upto).is_some_and(|upto| len <= upto)
-}
-
-/// Whether `p`'s core was measured apart and its route's placement rule sends `len` bytes by
-/// single copy then.
-#[inline]
-fn apart_covers(p: &Peer, len: usize) -> bool {
-    p.near == Some(false) && placement_rule(p).and_then(|r| r.apart_from).is_some_and(|from| len >= from)
+fn placement_says_eager(p: &Peer, len: usize) -> Option<bool> {
+    let rule = placement_rule(p)?;
+    match p.near? {
+        true => rule.near_upto.filter(|&upto| len <= upto).map(|_| true),
+        false => rule.apart_from.map(|from| len < from),
+    }
 }
 
 #[inline]
@@ -318,7 +317,7 @@ impl Engine {
         let rule = route.placement.as_ref().filter(|r| r.given.is_none())?;
         let one_sided = route.lookup(len).protocol.is_one_sided();
         let near_decides = one_sided && rule.near_upto.is_some_and(|upto| len <= upto);
-        let apart_decides = !one_sided && rule.apart_from.is_some_and(|from| len >= from);
+        let apart_decides = rule.apart_from.is_some_and(|from| one_sided == (len < from));
         if !(near_decides || apart_decides) {
             return None;
         }
@@ -374,8 +373,11 @@ impl Engine {
         self.touched();
         if let Some(p) = self.peers.get_mut(peer as usize) {
             if let Some(rule) = &route.placement {
-                let near_from = rule.near_upto.and(route.rndv_threshold()).unwrap_or(usize::MAX);
-                let from = near_from.min(rule.apart_from.unwrap_or(usize::MAX));
+                // Near decides single-copy sizes (from the threshold); apart, eager sizes from
+                // its size or single-copy ones below it.
+                let threshold = route.rndv_threshold().unwrap_or(usize::MAX);
+                let near_from = rule.near_upto.map_or(usize::MAX, |_| threshold);
+                let from = near_from.min(rule.apart_from.map_or(usize::MAX, |f| f.min(threshold)));
                 self.placement_from = self.placement_from.min(from);
                 if rule.given.is_some() {
                     p.near = rule.given; // POLYRAIL_PLACEMENT: nothing to measure
@@ -511,7 +513,7 @@ impl Engine {
         if peer.gone.is_some() || len > route.frag || route.entries[0].upto < len {
             return None;
         }
-        if len >= placement_from && apart_covers(peer, len) {
+        if len >= placement_from && placement_says_eager(peer, len) == Some(false) {
             return None; // single copy while the peer is apart (post_send)
         }
         if route.mapped.as_ref().is_some_and(|m| len >= m.from) && in_ranges(&self.mapped, buf) {
@@ -561,20 +563,19 @@ impl Engine {
         if let Some(m) = mapped.filter(|_| protocol == Protocol::Eager) {
             (protocol, data_ch) = (Protocol::RndvGet, m.channel);
         }
-        // The cores share no cache: two copies through cells would cross between the caches
-        // twice (POLYRAIL_APART_SINGLE_COPY).
-        let apart = protocol == Protocol::Eager && apart_covers(peer, buf.len);
-        if let Some(rule) = route.placement.as_ref().filter(|_| apart) {
+        // The measured placement of the peer's core (POLYRAIL_NEAR_EAGER,
+        // POLYRAIL_APART_SINGLE_COPY): near, two copies through cells stay in the shared cache,
+        // where the kernel's single copy is slow; apart, the cells' copies cross between the
+        // caches, cheaper than single copy up to a larger size.
+        let placed = if mapped.is_none() { placement_says_eager(peer, buf.len) } else { None };
+        if let Some(rule) = route.placement.as_ref().filter(|_| protocol == Protocol::Eager && placed == Some(false)) {
             (protocol, data_ch) = (Protocol::RndvGet, rule.rma);
         }
         // Skew feedback: a single-copy send would wait for the lagging receiver; an eager one
         // completes at once. In a stream, eager sends let both processes copy at once.
         let lagging = peer.peer_lags && skew.is_some_and(|k| buf.len <= k.eager_up_to);
         let stream = streaming && mapped.is_none() && route.stream_eager.as_ref().is_some_and(|r| buf.len <= r.upto);
-        // Both cores share a cache: two copies through cells stay in it, where the kernel's
-        // single copy is slow (POLYRAIL_NEAR_EAGER).
-        let near = mapped.is_none() && near_eager_covers(peer, buf.len);
-        if protocol.is_one_sided() && (lagging || stream || near) {
+        if protocol.is_one_sided() && (lagging || stream || placed == Some(true)) {
             (protocol, data_ch) = (Protocol::Eager, am);
         }
         let seq = peer.next_send_seq;
@@ -743,10 +744,11 @@ impl Engine {
             return false;
         }
         let Some(p) = self.peers.get(from as usize) else { return false };
-        // A near peer sends sizes up to its near rule's eagerly (and anything else still meets
+        // What the peer sends eagerly, as its placement rule says (anything else still meets
         // the parked receive, which then becomes a request).
-        let eager = p.route.as_ref().is_some_and(|r| !r.lookup(buf.len).protocol.is_one_sided())
-            || near_eager_covers(p, buf.len);
+        let eager = placement_says_eager(p, buf.len)
+            .or_else(|| p.route.as_ref().map(|r| !r.lookup(buf.len).protocol.is_one_sided()))
+            .unwrap_or(false);
         if !eager || p.gone.is_some() || !p.posted.is_empty() || self.find_unexpected(src, tag, ctx).is_some() {
             return false;
         }

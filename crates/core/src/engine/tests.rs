@@ -1129,6 +1129,52 @@ fn the_measured_placement_changes_medium_messages() {
     assert_eq!(out, data);
 }
 
+/// An apart rule whose size is above the table's threshold sends the sizes between them eagerly
+/// while the peer is apart (and the receiver offers no buffer for them), and larger ones by
+/// single copy; the small-send path and the placement samples follow.
+#[test]
+fn an_apart_rule_above_the_threshold_sends_medium_messages_eagerly() {
+    let mut sim = Sim::new(2, || PeerRoute {
+        placement: Some(PlacementRule {
+            near_upto: None,
+            apart_from: Some(5000),
+            rma: RMA,
+            given: None,
+            near_ns: 80,
+            reason: String::new(),
+        }),
+        ..one_sided_route()
+    });
+    let e = &mut sim.engines[0];
+    assert_eq!(e.placement_from(), 1024, "from the table's threshold");
+    assert!(e.wants_placement(1, 3000).is_some(), "a single-copy size below the rule's");
+    assert_eq!(e.wants_placement(1, 6000), None, "single copy either way");
+    for s in &mut sim.engines {
+        for _ in 0..PlacementRule::TO_CHANGE {
+            s.note_line_transfer(1 - s.rank(), 150);
+        }
+    }
+    let rtrs = |sim: &Sim| sim.wires[0].iter().filter(|p| p.hdr.kind == PacketKind::Rtr).count();
+    for (len, kind, offers) in [(600, PacketKind::Eager, 0), (3000, PacketKind::Eager, 0), (6000, PacketKind::Rts, 1)] {
+        let data = pattern(3, len);
+        let mut out = vec![0u8; len];
+        sim.wires[0].clear();
+        let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(4), &mut out);
+        sim.run_actions();
+        assert_eq!(rtrs(&sim), offers, "{len} B: buffers offered");
+        let before = sim.wires[1].len();
+        let s = send(&mut sim, 0, 1, 4, &data);
+        sim.run_actions();
+        let first = sim.wires[1][before].hdr.kind;
+        sim.settle();
+        assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
+        assert_eq!(out, data);
+        if offers == 0 {
+            assert_eq!(first, kind, "{len} B apart");
+        }
+    }
+}
+
 /// A given placement (POLYRAIL_PLACEMENT) holds from the start and asks for no samples.
 #[test]
 fn a_given_placement_needs_no_samples() {

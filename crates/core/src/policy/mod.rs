@@ -147,8 +147,8 @@ pub struct StreamEagerRule {
 pub struct PlacementRule {
     /// Largest single-copy message sent eagerly while the peer is near (`POLYRAIL_NEAR_EAGER`).
     pub near_upto: Option<usize>,
-    /// Smallest eager message sent by single copy while the peer is apart
-    /// (`POLYRAIL_APART_SINGLE_COPY`).
+    /// While the peer is apart, messages below this size go eagerly and larger ones by single
+    /// copy, whatever the route table's threshold (`POLYRAIL_APART_SINGLE_COPY`).
     pub apart_from: Option<usize>,
     /// The single-copy channel.
     pub rma: ChannelId,
@@ -174,7 +174,7 @@ impl PlacementRule {
         }
         if let Some(from) = self.apart_from {
             parts.push(format!(
-                "while it is measured apart, eager messages from {} go by single copy",
+                "while it is measured apart, messages below {0} go eagerly and from {0} by single copy",
                 format_size(from)
             ));
         }
@@ -254,9 +254,16 @@ fn model_crossover(am: &TransportAttr, rma: &TransportAttr) -> Option<usize> {
     (6..=30).map(|p| 1usize << p).find(|&s| rndv(s) < eager(s))
 }
 
+/// Where single copy starts while the peer's core shares no cache with ours
+/// (`POLYRAIL_APART_SINGLE_COPY=auto`). On the AMD EPYC host of `docs/benchmarks.md`, apart, with
+/// send cells filled by non-temporal stores: osu_bw 32 KiB 13-14.5 GB/s through cells against 8.2
+/// by single copy, 64 KiB 12.7-12.9 by single copy against 14.1-14.4, 128 KiB 17.0-17.8 against
+/// 13.9-14.8; one way 32 KiB 3.4-3.8 µs against 5.2-6.0, 64 KiB 6.2-6.3 against 5.7-6.9.
+const APART_SINGLE_COPY_AUTO: usize = 64 << 10;
+
 /// The placement rule of a pair whose single-copy threshold is `threshold` (on channel `rma`):
 /// `None` when neither part changes anything (`near_upto` below the threshold, `apart_from` at
-/// or above it, or both off).
+/// it, or both off).
 fn placement_rule(cfg: &Config, threshold: usize, rma: ChannelId) -> Option<PlacementRule> {
     let near = match cfg.near_eager {
         NearEager::Off => None,
@@ -266,10 +273,10 @@ fn placement_rule(cfg: &Config, threshold: usize, rma: ChannelId) -> Option<Plac
     .filter(|&(upto, _)| upto >= threshold);
     let apart = match cfg.apart_single_copy {
         ApartSingleCopy::Off => None,
-        ApartSingleCopy::Auto => Some((16 << 10, "POLYRAIL_APART_SINGLE_COPY=auto")),
+        ApartSingleCopy::Auto => Some((APART_SINGLE_COPY_AUTO, "POLYRAIL_APART_SINGLE_COPY=auto")),
         ApartSingleCopy::From(from) => Some((from, "POLYRAIL_APART_SINGLE_COPY")),
     }
-    .filter(|&(from, _)| from < threshold);
+    .filter(|&(from, _)| from != threshold);
     if near.is_none() && apart.is_none() {
         return None;
     }
@@ -568,8 +575,8 @@ mod tests {
         let c = [Candidate { id: 1, attr: &shm }, Candidate { id: 2, attr: &cma }];
         let rule = |cfg: &Config| build_route(TopoClass::SharedL3, &c, cfg).unwrap().placement;
         let auto = rule(&Config::default()).expect("on by default beside shm");
-        assert_eq!((auto.near_upto, auto.apart_from, auto.rma), (Some(128 << 10), Some(16 << 10), 2));
-        assert!(auto.describe().contains("up to 128k") && auto.describe().contains("from 16k"), "{}", auto.describe());
+        assert_eq!((auto.near_upto, auto.apart_from, auto.rma), (Some(128 << 10), Some(64 << 10), 2));
+        assert!(auto.describe().contains("up to 128k") && auto.describe().contains("from 64k"), "{}", auto.describe());
         let mut cfg = Config::default();
         cfg.set("POLYRAIL_NEAR_EAGER", "8k").unwrap();
         assert_eq!(rule(&cfg).unwrap().near_upto, None, "below the 32k single-copy threshold: nothing to change");
@@ -577,6 +584,9 @@ mod tests {
         cfg.set("POLYRAIL_APART_SINGLE_COPY", "32k").unwrap();
         let r = rule(&cfg).unwrap();
         assert_eq!((r.near_upto, r.apart_from), (Some(64 << 10), None), "single copy from 32k anyway");
+        cfg.set("POLYRAIL_APART_SINGLE_COPY", "16k").unwrap();
+        assert_eq!(rule(&cfg).unwrap().apart_from, Some(16 << 10), "below the threshold");
+        cfg.set("POLYRAIL_APART_SINGLE_COPY", "32k").unwrap();
         cfg.set("POLYRAIL_NEAR_EAGER", "off").unwrap();
         assert_eq!(rule(&cfg), None, "both parts off");
         // A POLYRAIL_ROUTE rule for the peer's class: the route is taken as written.
