@@ -31,7 +31,9 @@ ROOT=$(pwd)
 REPEATS=${REPEATS:-3}
 OUT=${OUT:-$ROOT/target/peers}
 PEERS_SRC=${PEERS_SRC:-$ROOT/../shared/tools/peers}
-SIZES="8 64 512 4096 32768 262144 1048576 4194304"
+# Every power of two from 4 KiB (the node-local issue's bandwidth target holds "at every size
+# from 4 KiB up"), and three small sizes.
+SIZES="8 64 512 4096 8192 16384 32768 65536 131072 262144 524288 1048576 2097152 4194304"
 CPU_A=0
 CPU_B=1
 mkdir -p "$OUT/logs"
@@ -56,8 +58,12 @@ log "building"
 cargo build --release -p polyrail-bench --quiet
 BENCH=$ROOT/target/release/polyrail-bench
 gcc -O2 -o "$OUT/physlim" "$PEERS_SRC/physlim.c" -lpthread
-mpicc.openmpi -O2 -o "$OUT/mpi_pp_ompi" "$PEERS_SRC/mpi_pp.c"
-mpicc.mpich -O2 -Wno-stringop-overflow -o "$OUT/mpi_pp_mpich" "$PEERS_SRC/mpi_pp.c"
+# mpi_pp.c as the peers' harness has it, with its size list replaced by ours.
+sed "s/^static const int sizes\[\] = {.*};/static const int sizes[] = {$(echo $SIZES | tr ' ' ',')};/" \
+    "$PEERS_SRC/mpi_pp.c" > "$OUT/mpi_pp.c"
+grep -q "sizes\[\] = {$(echo $SIZES | tr ' ' ',')}" "$OUT/mpi_pp.c" || { log "cannot set mpi_pp.c's sizes"; exit 1; }
+mpicc.openmpi -O2 -o "$OUT/mpi_pp_ompi" "$OUT/mpi_pp.c"
+mpicc.mpich -O2 -Wno-stringop-overflow -o "$OUT/mpi_pp_mpich" "$OUT/mpi_pp.c"
 {
     echo "date (UTC): $(date -u)"; echo "kernel: $(uname -r)"
     lscpu | grep -E 'Model name|^CPU\(s\)|L1d|L2|L3'
@@ -68,7 +74,7 @@ mpicc.mpich -O2 -Wno-stringop-overflow -o "$OUT/mpi_pp_mpich" "$PEERS_SRC/mpi_pp
 OMPI="mpirun.openmpi --allow-run-as-root -np 2 --bind-to core --map-by core --mca oob_tcp_if_include lo"
 OMPI="$OMPI --mca pml ob1 --mca btl self,vader --mca btl_vader_single_copy_mechanism cma"
 MPICH="mpiexec.mpich -n 2 -bind-to core -iface lo -launcher fork"
-ucx_n() { case $1 in 8|64|512) echo 100000;; 4096) echo 50000;; 32768) echo 20000;; 262144) echo 4000;; 1048576) echo 1000;; *) echo 300;; esac; }
+ucx_n() { case $1 in 8|64|512) echo 100000;; 4096|8192|16384) echo 50000;; 32768|65536) echo 20000;; 131072|262144) echo 4000;; 524288|1048576) echo 1000;; *) echo 300;; esac; }
 PORT=23700
 
 # floor_us: one cache line between CPU_A and CPU_B, median one-way time (µs).
