@@ -450,12 +450,25 @@ fn job(ranks: u32, scenario: &str, env: &[(&str, &str)]) -> i32 {
 /// Environment variables of a job.
 type Vars = &'static [(&'static str, &'static str)];
 
+/// Single copy for every non-empty message, whatever the placement.
+const CMA_ONLY: Vars =
+    &[("POLYRAIL_CMA_THRESHOLD", "1"), ("POLYRAIL_NEAR_EAGER", "off"), ("POLYRAIL_APART_SINGLE_COPY", "off")];
+
 /// Channel settings: name, virtual nodes, variables.
 const CHANNELS: &[(&str, u32, Vars)] = &[
     ("auto", 1, &[]),
     ("shm", 1, &[("POLYRAIL_TRANSPORTS", "shm")]),
-    ("cma", 1, &[("POLYRAIL_CMA_THRESHOLD", "1")]),
-    ("cma-nosplit", 1, &[("POLYRAIL_CMA_THRESHOLD", "1"), ("POLYRAIL_SPLIT_THRESHOLD", "off")]),
+    ("cma", 1, CMA_ONLY),
+    (
+        "cma-nosplit",
+        1,
+        &[
+            ("POLYRAIL_CMA_THRESHOLD", "1"),
+            ("POLYRAIL_NEAR_EAGER", "off"),
+            ("POLYRAIL_APART_SINGLE_COPY", "off"),
+            ("POLYRAIL_SPLIT_THRESHOLD", "off"),
+        ],
+    ),
     ("routed", 1, &[("POLYRAIL_ROUTE", "all:1k-64k:cma/get,all:64k-1m:shm/stream,all:1m-:cma/split")]),
     // Two virtual nodes: shm and cma within a node, ib (software provider) between them.
     ("2 nodes", 2, &[]),
@@ -475,7 +488,7 @@ const CHANNELS: &[(&str, u32, Vars)] = &[
     // Single-copy sizes of a stream through the send cells (off by default).
     ("stream-eager", 1, &[("POLYRAIL_STREAM_EAGER", "auto")]),
     // Both halves of the placement rule, whatever the host does with our vCPUs: near, up to
-    // 128k through the cells; apart, single copy from 16k.
+    // 128k through the cells; apart, below 64k through cells filled with non-temporal stores.
     ("near", 1, &[("POLYRAIL_PLACEMENT", "near")]),
     ("apart", 1, &[("POLYRAIL_PLACEMENT", "apart")]),
 ];

@@ -65,8 +65,10 @@ pub fn channel_settings(transport: &str) -> anyhow::Result<&'static [(&'static s
     Ok(match transport {
         "auto" | "ib" => &[],
         "shm" => &[("POLYRAIL_TRANSPORTS", "shm")],
-        // Not eager while the peer's core is near either: single copy whatever the placement.
-        "cma" => &[("POLYRAIL_CMA_THRESHOLD", "1"), ("POLYRAIL_NEAR_EAGER", "off")],
+        // Not eager by the placement rule either: single copy whatever the placement.
+        "cma" => {
+            &[("POLYRAIL_CMA_THRESHOLD", "1"), ("POLYRAIL_NEAR_EAGER", "off"), ("POLYRAIL_APART_SINGLE_COPY", "off")]
+        }
         other => anyhow::bail!("--transport {other} is not accepted: use auto, shm, cma or ib"),
     })
 }
