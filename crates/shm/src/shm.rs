@@ -571,7 +571,7 @@ impl Transport for ShmTransport {
     fn describe(&self) -> String {
         let l = &self.layout;
         format!(
-            "{} records of {RECORD} B and as many body slots of {SLOT} B per ring, inline up to {} B ({RECORD_INLINE} B in the record), {} cells x {} B ({} in flight), segment {} B, {} peers mapped ({} apart{}: cells filled with non-temporal stores), {}{}",
+            "{} records of {RECORD} B and as many body slots of {SLOT} B per ring, inline up to {} B ({RECORD_INLINE} B in the record), {} cells x {} B ({} in flight), segment {} B, {} peers mapped, {} of them apart ({}; cells to them filled with non-temporal stores), {}{}",
             l.geo.slots,
             l.geo.inline_max(),
             l.cells,
@@ -580,7 +580,7 @@ impl Transport for ShmTransport {
             l.total_len,
             self.active.len(),
             self.active.iter().filter(|&&r| self.peers[r as usize].as_ref().is_some_and(|p| p.apart)).count(),
-            if self.given_apart.is_some() { ", POLYRAIL_PLACEMENT" } else { ", measured" },
+            if self.given_apart.is_some() { "POLYRAIL_PLACEMENT" } else { "measured" },
             match (self.ring_doorbells, self.sleep_barrier) {
                 (false, _) => "no doorbell (POLYRAIL_WAIT=spin)",
                 (true, true) => "doorbell checked without a fence (sleepers pass a global barrier, membarrier)",

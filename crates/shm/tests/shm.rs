@@ -152,7 +152,7 @@ fn two_threads_stream_every_size_apart() {
     send_and_check_echoes(&mut a, 1, &sizes);
     echoer.join().unwrap();
     let d = a.describe();
-    assert!(d.contains("1 peers mapped (1 apart, POLYRAIL_PLACEMENT"), "{d}");
+    assert!(d.contains("1 peers mapped, 1 of them apart (POLYRAIL_PLACEMENT"), "{d}");
 }
 
 #[test]
