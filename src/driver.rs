@@ -310,9 +310,12 @@ impl Driver {
     pub fn progress(&mut self) -> Result<usize> {
         let skip = self.skipped_this_round();
         let primary = self.polled.get(self.poll.primary).copied();
+        // A blocking receive waits (parked): one message at a time, so that the one it waits
+        // for returns to the caller without the channel looking for another first.
+        let budget = if self.engine.parked_settled() { 64 } else { 1 };
         let mut n = match primary {
             Some(i) if !skip.contains(i as ChannelId) => {
-                self.channels[i].progress(64, &mut self.engine.sink_for(i as ChannelId))?
+                self.channels[i].progress(budget, &mut self.engine.sink_for(i as ChannelId))?
             }
             _ => 0,
         };
