@@ -322,8 +322,9 @@ pub struct Config {
     /// and receives whose protocol the placement decides, or given by `POLYRAIL_PLACEMENT` (see
     /// `docs/architecture.md`). `auto` (default): up to 128k (on the
     /// AMD EPYC host of `docs/benchmarks.md`, near: 32 KiB one way 1.8 against 3.8 µs, streamed
-    /// 25 against 9.5 GB/s; 128 KiB 5.7 against 7.1 µs; at 256 KiB single copy streams faster);
-    /// `off`; or the largest such message.
+    /// 25 against 9.5 GB/s; 128 KiB 5.7 against 7.1 µs; at 256 KiB single copy streams faster;
+    /// streams of 64-128 KiB through the cells run at 21-30 GB/s in some runs and about 10 in
+    /// others, see `docs/benchmarks.md`); `off`; or the largest such message.
     pub near_eager: NearEager,
     /// `POLYRAIL_APART_SINGLE_COPY`: while a cache line the peer wrote reaches this process
     /// slowly (the two cores share no cache), messages from this size go by single copy and
@@ -420,7 +421,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ),
     (
         "POLYRAIL_APART_SINGLE_COPY",
-        "smallest message sent by single copy while the peer's core shares no cache: auto (default, 64k), off or a size",
+        "while the peer's core shares no cache, messages from this size by single copy and smaller ones eagerly: auto (default, 64k), off or a size",
     ),
     ("POLYRAIL_PLACEMENT", "placement of the peers' cores for those two and shm's cell filling: measure (default), near or apart"),
     ("POLYRAIL_EAGER_LIMIT", "largest eager message through send cells (default 64k)"),
