@@ -411,7 +411,8 @@ impl ShmTransport {
         }
         let Some(cell) = self.cells.fill(peer, payload, p.apart) else { return Ok(Issued::WouldBlock) };
         p.out.push_cell(hdr, len as u32, cell);
-        if p.out.pushed() % CELL_SAMPLE_EVERY == 0 {
+        // `after_push` (through `pushed`) times one push in LINE_SAMPLE_EVERY itself.
+        if p.out.pushed() % CELL_SAMPLE_EVERY == 0 && p.out.pushed() % LINE_SAMPLE_EVERY != 0 {
             Self::time_line(p);
         }
         Self::pushed(p, peer, Ok(true), self.ring_doorbells)
