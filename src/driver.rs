@@ -444,7 +444,8 @@ impl Driver {
 
     /// Before a send of `len` bytes to `to`, or a receive of up to `len` bytes from it: when
     /// its route decides by how near the peer's core is, times a cache line from the peer
-    /// ([`Transport::line_transfer_ns`]) and tells the engine.
+    /// ([`Transport::line_transfer_ns`]) and tells the engine, with whether copies to the peer
+    /// run slowly ([`Transport::copies_slow`]).
     #[inline(always)]
     pub fn note_placement(&mut self, to: Rank, len: usize) {
         // Inline: every small message (below any size a placement rule decides) stops here.
@@ -457,8 +458,12 @@ impl Driver {
     #[inline(never)]
     fn sample_placement(&mut self, to: Rank, len: usize) {
         if let Some(ch) = self.engine.wants_placement(to, len) {
-            if let Some(ns) = self.channels[ch as usize].line_transfer_ns(to) {
+            let channel = &mut self.channels[ch as usize];
+            if let Some(ns) = channel.line_transfer_ns(to) {
                 self.engine.note_line_transfer(to, ns);
+            }
+            if let Some(slow) = channel.copies_slow(to) {
+                self.engine.note_copies_slow(to, slow);
             }
         }
     }

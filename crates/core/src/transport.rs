@@ -385,6 +385,14 @@ pub trait Transport: Send {
         None
     }
 
+    /// Whether this process's copies into memory `peer` reads (shm's send cells) ran at under
+    /// half their usual rate lately, for [`crate::policy::PlacementRule`]: a host may slow the
+    /// transfer of lines between two cores that share a cache, for seconds at a time, and
+    /// single copy then streams faster. `None` when not measured (the default).
+    fn copies_slow(&mut self, _peer: Rank) -> Option<bool> {
+        None
+    }
+
     /// Whether a message of `peer` waits unread (a peek, no delivery; for skew feedback).
     fn has_unread(&self, _peer: Rank) -> bool {
         false

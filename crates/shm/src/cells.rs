@@ -106,12 +106,19 @@ pub(crate) struct SendCells {
     /// Per destination rank: cells in flight, oldest first. Capacity `count` once the peer is
     /// added, so pushing never allocates.
     in_flight: Vec<VecDeque<u32>>,
+    /// Cells filled so far (up to the pool's size): see [`SendCells::recycling`].
+    filled: u32,
 }
 
 impl SendCells {
     /// The pool in our own segment, all cells free, for a job of `size` ranks.
     pub(crate) fn new(area: CellArea, size: u32) -> SendCells {
-        SendCells { area, free: (0..area.count).collect(), in_flight: (0..size).map(|_| VecDeque::new()).collect() }
+        SendCells {
+            area,
+            free: (0..area.count).collect(),
+            in_flight: (0..size).map(|_| VecDeque::new()).collect(),
+            filled: 0,
+        }
     }
 
     /// Prepares the in-flight queue of a new destination.
@@ -119,6 +126,12 @@ impl SendCells {
         if let Some(q) = self.in_flight.get_mut(rank as usize) {
             q.reserve_exact(self.area.count as usize);
         }
+    }
+
+    /// Whether every cell was filled once: from then on a fill writes lines a receiver read
+    /// (before, it may write lines only this process touched, faster than any later fill).
+    pub(crate) fn recycling(&self) -> bool {
+        self.filled >= self.area.count
     }
 
     /// Cells in flight to anyone.
@@ -171,6 +184,7 @@ impl SendCells {
         self.area.state(c).store(IN_FLIGHT, Ordering::Relaxed);
         // `dest` is a connected peer, below the job size (checked by the transport).
         self.in_flight[dest as usize].push_back(c);
+        self.filled = self.filled.saturating_add(1);
         Some(c)
     }
 }

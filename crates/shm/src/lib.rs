@@ -20,6 +20,7 @@
 
 mod cells;
 mod cma;
+mod fill_rate;
 mod key;
 mod loopback;
 mod ring;

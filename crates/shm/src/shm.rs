@@ -9,6 +9,7 @@
 //! is left in `/dev/shm` even if the job is killed later.
 
 use std::sync::atomic::{compiler_fence, fence, Ordering};
+use std::time::Instant;
 
 use polyrail_core::config::{PlacementMode, WaitMode};
 use polyrail_core::policy::sweep::PeerSweep;
@@ -18,6 +19,7 @@ use polyrail_core::{
 };
 
 use crate::cells::{CellArea, SendCells};
+use crate::fill_rate::{local_copy_rate, FillRate, TIMED_FILL_MIN};
 use crate::ring::{Body, Consumer, Geometry, Producer, RECORD, RECORD_INLINE, SLOT};
 use crate::segment::{self, Mapping, OwnSegment, SegAddress, SegLayout};
 use crate::sys::{self, ProcessWatch};
@@ -72,6 +74,9 @@ struct Peer {
     given: bool,
     /// Whether the latest line-transfer sample was above [`SLOW_LINE_NS`].
     last_sample_slow: bool,
+    /// Timed fills of cells to the peer (one in [`CELL_SAMPLE_EVERY`] messages, while it is
+    /// not apart): whether they run slowly just now ([`Transport::copies_slow`]).
+    fills: FillRate,
     /// The peer's segment; keeps `inc` and `their_cells` valid. Dropped last.
     map: Mapping,
 }
@@ -105,6 +110,9 @@ pub struct ShmTransport {
     /// Every peer's placement as `POLYRAIL_PLACEMENT` gives it (apart: `Some(true)`), or
     /// `None`: measured ([`Peer::apart`]).
     given_apart: Option<bool>,
+    /// How fast this process copies within its own memory (bytes per ns), where each peer's
+    /// [`FillRate`] starts.
+    local_copy_rate: f32,
     /// Dropped after the peers: our rings stay mapped while producers exist.
     seg: OwnSegment,
 }
@@ -257,6 +265,7 @@ impl ShmTransport {
                 PlacementMode::Near => Some(false),
                 PlacementMode::Apart => Some(true),
             },
+            local_copy_rate: local_copy_rate(),
             seg,
         })
     }
@@ -329,6 +338,7 @@ impl ShmTransport {
             apart,
             given: self.given_apart.is_some(),
             last_sample_slow: apart,
+            fills: FillRate::new(self.local_copy_rate),
             map,
         })
     }
@@ -360,6 +370,16 @@ impl ShmTransport {
         }
         p.last_sample_slow = slow;
         Some(ns)
+    }
+
+    /// A fill of `len` bytes into a cell for `p` that started at `start` ended now.
+    #[cold]
+    #[inline(never)]
+    fn note_fill(p: &mut Peer, len: usize, start: Instant) {
+        let now = Instant::now();
+        let ns = now.duration_since(start).as_nanos() as u64;
+        p.fills.sample(len, ns, now);
+        tracing::trace!("shm: filled a cell of {len} B for pid {} in {ns} ns: {:?}", p.pid, p.fills);
     }
 
     /// What a push into `p`'s ring means for the sender: done (after ringing a sleeping peer's
@@ -409,7 +429,16 @@ impl ShmTransport {
             Ok(true) => {}
             no_record => return Self::pushed(p, peer, no_record, self.ring_doorbells),
         }
+        // One message in CELL_SAMPLE_EVERY (half-way between the line samples) times its fill.
+        let timed = p.out.pushed() % CELL_SAMPLE_EVERY == CELL_SAMPLE_EVERY / 2
+            && len >= TIMED_FILL_MIN
+            && !p.apart
+            && self.cells.recycling();
+        let start = timed.then(Instant::now);
         let Some(cell) = self.cells.fill(peer, payload, p.apart) else { return Ok(Issued::WouldBlock) };
+        if let Some(start) = start {
+            Self::note_fill(p, len, start);
+        }
         p.out.push_cell(hdr, len as u32, cell);
         // `after_push` (through `pushed`) times one push in LINE_SAMPLE_EVERY itself.
         if p.out.pushed() % CELL_SAMPLE_EVERY == 0 && p.out.pushed() % LINE_SAMPLE_EVERY != 0 {
@@ -497,6 +526,10 @@ impl Transport for ShmTransport {
         Self::time_line(p)
     }
 
+    fn copies_slow(&mut self, peer: Rank) -> Option<bool> {
+        self.peers.get(peer as usize)?.as_ref()?.fills.slow(Instant::now)
+    }
+
     fn has_unread(&self, peer: Rank) -> bool {
         let Some(Some(p)) = self.peers.get(peer as usize) else { return false };
         // A corrupt record counts too: this is a hint (skew feedback); polling reports it.
@@ -572,7 +605,7 @@ impl Transport for ShmTransport {
     fn describe(&self) -> String {
         let l = &self.layout;
         format!(
-            "{} records of {RECORD} B and as many body slots of {SLOT} B per ring, inline up to {} B ({RECORD_INLINE} B in the record), {} cells x {} B ({} in flight), segment {} B, {} peers mapped, {} of them apart ({}; cells to them filled with non-temporal stores), {}{}",
+            "{} records of {RECORD} B and as many body slots of {SLOT} B per ring, inline up to {} B ({RECORD_INLINE} B in the record), {} cells x {} B ({} in flight), segment {} B, {} peers mapped, {} of them apart ({}; cells to them filled with non-temporal stores), {} with cell fills measured slow lately, {}{}",
             l.geo.slots,
             l.geo.inline_max(),
             l.cells,
@@ -582,6 +615,7 @@ impl Transport for ShmTransport {
             self.active.len(),
             self.active.iter().filter(|&&r| self.peers[r as usize].as_ref().is_some_and(|p| p.apart)).count(),
             if self.given_apart.is_some() { "POLYRAIL_PLACEMENT" } else { "measured" },
+            self.active.iter().filter(|&&r| self.peers[r as usize].as_ref().is_some_and(|p| p.fills.held())).count(),
             match (self.ring_doorbells, self.sleep_barrier) {
                 (false, _) => "no doorbell (POLYRAIL_WAIT=spin)",
                 (true, true) => "doorbell checked without a fence (sleepers pass a global barrier, membarrier)",

@@ -201,6 +201,28 @@ fn a_receiver_that_sends_nothing_learns_the_line_time_from_its_sender() {
 }
 
 #[test]
+fn cell_fills_are_timed_once_the_pool_was_used_round() {
+    for placement in [PlacementMode::Measure, PlacementMode::Apart] {
+        let (mut a, mut b) = pair(&Config { placement, ..cfg(16, 4, 16 << 10) });
+        assert_eq!(a.copies_slow(1), None, "nothing timed yet");
+        let mut sink = Collect::default();
+        // Every fill from the fifth (the pool has four cells) is one a receiver read before;
+        // one in 32 messages is timed.
+        for n in 0..40 {
+            assert_eq!(a.try_send(1, &header(n, 16 << 10), &pattern(n, 16 << 10)).unwrap(), Issued::Done);
+            b.progress(usize::MAX, &mut sink).unwrap();
+        }
+        assert_eq!(sink.msgs.len(), 40);
+        let measured = a.copies_slow(1);
+        match placement {
+            PlacementMode::Apart => assert_eq!(measured, None, "non-temporal fills are not timed"),
+            _ => assert!(measured.is_some(), "a fill was timed"),
+        }
+        assert_eq!(b.copies_slow(0), None, "b filled nothing");
+    }
+}
+
+#[test]
 fn ring_full_would_block_then_progress_frees_it() {
     let (mut a, mut b) = pair(&cfg(16, 4, 4096));
     let mut sent = 0u64;

@@ -60,6 +60,8 @@ const MAX_EAGER_LEN: u64 = crate::config::MAX_EAGER_MESSAGE as u64;
 fn placement_says_eager(p: &Peer, len: usize) -> Option<bool> {
     let rule = placement_rule(p)?;
     match p.near? {
+        // Near, but copies to the peer are slow just now: single copy from the apart size.
+        true if p.copies_slow && rule.apart_from.is_some_and(|from| len >= from) => Some(false),
         true => rule.near_upto.filter(|&upto| len <= upto).map(|_| true),
         false => rule.apart_from.map(|from| len < from),
     }
@@ -175,6 +177,9 @@ struct Peer {
     near: Option<bool>,
     streak_near: bool,
     streak: u8,
+    /// Whether the channel measured its copies to the peer slow lately
+    /// ([`Engine::note_copies_slow`]).
+    copies_slow: bool,
     /// Messages whose protocol the placement decides since the last line was timed (see
     /// [`Engine::wants_placement`]).
     unsampled: u8,
@@ -206,6 +211,7 @@ impl Peer {
             near: None,
             streak_near: false,
             streak: 0,
+            copies_slow: false,
             unsampled: 0,
             window_rtrs: false,
             last_send_at: None,
@@ -343,6 +349,21 @@ impl Engine {
             tracing::debug!(
                 "rank {me}: rank {peer}'s core measured {} ({ns} ns for a cache line)",
                 if near { "near: medium messages go eagerly" } else { "apart: medium messages go by single copy" }
+            );
+        }
+    }
+
+    /// Whether the channel's copies to `peer` ran slowly lately
+    /// ([`crate::Transport::copies_slow`]): while they do and the peer is near, messages from the
+    /// apart rule's size go by single copy ([`PlacementRule`]).
+    pub fn note_copies_slow(&mut self, peer: Rank, slow: bool) {
+        let me = self.me;
+        let Some(p) = self.peers.get_mut(peer as usize) else { return };
+        if p.copies_slow != slow {
+            p.copies_slow = slow;
+            tracing::debug!(
+                "rank {me}: copies to rank {peer} {}",
+                if slow { "run slowly: large medium messages go by single copy" } else { "run at their usual rate" }
             );
         }
     }
@@ -575,7 +596,11 @@ impl Engine {
         // completes at once. In a stream, eager sends let both processes copy at once.
         let lagging = peer.peer_lags && skew.is_some_and(|k| buf.len <= k.eager_up_to);
         let stream = streaming && mapped.is_none() && route.stream_eager.as_ref().is_some_and(|r| buf.len <= r.upto);
-        if protocol.is_one_sided() && (lagging || stream || placed == Some(true)) {
+        // While copies into the cells run slowly, none of these sends sizes from the apart
+        // rule's eagerly (single copy does not slow; see `Transport::copies_slow`).
+        let cells_slow =
+            peer.copies_slow && route.placement.as_ref().and_then(|r| r.apart_from).is_some_and(|from| buf.len >= from);
+        if protocol.is_one_sided() && !cells_slow && (lagging || stream || placed == Some(true)) {
             (protocol, data_ch) = (Protocol::Eager, am);
         }
         let seq = peer.next_send_seq;

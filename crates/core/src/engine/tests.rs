@@ -1175,6 +1175,46 @@ fn an_apart_rule_above_the_threshold_sends_medium_messages_eagerly() {
     }
 }
 
+/// Near, while the channel measures its copies to the peer slow, sizes from the apart rule's go
+/// by single copy and smaller ones stay eager; when the copies are fast again, so is the route.
+#[test]
+fn slow_copies_send_large_messages_to_a_near_peer_by_single_copy() {
+    let mut sim = Sim::new(2, || PeerRoute {
+        placement: Some(PlacementRule {
+            near_upto: Some(8000),
+            apart_from: Some(5000),
+            rma: RMA,
+            given: None,
+            near_ns: 80,
+            reason: String::new(),
+        }),
+        ..one_sided_route()
+    });
+    for _ in 0..PlacementRule::TO_CHANGE {
+        sim.engines[0].note_line_transfer(1, 20);
+    }
+    let mut first_kind = |len: usize, slow: bool| -> PacketKind {
+        sim.engines[0].note_copies_slow(1, slow);
+        let data = pattern(5, len);
+        let mut out = vec![0u8; len];
+        let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(3), &mut out);
+        sim.settle();
+        let before = sim.wires[1].len();
+        let s = send(&mut sim, 0, 1, 3, &data);
+        sim.run_actions();
+        let kind = sim.wires[1][before].hdr.kind;
+        sim.settle();
+        assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
+        assert_eq!(out, data);
+        kind
+    };
+    assert_eq!(first_kind(6000, false), PacketKind::Eager, "near: eager up to 8000");
+    assert_eq!(first_kind(6000, true), PacketKind::Rts, "slow copies: single copy from 5000");
+    assert_eq!(first_kind(3000, true), PacketKind::Eager, "and eager below it");
+    assert_eq!(first_kind(6000, false), PacketKind::Eager, "fast again");
+    assert_eq!(sim.engines[0].peer_near(1), Some(true));
+}
+
 /// A given placement (POLYRAIL_PLACEMENT) holds from the start and asks for no samples.
 #[test]
 fn a_given_placement_needs_no_samples() {

@@ -142,7 +142,9 @@ pub struct StreamEagerRule {
 
 /// How the route changes with the placement of the peer's core, measured at run time: near
 /// (sharing a cache), single-copy sizes up to `near_upto` go eagerly through the active-message
-/// channel; apart, eager sizes from `apart_from` go by single copy.
+/// channel; apart, eager sizes from `apart_from` go by single copy. Near while the channel
+/// measures its copies to the peer slow ([`crate::Transport::copies_slow`]: the host slows the
+/// transfer of lines between the cores at times), sizes from `apart_from` go by single copy too.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PlacementRule {
     /// Largest single-copy message sent eagerly while the peer is near (`POLYRAIL_NEAR_EAGER`).
@@ -174,7 +176,7 @@ impl PlacementRule {
         }
         if let Some(from) = self.apart_from {
             parts.push(format!(
-                "while it is measured apart, messages below {0} go eagerly and from {0} by single copy",
+                "while it is measured apart (or near with copies between the cores measured slow), messages below {0} go eagerly and from {0} by single copy",
                 format_size(from)
             ));
         }
