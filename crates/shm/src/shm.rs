@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use polyrail_core::config::{PlacementMode, WaitMode};
 use polyrail_core::policy::sweep::PeerSweep;
+use polyrail_core::policy::PlacementRule;
 use polyrail_core::{
     Address, Caps, Config, Cost, Envelope, Error, Header, Issued, PeerInfo, Rank, Reach, Result, Sink, Transport,
     TransportAttr, TransportKind,
@@ -41,6 +42,9 @@ const AM_BANDWIDTH: f64 = 5e9;
 /// complex, 110-140 between two): the consumer then prefetches more while it waits
 /// ([`Consumer::set_slow_lines`]).
 const SLOW_LINE_NS: u32 = 80;
+/// Line-transfer samples in a row that set or change [`Peer::apart`] (as many as the engine's
+/// placement verdict takes; see [`PlacementRule::LOCAL_NS`] for why two were too few).
+const SAMPLES_TO_CHANGE: u8 = PlacementRule::TO_CHANGE;
 /// One send in this many to a peer times a line transfer from it (when no one asked meanwhile).
 const LINE_SAMPLE_EVERY: u64 = 1024;
 /// One message in this many (counting every message to the peer) times a line transfer when it
@@ -66,14 +70,16 @@ struct Peer {
     /// The peer passes the global barrier before it sleeps and this process is registered for
     /// it: our doorbell check needs no fence ([`ring_doorbell`]).
     fenceless: bool,
-    /// The peer's core shares no cache with ours (two line-transfer samples in a row above
-    /// [`SLOW_LINE_NS`], or `POLYRAIL_PLACEMENT=apart`): send cells are filled with
+    /// The peer's core shares no cache with ours ([`SAMPLES_TO_CHANGE`] line-transfer samples in
+    /// a row above [`SLOW_LINE_NS`], or `POLYRAIL_PLACEMENT=apart`): send cells are filled with
     /// non-temporal stores, and the consumer prefetches more ([`Consumer::set_slow_lines`]).
     apart: bool,
     /// `POLYRAIL_PLACEMENT` gave the placement: samples do not change `apart`.
     given: bool,
-    /// Whether the latest line-transfer sample was above [`SLOW_LINE_NS`].
-    last_sample_slow: bool,
+    /// Line-transfer samples in a row on the side of [`SLOW_LINE_NS`] that `slow_streak`
+    /// names, up to [`SAMPLES_TO_CHANGE`].
+    streak: u8,
+    slow_streak: bool,
     /// Timed fills of cells to the peer (one in [`CELL_SAMPLE_EVERY`] messages, while it is
     /// not apart): whether they run slowly just now ([`Transport::copies_slow`]).
     fills: FillRate,
@@ -337,7 +343,8 @@ impl ShmTransport {
             fenceless,
             apart,
             given: self.given_apart.is_some(),
-            last_sample_slow: apart,
+            streak: 0,
+            slow_streak: apart,
             fills: FillRate::new(self.local_copy_rate),
             map,
         })
@@ -362,13 +369,18 @@ impl ShmTransport {
             // No fresh line of ours (we send little to the peer): the peer's own latest measure.
             None => p.inc.shared_sample()?,
         };
-        // Two samples in a row decide: one stretched by an interrupt does not flip the verdict.
+        if ns <= PlacementRule::LOCAL_NS {
+            return Some(ns); // the line was here after all: no measure (the engine agrees)
+        }
+        // Several samples in a row decide: one stretched by an interrupt (or, apart, a line a
+        // prefetch brought near) does not flip the verdict.
         let slow = ns > SLOW_LINE_NS;
-        if slow == p.last_sample_slow && !p.given {
+        p.streak = if slow == p.slow_streak { (p.streak + 1).min(SAMPLES_TO_CHANGE) } else { 1 };
+        p.slow_streak = slow;
+        if p.streak == SAMPLES_TO_CHANGE && !p.given {
             p.apart = slow;
             p.inc.set_slow_lines(slow);
         }
-        p.last_sample_slow = slow;
         Some(ns)
     }
 

@@ -338,6 +338,9 @@ impl Engine {
         let me = self.me;
         let Some(p) = self.peers.get_mut(peer as usize) else { return };
         let Some(near_ns) = placement_rule(p).filter(|r| r.given.is_none()).map(|r| r.near_ns) else { return };
+        if ns <= PlacementRule::LOCAL_NS {
+            return;
+        }
         let near = ns <= near_ns;
         if p.streak > 0 && p.streak_near == near {
             p.streak = p.streak.saturating_add(1);

@@ -1083,6 +1083,8 @@ fn the_measured_placement_changes_medium_messages() {
     assert_eq!(sim.engines[0].peer_near(1), Some(false));
     assert_eq!(first_kind(&mut sim, &[], 600), PacketKind::Rts, "apart: single copy below the threshold");
     assert_eq!(first_kind(&mut sim, &[], 40), PacketKind::Eager, "below the apart part's size");
+    assert_eq!(first_kind(&mut sim, &[0, 20, 1, 20, 2], 3000), PacketKind::Rts, "local loads are no samples");
+    assert_eq!(sim.engines[0].peer_near(1), Some(false));
     // The small-send fast path leaves such sizes to post_send while apart.
     let buf = [7u8; 80];
     let region = Region { ptr: buf.as_ptr(), len: buf.len() };

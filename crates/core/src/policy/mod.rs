@@ -192,8 +192,15 @@ impl PlacementRule {
     /// `docs/benchmarks.md`, 20 ns with both vCPUs in one core complex, 110-120 ns apart.
     pub const NEAR_NS: u32 = 80;
     /// Samples in a row on one side of [`PlacementRule::NEAR_NS`] that set or change the
-    /// verdict (one late sample, an interrupt, does not).
+    /// verdict (one late sample, an interrupt, does not; nor, apart, two early ones).
     pub const TO_CHANGE: u8 = 3;
+    /// A sample at most this long found the line in the timing core's cache after all (a
+    /// hardware prefetch brought it): it says nothing about the placement and is not counted.
+    /// On the AMD EPYC host apart, every fourth sample in a 64 KiB ping-pong was such (0-1 ns,
+    /// where a transfer takes 100-180), and with two samples to change, shm's own verdict
+    /// flipped to near a few times a second (shm only, 128 KiB one way 11-47 µs from run to run;
+    /// 11.1-11.5 without those samples and with three to change).
+    pub const LOCAL_NS: u32 = 2;
     /// One message in this many that the rule covers times a line (a sample costs about
     /// 100 ns: three clock reads and a load from the other core; sampling every message cost
     /// osu_bw 32 KiB near 8 %).
