@@ -61,6 +61,29 @@ fn one_sided_route() -> PeerRoute {
     route(100, &[(1023, Protocol::Eager), (4095, Protocol::RndvGet), (usize::MAX, Protocol::RndvSplit)])
 }
 
+/// [`one_sided_route`] with a placement rule measured at run time (near within 80 ns).
+fn placed_route(near_upto: Option<usize>, apart_from: Option<usize>) -> PeerRoute {
+    let rule = PlacementRule { near_upto, apart_from, rma: RMA, given: None, near_ns: 80, reason: String::new() };
+    PeerRoute { placement: Some(rule), ..one_sided_route() }
+}
+
+/// Sends `len` bytes from rank 0 with `tag` to a receive rank 1 posted first; checks what
+/// arrived and returns the kind of the message's first packet.
+fn first_packet_kind(sim: &mut Sim, len: usize, tag: u32) -> PacketKind {
+    let data = pattern(tag as u8, len);
+    let mut out = vec![0u8; len];
+    let q = recv(sim, 1, Source::Rank(0), TagMatch::Tag(tag), &mut out);
+    sim.settle();
+    let before = sim.wires[1].len();
+    let s = send(sim, 0, 1, tag, &data);
+    sim.run_actions();
+    let kind = sim.wires[1][before].hdr.kind;
+    sim.settle();
+    assert!(result(sim, 0, s).is_ok() && result(sim, 1, q).is_ok());
+    assert_eq!(out, data);
+    kind
+}
+
 /// Eager up to 1k, streamed above.
 fn stream_route() -> PeerRoute {
     route(100, &[(1024, Protocol::Eager), (usize::MAX, Protocol::RndvStream)])
@@ -1037,18 +1060,7 @@ fn streams_go_eager_and_ping_pongs_by_single_copy() {
 /// one odd sample changes nothing.
 #[test]
 fn the_measured_placement_changes_medium_messages() {
-    let with_rule = || PeerRoute {
-        placement: Some(PlacementRule {
-            near_upto: Some(5000),
-            apart_from: Some(50),
-            rma: RMA,
-            given: None,
-            near_ns: 80,
-            reason: String::new(),
-        }),
-        ..one_sided_route()
-    };
-    let mut sim = Sim::new(2, with_rule);
+    let mut sim = Sim::new(2, || placed_route(Some(5000), Some(50)));
     let e = &mut sim.engines[0];
     assert_eq!((e.wants_placement(1, 8), e.wants_placement(1, 6000)), (None, None), "sizes the rule does not decide");
     let every = PlacementRule::SAMPLE_EVERY as usize;
@@ -1060,18 +1072,7 @@ fn the_measured_placement_changes_medium_messages() {
         for &ns in samples {
             sim.engines[0].note_line_transfer(1, ns);
         }
-        let data = pattern(4, len);
-        let mut out = vec![0u8; len];
-        let q = recv(sim, 1, Source::Rank(0), TagMatch::Tag(5), &mut out);
-        sim.settle();
-        let before = sim.wires[1].len();
-        let s = send(sim, 0, 1, 5, &data);
-        sim.run_actions();
-        let kind = sim.wires[1][before].hdr.kind;
-        sim.settle();
-        assert!(result(sim, 0, s).is_ok() && result(sim, 1, q).is_ok());
-        assert_eq!(out, data);
-        kind
+        first_packet_kind(sim, len, 5)
     };
     assert_eq!(first_kind(&mut sim, &[20, 20], 3000), PacketKind::Rts, "two quick samples are not enough");
     assert_eq!(sim.engines[0].peer_near(1), None);
@@ -1136,17 +1137,7 @@ fn the_measured_placement_changes_medium_messages() {
 /// single copy; the small-send path and the placement samples follow.
 #[test]
 fn an_apart_rule_above_the_threshold_sends_medium_messages_eagerly() {
-    let mut sim = Sim::new(2, || PeerRoute {
-        placement: Some(PlacementRule {
-            near_upto: None,
-            apart_from: Some(5000),
-            rma: RMA,
-            given: None,
-            near_ns: 80,
-            reason: String::new(),
-        }),
-        ..one_sided_route()
-    });
+    let mut sim = Sim::new(2, || placed_route(None, Some(5000)));
     let e = &mut sim.engines[0];
     assert_eq!(e.placement_from(), 1024, "from the table's threshold");
     assert!(e.wants_placement(1, 3000).is_some(), "a single-copy size below the rule's");
@@ -1181,34 +1172,13 @@ fn an_apart_rule_above_the_threshold_sends_medium_messages_eagerly() {
 /// by single copy and smaller ones stay eager; when the copies are fast again, so is the route.
 #[test]
 fn slow_copies_send_large_messages_to_a_near_peer_by_single_copy() {
-    let mut sim = Sim::new(2, || PeerRoute {
-        placement: Some(PlacementRule {
-            near_upto: Some(8000),
-            apart_from: Some(5000),
-            rma: RMA,
-            given: None,
-            near_ns: 80,
-            reason: String::new(),
-        }),
-        ..one_sided_route()
-    });
+    let mut sim = Sim::new(2, || placed_route(Some(8000), Some(5000)));
     for _ in 0..PlacementRule::TO_CHANGE {
         sim.engines[0].note_line_transfer(1, 20);
     }
     let mut first_kind = |len: usize, slow: bool| -> PacketKind {
         sim.engines[0].note_copies_slow(1, slow);
-        let data = pattern(5, len);
-        let mut out = vec![0u8; len];
-        let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(3), &mut out);
-        sim.settle();
-        let before = sim.wires[1].len();
-        let s = send(&mut sim, 0, 1, 3, &data);
-        sim.run_actions();
-        let kind = sim.wires[1][before].hdr.kind;
-        sim.settle();
-        assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
-        assert_eq!(out, data);
-        kind
+        first_packet_kind(&mut sim, len, 3)
     };
     assert_eq!(first_kind(6000, false), PacketKind::Eager, "near: eager up to 8000");
     assert_eq!(first_kind(6000, true), PacketKind::Rts, "slow copies: single copy from 5000");
