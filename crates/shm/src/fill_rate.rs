@@ -6,13 +6,13 @@
 //! line taken back from its cache) then runs at 8-14 GB/s instead of 20-45 (timed fills in
 //! osu_bw, 16 KiB and 128 KiB, runs of both kinds minutes apart), and a stream through cells
 //! drops from 25-30 GB/s to about 10. Single copy reads the sender's buffer where the receiver's
-//! core cached it last time and does not slow (64 KiB 14-15 GB/s, 128 KiB 19-20 in both
-//! states). A sampled fill tells the two states apart; the engine then sends medium messages
+//! core cached it last time and does not slow as much (64 KiB 11-15 GB/s, 128 KiB 15-20, in
+//! osu_bw). A sampled fill tells the two states apart; the engine then sends medium messages
 //! as it does to an apart peer ([`polyrail_core::Transport::copies_slow`]).
 //!
-//! The usual rate starts at half of a copy within this process (measured once; 48-80 GB/s for
-//! 16 KiB on that host), so that a process which starts in the slow state sees it, and then
-//! follows the samples.
+//! The usual rate starts at half of a copy within this process (measured once; about 90 GB/s
+//! for 16 KiB on that host), so that a process which starts in the slow state sees it, and
+//! then follows the samples.
 
 use std::time::{Duration, Instant};
 
@@ -35,8 +35,9 @@ const SLOW_IN_A_ROW: u8 = 3;
 pub(crate) const SLOW_HOLD: Duration = Duration::from_millis(20);
 /// Fills smaller than this are not timed: their time is mostly fixed costs.
 pub(crate) const TIMED_FILL_MIN: usize = 8192;
-/// A fill between cores that share a cache runs at about this share of a copy within one core
-/// (20-45 against 48-80 GB/s on the host above).
+/// A fill between cores that share a cache runs at up to about this share of a copy within one
+/// core (20-45 against about 90 GB/s on the host above; the usual rate comes down to the fast
+/// fills' within some 30 samples).
 const LOCAL_SHARE: f32 = 0.5;
 
 /// Timed fills of cells to one peer (with ordinary stores: non-temporal ones, used while the
