@@ -16,6 +16,8 @@
 
 use std::time::{Duration, Instant};
 
+use polyrail_core::policy::InARow;
+
 /// A fill below this fraction of the usual rate is slow (the two states differ about 3x).
 const SLOW_FRACTION: f32 = 0.5;
 /// The usual rate follows samples that are not slow by this fraction of each one's difference,
@@ -25,10 +27,9 @@ const SLOW_FRACTION: f32 = 0.5;
 const FOLLOW: f32 = 1.0 / 16.0;
 /// Samples above this rate (bytes per ns) are a clock's glitch, not a copy.
 const PLAUSIBLE_MAX: f32 = 256.0;
-/// Slow samples in a row that make the verdict (fast fills below half the usual rate: about
-/// 1.5 % of them on the host above; with two in a row, osu_bw 128 KiB near was 5 % slower).
-const SLOW_IN_A_ROW: u8 = 3;
-/// How long [`SLOW_IN_A_ROW`] slow samples keep the verdict. Meanwhile the engine sends large
+/// How long three slow samples in a row ([`InARow`]; fast fills below half the usual rate are
+/// about 1.5 % of them on the host above, and with two in a row osu_bw 128 KiB near was 5 %
+/// slower) keep the verdict. Meanwhile the engine sends large
 /// messages by single copy and few cells are filled; after it the cells are tried again, and
 /// three slow samples (96 fills, 1.5 MiB of 16 KiB cells, about 0.15 ms at the slow rate) bring
 /// the verdict back: under 1 % of a stream's time.
@@ -49,9 +50,9 @@ pub(crate) struct FillRate {
     usual: f32,
     /// Whether a fill was timed yet.
     sampled: bool,
-    /// Slow samples in a row, up to [`SLOW_IN_A_ROW`].
-    slow_streak: u8,
-    /// Until when the fills count as slow (after [`SLOW_IN_A_ROW`] slow samples in a row).
+    /// Samples towards a verdict of slow fills (`true`).
+    slow_samples: InARow,
+    /// Until when the fills count as slow (after three slow samples in a row).
     slow_until: Option<Instant>,
 }
 
@@ -59,7 +60,7 @@ impl FillRate {
     /// Nothing timed yet; `local_rate`: a copy within this process in bytes per ns
     /// ([`local_copy_rate`]).
     pub(crate) fn new(local_rate: f32) -> FillRate {
-        FillRate { usual: local_rate * LOCAL_SHARE, sampled: false, slow_streak: 0, slow_until: None }
+        FillRate { usual: local_rate * LOCAL_SHARE, sampled: false, slow_samples: InARow::default(), slow_until: None }
     }
 
     /// Notes a fill of `bytes` that took `ns` nanoseconds, ending at `now`.
@@ -70,16 +71,15 @@ impl FillRate {
         }
         self.sampled = true;
         let slow = rate < self.usual * SLOW_FRACTION;
+        // Several in a row decide: one fill stretched by an interrupt does not.
+        let verdict = self.slow_samples.note(slow);
         if slow {
-            // Several in a row decide: one fill stretched by an interrupt does not.
-            self.slow_streak = (self.slow_streak + 1).min(SLOW_IN_A_ROW);
-            if self.slow_streak == SLOW_IN_A_ROW {
+            if verdict.is_some() {
                 self.slow_until = Some(now + SLOW_HOLD);
             }
             self.usual += (rate - self.usual) * (FOLLOW / 64.0);
         } else {
             self.usual += (rate - self.usual) * FOLLOW;
-            self.slow_streak = 0;
             self.slow_until = None;
         }
     }

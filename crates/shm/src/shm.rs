@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use polyrail_core::config::{PlacementMode, WaitMode};
 use polyrail_core::policy::sweep::PeerSweep;
-use polyrail_core::policy::PlacementRule;
+use polyrail_core::policy::{InARow, PlacementRule};
 use polyrail_core::{
     Address, Caps, Config, Cost, Envelope, Error, Header, Issued, PeerInfo, Rank, Reach, Result, Sink, Transport,
     TransportAttr, TransportKind,
@@ -42,9 +42,6 @@ const AM_BANDWIDTH: f64 = 5e9;
 /// complex, 110-140 between two): the consumer then prefetches more while it waits
 /// ([`Consumer::set_slow_lines`]).
 const SLOW_LINE_NS: u32 = 80;
-/// Line-transfer samples in a row that set or change [`Peer::apart`] (as many as the engine's
-/// placement verdict takes; see [`PlacementRule::LOCAL_NS`] for why two were too few).
-const SAMPLES_TO_CHANGE: u8 = PlacementRule::TO_CHANGE;
 /// One send in this many to a peer times a line transfer from it (when no one asked meanwhile).
 const LINE_SAMPLE_EVERY: u64 = 1024;
 /// One message in this many (counting every message to the peer) times a line transfer when it
@@ -70,16 +67,15 @@ struct Peer {
     /// The peer passes the global barrier before it sleeps and this process is registered for
     /// it: our doorbell check needs no fence ([`ring_doorbell`]).
     fenceless: bool,
-    /// The peer's core shares no cache with ours ([`SAMPLES_TO_CHANGE`] line-transfer samples in
-    /// a row above [`SLOW_LINE_NS`], or `POLYRAIL_PLACEMENT=apart`): send cells are filled with
+    /// The peer's core shares no cache with ours (line-transfer samples above [`SLOW_LINE_NS`],
+    /// as many in a row as the engine's verdict takes, or `POLYRAIL_PLACEMENT=apart`; see
+    /// [`PlacementRule::LOCAL_NS`] for why two were too few): send cells are filled with
     /// non-temporal stores, and the consumer prefetches more ([`Consumer::set_slow_lines`]).
     apart: bool,
     /// `POLYRAIL_PLACEMENT` gave the placement: samples do not change `apart`.
     given: bool,
-    /// Line-transfer samples in a row on the side of [`SLOW_LINE_NS`] that `slow_streak`
-    /// names, up to [`SAMPLES_TO_CHANGE`].
-    streak: u8,
-    slow_streak: bool,
+    /// Line-transfer samples towards `apart` (on the slow side: `true`).
+    slow_samples: InARow,
     /// Timed fills of cells to the peer (one in [`CELL_SAMPLE_EVERY`] messages, while it is
     /// not apart): whether they run slowly just now ([`Transport::copies_slow`]).
     fills: FillRate,
@@ -343,8 +339,7 @@ impl ShmTransport {
             fenceless,
             apart,
             given: self.given_apart.is_some(),
-            streak: 0,
-            slow_streak: apart,
+            slow_samples: InARow::default(),
             fills: FillRate::new(self.local_copy_rate),
             map,
         })
@@ -374,10 +369,7 @@ impl ShmTransport {
         }
         // Several samples in a row decide: one stretched by an interrupt (or, apart, a line a
         // prefetch brought near) does not flip the verdict.
-        let slow = ns > SLOW_LINE_NS;
-        p.streak = if slow == p.slow_streak { (p.streak + 1).min(SAMPLES_TO_CHANGE) } else { 1 };
-        p.slow_streak = slow;
-        if p.streak == SAMPLES_TO_CHANGE && !p.given {
+        if let Some(slow) = p.slow_samples.note(ns > SLOW_LINE_NS).filter(|_| !p.given) {
             p.apart = slow;
             p.inc.set_slow_lines(slow);
         }

@@ -36,7 +36,7 @@ pub use types::{Action, Payload, ReqId, Source, Status, TagMatch};
 use crate::config::SkewPolicy;
 use crate::error::{Error, Rank, Result};
 use crate::header::{Envelope, Header, PacketKind};
-use crate::policy::{ChannelId, ChannelSet, PeerRoute, PlacementRule, Protocol};
+use crate::policy::{ChannelId, ChannelSet, InARow, PeerRoute, PlacementRule, Protocol};
 use crate::transport::{OpId, PeerAccess, Region, RegionMut, RemoteKey, Sink};
 use requests::{Dir, ExposeFor, Req, Requests};
 use std::collections::VecDeque;
@@ -172,11 +172,9 @@ struct Peer {
     /// Sender side: the peer said it lags; medium messages go eagerly.
     peer_lags: bool,
     /// Whether the peer's core was measured near (`Some(true)`), apart (`Some(false)`) or not
-    /// yet (see [`Engine::note_line_transfer`]); the side of the last samples and how many in
-    /// a row were on it.
+    /// yet (see [`Engine::note_line_transfer`]), and the samples towards it.
     near: Option<bool>,
-    streak_near: bool,
-    streak: u8,
+    near_samples: InARow,
     /// Whether the channel measured its copies to the peer slow lately
     /// ([`Engine::note_copies_slow`]).
     copies_slow: bool,
@@ -209,8 +207,7 @@ impl Peer {
             unread_hint: 0,
             peer_lags: false,
             near: None,
-            streak_near: false,
-            streak: 0,
+            near_samples: InARow::default(),
             copies_slow: false,
             unsampled: 0,
             window_rtrs: false,
@@ -341,13 +338,8 @@ impl Engine {
         if ns <= PlacementRule::LOCAL_NS {
             return;
         }
-        let near = ns <= near_ns;
-        if p.streak > 0 && p.streak_near == near {
-            p.streak = p.streak.saturating_add(1);
-        } else {
-            (p.streak_near, p.streak) = (near, 1);
-        }
-        if p.streak >= PlacementRule::TO_CHANGE && p.near != Some(near) {
+        let Some(near) = p.near_samples.note(ns <= near_ns) else { return };
+        if p.near != Some(near) {
             p.near = Some(near);
             tracing::debug!(
                 "rank {me}: rank {peer}'s core measured {} ({ns} ns for a cache line)",

@@ -521,8 +521,41 @@ fn apply_rule(route: &mut PeerRoute, rule: &RouteRule, candidates: &[Candidate<'
     Ok(())
 }
 
+/// A two-sided verdict that changes once [`PlacementRule::TO_CHANGE`] samples in a row agree
+/// (one odd sample, an interrupt or a prefetch, does not): the placement of a peer's core, as
+/// the engine and the shm channel each measure it, and whether shm's cell fills run slowly.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct InARow {
+    /// The side of the latest samples.
+    side: bool,
+    /// Samples in a row on it, up to `TO_CHANGE`.
+    count: u8,
+}
+
+impl InARow {
+    /// Notes a sample on `side`; the side when it is the [`PlacementRule::TO_CHANGE`]-th (or a
+    /// later) sample in a row on it.
+    pub fn note(&mut self, side: bool) -> Option<bool> {
+        self.count =
+            if self.count > 0 && self.side == side { (self.count + 1).min(PlacementRule::TO_CHANGE) } else { 1 };
+        self.side = side;
+        (self.count == PlacementRule::TO_CHANGE).then_some(side)
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_verdict_takes_three_samples_in_a_row() {
+        let mut v = super::InARow::default();
+        assert_eq!([v.note(true), v.note(true), v.note(false)], [None, None, None]);
+        assert_eq!([v.note(true), v.note(true), v.note(true), v.note(true)], [None, None, Some(true), Some(true)]);
+        assert_eq!(
+            [v.note(false), v.note(true), v.note(false), v.note(false), v.note(false)],
+            [None, None, None, None, Some(false)]
+        );
+    }
+
     use super::*;
     use crate::transport::Cost;
 
