@@ -275,6 +275,16 @@ impl Job {
             }
             peers.push(PeerReport { rank: r, class, reach, route });
         }
+        // More ranks on this node than CPUs: line samples and copy rates mean what sharing a
+        // core does (see Engine::set_own_cpus).
+        let local = peers.iter().filter(|p| p.class != TopoClass::RemoteNode).count();
+        if local > topology.num_cpus() {
+            tracing::debug!(
+                "rank {rank}: {local} ranks on this node's {} CPUs: local line samples count, cell fill rates do not",
+                topology.num_cpus()
+            );
+            engine.set_own_cpus(false);
+        }
         // Connected queue pairs (ib) drop what arrives before they are ready to receive, which
         // they are once add_peer ran: every process has added its peers before anyone sends.
         // Every process fences here, whatever channels it started, so the count always matches

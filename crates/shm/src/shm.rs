@@ -77,8 +77,13 @@ struct Peer {
     /// Line-transfer samples towards `apart` (on the slow side: `true`).
     slow_samples: InARow,
     /// Timed fills of cells to the peer (one in [`CELL_SAMPLE_EVERY`] messages, while it is
-    /// not apart): whether they run slowly just now ([`Transport::copies_slow`]).
+    /// not apart and `own_cpus`): whether they run slowly just now ([`Transport::copies_slow`]).
     fills: FillRate,
+    /// Every rank of this machine that shm connects has a CPU of its own (set in `connected`):
+    /// a line sample as fast as a local load is then a prefetch's doing and not counted, and
+    /// cell fills are timed. Ranks that share a CPU also share its caches (such samples are
+    /// real), and their fills slow for other reasons.
+    own_cpus: bool,
     /// The peer's segment; keeps `inc` and `their_cells` valid. Dropped last.
     map: Mapping,
 }
@@ -341,6 +346,7 @@ impl ShmTransport {
             given: self.given_apart.is_some(),
             slow_samples: InARow::default(),
             fills: FillRate::new(self.local_copy_rate),
+            own_cpus: true,
             map,
         })
     }
@@ -364,7 +370,7 @@ impl ShmTransport {
             // No fresh line of ours (we send little to the peer): the peer's own latest measure.
             None => p.inc.shared_sample()?,
         };
-        if ns <= PlacementRule::LOCAL_NS {
+        if ns <= PlacementRule::LOCAL_NS && p.own_cpus {
             return Some(ns); // the line was here after all: no measure (the engine agrees)
         }
         // Several samples in a row decide: one stretched by an interrupt (or, apart, a line a
@@ -437,6 +443,7 @@ impl ShmTransport {
         let timed = p.out.pushed() % CELL_SAMPLE_EVERY == CELL_SAMPLE_EVERY / 2
             && len >= TIMED_FILL_MIN
             && !p.apart
+            && p.own_cpus
             && self.cells.recycling();
         let start = timed.then(Instant::now);
         let Some(cell) = self.cells.fill(peer, payload, p.apart) else { return Ok(Issued::WouldBlock) };
@@ -484,6 +491,10 @@ impl Transport for ShmTransport {
     }
 
     fn connected(&mut self) -> Result<()> {
+        let own_cpus = self.active.len() < sys::online_cpus();
+        for p in self.peers.iter_mut().flatten() {
+            p.own_cpus = own_cpus;
+        }
         self.seg.unlink()
     }
 

@@ -1185,6 +1185,10 @@ fn slow_copies_send_large_messages_to_a_near_peer_by_single_copy() {
     assert_eq!(first_kind(3000, true), PacketKind::Eager, "and eager below it");
     assert_eq!(first_kind(6000, false), PacketKind::Eager, "fast again");
     assert_eq!(sim.engines[0].peer_near(1), Some(true));
+    // More ranks than CPUs on the node: the verdict changes nothing.
+    sim.engines[0].set_own_cpus(false);
+    sim.engines[0].note_copies_slow(1, true);
+    assert_eq!(first_packet_kind(&mut sim, 6000, 3), PacketKind::Eager, "not counted");
 }
 
 /// A given placement (POLYRAIL_PLACEMENT) holds from the start and asks for no samples.

@@ -195,7 +195,8 @@ impl PlacementRule {
     /// verdict (one late sample, an interrupt, does not; nor, apart, two early ones).
     pub const TO_CHANGE: u8 = 3;
     /// A sample at most this long found the line in the timing core's cache after all (a
-    /// hardware prefetch brought it): it says nothing about the placement and is not counted.
+    /// hardware prefetch brought it): it says nothing about the placement and is not counted
+    /// (while every rank of the node has a CPU of its own: see `Engine::set_own_cpus`).
     /// On the AMD EPYC host apart, every fourth sample in a 64 KiB ping-pong was such (0-1 ns,
     /// where a transfer takes 100-180), and with two samples to change, shm's own verdict
     /// flipped to near a few times a second (shm only, 128 KiB one way 11-47 µs from run to run;
