@@ -27,12 +27,12 @@ const SLOW_FRACTION: f32 = 0.5;
 const FOLLOW: f32 = 1.0 / 16.0;
 /// Samples above this rate (bytes per ns) are a clock's glitch, not a copy.
 const PLAUSIBLE_MAX: f32 = 256.0;
-/// How long three slow samples in a row ([`InARow`]; fast fills below half the usual rate are
-/// about 1.5 % of them on the host above, and with two in a row osu_bw 128 KiB near was 5 %
-/// slower) keep the verdict. Meanwhile the engine sends large
-/// messages by single copy and few cells are filled; after it the cells are tried again, and
-/// three slow samples (96 fills, 1.5 MiB of 16 KiB cells, about 0.15 ms at the slow rate) bring
-/// the verdict back: under 1 % of a stream's time.
+/// How long three slow samples in a row ([`InARow`]; in the fast state about 1.5 % of the
+/// timed fills on the host above were below half the usual rate, so three in a row are rare
+/// there) keep the verdict. Meanwhile the engine sends large messages by single copy and few
+/// cells are filled; after it the cells are tried again, and three slow samples (96 messages,
+/// 1.5 MiB of 16 KiB cells, about 0.15 ms at the slow rate) bring the verdict back: under 1 % of
+/// a stream's time.
 pub(crate) const SLOW_HOLD: Duration = Duration::from_millis(20);
 /// Fills smaller than this are not timed: their time is mostly fixed costs.
 pub(crate) const TIMED_FILL_MIN: usize = 8192;
