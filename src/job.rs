@@ -171,8 +171,11 @@ impl Job {
         let mut reaching = ChannelSet::EMPTY;
         let mut engine = Engine::new(rank, size);
         engine.set_skew_policy(config.skew);
+        // Ranks on this machine, this one included.
+        let mut same_host = 0;
         for r in 0..size {
             let info = if r == rank { me.clone() } else { parse_info(r, &boot.get(&format!("pi{r}"))?)? };
+            same_host += usize::from(info.host == me.host);
             let class = if r == rank {
                 TopoClass::SameProcess
             } else if info.host != me.host || info.node != me.node {
@@ -275,15 +278,17 @@ impl Job {
             }
             peers.push(PeerReport { rank: r, class, reach, route });
         }
-        // More ranks on this node than CPUs: line samples and copy rates mean what sharing a
-        // core does (see Engine::set_own_cpus).
-        let local = peers.iter().filter(|p| p.class != TopoClass::RemoteNode).count();
-        if local > topology.num_cpus() {
+        // More ranks on this machine than CPUs (virtual nodes of one host share them too):
+        // line samples and copy rates mean what sharing a core does (see Engine::set_own_cpus).
+        if same_host > topology.num_cpus() {
             tracing::debug!(
-                "rank {rank}: {local} ranks on this node's {} CPUs: local line samples count, cell fill rates do not",
+                "rank {rank}: {same_host} ranks on this machine's {} CPUs: local line samples count, cell fill rates do not",
                 topology.num_cpus()
             );
             engine.set_own_cpus(false);
+            for ch in channels.iter_mut() {
+                ch.set_own_cpus(false);
+            }
         }
         // Connected queue pairs (ib) drop what arrives before they are ready to receive, which
         // they are once add_peer ran: every process has added its peers before anyone sends.

@@ -79,7 +79,8 @@ struct Peer {
     /// Timed fills of cells to the peer (one in [`CELL_SAMPLE_EVERY`] messages, while it is
     /// not apart and `own_cpus`): whether they run slowly just now ([`Transport::copies_slow`]).
     fills: FillRate,
-    /// Every rank of this machine that shm connects has a CPU of its own (set in `connected`):
+    /// Every rank of this machine has a CPU of its own (unless the job says otherwise,
+    /// [`Transport::set_own_cpus`]):
     /// a line sample as fast as a local load is then a prefetch's doing and not counted, and
     /// cell fills are timed. Ranks that share a CPU also share its caches (such samples are
     /// real), and their fills slow for other reasons.
@@ -120,6 +121,9 @@ pub struct ShmTransport {
     /// How fast this process copies within its own memory (bytes per ns), where each peer's
     /// [`FillRate`] starts.
     local_copy_rate: f32,
+    /// Whether every rank of this machine has a CPU of its own ([`Transport::set_own_cpus`]);
+    /// peers connected later start with it ([`Peer::own_cpus`]).
+    own_cpus: bool,
     /// Dropped after the peers: our rings stay mapped while producers exist.
     seg: OwnSegment,
 }
@@ -273,6 +277,7 @@ impl ShmTransport {
                 PlacementMode::Apart => Some(true),
             },
             local_copy_rate: local_copy_rate(),
+            own_cpus: true,
             seg,
         })
     }
@@ -346,7 +351,7 @@ impl ShmTransport {
             given: self.given_apart.is_some(),
             slow_samples: InARow::default(),
             fills: FillRate::new(self.local_copy_rate),
-            own_cpus: true,
+            own_cpus: self.own_cpus,
             map,
         })
     }
@@ -491,11 +496,14 @@ impl Transport for ShmTransport {
     }
 
     fn connected(&mut self) -> Result<()> {
-        let own_cpus = self.active.len() < sys::online_cpus();
-        for p in self.peers.iter_mut().flatten() {
-            p.own_cpus = own_cpus;
-        }
         self.seg.unlink()
+    }
+
+    fn set_own_cpus(&mut self, own: bool) {
+        self.own_cpus = own;
+        for p in self.peers.iter_mut().flatten() {
+            p.own_cpus = own;
+        }
     }
 
     #[inline]

@@ -100,13 +100,6 @@ pub(crate) fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32, tim
     }
 }
 
-/// CPUs online on this machine (at least 1).
-pub(crate) fn online_cpus() -> usize {
-    // SAFETY: sysconf takes no pointers.
-    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-    usize::try_from(n).unwrap_or(1).max(1)
-}
-
 /// membarrier(2) commands (linux/membarrier.h).
 const MEMBARRIER_CMD_QUERY: libc::c_long = 0;
 const MEMBARRIER_CMD_GLOBAL_EXPEDITED: libc::c_long = 1 << 1;

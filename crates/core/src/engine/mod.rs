@@ -240,7 +240,7 @@ pub struct Engine {
     mapped: Vec<Range<usize>>,
     /// The blocking receive parked by [`Engine::park_recv`], if any.
     parked: Option<Parked>,
-    /// Whether every rank of this node has a CPU of its own (see [`Engine::set_own_cpus`]).
+    /// Whether every rank of this machine has a CPU of its own (see [`Engine::set_own_cpus`]).
     own_cpus: bool,
 }
 
@@ -288,7 +288,7 @@ impl Engine {
         self.mapped.retain(|r| *r != (start..start + region.len));
     }
 
-    /// Whether every rank of this node has a CPU of its own (default yes). Then a line sample
+    /// Whether every rank of this machine has a CPU of its own (default yes). Then a line sample
     /// as fast as a local load is a prefetch's doing and not counted
     /// ([`PlacementRule::LOCAL_NS`]), and the channels' verdicts on their copies
     /// ([`Engine::note_copies_slow`]) change routes. Ranks that share a CPU share its caches
