@@ -1428,3 +1428,134 @@ fn a_parked_receive_takes_its_message_or_becomes_a_request() {
     assert!(!park(&mut sim, 5, &mut out), "parked for a lost peer");
     assert_eq!(sim.engines[1].active_requests(), 0);
 }
+
+/// A packet as a faulty peer might send it: any kind, with fields mostly near what the engine
+/// expects (the next sequence id, request ids the rank sent out, lengths and offsets around
+/// the buffers' sizes, keys of the right length), sometimes anything.
+#[derive(Clone, Debug)]
+struct FaultyPacket {
+    hdr: Header,
+    /// `Some(i)`: the sequence id is the next one the peer expects plus `i`.
+    seq_ahead: Option<u32>,
+    /// `Some(i)`: `sreq` / `rreq` are the `i`-th (modulo) of the ids the rank sent out, or 0.
+    sreq_pick: Option<usize>,
+    rreq_pick: Option<usize>,
+    payload: Vec<u8>,
+}
+
+fn faulty_packet() -> impl Strategy<Value = FaultyPacket> {
+    use PacketKind::*;
+    let kinds = [Eager, Frag, Rts, Cts, Data, Fin, Rtr, Skew];
+    let size = || prop_oneof![4 => 0u64..10_000, 1 => any::<u64>()];
+    let pick = || prop_oneof![4 => (0usize..16).prop_map(Some), 1 => Just(None)];
+    let payload = prop_oneof![
+        2 => prop::collection::vec(any::<u8>(), 0..300),
+        1 => prop::collection::vec(any::<u8>(), 16),
+    ];
+    let fields = (0..kinds.len(), 0u8..8, 0u16..2, 0u32..3, size(), size(), any::<u32>(), any::<u32>(), any::<u32>());
+    let picks = (prop_oneof![4 => (0u32..2).prop_map(Some), 1 => Just(None)], pick(), pick(), payload);
+    (fields, picks).prop_map(
+        move |((k, flags, ctx, tag, len, offset, seq, sreq, rreq), (seq_ahead, sreq_pick, rreq_pick, payload))| {
+            let hdr = Header { kind: kinds[k], flags, ctx, tag, seq, len, sreq, rreq, offset };
+            FaultyPacket { hdr, seq_ahead, sreq_pick, rreq_pick, payload }
+        },
+    )
+}
+
+/// Bytes around every buffer of [`faulty_packets_stay_inside_the_buffers`], which nothing may
+/// write.
+const GUARD: usize = 64;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: if cfg!(miri) { 4 } else { 2048 }, ..ProptestConfig::default() })]
+
+    /// Whatever packets a faulty peer sends to a rank with receives and sends of every
+    /// protocol under way, the engine refuses them as protocol errors naming the peer or takes
+    /// them, and neither panics nor writes outside a posted buffer; it asks channels to read
+    /// into and write from nothing but its requests' buffers, and a finished request has a
+    /// result.
+    #[test]
+    fn faulty_packets_stay_inside_the_buffers(packets in prop::collection::vec(faulty_packet(), 1..24)) {
+        let mut sim = Sim::new(2, one_sided_route);
+        // Receive buffers of split, get, fragmented and eager sizes (the largest matches first),
+        // with guard bytes around; sends of the same sizes.
+        let sizes = [9000usize, 3000, 700, 8, 0];
+        let mut recv_bufs: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0xa5; n + 2 * GUARD]).collect();
+        let mut reqs = Vec::new();
+        let mut inside = Vec::new(); // (start, end) of every user buffer
+        for (i, b) in recv_bufs.iter_mut().enumerate() {
+            let n = b.len() - 2 * GUARD;
+            let user = &mut b[GUARD..GUARD + n];
+            inside.push((user.as_ptr() as usize, user.as_ptr() as usize + n));
+            let src = if i % 2 == 0 { Source::Rank(0) } else { Source::Any };
+            reqs.push(recv(&mut sim, 1, src, TagMatch::Any, user));
+        }
+        let send_bufs: Vec<Vec<u8>> = sizes.iter().map(|&n| pattern(n as u8, n)).collect();
+        for (i, b) in send_bufs.iter().enumerate() {
+            inside.push((b.as_ptr() as usize, b.as_ptr() as usize + b.len()));
+            reqs.push(send(&mut sim, 1, 0, i as u32, b));
+        }
+        let within = |ptr: usize, len: usize| len == 0 || inside.iter().any(|&(s, e)| ptr >= s && ptr + len <= e);
+        // Request ids the rank sent out (in RTS, RTR, CTS and FIN packets), and none (0): what
+        // a peer names.
+        let mut ids: Vec<u32> = vec![0];
+        let e = &mut sim.engines[1];
+        let drain = |e: &mut Engine, ids: &mut Vec<u32>| -> std::result::Result<(), TestCaseError> {
+            while let Some(a) = e.poll_action() {
+                match a {
+                    Action::Send { op, payload, hdr, .. } => {
+                        ids.extend([hdr.sreq, hdr.rreq].into_iter().filter(|&id| id != 0));
+                        if let Payload::User(r) = payload {
+                            prop_assert!(within(r.ptr as usize, r.len), "a send from outside the buffers");
+                        }
+                        if let Some(op) = op {
+                            e.handle_sent(op);
+                        }
+                    }
+                    Action::Expose { region, op, .. } => {
+                        prop_assert!(within(region.ptr as usize, region.len), "an exposure outside the buffers");
+                        e.handle_exposed(op, Ok(RemoteKey::new(&[7; 16]).unwrap()));
+                    }
+                    Action::Unexpose { .. } => {}
+                    Action::Get { into, op, .. } => {
+                        prop_assert!(within(into.ptr as usize, into.len), "a get into {} bytes outside the buffers", into.len);
+                        e.handle_completion(op, Ok(()));
+                    }
+                    Action::Put { from, op, .. } => {
+                        prop_assert!(within(from.ptr as usize, from.len), "a put of {} bytes from outside the buffers", from.len);
+                        e.handle_completion(op, Ok(()));
+                    }
+                }
+            }
+            Ok(())
+        };
+        drain(e, &mut ids)?;
+        let mut next_seq = 0u32; // the peer's ordered packets the rank took
+        for p in &packets {
+            let mut hdr = p.hdr;
+            let pick = |i: Option<usize>, any: u32| match i {
+                Some(i) => ids[i % ids.len()],
+                _ => any,
+            };
+            hdr.sreq = pick(p.sreq_pick, hdr.sreq);
+            hdr.rreq = pick(p.rreq_pick, hdr.rreq);
+            if let Some(ahead) = p.seq_ahead {
+                hdr.seq = next_seq.wrapping_add(ahead);
+            }
+            match e.handle_message(0, &hdr, &p.payload) {
+                Ok(()) => next_seq += u32::from(hdr.kind.is_ordered() && hdr.seq == next_seq),
+                Err(err) => prop_assert!(matches!(err, Error::Protocol { peer: 0, .. }), "{:?}: {}", hdr, err),
+            }
+            drain(e, &mut ids)?;
+        }
+        for id in reqs {
+            if e.is_done(id) {
+                prop_assert!(e.take_result(id).is_some());
+            }
+        }
+        for b in &recv_bufs {
+            let n = b.len() - 2 * GUARD;
+            prop_assert!(b[..GUARD].iter().chain(&b[GUARD + n..]).all(|&x| x == 0xa5), "a guard byte was written");
+        }
+    }
+}
