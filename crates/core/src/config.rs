@@ -984,4 +984,20 @@ mod tests {
         let e = cfg(&[("POLYRAIL_FROBNICATE", "1")]).unwrap_err().to_string();
         assert!(e.contains("POLYRAIL_FROBNICATE") && e.contains("POLYRAIL_TRANSPORTS"), "{e}");
     }
+
+    proptest::proptest! {
+        /// Any value of any variable is a configuration or an error that names the variable
+        /// and the value; parsing never panics.
+        #[test]
+        fn every_value_is_accepted_or_named(
+            var in 0..VARIABLES.len(),
+            value in "[-0-9a-z:,/^.+ kKmMgG_]{0,24}|\\PC{0,12}",
+        ) {
+            let name = VARIABLES[var].0;
+            if let Err(e) = cfg(&[(name, value.as_str())]) {
+                let (text, shown) = (e.to_string(), format!("{value:?}"));
+                proptest::prop_assert!(text.contains(name) && text.contains(&shown), "{}", text);
+            }
+        }
+    }
 }
