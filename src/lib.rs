@@ -38,7 +38,9 @@ pub use polyrail_core::policy::{
     topology::{DeviceLocality, TopoClass},
     PeerRoute, Protocol, RouteEntry,
 };
-pub use polyrail_core::{config, format_size, parse_size, Config, Error, Rank, Reach, Result, TransportKind};
+pub use polyrail_core::{
+    config, error_chain, format_size, parse_size, Config, Error, Rank, Reach, Result, TransportKind,
+};
 /// This machine's identity (host name and boot id), as the channels compare it between ranks.
 pub use polyrail_shm::host_identity;
 

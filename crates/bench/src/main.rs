@@ -112,7 +112,7 @@ fn main() {
     let code = match run(Cli::parse()) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("polyrail-bench: {e:#}");
+            eprintln!("polyrail-bench: {}", polyrail::error_chain(e.as_ref()));
             1
         }
     };

@@ -136,3 +136,31 @@ impl Error {
 
 /// polyrail's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// One line for `err` and its sources, joined by `: `, leaving out a source whose text the line
+/// has already (an [`Error::Io`] shows its OS error and also gives it as its source).
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = err.to_string();
+    let mut next = err.source();
+    while let Some(e) = next {
+        let text = e.to_string();
+        if !line.contains(&text) {
+            line = format!("{line}: {text}");
+        }
+        next = e.source();
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chain_says_each_cause_once() {
+        let io = Error::io("creating the PMI socket of rank 3", std::io::Error::from_raw_os_error(24));
+        let line = error_chain(&io);
+        assert_eq!(line.matches("os error 24").count(), 1, "{line}");
+        assert!(line.starts_with("creating the PMI socket of rank 3: "), "{line}");
+    }
+}

@@ -23,7 +23,7 @@ mod size;
 mod transport;
 
 pub use config::Config;
-pub use error::{Error, Rank, Result};
+pub use error::{error_chain, Error, Rank, Result};
 pub use header::{Envelope, Header, PacketKind};
 pub use memory::{memory_file, AnonMemory, SharedFile};
 pub use size::{format_size, parse_size};

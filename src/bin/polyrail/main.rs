@@ -38,7 +38,7 @@ enum Cmd {
         /// Place ranks on virtual nodes: ranks per node, e.g. `2,2`. Ranks on different nodes
         /// talk over the ib channel only (the software RDMA provider when there is no RDMA
         /// device); each rank learns its node from POLYRAIL_NODE.
-        #[arg(long, value_delimiter = ',', conflicts_with = "nodes")]
+        #[arg(long, value_delimiter = ',', conflicts_with = "nodes", value_parser = ranks_on_a_node)]
         layout: Option<Vec<u32>>,
         /// Spread the ranks in blocks over this many virtual nodes (see --layout).
         #[arg(long)]
@@ -95,12 +95,17 @@ fn variables_help() -> String {
     s
 }
 
+/// One count of `--layout`.
+fn ranks_on_a_node(v: &str) -> Result<u32, String> {
+    v.parse().map_err(|_| "give ranks per node as whole numbers, e.g. --layout 2,2".to_string())
+}
+
 fn main() {
     let cli = Cli::parse();
     let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("polyrail: {e:#}");
+            eprintln!("polyrail: {}", polyrail::error_chain(e.as_ref()));
             1
         }
     };
