@@ -315,9 +315,10 @@ pub trait Transport: Send {
     }
 
     /// Called when this machine runs more ranks than it has CPUs (`own = false`; after
-    /// `add_peer`, before `connected`). Ranks that share a CPU share its caches and its time: a channel that reads
-    /// how near a peer's core is, or how fast its copies run, from timings stops trusting
-    /// what such timings would say (see [`crate::engine::Engine::set_own_cpus`]). The default ignores it.
+    /// `add_peer`, before `connected`). Ranks that share a CPU share its caches and its time:
+    /// a channel that reads from timings how near a peer's core is, or how fast its copies
+    /// run, stops trusting them (see [`crate::engine::Engine::set_own_cpus`]). The default
+    /// ignores it.
     fn set_own_cpus(&mut self, _own: bool) {}
 
     /// Sends an active message: the engine header and a payload (at most `attr().max_eager`

@@ -80,9 +80,8 @@ struct Peer {
     /// not apart and `own_cpus`): whether they run slowly just now ([`Transport::copies_slow`]).
     fills: FillRate,
     /// Every rank of this machine has a CPU of its own (unless the job says otherwise,
-    /// [`Transport::set_own_cpus`]):
-    /// a line sample as fast as a local load is then a prefetch's doing and not counted, and
-    /// cell fills are timed. Ranks that share a CPU also share its caches (such samples are
+    /// [`Transport::set_own_cpus`]): a line sample as fast as a local load is then a
+    /// prefetch's doing and not counted, and cell fills are timed. Ranks that share a CPU also share its caches (such samples are
     /// real), and their fills slow for other reasons.
     own_cpus: bool,
     /// The peer's segment; keeps `inc` and `their_cells` valid. Dropped last.
