@@ -113,9 +113,9 @@ impl Engine {
             }
             return Ok(());
         }
-        let mut data = Vec::new();
-        data.try_reserve_exact(len)
-            .map_err(|_| Error::protocol(from, format!("cannot buffer an unexpected {len}-byte message")))?;
+        let Some(mut data) = self.spare.take(len) else {
+            return Err(Error::protocol(from, format!("cannot buffer an unexpected {len}-byte message")));
+        };
         data.extend_from_slice(payload);
         data.resize(len, 0);
         let received = payload.len();
@@ -632,6 +632,7 @@ impl Engine {
                         inc.target = target;
                     }
                 }
+                self.spare.give_back(data);
             }
             UxBody::Rts { hdr, key } => {
                 if let Err(e) = self.deliver_rts(id, from, hdr, key) {

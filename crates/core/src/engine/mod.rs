@@ -29,6 +29,7 @@
 
 mod incoming;
 mod requests;
+mod spare;
 mod types;
 
 pub use types::{Action, Payload, ReqId, Source, Status, TagMatch};
@@ -39,6 +40,7 @@ use crate::header::{Envelope, Header, PacketKind};
 use crate::policy::{ChannelId, ChannelSet, InARow, PeerRoute, PlacementRule, Protocol};
 use crate::transport::{OpId, PeerAccess, Region, RegionMut, RemoteKey, Sink};
 use requests::{Dir, ExposeFor, Req, Requests};
+use spare::SpareBuffers;
 use std::collections::VecDeque;
 use std::ops::Range;
 use types::{op_id, split_op, OpKind};
@@ -242,6 +244,8 @@ pub struct Engine {
     parked: Option<Parked>,
     /// Whether every rank of this machine has a CPU of its own (see [`Engine::set_own_cpus`]).
     own_cpus: bool,
+    /// Buffers of unexpected eager messages already taken, for the next ones.
+    spare: SpareBuffers,
 }
 
 /// Whether `buf` lies inside one of `ranges`, which are sorted by start and disjoint (distinct
@@ -271,6 +275,7 @@ impl Engine {
             mapped: Vec::new(),
             parked: None,
             own_cpus: true,
+            spare: SpareBuffers::default(),
         }
     }
 
@@ -760,6 +765,7 @@ impl Engine {
         // SAFETY: ux.len <= buf.len (checked above) and data holds ux.len bytes; the caller
         // guarantees the buffer.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf.ptr, ux.len) };
+        self.spare.give_back(data);
         Some(Status { source: from, tag: ux.tag, len: ux.len })
     }
 
