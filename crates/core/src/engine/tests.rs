@@ -1176,15 +1176,25 @@ fn slow_copies_send_large_messages_to_a_near_peer_by_single_copy() {
     for _ in 0..PlacementRule::TO_CHANGE {
         sim.engines[0].note_line_transfer(1, 20);
     }
-    let mut first_kind = |len: usize, slow: bool| -> PacketKind {
+    fn first_kind(sim: &mut Sim, len: usize, slow: bool) -> PacketKind {
         sim.engines[0].note_copies_slow(1, slow);
-        first_packet_kind(&mut sim, len, 3)
-    };
-    assert_eq!(first_kind(6000, false), PacketKind::Eager, "near: eager up to 8000");
-    assert_eq!(first_kind(6000, true), PacketKind::Rts, "slow copies: single copy from 5000");
-    assert_eq!(first_kind(3000, true), PacketKind::Eager, "and eager below it");
-    assert_eq!(first_kind(6000, false), PacketKind::Eager, "fast again");
+        first_packet_kind(sim, len, 3)
+    }
+    assert_eq!(first_kind(&mut sim, 6000, false), PacketKind::Eager, "near: eager up to 8000");
+    assert_eq!(first_kind(&mut sim, 6000, true), PacketKind::Rts, "slow copies: single copy from 5000");
+    assert_eq!(first_kind(&mut sim, 3000, true), PacketKind::Eager, "and eager below it");
+    assert_eq!(first_kind(&mut sim, 6000, false), PacketKind::Eager, "fast again");
     assert_eq!(sim.engines[0].peer_near(1), Some(true));
+    // A receiver that lags gets them eagerly all the same: the sender need not wait for it.
+    sim.engines[0].set_skew_policy(Some(SkewPolicy { limit: 0, window: 8, eager_up_to: 8000 }));
+    let mut lag = Header::new(PacketKind::Skew);
+    lag.offset = 1;
+    sim.engines[0].handle_message(1, &lag, &[]).unwrap();
+    assert!(sim.engines[0].peer_lags(1));
+    assert_eq!(first_kind(&mut sim, 6000, true), PacketKind::Eager, "slow copies, lagging receiver");
+    lag.offset = 0;
+    sim.engines[0].handle_message(1, &lag, &[]).unwrap();
+    sim.engines[0].note_copies_slow(1, false);
     // More ranks than CPUs on the node: the verdict changes nothing.
     sim.engines[0].set_own_cpus(false);
     sim.engines[0].note_copies_slow(1, true);
