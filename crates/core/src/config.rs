@@ -173,10 +173,26 @@ pub enum PlacementMode {
     /// Measured at run time, per peer.
     #[default]
     Measure,
-    /// Every peer's core taken as sharing a cache with ours.
+    /// Every peer's core taken as sharing a cache with ours close by.
     Near,
+    /// Every peer's core taken as neither near nor apart (a cache shared across a mesh): no
+    /// placement rule applies.
+    Middle,
     /// Every peer's core taken as sharing no cache with ours.
     Apart,
+}
+
+impl PlacementMode {
+    /// The placement every peer is taken to have; `None` when it is measured.
+    pub fn given(self) -> Option<crate::policy::Placement> {
+        use crate::policy::Placement;
+        match self {
+            PlacementMode::Measure => None,
+            PlacementMode::Near => Some(Placement::Near),
+            PlacementMode::Middle => Some(Placement::Middle),
+            PlacementMode::Apart => Some(Placement::Apart),
+        }
+    }
 }
 
 /// How a process waits for arrivals (`POLYRAIL_WAIT`).
@@ -317,7 +333,7 @@ pub struct Config {
     pub stream_eager: StreamEager,
     /// `POLYRAIL_NEAR_EAGER`: messages that would go by single copy go eagerly through send
     /// cells instead while a cache line the peer wrote reaches this process quickly (the two
-    /// cores share a cache): both processes copy at once and the copies stay in that cache,
+    /// cores share a cache close by, within 40 ns): both processes copy at once and the copies stay in that cache,
     /// where the kernel's single copy is slow. Measured at run time per peer, on one in eight sends
     /// and receives whose protocol the placement decides, or given by `POLYRAIL_PLACEMENT` (see
     /// `docs/architecture.md`). `auto` (default): up to 128k (on the
@@ -327,7 +343,7 @@ pub struct Config {
     /// others, see `docs/benchmarks.md`); `off`; or the largest such message.
     pub near_eager: NearEager,
     /// `POLYRAIL_APART_SINGLE_COPY`: while a cache line the peer wrote reaches this process
-    /// slowly (the two cores share no cache), messages from this size go by single copy and
+    /// slowly (beyond 100 ns: the two cores share no cache), messages from this size go by single copy and
     /// smaller ones eagerly through send cells, on either side of the single-copy threshold (the
     /// shm channel fills cells with non-temporal stores then, so that the receiver's reads do not
     /// take each line back from the sender's cache). Measured as for `POLYRAIL_NEAR_EAGER`. It
@@ -340,8 +356,10 @@ pub struct Config {
     pub apart_single_copy: ApartSingleCopy,
     /// `POLYRAIL_PLACEMENT`: where the verdict near/apart of `POLYRAIL_NEAR_EAGER` and
     /// `POLYRAIL_APART_SINGLE_COPY` comes from, and the shm channel's (apart, it fills send
-    /// cells with non-temporal stores): `measure` (default: timed per peer at run time), or
-    /// `near` / `apart` for every peer (a machine whose placement is known, tests).
+    /// cells with non-temporal stores): `measure` (default: timed per peer at run time; a line
+    /// within 40 ns is near, beyond 100 ns apart, and in between, as on a mesh, neither rule
+    /// applies), or `near` / `middle` / `apart` for every peer (a machine whose placement is
+    /// known, tests).
     pub placement: PlacementMode,
     /// `POLYRAIL_EAGER_LIMIT`: largest message sent eagerly through send cells when single copy
     /// is not used; larger ones wait for the receiver (rendezvous) and stream through cells.
@@ -426,7 +444,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
         "POLYRAIL_APART_SINGLE_COPY",
         "while the peer's core shares no cache (or copies to it run slowly), messages from this size by single copy and smaller ones eagerly: auto (default, 64k), off or a size",
     ),
-    ("POLYRAIL_PLACEMENT", "placement of the peers' cores for those two and shm's cell filling: measure (default), near or apart"),
+    ("POLYRAIL_PLACEMENT", "placement of the peers' cores for those two and shm's cell filling: measure (default), near, middle or apart"),
     ("POLYRAIL_EAGER_LIMIT", "largest eager message through send cells (default 64k)"),
     ("POLYRAIL_SHM_SLOTS", "records and 64-byte body slots per shared-memory ring (power of two, default 64)"),
     ("POLYRAIL_SHM_CELL_SIZE", "bytes per send cell (default 16k)"),
@@ -561,8 +579,9 @@ impl Config {
                 self.placement = match value {
                     "measure" => PlacementMode::Measure,
                     "near" => PlacementMode::Near,
+                    "middle" => PlacementMode::Middle,
                     "apart" => PlacementMode::Apart,
-                    _ => return Err(bad("`measure`, `near` or `apart`")),
+                    _ => return Err(bad("`measure`, `near`, `middle` or `apart`")),
                 }
             }
             "POLYRAIL_EAGER_LIMIT" => self.eager_limit = size_in(0, MAX_EAGER_MESSAGE)?,

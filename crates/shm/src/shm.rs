@@ -11,9 +11,9 @@
 use std::sync::atomic::{compiler_fence, fence, Ordering};
 use std::time::Instant;
 
-use polyrail_core::config::{PlacementMode, WaitMode};
+use polyrail_core::config::WaitMode;
 use polyrail_core::policy::sweep::PeerSweep;
-use polyrail_core::policy::{InARow, PlacementRule};
+use polyrail_core::policy::{InARow, Placement, PlacementRule};
 use polyrail_core::{
     Address, Caps, Config, Cost, Envelope, Error, Header, Issued, PeerInfo, Rank, Reach, Result, Sink, Transport,
     TransportAttr, TransportKind,
@@ -37,11 +37,6 @@ const AM_LATENCY_NS: f64 = 200.0;
 const AM_OVERHEAD_NS: f64 = 50.0;
 /// Model default of the bandwidth of the two-copy path through cells (bytes/s).
 const AM_BANDWIDTH: f64 = 5e9;
-/// A cache-line transfer from the peer's core above this many nanoseconds means the two cores
-/// share no cache (on the AMD EPYC host of `docs/benchmarks.md`: 10-20 ns within one core
-/// complex, 110-140 between two): the consumer then prefetches more while it waits
-/// ([`Consumer::set_slow_lines`]).
-const SLOW_LINE_NS: u32 = 80;
 /// One send in this many to a peer times a line transfer from it (when no one asked meanwhile).
 const LINE_SAMPLE_EVERY: u64 = 1024;
 /// One message in this many (counting every message to the peer) times a line transfer when it
@@ -67,15 +62,16 @@ struct Peer {
     /// The peer passes the global barrier before it sleeps and this process is registered for
     /// it: our doorbell check needs no fence ([`ring_doorbell`]).
     fenceless: bool,
-    /// The peer's core shares no cache with ours (line-transfer samples above [`SLOW_LINE_NS`],
-    /// as many in a row as the engine's verdict takes, or `POLYRAIL_PLACEMENT=apart`; see
-    /// [`PlacementRule::LOCAL_NS`] for why two were too few): send cells are filled with
-    /// non-temporal stores, and the consumer prefetches more ([`Consumer::set_slow_lines`]).
+    /// The peer's core shares no cache with ours ([`Placement::Apart`]: line-transfer samples
+    /// above [`PlacementRule::APART_NS`], as many in a row as the engine's verdict takes, or
+    /// `POLYRAIL_PLACEMENT=apart`; see [`PlacementRule::LOCAL_NS`] for why two were too few):
+    /// send cells are filled with non-temporal stores, and the consumer prefetches more
+    /// ([`Consumer::set_slow_lines`]).
     apart: bool,
     /// `POLYRAIL_PLACEMENT` gave the placement: samples do not change `apart`.
     given: bool,
-    /// Line-transfer samples towards `apart` (on the slow side: `true`).
-    slow_samples: InARow,
+    /// Line-transfer samples towards the verdict behind `apart`.
+    placement_samples: InARow<Placement>,
     /// Timed fills of cells to the peer (one in [`CELL_SAMPLE_EVERY`] messages, while it is
     /// not apart and `own_cpus`): whether they run slowly just now ([`Transport::copies_slow`]).
     fills: FillRate,
@@ -114,9 +110,9 @@ pub struct ShmTransport {
     /// The global barrier failed once: `arm` never lets the driver sleep again (senders that
     /// skip their fence count on the barrier); it yields the core instead.
     never_sleep: bool,
-    /// Every peer's placement as `POLYRAIL_PLACEMENT` gives it (apart: `Some(true)`), or
-    /// `None`: measured ([`Peer::apart`]).
-    given_apart: Option<bool>,
+    /// Every peer's placement as `POLYRAIL_PLACEMENT` gives it, or `None`: measured
+    /// ([`Peer::apart`]).
+    given: Option<Placement>,
     /// How fast this process copies within its own memory (bytes per ns), where each peer's
     /// [`FillRate`] starts.
     local_copy_rate: f32,
@@ -270,11 +266,7 @@ impl ShmTransport {
             armed_at: 0,
             sleep_barrier,
             never_sleep: false,
-            given_apart: match cfg.placement {
-                PlacementMode::Measure => None,
-                PlacementMode::Near => Some(false),
-                PlacementMode::Apart => Some(true),
-            },
+            given: cfg.placement.given(),
             local_copy_rate: local_copy_rate(),
             own_cpus: true,
             seg,
@@ -330,7 +322,7 @@ impl ShmTransport {
         // SAFETY: the peer's segment has our layout (checked above); its ring to us lies at this
         // offset; `map` is stored with the consumer and dropped after it.
         let mut inc = unsafe { Consumer::new(map.at(self.layout.ring_offset(self.rank)), geo) };
-        let apart = self.given_apart == Some(true);
+        let apart = self.given == Some(Placement::Apart);
         inc.set_slow_lines(apart);
         // SAFETY: as above, for the peer's cell pool.
         let their_cells = unsafe { CellArea::new(map.base(), &self.layout) };
@@ -347,8 +339,8 @@ impl ShmTransport {
             reported: false,
             fenceless,
             apart,
-            given: self.given_apart.is_some(),
-            slow_samples: InARow::default(),
+            given: self.given.is_some(),
+            placement_samples: InARow::default(),
             fills: FillRate::new(self.local_copy_rate),
             own_cpus: self.own_cpus,
             map,
@@ -379,9 +371,9 @@ impl ShmTransport {
         }
         // Several samples in a row decide: one stretched by an interrupt (or, apart, a line a
         // prefetch brought near) does not flip the verdict.
-        if let Some(slow) = p.slow_samples.note(ns > SLOW_LINE_NS).filter(|_| !p.given) {
-            p.apart = slow;
-            p.inc.set_slow_lines(slow);
+        if let Some(placement) = p.placement_samples.note(Placement::of_line(ns)).filter(|_| !p.given) {
+            p.apart = placement == Placement::Apart;
+            p.inc.set_slow_lines(p.apart);
         }
         Some(ns)
     }
@@ -636,7 +628,7 @@ impl Transport for ShmTransport {
             l.total_len,
             self.active.len(),
             self.active.iter().filter(|&&r| self.peers[r as usize].as_ref().is_some_and(|p| p.apart)).count(),
-            if self.given_apart.is_some() { "POLYRAIL_PLACEMENT" } else { "measured" },
+            if self.given.is_some() { "POLYRAIL_PLACEMENT" } else { "measured" },
             self.active.iter().filter(|&&r| self.peers[r as usize].as_ref().is_some_and(|p| p.fills.held())).count(),
             match (self.ring_doorbells, self.sleep_barrier) {
                 (false, _) => "no doorbell (POLYRAIL_WAIT=spin)",

@@ -205,6 +205,7 @@ fn cell_fills_are_timed_once_the_pool_was_used_round() {
     // (placement, every rank has a CPU of its own, a fill is timed)
     for (placement, own_cpus, timed) in [
         (PlacementMode::Measure, true, true),
+        (PlacementMode::Middle, true, true),
         (PlacementMode::Apart, true, false),
         (PlacementMode::Measure, false, false),
     ] {

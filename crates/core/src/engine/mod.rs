@@ -37,7 +37,7 @@ pub use types::{Action, Payload, ReqId, Source, Status, TagMatch};
 use crate::config::SkewPolicy;
 use crate::error::{Error, Rank, Result};
 use crate::header::{Envelope, Header, PacketKind};
-use crate::policy::{ChannelId, ChannelSet, InARow, PeerRoute, PlacementRule, Protocol};
+use crate::policy::{ChannelId, ChannelSet, InARow, PeerRoute, Placement, PlacementRule, Protocol};
 use crate::transport::{OpId, PeerAccess, Region, RegionMut, RemoteKey, Sink};
 use requests::{Dir, ExposeFor, Req, Requests};
 use spare::SpareBuffers;
@@ -57,15 +57,16 @@ const MAX_EAGER_LEN: u64 = crate::config::MAX_EAGER_MESSAGE as u64;
 /// What `p`'s measured placement says of a message of `len` bytes: eager (`Some(true)`), single
 /// copy (`Some(false)`), or nothing (`None`: the route table decides). Near, messages up to the
 /// rule's `near_upto` go eagerly; apart, messages from its `apart_from` go by single copy and
-/// smaller ones eagerly (also above the table's threshold).
+/// smaller ones eagerly (also above the table's threshold); in the middle, the table decides.
 #[inline]
 fn placement_says_eager(p: &Peer, len: usize) -> Option<bool> {
     let rule = placement_rule(p)?;
-    match p.near? {
+    match p.placement? {
         // Near, but copies to the peer are slow just now: single copy from the apart size.
-        true if p.copies_slow && rule.apart_from.is_some_and(|from| len >= from) => Some(false),
-        true => rule.near_upto.filter(|&upto| len <= upto).map(|_| true),
-        false => rule.apart_from.map(|from| len < from),
+        Placement::Near if p.copies_slow && rule.apart_from.is_some_and(|from| len >= from) => Some(false),
+        Placement::Near => rule.near_upto.filter(|&upto| len <= upto).map(|_| true),
+        Placement::Middle => None,
+        Placement::Apart => rule.apart_from.map(|from| len < from),
     }
 }
 
@@ -173,10 +174,10 @@ struct Peer {
     unread_hint: usize,
     /// Sender side: the peer said it lags; medium messages go eagerly.
     peer_lags: bool,
-    /// Whether the peer's core was measured near (`Some(true)`), apart (`Some(false)`) or not
-    /// yet (see [`Engine::note_line_transfer`]), and the samples towards it.
-    near: Option<bool>,
-    near_samples: InARow,
+    /// Where the peer's core was measured to be (`None`: not yet; see
+    /// [`Engine::note_line_transfer`]), and the samples towards it.
+    placement: Option<Placement>,
+    placement_samples: InARow<Placement>,
     /// Whether the channel measured its copies to the peer slow lately
     /// ([`Engine::note_copies_slow`]).
     copies_slow: bool,
@@ -208,8 +209,8 @@ impl Peer {
             told_lagging: false,
             unread_hint: 0,
             peer_lags: false,
-            near: None,
-            near_samples: InARow::default(),
+            placement: None,
+            placement_samples: InARow::default(),
             copies_slow: false,
             unsampled: 0,
             window_rtrs: false,
@@ -349,21 +350,24 @@ impl Engine {
     }
 
     /// A cache line written by `peer` took `ns` nanoseconds to arrive
-    /// ([`crate::Transport::line_transfer_ns`]): the verdict, near or apart, is set or changed
-    /// once [`PlacementRule::TO_CHANGE`] samples in a row agree on it.
+    /// ([`crate::Transport::line_transfer_ns`]): the verdict ([`Placement::of_line`]) is set or
+    /// changed once [`PlacementRule::TO_CHANGE`] samples in a row agree on it.
     pub fn note_line_transfer(&mut self, peer: Rank, ns: u32) {
         let me = self.me;
         let Some(p) = self.peers.get_mut(peer as usize) else { return };
-        let Some(near_ns) = placement_rule(p).filter(|r| r.given.is_none()).map(|r| r.near_ns) else { return };
-        if ns <= PlacementRule::LOCAL_NS && self.own_cpus {
+        if placement_rule(p).is_none_or(|r| r.given.is_some()) || (ns <= PlacementRule::LOCAL_NS && self.own_cpus) {
             return;
         }
-        let Some(near) = p.near_samples.note(ns <= near_ns) else { return };
-        if p.near != Some(near) {
-            p.near = Some(near);
+        let Some(placement) = p.placement_samples.note(Placement::of_line(ns)) else { return };
+        if p.placement != Some(placement) {
+            p.placement = Some(placement);
             tracing::debug!(
                 "rank {me}: rank {peer}'s core measured {} ({ns} ns for a cache line)",
-                if near { "near: medium messages go eagerly" } else { "apart: medium messages go by single copy" }
+                match placement {
+                    Placement::Near => "near: medium messages go eagerly",
+                    Placement::Middle => "neither near nor apart: the route table decides",
+                    Placement::Apart => "apart: medium messages go by single copy",
+                }
             );
         }
     }
@@ -386,10 +390,10 @@ impl Engine {
         }
     }
 
-    /// How `peer`'s core was last measured: near (`Some(true)`), apart (`Some(false)`), or not
-    /// yet (see [`Engine::note_line_transfer`]).
-    pub fn peer_near(&self, peer: Rank) -> Option<bool> {
-        self.peers.get(peer as usize)?.near
+    /// Where `peer`'s core was last measured (or given) to be; `None`: not yet (see
+    /// [`Engine::note_line_transfer`]).
+    pub fn peer_placement(&self, peer: Rank) -> Option<Placement> {
+        self.peers.get(peer as usize)?.placement
     }
 
     /// Whether `peer` told us it lags (so medium messages to it go eagerly).
@@ -419,7 +423,7 @@ impl Engine {
                 let from = near_from.min(rule.apart_from.map_or(usize::MAX, |f| f.min(threshold)));
                 self.placement_from = self.placement_from.min(from);
                 if rule.given.is_some() {
-                    p.near = rule.given; // POLYRAIL_PLACEMENT: nothing to measure
+                    p.placement = rule.given; // POLYRAIL_PLACEMENT: nothing to measure
                 }
             }
             p.route = Some(route);

@@ -61,9 +61,10 @@ fn one_sided_route() -> PeerRoute {
     route(100, &[(1023, Protocol::Eager), (4095, Protocol::RndvGet), (usize::MAX, Protocol::RndvSplit)])
 }
 
-/// [`one_sided_route`] with a placement rule measured at run time (near within 80 ns).
+/// [`one_sided_route`] with a placement rule measured at run time (near within 40 ns, apart
+/// beyond 100).
 fn placed_route(near_upto: Option<usize>, apart_from: Option<usize>) -> PeerRoute {
-    let rule = PlacementRule { near_upto, apart_from, rma: RMA, given: None, near_ns: 80, reason: String::new() };
+    let rule = PlacementRule { near_upto, apart_from, rma: RMA, given: None, reason: String::new() };
     PeerRoute { placement: Some(rule), ..one_sided_route() }
 }
 
@@ -1075,17 +1076,17 @@ fn the_measured_placement_changes_medium_messages() {
         first_packet_kind(sim, len, 5)
     };
     assert_eq!(first_kind(&mut sim, &[20, 20], 3000), PacketKind::Rts, "two quick samples are not enough");
-    assert_eq!(sim.engines[0].peer_near(1), None);
+    assert_eq!(sim.engines[0].peer_placement(1), None);
     assert_eq!(first_kind(&mut sim, &[], 600), PacketKind::Eager, "not measured: the route table");
     assert_eq!(first_kind(&mut sim, &[20], 3000), PacketKind::Eager);
-    assert_eq!(sim.engines[0].peer_near(1), Some(true));
+    assert_eq!(sim.engines[0].peer_placement(1), Some(Placement::Near));
     assert_eq!(first_kind(&mut sim, &[500, 20, 200, 200], 3000), PacketKind::Eager, "one late sample changes nothing");
     assert_eq!(first_kind(&mut sim, &[150], 3000), PacketKind::Rts);
-    assert_eq!(sim.engines[0].peer_near(1), Some(false));
+    assert_eq!(sim.engines[0].peer_placement(1), Some(Placement::Apart));
     assert_eq!(first_kind(&mut sim, &[], 600), PacketKind::Rts, "apart: single copy below the threshold");
     assert_eq!(first_kind(&mut sim, &[], 40), PacketKind::Eager, "below the apart part's size");
     assert_eq!(first_kind(&mut sim, &[0, 20, 1, 20, 2], 3000), PacketKind::Rts, "local loads are no samples");
-    assert_eq!(sim.engines[0].peer_near(1), Some(false));
+    assert_eq!(sim.engines[0].peer_placement(1), Some(Placement::Apart));
     // The small-send fast path leaves such sizes to post_send while apart.
     let buf = [7u8; 80];
     let region = Region { ptr: buf.as_ptr(), len: buf.len() };
@@ -1110,7 +1111,7 @@ fn the_measured_placement_changes_medium_messages() {
     sim.run_actions();
     assert_eq!(rtrs(&sim), 0, "near: no offer");
     // The sender thinks otherwise (apart): its RTS still meets the receive.
-    assert_eq!(sim.engines[0].peer_near(1), Some(false));
+    assert_eq!(sim.engines[0].peer_placement(1), Some(Placement::Apart));
     let s = send(&mut sim, 0, 1, 7, &data);
     sim.settle();
     assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
@@ -1130,6 +1131,12 @@ fn the_measured_placement_changes_medium_messages() {
     sim.settle();
     assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, id).is_ok());
     assert_eq!(out, data);
+    // Lines that take longer than near and less than apart (a cache shared across a mesh):
+    // neither rule, the route table decides.
+    assert_eq!(first_kind(&mut sim, &[70, 95, 45], 600), PacketKind::Eager, "middle: the table's eager size");
+    assert_eq!(sim.engines[0].peer_placement(1), Some(Placement::Middle));
+    assert_eq!(first_kind(&mut sim, &[], 3000), PacketKind::Rts, "middle: the table's single-copy size");
+    assert_eq!(first_kind(&mut sim, &[20, 70, 20, 20, 20], 3000), PacketKind::Eager, "near again");
 }
 
 /// An apart rule whose size is above the table's threshold sends the sizes between them eagerly
@@ -1184,7 +1191,7 @@ fn slow_copies_send_large_messages_to_a_near_peer_by_single_copy() {
     assert_eq!(first_kind(&mut sim, 6000, true), PacketKind::Rts, "slow copies: single copy from 5000");
     assert_eq!(first_kind(&mut sim, 3000, true), PacketKind::Eager, "and eager below it");
     assert_eq!(first_kind(&mut sim, 6000, false), PacketKind::Eager, "fast again");
-    assert_eq!(sim.engines[0].peer_near(1), Some(true));
+    assert_eq!(sim.engines[0].peer_placement(1), Some(Placement::Near));
     // A receiver that lags gets them eagerly all the same: the sender need not wait for it.
     sim.engines[0].set_skew_policy(Some(SkewPolicy { limit: 0, window: 8, eager_up_to: 8000 }));
     let mut lag = Header::new(PacketKind::Skew);
@@ -1209,21 +1216,23 @@ fn a_given_placement_needs_no_samples() {
         apart_from: Some(50),
         rma: RMA,
         given: Some(given),
-        near_ns: 80,
         reason: String::new(),
     };
-    for near in [true, false] {
-        let mut sim = Sim::new(2, || PeerRoute { placement: Some(rule(near)), ..one_sided_route() });
-        assert_eq!(sim.engines[0].peer_near(1), Some(near));
+    // Apart, 80 bytes go by single copy (from the rule's 50); otherwise eagerly (the table's).
+    for (given, eager_80) in [(Placement::Near, true), (Placement::Middle, true), (Placement::Apart, false)] {
+        let mut sim = Sim::new(2, || PeerRoute { placement: Some(rule(given)), ..one_sided_route() });
+        assert_eq!(sim.engines[0].peer_placement(1), Some(given));
         assert_eq!(sim.engines[0].wants_placement(1, 3000), None);
         assert_eq!(sim.engines[0].wants_placement(1, 600), None);
+        assert_eq!(first_packet_kind(&mut sim, 3000, 5) == PacketKind::Eager, given == Placement::Near, "{given:?}");
         let buf = [0u8; 80];
         let region = Region { ptr: buf.as_ptr(), len: buf.len() };
-        assert_eq!(sim.engines[0].inline_send(1, 9, 0, region).is_some(), near, "near {near}");
+        assert_eq!(sim.engines[0].inline_send(1, 9, 0, region).is_some(), eager_80, "{given:?}");
+        let other = if given == Placement::Apart { 5 } else { 500 };
         for _ in 0..PlacementRule::TO_CHANGE {
-            sim.engines[0].note_line_transfer(1, if near { 500 } else { 5 });
+            sim.engines[0].note_line_transfer(1, other);
         }
-        assert_eq!(sim.engines[0].peer_near(1), Some(near), "samples do not change a given placement");
+        assert_eq!(sim.engines[0].peer_placement(1), Some(given), "samples do not change a given placement");
     }
 }
 

@@ -8,7 +8,7 @@
 pub mod sweep;
 pub mod topology;
 
-use crate::config::{ApartSingleCopy, Config, NearEager, PlacementMode, RouteRule, SplitThreshold, StreamEager};
+use crate::config::{ApartSingleCopy, Config, NearEager, RouteRule, SplitThreshold, StreamEager};
 use crate::size::format_size;
 use crate::transport::{Caps, TransportAttr, TransportKind};
 use topology::TopoClass;
@@ -154,12 +154,9 @@ pub struct PlacementRule {
     pub apart_from: Option<usize>,
     /// The single-copy channel.
     pub rma: ChannelId,
-    /// The verdict when it is given (`POLYRAIL_PLACEMENT`): near (`true`) or apart; `None`:
-    /// measured.
-    pub given: Option<bool>,
-    /// A cache line written by the peer arriving in at most this many nanoseconds (beyond a
-    /// local load) counts as near ([`crate::Transport::line_transfer_ns`]).
-    pub near_ns: u32,
+    /// The verdict when it is given (`POLYRAIL_PLACEMENT`); `None`: measured
+    /// ([`Placement::of_line`]).
+    pub given: Option<Placement>,
     /// Where the sizes came from, for `polyrail info`.
     pub reason: String,
 }
@@ -181,17 +178,22 @@ impl PlacementRule {
             ));
         }
         let given = match self.given {
-            Some(true) => "; every peer taken as near, POLYRAIL_PLACEMENT=near",
-            Some(false) => "; every peer taken as apart, POLYRAIL_PLACEMENT=apart",
+            Some(Placement::Near) => "; every peer taken as near, POLYRAIL_PLACEMENT=near",
+            Some(Placement::Middle) => "; every peer taken as neither, POLYRAIL_PLACEMENT=middle",
+            Some(Placement::Apart) => "; every peer taken as apart, POLYRAIL_PLACEMENT=apart",
             None => "",
         };
         format!("{} ({}{given})", parts.join("; "), self.reason)
     }
 
-    /// Line transfers at most this long are "near": on the AMD EPYC host of
-    /// `docs/benchmarks.md`, 20 ns with both vCPUs in one core complex, 110-120 ns apart.
-    pub const NEAR_NS: u32 = 80;
-    /// Samples in a row on one side of [`PlacementRule::NEAR_NS`] that set or change the
+    /// Line transfers at most this long are "near" ([`Placement::of_line`]): on the AMD EPYC
+    /// host of `docs/benchmarks.md`, 10-20 ns with both vCPUs in one core complex.
+    pub const NEAR_NS: u32 = 40;
+    /// Line transfers longer than this are "apart": on the AMD EPYC host 110-140 ns between two
+    /// core complexes. Between the two lies an L3 shared across a mesh (the Intel Xeon host of
+    /// `docs/benchmarks.md`: 55-95 ns, median 65-75), where neither rule pays.
+    pub const APART_NS: u32 = 100;
+    /// Samples in a row in one band of [`Placement::of_line`] that set or change the
     /// verdict (one late sample, an interrupt, does not; nor, apart, two early ones).
     pub const TO_CHANGE: u8 = 3;
     /// A sample at most this long found the line in the timing core's cache after all (a
@@ -295,16 +297,13 @@ fn placement_rule(cfg: &Config, threshold: usize, rma: ChannelId) -> Option<Plac
         near_upto: near.map(|n| n.0),
         apart_from: apart.map(|a| a.0),
         rma,
-        given: match cfg.placement {
-            PlacementMode::Measure => None,
-            PlacementMode::Near => Some(true),
-            PlacementMode::Apart => Some(false),
-        },
-        near_ns: PlacementRule::NEAR_NS,
+        given: cfg.placement.given(),
         reason: format!(
-            "{}; near when a line the peer wrote arrives within {} ns of a local load",
+            "{}; near when a line the peer wrote arrives within {} ns of a local load, apart beyond {} ns, \
+             and in between (a cache shared across a mesh) the route table decides",
             why.join(", "),
-            PlacementRule::NEAR_NS
+            PlacementRule::NEAR_NS,
+            PlacementRule::APART_NS,
         ),
     })
 }
@@ -522,21 +521,52 @@ fn apply_rule(route: &mut PeerRoute, rule: &RouteRule, candidates: &[Candidate<'
     Ok(())
 }
 
-/// A two-sided verdict that changes once [`PlacementRule::TO_CHANGE`] samples in a row agree
-/// (one odd sample, an interrupt or a prefetch, does not): the placement of a peer's core, as
-/// the engine and the shm channel each measure it, and whether shm's cell fills run slowly.
+/// Where a peer's core sits against ours, as the time a cache line it wrote takes to arrive
+/// says ([`crate::Transport::line_transfer_ns`]); it decides which placement rule applies
+/// ([`PlacementRule`]) and how shm fills its send cells.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Placement {
+    /// Sharing a cache close by (a line arrives within [`PlacementRule::NEAR_NS`]): two copies
+    /// through shared memory stay cheap up to large sizes.
+    Near,
+    /// Neither near nor apart: a shared cache across a mesh, where a line takes several times
+    /// longer than near but the cores share a last-level cache. No rule applies: the route
+    /// table's threshold decides.
+    #[default]
+    Middle,
+    /// Sharing no cache (a line takes over [`PlacementRule::APART_NS`]): every line that
+    /// crosses is expensive.
+    Apart,
+}
+
+impl Placement {
+    /// The band of a line-transfer sample of `ns` nanoseconds beyond a local load.
+    pub fn of_line(ns: u32) -> Placement {
+        if ns <= PlacementRule::NEAR_NS {
+            Placement::Near
+        } else if ns <= PlacementRule::APART_NS {
+            Placement::Middle
+        } else {
+            Placement::Apart
+        }
+    }
+}
+
+/// A verdict that changes once [`PlacementRule::TO_CHANGE`] samples in a row agree (one odd
+/// sample, an interrupt or a prefetch, does not): the placement of a peer's core, as the engine
+/// and the shm channel each measure it, and whether shm's cell fills run slowly.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct InARow {
-    /// The side of the latest samples.
-    side: bool,
-    /// Samples in a row on it, up to `TO_CHANGE`.
+pub struct InARow<T = bool> {
+    /// The value of the latest samples.
+    side: T,
+    /// Samples in a row of it, up to `TO_CHANGE`.
     count: u8,
 }
 
-impl InARow {
-    /// Notes a sample on `side`; the side when it is the [`PlacementRule::TO_CHANGE`]-th (or a
-    /// later) sample in a row on it.
-    pub fn note(&mut self, side: bool) -> Option<bool> {
+impl<T: Copy + PartialEq> InARow<T> {
+    /// Notes a sample of `side`; the side when it is the [`PlacementRule::TO_CHANGE`]-th (or a
+    /// later) sample in a row of it.
+    pub fn note(&mut self, side: T) -> Option<T> {
         self.count =
             if self.count > 0 && self.side == side { (self.count + 1).min(PlacementRule::TO_CHANGE) } else { 1 };
         self.side = side;
@@ -548,7 +578,7 @@ impl InARow {
 mod tests {
     #[test]
     fn a_verdict_takes_three_samples_in_a_row() {
-        let mut v = super::InARow::default();
+        let mut v = super::InARow::<bool>::default();
         assert_eq!([v.note(true), v.note(true), v.note(false)], [None, None, None]);
         assert_eq!([v.note(true), v.note(true), v.note(true), v.note(true)], [None, None, Some(true), Some(true)]);
         assert_eq!(
