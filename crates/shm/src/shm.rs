@@ -371,7 +371,7 @@ impl ShmTransport {
         }
         // Several samples in a row decide: one stretched by an interrupt (or, apart, a line a
         // prefetch brought near) does not flip the verdict.
-        if let Some(placement) = p.placement_samples.note(Placement::of_line(ns)).filter(|_| !p.given) {
+        if let Some(placement) = p.placement_samples.note_line(ns).filter(|_| !p.given) {
             p.apart = placement == Placement::Apart;
             p.inc.set_slow_lines(p.apart);
         }

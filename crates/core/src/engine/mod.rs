@@ -351,14 +351,14 @@ impl Engine {
 
     /// A cache line written by `peer` took `ns` nanoseconds to arrive
     /// ([`crate::Transport::line_transfer_ns`]): the verdict ([`Placement::of_line`]) is set or
-    /// changed once [`PlacementRule::TO_CHANGE`] samples in a row agree on it.
+    /// changed once enough samples in a row agree on it ([`InARow::note_line`]).
     pub fn note_line_transfer(&mut self, peer: Rank, ns: u32) {
         let me = self.me;
         let Some(p) = self.peers.get_mut(peer as usize) else { return };
         if placement_rule(p).is_none_or(|r| r.given.is_some()) || (ns <= PlacementRule::LOCAL_NS && self.own_cpus) {
             return;
         }
-        let Some(placement) = p.placement_samples.note(Placement::of_line(ns)) else { return };
+        let Some(placement) = p.placement_samples.note_line(ns) else { return };
         if p.placement != Some(placement) {
             p.placement = Some(placement);
             tracing::debug!(

@@ -1081,7 +1081,8 @@ fn the_measured_placement_changes_medium_messages() {
     assert_eq!(first_kind(&mut sim, &[20], 3000), PacketKind::Eager);
     assert_eq!(sim.engines[0].peer_placement(1), Some(Placement::Near));
     assert_eq!(first_kind(&mut sim, &[500, 20, 200, 200], 3000), PacketKind::Eager, "one late sample changes nothing");
-    assert_eq!(first_kind(&mut sim, &[150], 3000), PacketKind::Rts);
+    assert_eq!(first_kind(&mut sim, &[150], 3000), PacketKind::Eager, "three late samples do not make it apart");
+    assert_eq!(first_kind(&mut sim, &[150; 5], 3000), PacketKind::Rts, "eight do");
     assert_eq!(sim.engines[0].peer_placement(1), Some(Placement::Apart));
     assert_eq!(first_kind(&mut sim, &[], 600), PacketKind::Rts, "apart: single copy below the threshold");
     assert_eq!(first_kind(&mut sim, &[], 40), PacketKind::Eager, "below the apart part's size");
@@ -1150,7 +1151,7 @@ fn an_apart_rule_above_the_threshold_sends_medium_messages_eagerly() {
     assert!(e.wants_placement(1, 3000).is_some(), "a single-copy size below the rule's");
     assert_eq!(e.wants_placement(1, 6000), None, "single copy either way");
     for s in &mut sim.engines {
-        for _ in 0..PlacementRule::TO_CHANGE {
+        for _ in 0..PlacementRule::TO_CHANGE_APART {
             s.note_line_transfer(1 - s.rank(), 150);
         }
     }
@@ -1229,7 +1230,7 @@ fn a_given_placement_needs_no_samples() {
         let region = Region { ptr: buf.as_ptr(), len: buf.len() };
         assert_eq!(sim.engines[0].inline_send(1, 9, 0, region).is_some(), eager_80, "{given:?}");
         let other = if given == Placement::Apart { 5 } else { 500 };
-        for _ in 0..PlacementRule::TO_CHANGE {
+        for _ in 0..PlacementRule::TO_CHANGE_APART {
             sim.engines[0].note_line_transfer(1, other);
         }
         assert_eq!(sim.engines[0].peer_placement(1), Some(given), "samples do not change a given placement");

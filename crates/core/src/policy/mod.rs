@@ -196,6 +196,13 @@ impl PlacementRule {
     /// Samples in a row in one band of [`Placement::of_line`] that set or change the
     /// verdict (one late sample, an interrupt, does not; nor, apart, two early ones).
     pub const TO_CHANGE: u8 = 3;
+    /// Samples in a row beyond [`PlacementRule::APART_NS`] that set or change the verdict to
+    /// apart. Under a stream a line waits behind the peer's own traffic: on the Intel Xeon
+    /// host, osu_bw 4-8 KiB samples spread over 20-180 ns (median 80-90, a quarter beyond 100),
+    /// and three in a row beyond 100 came often enough to fill cells with non-temporal stores
+    /// there in about one run in four (osu_bw 4 KiB 5.1 against 6.6-7.4 GB/s, 8 KiB 6.0
+    /// against 11-14). Apart on the AMD EPYC host, nearly every sample lies beyond 100.
+    pub const TO_CHANGE_APART: u8 = 8;
     /// A sample at most this long found the line in the timing core's cache after all (a
     /// hardware prefetch brought it): it says nothing about the placement and is not counted
     /// (while every rank of the node has a CPU of its own: see `Engine::set_own_cpus`).
@@ -567,10 +574,25 @@ impl<T: Copy + PartialEq> InARow<T> {
     /// Notes a sample of `side`; the side when it is the [`PlacementRule::TO_CHANGE`]-th (or a
     /// later) sample in a row of it.
     pub fn note(&mut self, side: T) -> Option<T> {
-        self.count =
-            if self.count > 0 && self.side == side { (self.count + 1).min(PlacementRule::TO_CHANGE) } else { 1 };
+        self.note_of(side, PlacementRule::TO_CHANGE)
+    }
+
+    /// Notes a sample of `side`; the side when it is the `needed`-th (or a later) in a row.
+    fn note_of(&mut self, side: T, needed: u8) -> Option<T> {
+        self.count = if self.count > 0 && self.side == side { (self.count + 1).min(needed) } else { 1 };
         self.side = side;
-        (self.count == PlacementRule::TO_CHANGE).then_some(side)
+        (self.count == needed).then_some(side)
+    }
+}
+
+impl InARow<Placement> {
+    /// Notes a line-transfer sample of `ns` nanoseconds beyond a local load: the placement of
+    /// its band ([`Placement::of_line`]) once [`PlacementRule::TO_CHANGE`] samples in a row
+    /// fall in it ([`PlacementRule::TO_CHANGE_APART`] for apart).
+    pub fn note_line(&mut self, ns: u32) -> Option<Placement> {
+        let band = Placement::of_line(ns);
+        let needed = if band == Placement::Apart { PlacementRule::TO_CHANGE_APART } else { PlacementRule::TO_CHANGE };
+        self.note_of(band, needed)
     }
 }
 
@@ -585,6 +607,17 @@ mod tests {
             [v.note(false), v.note(true), v.note(false), v.note(false), v.note(false)],
             [None, None, None, None, Some(false)]
         );
+    }
+
+    #[test]
+    fn apart_takes_more_samples_in_a_row_than_near_or_middle() {
+        let mut v = super::InARow::<Placement>::default();
+        assert_eq!([v.note_line(20), v.note_line(30), v.note_line(40)], [None, None, Some(Placement::Near)]);
+        assert_eq!([v.note_line(41), v.note_line(100), v.note_line(70)], [None, None, Some(Placement::Middle)]);
+        let apart: Vec<_> = (0..PlacementRule::TO_CHANGE_APART).map(|_| v.note_line(150)).collect();
+        assert!(apart[..apart.len() - 1].iter().all(Option::is_none), "{apart:?}");
+        assert_eq!(apart.last(), Some(&Some(Placement::Apart)));
+        assert_eq!([v.note_line(101), v.note_line(60), v.note_line(150)], [Some(Placement::Apart), None, None]);
     }
 
     use super::*;
