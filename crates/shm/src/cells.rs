@@ -11,21 +11,29 @@
 //!   (Acquire) and moves free ones back to its free list.
 //!
 //! The free list is ordered by when cells came back. A small payload takes the cell freed last,
-//! still warm in the sender's cache; a large one takes the cell freed longest ago. Measured on
+//! still warm in the sender's cache, unless the peer's core is in the middle band
+//! ([`Placement::Middle`]); a large one takes the cell freed longest ago. Measured on
 //! the AMD host, shm only (no CMA): with every payload in the last freed cell, a stream of 16 KiB
 //! cells filled one in about 7 µs apart and 2 µs near (a cell just read out by the receiver,
 //! refilled while it reads the next one), with the oldest about 0.7 µs near; 4 MiB one-way 500 ->
 //! 185-210 µs near and 1870 -> 1630 apart, osu_bw 16 KiB 6-9 -> 25-29 GB/s near. Up to 4 KiB
 //! the warm cell is as fast or faster (2 KiB one-way 0.33-0.38 against 0.41-0.50 µs near).
+//! On the Intel Xeon host (one L3 across a mesh, the middle band), the cell freed longest ago
+//! is faster at every size: osu_bw 2 KiB 5.1-5.2 -> 7.7-8.1 GB/s, 4 KiB 7.2-7.7 -> 9.9-10.5,
+//! one way 2 KiB 0.92-1.13 -> 0.75-0.80 µs, 4 KiB 1.13-1.20 -> 1.03-1.07 (the receiver's
+//! copy of a just-refilled cell takes each line out of the sender's cache while the
+//! sender's writes still wait to take it from the receiver's).
 
 use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::segment::{SegLayout, CELL_STATE_BYTES};
+use polyrail_core::policy::Placement;
 
-/// Largest payload that takes the cell freed last (warm in the sender's cache); larger ones take
-/// the cell freed longest ago (see the module documentation).
+/// Largest payload that takes the cell freed last (warm in the sender's cache) while the peer
+/// is not in the middle band; larger ones take the cell freed longest ago (see the module
+/// documentation).
 const WARM_UP_TO: usize = 4096;
 
 /// State of a cell the sender may reuse (zero-filled memory is free).
@@ -155,11 +163,11 @@ impl SendCells {
     }
 
     /// Copies `payload` (at most `cell_size()` bytes) into a free cell marked in flight to
-    /// `dest` and returns its index; `None` when every cell is in flight. `streaming`: with
-    /// non-temporal stores (for a receiver whose core shares no cache with ours, see
-    /// [`copy_streaming`]).
+    /// `dest` and returns its index; `None` when every cell is in flight. How follows the
+    /// placement of `dest`'s core: apart, with non-temporal stores ([`copy_streaming`]); in
+    /// the middle band, in the cell freed longest ago whatever the size (module documentation).
     #[inline]
-    pub(crate) fn fill(&mut self, dest: u32, payload: &[u8], streaming: bool) -> Option<u32> {
+    pub(crate) fn fill(&mut self, dest: u32, payload: &[u8], placement: Placement) -> Option<u32> {
         debug_assert!(payload.len() <= self.area.size);
         self.reclaim(dest as usize);
         if self.free.is_empty() {
@@ -167,11 +175,12 @@ impl SendCells {
                 self.reclaim(d);
             }
         }
-        let c = if payload.len() > WARM_UP_TO { self.free.pop_front()? } else { self.free.pop_back()? };
+        let warm = payload.len() <= WARM_UP_TO && placement != Placement::Middle;
+        let c = if warm { self.free.pop_back()? } else { self.free.pop_front()? };
         // SAFETY: c < count (the free list only holds pool indices): the payload area of cell c,
         // which starts a line after the cell's 64-byte aligned state line.
         let dst = unsafe { self.area.line(c).add(CELL_STATE_BYTES) };
-        if streaming {
+        if placement == Placement::Apart {
             // SAFETY: dst is 64-byte aligned; len <= cell size; the cell is ours: FREE was
             // observed with Acquire (or it was never used), and no slot names it.
             unsafe { copy_streaming(dst, payload) };
@@ -242,6 +251,31 @@ mod tests {
 
     /// The non-temporal copy writes exactly `src` for every length around whole lines and any
     /// alignment of the source, and nothing past it.
+    #[test]
+    fn small_payloads_take_the_warm_cell_except_in_the_middle_band() {
+        #[repr(align(64))]
+        struct Pool([u8; 4 * 128]);
+        let mut pool = Pool([0; 4 * 128]);
+        // Four cells of 64 bytes, each after its 64-byte state line.
+        let area = CellArea { base: NonNull::from(&mut pool.0).cast(), count: 4, size: 64, stride: 128 };
+        let mut cells = SendCells::new(area, 2);
+        cells.add_dest(1);
+        // Near, small payloads take the back of the free list 0, 1, 2, 3: cells 3 and 2; the
+        // receiver frees them in order, so the list becomes 0, 1, 3, 2.
+        assert_eq!([cells.fill(1, b"a", Placement::Near), cells.fill(1, b"b", Placement::Near)], [Some(3), Some(2)]);
+        area.release(3);
+        area.release(2);
+        let mut cells_again = |placement| {
+            let c = cells.fill(1, b"c", placement).unwrap();
+            area.release(c);
+            c
+        };
+        assert_eq!(cells_again(Placement::Near), 2, "near: the cell freed last");
+        assert_eq!(cells_again(Placement::Apart), 2, "apart: the cell freed last");
+        assert_eq!(cells_again(Placement::Middle), 0, "middle: the cell freed longest ago");
+        assert_eq!(&pool.0[CELL_STATE_BYTES..CELL_STATE_BYTES + 1], b"c");
+    }
+
     #[test]
     fn the_streaming_copy_copies_every_length_and_alignment() {
         #[repr(align(64))]

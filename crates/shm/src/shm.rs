@@ -40,7 +40,7 @@ const AM_BANDWIDTH: f64 = 5e9;
 /// One send in this many to a peer times a line transfer from it (when no one asked meanwhile).
 const LINE_SAMPLE_EVERY: u64 = 1024;
 /// One message in this many (counting every message to the peer) times a line transfer when it
-/// goes through a send cell: how cells are filled follows the placement ([`Peer::apart`]).
+/// goes through a send cell: how cells are filled follows the placement ([`Peer::placement`]).
 const CELL_SAMPLE_EVERY: u64 = 32;
 
 /// A connected peer: our ring to it, its ring to us, its segment.
@@ -62,15 +62,15 @@ struct Peer {
     /// The peer passes the global barrier before it sleeps and this process is registered for
     /// it: our doorbell check needs no fence ([`ring_doorbell`]).
     fenceless: bool,
-    /// The peer's core shares no cache with ours ([`Placement::Apart`]: line-transfer samples
-    /// above [`PlacementRule::APART_NS`], as many in a row as the engine's verdict takes, or
-    /// `POLYRAIL_PLACEMENT=apart`; see [`PlacementRule::LOCAL_NS`] for why two were too few):
-    /// send cells are filled with non-temporal stores, and the consumer prefetches more
-    /// ([`Consumer::set_slow_lines`]).
-    apart: bool,
-    /// `POLYRAIL_PLACEMENT` gave the placement: samples do not change `apart`.
+    /// Where the peer's core sits ([`Placement`]: line-transfer samples in one band, as many in
+    /// a row as the engine's verdict takes, [`InARow::note_line`], or `POLYRAIL_PLACEMENT`;
+    /// `Middle` until measured). Apart, send cells are filled with non-temporal stores and the
+    /// consumer prefetches more ([`Consumer::set_slow_lines`]); in the middle, small payloads
+    /// take the cell freed longest ago too ([`SendCells::fill`]).
+    placement: Placement,
+    /// `POLYRAIL_PLACEMENT` gave the placement: samples do not change it.
     given: bool,
-    /// Line-transfer samples towards the verdict behind `apart`.
+    /// Line-transfer samples towards `placement`.
     placement_samples: InARow<Placement>,
     /// Timed fills of cells to the peer (one in [`CELL_SAMPLE_EVERY`] messages, while it is
     /// not apart and `own_cpus`): whether they run slowly just now ([`Transport::copies_slow`]).
@@ -111,7 +111,7 @@ pub struct ShmTransport {
     /// skip their fence count on the barrier); it yields the core instead.
     never_sleep: bool,
     /// Every peer's placement as `POLYRAIL_PLACEMENT` gives it, or `None`: measured
-    /// ([`Peer::apart`]).
+    /// ([`Peer::placement`]).
     given: Option<Placement>,
     /// How fast this process copies within its own memory (bytes per ns), where each peer's
     /// [`FillRate`] starts.
@@ -322,8 +322,8 @@ impl ShmTransport {
         // SAFETY: the peer's segment has our layout (checked above); its ring to us lies at this
         // offset; `map` is stored with the consumer and dropped after it.
         let mut inc = unsafe { Consumer::new(map.at(self.layout.ring_offset(self.rank)), geo) };
-        let apart = self.given == Some(Placement::Apart);
-        inc.set_slow_lines(apart);
+        let placement = self.given.unwrap_or_default();
+        inc.set_slow_lines(placement == Placement::Apart);
         // SAFETY: as above, for the peer's cell pool.
         let their_cells = unsafe { CellArea::new(map.base(), &self.layout) };
         // Acquire: pairs with the Release store in `with_inline_slots` (the address that led us
@@ -338,7 +338,7 @@ impl ShmTransport {
             failed: false,
             reported: false,
             fenceless,
-            apart,
+            placement,
             given: self.given.is_some(),
             placement_samples: InARow::default(),
             fills: FillRate::new(self.local_copy_rate),
@@ -372,8 +372,8 @@ impl ShmTransport {
         // Several samples in a row decide: one stretched by an interrupt (or, apart, a line a
         // prefetch brought near) does not flip the verdict.
         if let Some(placement) = p.placement_samples.note_line(ns).filter(|_| !p.given) {
-            p.apart = placement == Placement::Apart;
-            p.inc.set_slow_lines(p.apart);
+            p.placement = placement;
+            p.inc.set_slow_lines(placement == Placement::Apart);
         }
         Some(ns)
     }
@@ -438,11 +438,11 @@ impl ShmTransport {
         // One message in CELL_SAMPLE_EVERY (half-way between the line samples) times its fill.
         let timed = p.out.pushed() % CELL_SAMPLE_EVERY == CELL_SAMPLE_EVERY / 2
             && len >= TIMED_FILL_MIN
-            && !p.apart
+            && p.placement != Placement::Apart
             && p.own_cpus
             && self.cells.recycling();
         let start = timed.then(Instant::now);
-        let Some(cell) = self.cells.fill(peer, payload, p.apart) else { return Ok(Issued::WouldBlock) };
+        let Some(cell) = self.cells.fill(peer, payload, p.placement) else { return Ok(Issued::WouldBlock) };
         if let Some(start) = start {
             Self::note_fill(p, len, start);
         }
@@ -627,7 +627,7 @@ impl Transport for ShmTransport {
             self.cells.in_flight(),
             l.total_len,
             self.active.len(),
-            self.active.iter().filter(|&&r| self.peers[r as usize].as_ref().is_some_and(|p| p.apart)).count(),
+            self.active.iter().filter(|&&r| self.peers[r as usize].as_ref().is_some_and(|p| p.placement == Placement::Apart)).count(),
             if self.given.is_some() { "POLYRAIL_PLACEMENT" } else { "measured" },
             self.active.iter().filter(|&&r| self.peers[r as usize].as_ref().is_some_and(|p| p.fills.held())).count(),
             match (self.ring_doorbells, self.sleep_barrier) {
