@@ -4,6 +4,7 @@ use crate::Common;
 use anyhow::{bail, Context as _};
 use polyrail::{Context, Source, TagMatch};
 use std::io::Write;
+use std::ops::Range;
 use std::time::Instant;
 
 /// Parses `8,4k,4m`.
@@ -84,15 +85,27 @@ pub(crate) struct Run {
 /// A message buffer: ordinary memory (from the heap's memory files with `--heap`), or
 /// registered once (`--registered`).
 pub(crate) enum Buffer {
-    Plain(Vec<u8>),
+    /// Ordinary memory, and the page-aligned bytes of it in use: OSU and the peers' `mpi_pp.c`
+    /// align their buffers to a page, where a large `Vec` starts 16 bytes into one.
+    Plain(Vec<u8>, Range<usize>),
     Registered(polyrail::RegisteredBuffer),
+}
+
+impl Buffer {
+    /// `len` bytes of ordinary memory set to `byte`, starting on a page.
+    fn page_aligned(len: usize, byte: u8) -> Buffer {
+        const PAGE: usize = 4096;
+        let v = vec![byte; len + PAGE];
+        let start = v.as_ptr().align_offset(PAGE).min(PAGE);
+        Buffer::Plain(v, start..start + len)
+    }
 }
 
 impl std::ops::Deref for Buffer {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
-            Buffer::Plain(v) => v,
+            Buffer::Plain(v, used) => &v[used.clone()],
             Buffer::Registered(b) => b,
         }
     }
@@ -101,7 +114,7 @@ impl std::ops::Deref for Buffer {
 impl std::ops::DerefMut for Buffer {
     fn deref_mut(&mut self) -> &mut [u8] {
         match self {
-            Buffer::Plain(v) => v,
+            Buffer::Plain(v, used) => &mut v[used.clone()],
             Buffer::Registered(b) => b,
         }
     }
@@ -122,7 +135,7 @@ pub(crate) fn start(c: &Common, what: &str) -> anyhow::Result<Run> {
     } else {
         // With --heap the two buffers are the heap's blocks; nothing else is.
         polyrail::MappedHeap::set_enabled(c.heap);
-        let bufs = (Buffer::Plain(vec![b'a'; max]), Buffer::Plain(vec![0u8; max]));
+        let bufs = (Buffer::page_aligned(max, b'a'), Buffer::page_aligned(max, 0));
         polyrail::MappedHeap::set_enabled(false);
         bufs
     };
