@@ -2,55 +2,50 @@
 //! sender's pool, and the ring carries only the cell index (indirection: the receiver polls one
 //! place per peer, and ordering stays in the ring).
 //!
-//! Each cell has a state word on its own line, with one writer at a time:
-//! - the sender takes a cell it knows is free, fills it and stores `IN_FLIGHT`, then publishes the
-//!   slot that names it (the slot's Release stamp orders all of this before the receiver sees it);
-//! - the receiver copies the payload out (or lends it to the sink) and stores `FREE` (Release);
-//! - the sender reclaims (mark and sweep): it keeps, per destination, a FIFO of its cells in
-//!   flight; a receiver frees them in order, so the sender only looks at the heads of these FIFOs
-//!   (Acquire) and moves free ones back to its free list.
+//! A cell has one writer at a time, and the ring says whose turn it is:
+//! - the sender takes a cell it knows is free, fills it, then publishes the record that names
+//!   it (the record's Release stamp orders the fill before the receiver sees it); it keeps, per
+//!   destination, a FIFO of its cells in flight with the ring position of each one's record;
+//! - the receiver copies the payload out (or lends it to the sink) before it moves past the
+//!   record, and its read position, published with Release as the ring's, gives back every
+//!   cell named below it;
+//! - the sender reclaims from the read position (Acquire, [`SendCells::reclaim`]), which it
+//!   loads anyway to find room in the ring. Until 2026-11 each cell had a state word on its
+//!   own line that the sender set and the receiver cleared: two writes of a line the other
+//!   core held and a load of one it had just written, per message (on the Intel Xeon host,
+//!   osu_bw 2 KiB 6.7-8.3 -> 7.6-8.5 GB/s, 4 KiB 9.5-9.9 -> 9.7-10.9 without them).
 //!
-//! The free list is ordered by when cells came back. A small payload takes the cell freed last,
-//! still warm in the sender's cache, unless the peer's core is in the middle band
-//! ([`Placement::Middle`]); a large one takes the cell freed longest ago. Measured on
-//! the AMD host, shm only (no CMA): with every payload in the last freed cell, a stream of 16 KiB
-//! cells filled one in about 7 µs apart and 2 µs near (a cell just read out by the receiver,
-//! refilled while it reads the next one), with the oldest about 0.7 µs near; 4 MiB one-way 500 ->
-//! 185-210 µs near and 1870 -> 1630 apart, osu_bw 16 KiB 6-9 -> 25-29 GB/s near. Up to 4 KiB
-//! the warm cell is as fast or faster (2 KiB one-way 0.33-0.38 against 0.41-0.50 µs near).
-//! On the Intel Xeon host (one L3 across a mesh, the middle band), the cell freed longest ago
-//! is faster at every size: osu_bw 2 KiB 5.1-5.2 -> 7.7-8.1 GB/s, 4 KiB 7.2-7.7 -> 9.9-10.5,
-//! one way 2 KiB 0.92-1.13 -> 0.75-0.80 µs, 4 KiB 1.13-1.20 -> 1.03-1.07 (the receiver's
-//! copy of a just-refilled cell takes each line out of the sender's cache while the
-//! sender's writes still wait to take it from the receiver's).
+//! The free list is ordered by when cells came back, and a fill takes the cell that came back
+//! longest ago. Measured on the AMD host, shm only (no CMA): with every payload in the cell
+//! freed last, a stream of 16 KiB cells filled one in about 7 µs apart and 2 µs near (a cell
+//! just read out by the receiver, refilled while it reads the next one), with the oldest about
+//! 0.7 µs near; 4 MiB one-way 500 -> 185-210 µs near and 1870 -> 1630 apart, osu_bw 16 KiB 6-9
+//! -> 25-29 GB/s near. Up to 4 KiB the cell freed last was as fast or faster there (2 KiB one
+//! way 0.33-0.38 against 0.41-0.50 µs near), and small payloads took it until 2026-11; on the
+//! Intel Xeon host the oldest cell is faster at every size (osu_bw 2 KiB 5.1-5.2 -> 7.7-8.1
+//! GB/s, 4 KiB 7.2-7.7 -> 9.9-10.5; one way 2 KiB 0.92-1.13 -> 0.75-0.80 µs: the receiver's
+//! copy of a just-refilled cell takes each line out of the sender's cache while the sender's
+//! writes still wait to take it from the receiver's), and taking the warm cell only near
+//! made that speed hang on a placement verdict that line samples on a loaded mesh do not give
+//! reliably.
 
 use std::collections::VecDeque;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::segment::{SegLayout, CELL_STATE_BYTES};
 use polyrail_core::policy::Placement;
 
-/// Largest payload that takes the cell freed last (warm in the sender's cache) while the peer
-/// is not in the middle band; larger ones take the cell freed longest ago (see the module
-/// documentation).
-const WARM_UP_TO: usize = 4096;
-
-/// A fill that takes the cell freed longest ago reclaims the destination's freed cells only
-/// when fewer than one in this many of the pool are free. Looking at the oldest cell in flight
-/// costs a line transfer each time (the receiver just wrote its state): on the Intel Xeon host
-/// the sender of a 4 KiB osu_bw stream spent a third of its time on that one load.
+/// A fill reclaims the destination's read cells only when fewer than one in this many of the
+/// pool are free: each look loads the ring's read
+/// position, a line the receiver writes (with a state word per cell, looking at the oldest cell
+/// in flight for every message had taken a third of the time of a sender of a 4 KiB osu_bw
+/// stream on the Intel Xeon host).
 const LOW_WATER: usize = 4;
-
-/// State of a cell the sender may reuse (zero-filled memory is free).
-pub(crate) const FREE: u32 = 0;
-/// State of a cell named by a slot the receiver has not handled yet.
-pub(crate) const IN_FLIGHT: u32 = 1;
 
 /// The cell pool in some process's segment, as seen by this process.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct CellArea {
-    /// First cell's state line.
+    /// First cell's first line.
     base: NonNull<u8>,
     count: u32,
     size: usize,
@@ -80,12 +75,6 @@ impl CellArea {
         unsafe { self.base.as_ptr().add(index as usize * self.stride) }
     }
 
-    #[inline]
-    fn state(&self, index: u32) -> &AtomicU32 {
-        // SAFETY: the state line is 64-byte aligned inside the pool and only accessed atomically.
-        unsafe { &*self.line(index).cast::<AtomicU32>() }
-    }
-
     /// Receiver side: the `len` payload bytes of cell `index`, both as a peer's slot gave them.
     #[inline]
     pub(crate) fn payload(&self, index: u32, len: usize) -> Result<&[u8], String> {
@@ -96,18 +85,9 @@ impl CellArea {
             return Err(format!("cell message of {len} bytes, cells hold {}", self.size));
         }
         // SAFETY: index and len are checked above: the bytes are inside cell `index`; the sender
-        // does not write the cell again before we store FREE (after the borrow ends).
+        // does not write the cell again before our read position passes the record that named
+        // it (after the borrow ends).
         Ok(unsafe { std::slice::from_raw_parts(self.line(index).add(CELL_STATE_BYTES), len) })
-    }
-
-    /// Receiver side: gives cell `index` (checked by [`CellArea::payload`]) back to its sender.
-    #[inline]
-    pub(crate) fn release(&self, index: u32) {
-        if index < self.count {
-            // Release: our reads of the cell happen before the sender, after its Acquire load in
-            // SendCells::reclaim, writes the cell again.
-            self.state(index).store(FREE, Ordering::Release);
-        }
     }
 }
 
@@ -117,9 +97,10 @@ pub(crate) struct SendCells {
     area: CellArea,
     /// Cells free to use, in the order they came back (last freed at the back).
     free: VecDeque<u32>,
-    /// Per destination rank: cells in flight, oldest first. Capacity `count` once the peer is
-    /// added, so pushing never allocates.
-    in_flight: Vec<VecDeque<u32>>,
+    /// Per destination rank: cells in flight, oldest first, each with the position of the
+    /// record that names it in our ring to that rank. Capacity `count` once the peer is added,
+    /// so pushing never allocates.
+    in_flight: Vec<VecDeque<(u32, u64)>>,
     /// Cells filled so far (up to the pool's size): see [`SendCells::recycling`].
     filled: u32,
 }
@@ -153,58 +134,59 @@ impl SendCells {
         self.area.count as usize - self.free.len()
     }
 
-    /// Moves the cells `dest` has freed (the leading run of its FIFO) to the free list.
+    /// Whether every cell is in flight (then the destinations' read positions free some:
+    /// [`SendCells::reclaim`]).
+    pub(crate) fn exhausted(&self) -> bool {
+        self.free.is_empty()
+    }
+
+    /// Moves the cells whose records `dest` has read (positions below `read`, the read
+    /// position of our ring to it) to the free list.
     #[inline]
-    fn reclaim(&mut self, dest: usize) {
-        let Some(q) = self.in_flight.get_mut(dest) else { return };
-        while let Some(&c) = q.front() {
-            // Acquire: pairs with the Release store of FREE in CellArea::release; the receiver's
-            // reads of the cell happen before we write it again.
-            if self.area.state(c).load(Ordering::Acquire) != FREE {
-                break;
-            }
+    pub(crate) fn reclaim(&mut self, dest: u32, read: u64) {
+        let Some(q) = self.in_flight.get_mut(dest as usize) else { return };
+        while let Some(&(c, _)) = q.front().filter(|&&(_, record)| record < read) {
             q.pop_front();
             self.free.push_back(c);
         }
     }
 
-    /// Copies `payload` (at most `cell_size()` bytes) into a free cell marked in flight to
-    /// `dest` and returns its index; `None` when every cell is in flight. How follows the
-    /// placement of `dest`'s core: apart, with non-temporal stores ([`copy_streaming`]); in
-    /// the middle band, in the cell freed longest ago whatever the size (module documentation).
+    /// Copies `payload` (at most `cell_size()` bytes) into the free cell that came back longest
+    /// ago, in flight to `dest` from now on in the record at position `record` of our ring to
+    /// it, and returns the cell's index; `Ok(None)` when every cell is in flight. When few cells
+    /// are free, a fill first asks `read` for the read position of that ring (`Err`: the
+    /// position is nonsense). Apart (the placement of `dest`'s core), with non-temporal stores
+    /// ([`copy_streaming`]).
     #[inline]
-    pub(crate) fn fill(&mut self, dest: u32, payload: &[u8], placement: Placement) -> Option<u32> {
+    pub(crate) fn fill(
+        &mut self,
+        dest: u32,
+        payload: &[u8],
+        placement: Placement,
+        record: u64,
+        read: impl FnOnce() -> Result<u64, String>,
+    ) -> Result<Option<u32>, String> {
         debug_assert!(payload.len() <= self.area.size);
-        let warm = payload.len() <= WARM_UP_TO && placement != Placement::Middle;
-        // A warm fill wants the cell the receiver freed last, so it looks every time; a cold
-        // one takes the oldest free cell and looks only when few are left (LOW_WATER).
-        if warm || self.free.len() < (self.area.count as usize).div_ceil(LOW_WATER) {
-            self.reclaim(dest as usize);
+        if self.free.len() < (self.area.count as usize).div_ceil(LOW_WATER) {
+            self.reclaim(dest, read()?);
         }
-        if self.free.is_empty() {
-            for d in 0..self.in_flight.len() {
-                self.reclaim(d);
-            }
-        }
-        let c = if warm { self.free.pop_back()? } else { self.free.pop_front()? };
+        let Some(c) = self.free.pop_front() else { return Ok(None) };
         // SAFETY: c < count (the free list only holds pool indices): the payload area of cell c,
-        // which starts a line after the cell's 64-byte aligned state line.
+        // which starts a line after the cell's 64-byte aligned first line.
         let dst = unsafe { self.area.line(c).add(CELL_STATE_BYTES) };
         if placement == Placement::Apart {
-            // SAFETY: dst is 64-byte aligned; len <= cell size; the cell is ours: FREE was
-            // observed with Acquire (or it was never used), and no slot names it.
+            // SAFETY: dst is 64-byte aligned; len <= cell size; the cell is ours: never used, or
+            // the receiver published a read position past the record that named it (Acquire),
+            // after its last read of the cell.
             unsafe { copy_streaming(dst, payload) };
         } else {
             // SAFETY: as for the streaming copy.
             unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), dst, payload.len()) };
         }
-        // Relaxed: the Release stamp of the slot naming the cell orders this store before the
-        // receiver's FREE store, so FREE always comes after IN_FLIGHT in the word's history.
-        self.area.state(c).store(IN_FLIGHT, Ordering::Relaxed);
         // `dest` is a connected peer, below the job size (checked by the transport).
-        self.in_flight[dest as usize].push_back(c);
+        self.in_flight[dest as usize].push_back((c, record));
         self.filled = self.filled.saturating_add(1);
-        Some(c)
+        Ok(Some(c))
     }
 }
 
@@ -262,28 +244,40 @@ mod tests {
     /// The non-temporal copy writes exactly `src` for every length around whole lines and any
     /// alignment of the source, and nothing past it.
     #[test]
-    fn small_payloads_take_the_warm_cell_except_in_the_middle_band() {
+    fn cells_come_back_with_the_read_position_oldest_first() {
         #[repr(align(64))]
-        struct Pool([u8; 4 * 128]);
-        let mut pool = Pool([0; 4 * 128]);
-        // Four cells of 64 bytes, each after its 64-byte state line.
-        let area = CellArea { base: NonNull::from(&mut pool.0).cast(), count: 4, size: 64, stride: 128 };
+        struct Pool([u8; 8 * 128]);
+        let mut pool = Pool([0; 8 * 128]);
+        // Eight cells of 64 bytes, each after a 64-byte line.
+        let area = CellArea { base: NonNull::from(&mut pool.0).cast(), count: 8, size: 64, stride: 128 };
         let mut cells = SendCells::new(area, 2);
         cells.add_dest(1);
-        // Near, small payloads take the back of the free list 0, 1, 2, 3: cells 3 and 2; the
-        // receiver frees them in order, so the list becomes 0, 1, 3, 2.
-        assert_eq!([cells.fill(1, b"a", Placement::Near), cells.fill(1, b"b", Placement::Near)], [Some(3), Some(2)]);
-        area.release(3);
-        area.release(2);
-        let mut cells_again = |placement| {
-            let c = cells.fill(1, b"c", placement).unwrap();
-            area.release(c);
-            c
+        let mut reads = 0;
+        let mut fill = |record, read: u64| {
+            cells
+                .fill(1, b"c", Placement::Middle, record, || {
+                    reads += 1;
+                    Ok(read)
+                })
+                .unwrap()
         };
-        assert_eq!(cells_again(Placement::Near), 2, "near: the cell freed last");
-        assert_eq!(cells_again(Placement::Apart), 2, "apart: the cell freed last");
-        assert_eq!(cells_again(Placement::Middle), 0, "middle: the cell freed longest ago");
-        assert_eq!(&pool.0[CELL_STATE_BYTES..CELL_STATE_BYTES + 1], b"c");
+        // Cells 0-7 in records 0-7; a fill looks at the read position only when under a
+        // quarter of the pool (two cells) is free: the eighth, then every one but the tenth.
+        assert_eq!((0..8).map(|r| fill(r, 0)).collect::<Vec<_>>(), (0..8).map(Some).collect::<Vec<_>>());
+        assert_eq!(fill(8, 0), None, "every cell in flight");
+        // The receiver read records 0-2 (cells 0-2); they come back in that order.
+        assert_eq!([fill(8, 3), fill(9, 3), fill(10, 3), fill(11, 3)], [Some(0), Some(1), Some(2), None]);
+        assert_eq!(reads, 5);
+        assert_eq!(&pool.0[64..65], b"c");
+        let mut cells = SendCells::new(area, 2);
+        cells.add_dest(1);
+        for r in 0..7 {
+            assert!(
+                cells.fill(1, b"c", Placement::Near, r, || Err("bad".into())).is_ok(),
+                "no look while cells are free"
+            );
+        }
+        assert_eq!(cells.fill(1, b"c", Placement::Near, 7, || Err("bad".into())), Err("bad".into()));
     }
 
     #[test]

@@ -302,7 +302,7 @@ pub(crate) struct Producer {
     body_head: u64,
     /// Last `body_read` loaded from shared memory.
     cached_body_read: u64,
-    /// Last `read` loaded from shared memory, by `reload` or `time_read_line`.
+    /// Last `read` loaded from shared memory, by `read_position` or `time_read_line`.
     seen_read: u64,
     /// Samples shared so far ([`Producer::share_sample`]).
     shared: u32,
@@ -342,24 +342,35 @@ impl Producer {
     #[cold]
     fn reload(&mut self, need: u64, body_need: u64) -> Result<bool, String> {
         let n = self.mem.geo.slots as u64;
-        // Acquire: pairs with the Release stores in Consumer::publish, so the consumer's reads of
-        // what it released happen before we overwrite it.
-        let read = self.mem.read_pos().load(Ordering::Acquire);
+        let read = self.read_position()?;
+        // Acquire: as in `read_position`, for the body slots.
         let body_read = self.mem.body_read_pos().load(Ordering::Acquire);
-        if read < self.cached_read || read > self.head {
-            return Err(format!(
-                "consumer published read position {read}, outside {}..={} (records written)",
-                self.cached_read, self.head
-            ));
-        }
         if body_read < self.cached_body_read || body_read > self.body_head {
             return Err(format!(
                 "consumer published body read position {body_read}, outside {}..={} (body slots written)",
                 self.cached_body_read, self.body_head
             ));
         }
-        (self.cached_read, self.cached_body_read, self.seen_read) = (read, body_read, read);
+        self.cached_body_read = body_read;
         Ok(need - read <= n && body_need - body_read <= n)
+    }
+
+    /// The consumer's read position as it published it last (checked: `Err` names a position it
+    /// could not have published): it has read every record below it, and the send cells they
+    /// name ([`crate::cells::SendCells::reclaim`]).
+    #[inline]
+    pub(crate) fn read_position(&mut self) -> Result<u64, String> {
+        // Acquire: pairs with the Release store in Consumer::publish, so the consumer's reads of
+        // the records below the position and of their cells happen before we overwrite them.
+        let read = self.mem.read_pos().load(Ordering::Acquire);
+        if read < self.cached_read || read > self.head {
+            return Err(format!(
+                "consumer published read position {read}, outside {}..={} (records written)",
+                self.cached_read, self.head
+            ));
+        }
+        (self.cached_read, self.seen_read) = (read, read);
+        Ok(read)
     }
 
     /// How long, in nanoseconds beyond the timer's own cost, loading the consumer's read

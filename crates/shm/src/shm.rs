@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use polyrail_core::config::WaitMode;
 use polyrail_core::policy::sweep::PeerSweep;
-use polyrail_core::policy::{InARow, Placement, PlacementRule};
+use polyrail_core::policy::{LineSamples, Placement, PlacementRule};
 use polyrail_core::{
     Address, Caps, Config, Cost, Envelope, Error, Header, Issued, PeerInfo, Rank, Reach, Result, Sink, Transport,
     TransportAttr, TransportKind,
@@ -62,16 +62,16 @@ struct Peer {
     /// The peer passes the global barrier before it sleeps and this process is registered for
     /// it: our doorbell check needs no fence ([`ring_doorbell`]).
     fenceless: bool,
-    /// Where the peer's core sits ([`Placement`]: line-transfer samples in one band, as many in
-    /// a row as the engine's verdict takes, [`InARow::note_line`], or `POLYRAIL_PLACEMENT`;
-    /// `Middle` until measured). Apart, send cells are filled with non-temporal stores and the
+    /// Where the peer's core sits ([`Placement`]: the median of the latest line-transfer
+    /// samples, [`LineSamples`], as the engine's verdict, or `POLYRAIL_PLACEMENT`; `Middle`
+    /// until measured). Apart, send cells are filled with non-temporal stores and the
     /// consumer prefetches more ([`Consumer::set_slow_lines`]); in the middle, small payloads
     /// take the cell freed longest ago too ([`SendCells::fill`]).
     placement: Placement,
     /// `POLYRAIL_PLACEMENT` gave the placement: samples do not change it.
     given: bool,
     /// Line-transfer samples towards `placement`.
-    placement_samples: InARow<Placement>,
+    placement_samples: LineSamples,
     /// Timed fills of cells to the peer (one in [`CELL_SAMPLE_EVERY`] messages, while it is
     /// not apart and `own_cpus`): whether they run slowly just now ([`Transport::copies_slow`]).
     fills: FillRate,
@@ -185,10 +185,8 @@ impl ShmTransport {
             let took = p.inc.take(|hdr, body| {
                 match body {
                     Body::Inline(payload) => sink.message(rank, hdr, payload),
-                    Body::Cell { index, len } => {
-                        sink.message(rank, hdr, their_cells.payload(index, len)?);
-                        their_cells.release(index);
-                    }
+                    // The cell is the sender's again once our read position passes the record.
+                    Body::Cell { index, len } => sink.message(rank, hdr, their_cells.payload(index, len)?),
                 }
                 Ok(())
             });
@@ -340,7 +338,7 @@ impl ShmTransport {
             fenceless,
             placement,
             given: self.given.is_some(),
-            placement_samples: InARow::default(),
+            placement_samples: LineSamples::default(),
             fills: FillRate::new(self.local_copy_rate),
             own_cpus: self.own_cpus,
             map,
@@ -369,9 +367,10 @@ impl ShmTransport {
         if ns <= PlacementRule::LOCAL_NS && p.own_cpus {
             return Some(ns); // the line was here after all: no measure (the engine agrees)
         }
-        // Several samples in a row decide: one stretched by an interrupt (or, apart, a line a
-        // prefetch brought near) does not flip the verdict.
-        if let Some(placement) = p.placement_samples.note_line(ns).filter(|_| !p.given) {
+        // The median of several samples decides: one stretched by an interrupt (or, apart, a
+        // line a prefetch brought near) does not flip the verdict.
+        if let Some(placement) = p.placement_samples.note(ns).filter(|&v| !p.given && v != p.placement) {
+            tracing::debug!("shm: pid {}'s core measured {placement:?} (latest {ns} ns for a cache line)", p.pid);
             p.placement = placement;
             p.inc.set_slow_lines(placement == Placement::Apart);
         }
@@ -415,10 +414,25 @@ impl ShmTransport {
         }
     }
 
+    /// Takes back the send cells every destination has read (every cell was in flight).
+    #[cold]
+    fn reclaim_cells(&mut self) {
+        for &r in &self.active {
+            let Some(p) = self.peers[r as usize].as_mut().filter(|p| !p.failed) else { continue };
+            // A nonsense read position is reported by the next send to that peer.
+            if let Ok(read) = p.out.read_position() {
+                self.cells.reclaim(r, read);
+            }
+        }
+    }
+
     /// [`Transport::try_send`] for every message but a whole eager one that fits in its record:
     /// a payload in body slots, a header that takes the record, or a payload in a send cell.
     #[inline(never)]
     fn send_general(&mut self, peer: Rank, hdr: &Header, payload: &[u8]) -> Result<Issued> {
+        if payload.len() > self.attr.max_inline && self.cells.exhausted() {
+            self.reclaim_cells();
+        }
         let Some(Some(p)) = self.peers.get_mut(peer as usize) else { return Err(Self::not_connected(peer)) };
         let len = payload.len();
         if len <= self.attr.max_inline {
@@ -435,6 +449,14 @@ impl ShmTransport {
             Ok(true) => {}
             no_record => return Self::pushed(p, peer, no_record, self.ring_doorbells),
         }
+        // One message in CELL_SAMPLE_EVERY times a line transfer, before the cell and the record
+        // are written: right after, the line waits behind the receiver's pull of the cell (on
+        // the Intel Xeon host, 4 KiB one way: samples 92-137 ns for the middle half, against
+        // 58-83 at every other size). `after_push` times one push in LINE_SAMPLE_EVERY itself.
+        let record = p.out.pushed();
+        if (record + 1) % CELL_SAMPLE_EVERY == 0 && (record + 1) % LINE_SAMPLE_EVERY != 0 {
+            Self::time_line(p);
+        }
         // One message in CELL_SAMPLE_EVERY (half-way between the line samples) times its fill.
         let timed = p.out.pushed() % CELL_SAMPLE_EVERY == CELL_SAMPLE_EVERY / 2
             && len >= TIMED_FILL_MIN
@@ -442,15 +464,15 @@ impl ShmTransport {
             && p.own_cpus
             && self.cells.recycling();
         let start = timed.then(Instant::now);
-        let Some(cell) = self.cells.fill(peer, payload, p.placement) else { return Ok(Issued::WouldBlock) };
+        let cell = match self.cells.fill(peer, payload, p.placement, record, || p.out.read_position()) {
+            Ok(Some(cell)) => cell,
+            Ok(None) => return Ok(Issued::WouldBlock),
+            Err(what) => return Err(Error::protocol(peer, what)),
+        };
         if let Some(start) = start {
             Self::note_fill(p, len, start);
         }
         p.out.push_cell(hdr, len as u32, cell);
-        // `after_push` (through `pushed`) times one push in LINE_SAMPLE_EVERY itself.
-        if p.out.pushed() % CELL_SAMPLE_EVERY == 0 && p.out.pushed() % LINE_SAMPLE_EVERY != 0 {
-            Self::time_line(p);
-        }
         Self::pushed(p, peer, Ok(true), self.ring_doorbells)
     }
 }

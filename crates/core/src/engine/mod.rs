@@ -37,7 +37,7 @@ pub use types::{Action, Payload, ReqId, Source, Status, TagMatch};
 use crate::config::SkewPolicy;
 use crate::error::{Error, Rank, Result};
 use crate::header::{Envelope, Header, PacketKind};
-use crate::policy::{ChannelId, ChannelSet, InARow, PeerRoute, Placement, PlacementRule, Protocol};
+use crate::policy::{ChannelId, ChannelSet, LineSamples, PeerRoute, Placement, PlacementRule, Protocol};
 use crate::transport::{OpId, PeerAccess, Region, RegionMut, RemoteKey, Sink};
 use requests::{Dir, ExposeFor, Req, Requests};
 use spare::SpareBuffers;
@@ -177,7 +177,7 @@ struct Peer {
     /// Where the peer's core was measured to be (`None`: not yet; see
     /// [`Engine::note_line_transfer`]), and the samples towards it.
     placement: Option<Placement>,
-    placement_samples: InARow<Placement>,
+    placement_samples: LineSamples,
     /// Whether the channel measured its copies to the peer slow lately
     /// ([`Engine::note_copies_slow`]).
     copies_slow: bool,
@@ -210,7 +210,7 @@ impl Peer {
             unread_hint: 0,
             peer_lags: false,
             placement: None,
-            placement_samples: InARow::default(),
+            placement_samples: LineSamples::default(),
             copies_slow: false,
             unsampled: 0,
             window_rtrs: false,
@@ -351,14 +351,14 @@ impl Engine {
 
     /// A cache line written by `peer` took `ns` nanoseconds to arrive
     /// ([`crate::Transport::line_transfer_ns`]): the verdict ([`Placement::of_line`]) is set or
-    /// changed once enough samples in a row agree on it ([`InARow::note_line`]).
+    /// changed by the median of the latest samples ([`LineSamples`]).
     pub fn note_line_transfer(&mut self, peer: Rank, ns: u32) {
         let me = self.me;
         let Some(p) = self.peers.get_mut(peer as usize) else { return };
         if placement_rule(p).is_none_or(|r| r.given.is_some()) || (ns <= PlacementRule::LOCAL_NS && self.own_cpus) {
             return;
         }
-        let Some(placement) = p.placement_samples.note_line(ns) else { return };
+        let Some(placement) = p.placement_samples.note(ns) else { return };
         if p.placement != Some(placement) {
             p.placement = Some(placement);
             tracing::debug!(

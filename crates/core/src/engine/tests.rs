@@ -1075,14 +1075,23 @@ fn the_measured_placement_changes_medium_messages() {
         }
         first_packet_kind(sim, len, 5)
     };
-    assert_eq!(first_kind(&mut sim, &[20, 20], 3000), PacketKind::Rts, "two quick samples are not enough");
+    assert_eq!(first_kind(&mut sim, &[20; 8], 3000), PacketKind::Rts, "eight quick samples are not enough");
     assert_eq!(sim.engines[0].peer_placement(1), None);
     assert_eq!(first_kind(&mut sim, &[], 600), PacketKind::Eager, "not measured: the route table");
     assert_eq!(first_kind(&mut sim, &[20], 3000), PacketKind::Eager);
     assert_eq!(sim.engines[0].peer_placement(1), Some(Placement::Near));
-    assert_eq!(first_kind(&mut sim, &[500, 20, 200, 200], 3000), PacketKind::Eager, "one late sample changes nothing");
-    assert_eq!(first_kind(&mut sim, &[150], 3000), PacketKind::Eager, "three late samples do not make it apart");
-    assert_eq!(first_kind(&mut sim, &[150; 5], 3000), PacketKind::Rts, "eight do");
+    assert_eq!(
+        first_kind(&mut sim, &[500, 20, 200], 3000),
+        PacketKind::Eager,
+        "two late samples of nine change nothing"
+    );
+    assert_eq!(
+        first_kind(&mut sim, &[150; 4], 3000),
+        PacketKind::Rts,
+        "five late: the middle, the table's single copy"
+    );
+    assert_eq!(sim.engines[0].peer_placement(1), Some(Placement::Middle));
+    assert_eq!(first_kind(&mut sim, &[150; 3], 3000), PacketKind::Rts, "seven of nine beyond 100");
     assert_eq!(sim.engines[0].peer_placement(1), Some(Placement::Apart));
     assert_eq!(first_kind(&mut sim, &[], 600), PacketKind::Rts, "apart: single copy below the threshold");
     assert_eq!(first_kind(&mut sim, &[], 40), PacketKind::Eager, "below the apart part's size");
@@ -1105,7 +1114,7 @@ fn the_measured_placement_changes_medium_messages() {
     sim.settle();
     assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
     sim.wires[0].clear();
-    for _ in 0..3 {
+    for _ in 0..PlacementRule::SAMPLES {
         sim.engines[1].note_line_transfer(0, 20);
     }
     let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(7), &mut out);
@@ -1137,7 +1146,7 @@ fn the_measured_placement_changes_medium_messages() {
     assert_eq!(first_kind(&mut sim, &[70, 95, 45], 600), PacketKind::Eager, "middle: the table's eager size");
     assert_eq!(sim.engines[0].peer_placement(1), Some(Placement::Middle));
     assert_eq!(first_kind(&mut sim, &[], 3000), PacketKind::Rts, "middle: the table's single-copy size");
-    assert_eq!(first_kind(&mut sim, &[20, 70, 20, 20, 20], 3000), PacketKind::Eager, "near again");
+    assert_eq!(first_kind(&mut sim, &[20; 7], 3000), PacketKind::Eager, "near again");
 }
 
 /// An apart rule whose size is above the table's threshold sends the sizes between them eagerly
@@ -1151,7 +1160,7 @@ fn an_apart_rule_above_the_threshold_sends_medium_messages_eagerly() {
     assert!(e.wants_placement(1, 3000).is_some(), "a single-copy size below the rule's");
     assert_eq!(e.wants_placement(1, 6000), None, "single copy either way");
     for s in &mut sim.engines {
-        for _ in 0..PlacementRule::TO_CHANGE_APART {
+        for _ in 0..PlacementRule::SAMPLES {
             s.note_line_transfer(1 - s.rank(), 150);
         }
     }
@@ -1181,7 +1190,7 @@ fn an_apart_rule_above_the_threshold_sends_medium_messages_eagerly() {
 #[test]
 fn slow_copies_send_large_messages_to_a_near_peer_by_single_copy() {
     let mut sim = Sim::new(2, || placed_route(Some(8000), Some(5000)));
-    for _ in 0..PlacementRule::TO_CHANGE {
+    for _ in 0..PlacementRule::SAMPLES {
         sim.engines[0].note_line_transfer(1, 20);
     }
     fn first_kind(sim: &mut Sim, len: usize, slow: bool) -> PacketKind {
@@ -1230,7 +1239,7 @@ fn a_given_placement_needs_no_samples() {
         let region = Region { ptr: buf.as_ptr(), len: buf.len() };
         assert_eq!(sim.engines[0].inline_send(1, 9, 0, region).is_some(), eager_80, "{given:?}");
         let other = if given == Placement::Apart { 5 } else { 500 };
-        for _ in 0..PlacementRule::TO_CHANGE_APART {
+        for _ in 0..PlacementRule::SAMPLES {
             sim.engines[0].note_line_transfer(1, other);
         }
         assert_eq!(sim.engines[0].peer_placement(1), Some(given), "samples do not change a given placement");

@@ -193,23 +193,24 @@ impl PlacementRule {
     /// core complexes. Between the two lies an L3 shared across a mesh (the Intel Xeon host of
     /// `docs/benchmarks.md`: 55-95 ns, median 65-75), where neither rule pays.
     pub const APART_NS: u32 = 100;
-    /// Samples in a row in one band of [`Placement::of_line`] that set or change the
-    /// verdict (one late sample, an interrupt, does not; nor, apart, two early ones).
+    /// Samples in a row that set or change a two-sided verdict ([`InARow`]; one late sample,
+    /// an interrupt, does not).
     pub const TO_CHANGE: u8 = 3;
-    /// Samples in a row beyond [`PlacementRule::APART_NS`] that set or change the verdict to
-    /// apart. Under a stream a line waits behind the peer's own traffic: on the Intel Xeon
-    /// host, osu_bw 4-8 KiB samples spread over 20-180 ns (median 80-90, a quarter beyond 100),
-    /// and three in a row beyond 100 came often enough to fill cells with non-temporal stores
-    /// there in about one run in four (osu_bw 4 KiB 5.1 against 6.6-7.4 GB/s, 8 KiB 6.0
-    /// against 11-14). Apart on the AMD EPYC host, nearly every sample lies beyond 100.
-    pub const TO_CHANGE_APART: u8 = 8;
+    /// Line-transfer samples that give the placement, seven of them on one side
+    /// ([`LineSamples`]). Under load a line waits behind the peer's own traffic: on the Intel
+    /// Xeon host, osu_bw 4-8 KiB samples spread over 6-180 ns (median 80-90, a quarter beyond
+    /// 100, a tenth within 40), a 4 KiB ping-pong's over 75-125; verdicts from three samples in
+    /// a row, or from the median of nine, flipped between the bands several times a second,
+    /// and cells were filled with non-temporal stores now and then (4 KiB one way 1.0 -> 1.5-1.9
+    /// µs, osu_bw 9.7 -> 5.5 GB/s).
+    pub const SAMPLES: usize = 9;
     /// A sample at most this long found the line in the timing core's cache after all (a
     /// hardware prefetch brought it): it says nothing about the placement and is not counted
     /// (while every rank of the node has a CPU of its own: see `Engine::set_own_cpus`).
     /// On the AMD EPYC host apart, every fourth sample in a 64 KiB ping-pong was such (0-1 ns,
-    /// where a transfer takes 100-180), and with two samples to change, shm's own verdict
-    /// flipped to near a few times a second (shm only, 128 KiB one way 11-47 µs from run to run;
-    /// 11.1-11.5 without those samples and with three to change).
+    /// where a transfer takes 100-180), and with two samples in a row to change it, shm's own
+    /// verdict flipped to near a few times a second (shm only, 128 KiB one way 11-47 µs from
+    /// run to run; 11.1-11.5 without those samples and with three to change).
     pub const LOCAL_NS: u32 = 2;
     /// One message in this many that the rule covers times a line (a sample costs about
     /// 100 ns: three clock reads and a load from the other core; sampling every message cost
@@ -559,40 +560,64 @@ impl Placement {
     }
 }
 
-/// A verdict that changes once [`PlacementRule::TO_CHANGE`] samples in a row agree (one odd
-/// sample, an interrupt or a prefetch, does not): the placement of a peer's core, as the engine
-/// and the shm channel each measure it, and whether shm's cell fills run slowly.
+/// A two-sided verdict that changes once [`PlacementRule::TO_CHANGE`] samples in a row agree
+/// (one odd sample, an interrupt, does not): whether shm's cell fills run slowly.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct InARow<T = bool> {
-    /// The value of the latest samples.
-    side: T,
-    /// Samples in a row of it, up to `TO_CHANGE`.
+pub struct InARow {
+    /// The side of the latest samples.
+    side: bool,
+    /// Samples in a row on it, up to `TO_CHANGE`.
     count: u8,
 }
 
-impl<T: Copy + PartialEq> InARow<T> {
-    /// Notes a sample of `side`; the side when it is the [`PlacementRule::TO_CHANGE`]-th (or a
-    /// later) sample in a row of it.
-    pub fn note(&mut self, side: T) -> Option<T> {
-        self.note_of(side, PlacementRule::TO_CHANGE)
-    }
-
-    /// Notes a sample of `side`; the side when it is the `needed`-th (or a later) in a row.
-    fn note_of(&mut self, side: T, needed: u8) -> Option<T> {
-        self.count = if self.count > 0 && self.side == side { (self.count + 1).min(needed) } else { 1 };
+impl InARow {
+    /// Notes a sample on `side`; the side when it is the [`PlacementRule::TO_CHANGE`]-th (or a
+    /// later) sample in a row on it.
+    pub fn note(&mut self, side: bool) -> Option<bool> {
+        self.count =
+            if self.count > 0 && self.side == side { (self.count + 1).min(PlacementRule::TO_CHANGE) } else { 1 };
         self.side = side;
-        (self.count == needed).then_some(side)
+        (self.count == PlacementRule::TO_CHANGE).then_some(side)
     }
 }
 
-impl InARow<Placement> {
-    /// Notes a line-transfer sample of `ns` nanoseconds beyond a local load: the placement of
-    /// its band ([`Placement::of_line`]) once [`PlacementRule::TO_CHANGE`] samples in a row
-    /// fall in it ([`PlacementRule::TO_CHANGE_APART`] for apart).
-    pub fn note_line(&mut self, ns: u32) -> Option<Placement> {
-        let band = Placement::of_line(ns);
-        let needed = if band == Placement::Apart { PlacementRule::TO_CHANGE_APART } else { PlacementRule::TO_CHANGE };
-        self.note_of(band, needed)
+/// The latest [`PlacementRule::SAMPLES`] line-transfer samples of a peer, which say where its
+/// core is, as the engine and the shm channel each measure it: near when seven of the nine
+/// lie within [`PlacementRule::NEAR_NS`], apart when seven lie beyond
+/// [`PlacementRule::APART_NS`], and otherwise in the middle. The odd sample an interrupt
+/// stretched or a prefetch shortened changes nothing, nor does the spread of a loaded mesh,
+/// where a run of three samples on one side, or a median, flipped between the bands.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LineSamples {
+    /// The samples (ns, at most `u16::MAX`), oldest overwritten first.
+    ns: [u16; PlacementRule::SAMPLES],
+    /// Samples taken so far, up to `SAMPLES`.
+    taken: u8,
+    /// Where the next one goes.
+    next: u8,
+}
+
+impl LineSamples {
+    /// Notes a sample of `ns` nanoseconds beyond a local load; once there are
+    /// [`PlacementRule::SAMPLES`], the placement they say.
+    pub fn note(&mut self, ns: u32) -> Option<Placement> {
+        self.ns[self.next as usize] = ns.min(u16::MAX as u32) as u16;
+        self.next = (self.next + 1) % PlacementRule::SAMPLES as u8;
+        self.taken = (self.taken + 1).min(PlacementRule::SAMPLES as u8);
+        if (self.taken as usize) < PlacementRule::SAMPLES {
+            return None;
+        }
+        let mut sorted = self.ns;
+        sorted.sort_unstable();
+        // The third shortest and the third longest: seven of nine on one side.
+        let (low, high) = (u32::from(sorted[2]), u32::from(sorted[PlacementRule::SAMPLES - 3]));
+        Some(if high <= PlacementRule::NEAR_NS {
+            Placement::Near
+        } else if low > PlacementRule::APART_NS {
+            Placement::Apart
+        } else {
+            Placement::Middle
+        })
     }
 }
 
@@ -600,7 +625,7 @@ impl InARow<Placement> {
 mod tests {
     #[test]
     fn a_verdict_takes_three_samples_in_a_row() {
-        let mut v = super::InARow::<bool>::default();
+        let mut v = super::InARow::default();
         assert_eq!([v.note(true), v.note(true), v.note(false)], [None, None, None]);
         assert_eq!([v.note(true), v.note(true), v.note(true), v.note(true)], [None, None, Some(true), Some(true)]);
         assert_eq!(
@@ -610,14 +635,21 @@ mod tests {
     }
 
     #[test]
-    fn apart_takes_more_samples_in_a_row_than_near_or_middle() {
-        let mut v = super::InARow::<Placement>::default();
-        assert_eq!([v.note_line(20), v.note_line(30), v.note_line(40)], [None, None, Some(Placement::Near)]);
-        assert_eq!([v.note_line(41), v.note_line(100), v.note_line(70)], [None, None, Some(Placement::Middle)]);
-        let apart: Vec<_> = (0..PlacementRule::TO_CHANGE_APART).map(|_| v.note_line(150)).collect();
-        assert!(apart[..apart.len() - 1].iter().all(Option::is_none), "{apart:?}");
-        assert_eq!(apart.last(), Some(&Some(Placement::Apart)));
-        assert_eq!([v.note_line(101), v.note_line(60), v.note_line(150)], [Some(Placement::Apart), None, None]);
+    fn the_placement_takes_seven_of_the_latest_nine_samples() {
+        let mut v = LineSamples::default();
+        let mut note = |samples: &[u32]| samples.iter().map(|&ns| v.note(ns)).last().flatten();
+        assert_eq!(note(&[20; PlacementRule::SAMPLES - 1]), None, "not enough samples yet");
+        assert_eq!(note(&[20]), Some(Placement::Near));
+        assert_eq!(note(&[5000, 150]), Some(Placement::Near), "two of nine late");
+        assert_eq!(note(&[70]), Some(Placement::Middle), "three of nine late");
+        assert_eq!(note(&[150; 4]), Some(Placement::Middle), "six of nine beyond 100");
+        assert_eq!(note(&[150]), Some(Placement::Apart), "seven of nine beyond 100");
+        assert_eq!(note(&[1, 1]), Some(Placement::Middle), "seven of nine beyond 100 no more");
+        let loaded_mesh = [6, 30, 60, 90, 100, 180, 6, 60, 90];
+        assert_eq!(note(&loaded_mesh), Some(Placement::Middle), "a loaded mesh");
+        let ping_pong_on_a_mesh = [75, 125, 110, 118, 90, 121, 104, 122, 79];
+        assert_eq!(note(&ping_pong_on_a_mesh), Some(Placement::Middle));
+        assert_eq!(note(&[u32::MAX; PlacementRule::SAMPLES]), Some(Placement::Apart));
     }
 
     use super::*;
