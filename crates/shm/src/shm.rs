@@ -62,8 +62,8 @@ struct Peer {
     /// The peer passes the global barrier before it sleeps and this process is registered for
     /// it: our doorbell check needs no fence ([`ring_doorbell`]).
     fenceless: bool,
-    /// Where the peer's core sits ([`Placement`]: the median of the latest line-transfer
-    /// samples, [`LineSamples`], as the engine's verdict, or `POLYRAIL_PLACEMENT`; `Middle`
+    /// Where the peer's core sits ([`Placement`]: seven of the latest nine line-transfer samples
+    /// in one band, [`LineSamples`], as the engine's verdict, or `POLYRAIL_PLACEMENT`; `Middle`
     /// until measured). Apart, send cells are filled with non-temporal stores and the
     /// consumer prefetches more ([`Consumer::set_slow_lines`]); in the middle, small payloads
     /// take the cell freed longest ago too ([`SendCells::fill`]).
@@ -367,8 +367,8 @@ impl ShmTransport {
         if ns <= PlacementRule::LOCAL_NS && p.own_cpus {
             return Some(ns); // the line was here after all: no measure (the engine agrees)
         }
-        // The median of several samples decides: one stretched by an interrupt (or, apart, a
-        // line a prefetch brought near) does not flip the verdict.
+        // Seven of nine samples decide: one stretched by an interrupt (or, apart, a line a
+        // prefetch brought near) does not flip the verdict.
         if let Some(placement) = p.placement_samples.note(ns).filter(|&v| !p.given && v != p.placement) {
             tracing::debug!("shm: pid {}'s core measured {placement:?} (latest {ns} ns for a cache line)", p.pid);
             p.placement = placement;

@@ -350,8 +350,8 @@ impl Engine {
     }
 
     /// A cache line written by `peer` took `ns` nanoseconds to arrive
-    /// ([`crate::Transport::line_transfer_ns`]): the verdict ([`Placement::of_line`]) is set or
-    /// changed by the median of the latest samples ([`LineSamples`]).
+    /// ([`crate::Transport::line_transfer_ns`]): the verdict is set or changed by seven of the
+    /// latest nine samples in one band ([`LineSamples`], [`Placement::of_line`]).
     pub fn note_line_transfer(&mut self, peer: Rank, ns: u32) {
         let me = self.me;
         let Some(p) = self.peers.get_mut(peer as usize) else { return };
