@@ -10,10 +10,12 @@
 //!   record, and its read position, published with Release as the ring's, gives back every
 //!   cell named below it;
 //! - the sender reclaims from the read position (Acquire, [`SendCells::reclaim`]), which it
-//!   loads anyway to find room in the ring. Until 2026-11 each cell had a state word on its
-//!   own line that the sender set and the receiver cleared: two writes of a line the other
-//!   core held and a load of one it had just written, per message (on the Intel Xeon host,
-//!   osu_bw 2 KiB 6.7-8.3 -> 7.6-8.5 GB/s, 4 KiB 9.5-9.9 -> 9.7-10.9 without them).
+//!   loads anyway to find room in the ring. Until 2026-11 each cell had a state word on a
+//!   line of its own before the payload, which the sender set and the receiver cleared: two
+//!   writes of a line the other core held and a load of one it had just written, per message
+//!   (on the Intel Xeon host, osu_bw 2 KiB 6.7-8.3 -> 7.6-8.5 GB/s, 4 KiB 9.5-9.9 -> 9.7-10.9
+//!   without them; then without the line, every cell page aligned as the buffers of the
+//!   benchmarks are, 4 KiB 10.5-10.9 -> 10.9-12.3, 8 KiB 13.7-14.2 -> 14.7-15.2).
 //!
 //! The free list is ordered by when cells came back, and a fill takes the cell that came back
 //! longest ago. Measured on the AMD host, shm only (no CMA): with every payload in the cell
@@ -32,7 +34,7 @@
 use std::collections::VecDeque;
 use std::ptr::NonNull;
 
-use crate::segment::{SegLayout, CELL_STATE_BYTES};
+use crate::segment::SegLayout;
 use polyrail_core::policy::Placement;
 
 /// A fill reclaims the destination's read cells only when fewer than one in this many of the
@@ -45,7 +47,7 @@ const LOW_WATER: usize = 4;
 /// The cell pool in some process's segment, as seen by this process.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct CellArea {
-    /// First cell's first line.
+    /// First cell (page aligned; cells are `stride` bytes apart, a multiple of 64).
     base: NonNull<u8>,
     count: u32,
     size: usize,
@@ -68,8 +70,9 @@ impl CellArea {
         CellArea { base, count: layout.cells, size: layout.cell_size as usize, stride: layout.cell_stride }
     }
 
+    /// Where cell `index` starts.
     #[inline]
-    fn line(&self, index: u32) -> *mut u8 {
+    fn cell(&self, index: u32) -> *mut u8 {
         debug_assert!(index < self.count);
         // SAFETY: index < count, so the cell lies inside the pool (count * stride bytes).
         unsafe { self.base.as_ptr().add(index as usize * self.stride) }
@@ -87,7 +90,7 @@ impl CellArea {
         // SAFETY: index and len are checked above: the bytes are inside cell `index`; the sender
         // does not write the cell again before our read position passes the record that named
         // it (after the borrow ends).
-        Ok(unsafe { std::slice::from_raw_parts(self.line(index).add(CELL_STATE_BYTES), len) })
+        Ok(unsafe { std::slice::from_raw_parts(self.cell(index), len) })
     }
 }
 
@@ -171,9 +174,8 @@ impl SendCells {
             self.reclaim(dest, read()?);
         }
         let Some(c) = self.free.pop_front() else { return Ok(None) };
-        // SAFETY: c < count (the free list only holds pool indices): the payload area of cell c,
-        // which starts a line after the cell's 64-byte aligned first line.
-        let dst = unsafe { self.area.line(c).add(CELL_STATE_BYTES) };
+        // c < count: the free list only holds pool indices.
+        let dst = self.area.cell(c);
         if placement == Placement::Apart {
             // SAFETY: dst is 64-byte aligned; len <= cell size; the cell is ours: never used, or
             // the receiver published a read position past the record that named it (Acquire),
@@ -246,10 +248,10 @@ mod tests {
     #[test]
     fn cells_come_back_with_the_read_position_oldest_first() {
         #[repr(align(64))]
-        struct Pool([u8; 8 * 128]);
-        let mut pool = Pool([0; 8 * 128]);
-        // Eight cells of 64 bytes, each after a 64-byte line.
-        let area = CellArea { base: NonNull::from(&mut pool.0).cast(), count: 8, size: 64, stride: 128 };
+        struct Pool([u8; 8 * 64]);
+        let mut pool = Pool([0; 8 * 64]);
+        // Eight cells of 64 bytes.
+        let area = CellArea { base: NonNull::from(&mut pool.0).cast(), count: 8, size: 64, stride: 64 };
         let mut cells = SendCells::new(area, 2);
         cells.add_dest(1);
         let mut reads = 0;
@@ -268,7 +270,7 @@ mod tests {
         // The receiver read records 0-2 (cells 0-2); they come back in that order.
         assert_eq!([fill(8, 3), fill(9, 3), fill(10, 3), fill(11, 3)], [Some(0), Some(1), Some(2), None]);
         assert_eq!(reads, 5);
-        assert_eq!(&pool.0[64..65], b"c");
+        assert_eq!(&pool.0[..1], b"c");
         let mut cells = SendCells::new(area, 2);
         cells.add_dest(1);
         for r in 0..7 {

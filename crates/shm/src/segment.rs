@@ -11,8 +11,8 @@
 //! offset 4096     ring r for r in 0..size: the owner's outgoing ring to rank r
 //!                 (ring_stride = Geometry::bytes rounded up to 128 bytes; see `ring.rs`)
 //! cells_offset    send cell c for c in 0..cells (page aligned):
-//!                   64-byte line: state AtomicU32 (FREE = 0 / IN_FLIGHT = 1), rest unused
-//!                   cell_size bytes of payload, rounded up to 64
+//!                   cell_size bytes of payload, rounded up to 64 (a cell is free again once
+//!                   the receiver's read position passes the record naming it: `cells.rs`)
 //! total_len       rounded up to 4096
 //! ```
 //! Everything is allocated by the owner at creation (`posix_fallocate`, so a full `/dev/shm` is an
@@ -47,8 +47,6 @@ const SLEEPING_AT: usize = 128;
 const DOORBELL_AT: usize = 192;
 /// Offset of the sleep-barrier flag.
 const SLEEP_BARRIER_AT: usize = 256;
-/// Bytes of a cell's state line.
-pub(crate) const CELL_STATE_BYTES: usize = 64;
 /// Magic number at the start of an address: `b"PRSH"`.
 const ADDR_MAGIC: u32 = u32::from_le_bytes(*b"PRSH");
 
@@ -82,7 +80,7 @@ pub(crate) struct SegLayout {
     pub cell_size: u32,
     /// Bytes between two rings.
     pub ring_stride: usize,
-    /// Offset of the first cell's state line.
+    /// Offset of the first cell (page aligned).
     pub cells_offset: usize,
     /// Bytes between two cells.
     pub cell_stride: usize,
@@ -96,7 +94,7 @@ impl SegLayout {
         let ring_stride = geo.bytes().div_ceil(CONTROL) * CONTROL;
         let rings_end = HEADER_BYTES.checked_add(ring_stride.checked_mul(size as usize)?)?;
         let cells_offset = rings_end.checked_next_multiple_of(4096)?;
-        let cell_stride = CELL_STATE_BYTES.checked_add((cell_size as usize).checked_next_multiple_of(64)?)?;
+        let cell_stride = (cell_size as usize).checked_next_multiple_of(64)?;
         let total = cells_offset.checked_add(cell_stride.checked_mul(cells as usize)?)?;
         let total_len = total.checked_next_multiple_of(4096)?;
         Some(SegLayout { size, geo, cells, cell_size, ring_stride, cells_offset, cell_stride, total_len })

@@ -3,8 +3,8 @@
 //!
 //! Each process creates one segment (see `segment.rs` for its layout) holding its outgoing ring
 //! to every rank and its send-cell pool. A peer maps it read-write: it reads the records, body
-//! slots and cells addressed to it, and writes back only its ring's read positions and the
-//! cells' `FREE` states.
+//! slots and cells addressed to it, and writes back only its ring's read positions (which also
+//! give the cells back).
 //! Once every process has mapped every segment (`connected`), the names are unlinked, so nothing
 //! is left in `/dev/shm` even if the job is killed later.
 
