@@ -241,6 +241,26 @@ fn consumer_publishing_nonsense_is_an_error() {
     // SAFETY: test-only write to the read position, as a faulty consumer would do.
     unsafe { (*mem.ptr.as_ptr().cast::<AtomicU64>()).store(1000, Ordering::Relaxed) };
     assert!(p.try_push_inline(&header(0), &[]).is_err());
+    // The send cells' reclaim loads the same position: refused there too, naming it.
+    let e = p.read_position().unwrap_err();
+    assert!(e.contains("1000"), "{e}");
+}
+
+#[test]
+fn the_read_position_follows_what_the_consumer_published() {
+    let geo = Geometry::new(16, 4);
+    let mem = HeapRing::new(geo);
+    let (mut p, mut c) = mem.pair(geo);
+    for n in 0..5 {
+        assert!(p.try_push_inline(&header(n), &[]).unwrap());
+    }
+    assert_eq!(p.read_position(), Ok(0));
+    for _ in 0..3 {
+        assert!(c.take(|_, _| Ok(())).unwrap());
+    }
+    assert_eq!(p.read_position(), Ok(0), "consumed, not yet published");
+    c.idle(); // what an empty poll does
+    assert_eq!(p.read_position(), Ok(3));
 }
 
 #[derive(Clone, Debug)]
