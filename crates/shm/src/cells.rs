@@ -37,11 +37,10 @@ use std::ptr::NonNull;
 use crate::segment::SegLayout;
 use polyrail_core::policy::Placement;
 
-/// A fill reclaims the destination's read cells only when fewer than one in this many of the
-/// pool are free: each look loads the ring's read
-/// position, a line the receiver writes (with a state word per cell, looking at the oldest cell
-/// in flight for every message had taken a third of the time of a sender of a 4 KiB osu_bw
-/// stream on the Intel Xeon host).
+/// A fill takes back the cells the destination has read only when fewer than one in this many
+/// of the pool are free: each look loads the ring's read position, a line the receiver writes.
+/// (Looking at the oldest cell in flight for every message, when cells had a state word each,
+/// took a third of the time of the sender of a 4 KiB osu_bw stream on the Intel Xeon host.)
 const LOW_WATER: usize = 4;
 
 /// The cell pool in some process's segment, as seen by this process.

@@ -64,9 +64,8 @@ struct Peer {
     fenceless: bool,
     /// Where the peer's core sits ([`Placement`]: seven of the latest nine line-transfer samples
     /// in one band, [`LineSamples`], as the engine's verdict, or `POLYRAIL_PLACEMENT`; `Middle`
-    /// until measured). Apart, send cells are filled with non-temporal stores and the
-    /// consumer prefetches more ([`Consumer::set_slow_lines`]); in the middle, small payloads
-    /// take the cell freed longest ago too ([`SendCells::fill`]).
+    /// until measured). Apart, send cells are filled with non-temporal stores
+    /// ([`SendCells::fill`]) and the consumer prefetches more ([`Consumer::set_slow_lines`]).
     placement: Placement,
     /// `POLYRAIL_PLACEMENT` gave the placement: samples do not change it.
     given: bool,
