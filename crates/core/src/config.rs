@@ -380,7 +380,8 @@ pub struct Config {
     pub pmi: PmiVersion,
     /// `POLYRAIL_SKEW`: skew feedback (Chai §6.3.2), `LIMIT:WINDOW:SIZE` or `off`. When WINDOW
     /// messages of one sender in a row arrive to find more than LIMIT of its messages waiting
-    /// unexpected (no receive posted), the receiver tells the sender, which then sends messages
+    /// unexpected (no receive posted; the first it sent after our last send to it, which may
+    /// answer that send, does not count), the receiver tells the sender, which then sends messages
     /// up to SIZE eagerly instead of by single copy, until WINDOW messages in a row find their
     /// receive posted (or at most LIMIT waiting). Default `0:8:64k` (see `docs/benchmarks.md`).
     pub skew: Option<SkewPolicy>,

@@ -1282,6 +1282,36 @@ fn skew_feedback_sends_eagerly_while_the_receiver_lags() {
     assert_eq!(out, data);
 }
 
+/// In a rendezvous ping-pong a receive can find the peer's answer waiting (it follows our
+/// message at once): that is no lag, and the answering side keeps single copy.
+#[test]
+fn a_waiting_answer_is_no_lag() {
+    let mut sim = Sim::new(2, one_sided_route);
+    let policy = crate::config::SkewPolicy { limit: 0, window: 3, eager_up_to: 4096 };
+    for e in &mut sim.engines {
+        e.set_skew_policy(Some(policy));
+    }
+    let (ping, pong) = (pattern(1, 2000), pattern(2, 2000)); // one-sided (rndv-get) by the route
+    let (mut at0, mut at1) = (vec![0u8; 2000], vec![0u8; 2000]);
+    for _ in 0..6 {
+        let q1 = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut at1);
+        let s0 = send(&mut sim, 0, 1, 1, &ping);
+        sim.settle();
+        assert!(result(&mut sim, 1, q1).is_ok() && result(&mut sim, 0, s0).is_ok());
+        // Rank 1 answers at once; rank 0 posts its receive only after the answer arrived.
+        let before = sim.wires[0].len();
+        let s1 = send(&mut sim, 1, 0, 2, &pong);
+        sim.run_actions();
+        assert_eq!(sim.wires[0][before].hdr.kind, PacketKind::Rts, "the answer stays single copy");
+        sim.settle();
+        let q0 = recv(&mut sim, 0, Source::Rank(1), TagMatch::Tag(2), &mut at0);
+        sim.settle();
+        assert!(result(&mut sim, 0, q0).is_ok() && result(&mut sim, 1, s1).is_ok());
+    }
+    assert!(!sim.engines[1].peer_lags(0));
+    assert_eq!((at0, at1), (pong, ping));
+}
+
 /// From memory the peer maps, sizes the route sends eagerly go one-sided from the mapped rule's
 /// size, also in a stream; the receiver pulls them (it routes the size eagerly itself).
 #[test]
