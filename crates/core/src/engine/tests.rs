@@ -1246,13 +1246,19 @@ fn a_given_placement_needs_no_samples() {
     }
 }
 
-#[test]
-fn skew_feedback_sends_eagerly_while_the_receiver_lags() {
+/// Two ranks on [`one_sided_route`] with skew feedback after three receives, up to 4096 bytes.
+fn skewed_sim() -> Sim {
     let mut sim = Sim::new(2, one_sided_route);
     let policy = crate::config::SkewPolicy { limit: 0, window: 3, eager_up_to: 4096 };
     for e in &mut sim.engines {
         e.set_skew_policy(Some(policy));
     }
+    sim
+}
+
+#[test]
+fn skew_feedback_sends_eagerly_while_the_receiver_lags() {
+    let mut sim = skewed_sim();
     let data = pattern(9, 2000); // one-sided (rndv-get) by the route
     let mut out = vec![0u8; 2000];
     // One message: returns the kind of its first packet. `late`: the receive is posted after
@@ -1286,11 +1292,7 @@ fn skew_feedback_sends_eagerly_while_the_receiver_lags() {
 /// message at once): that is no lag, and the answering side keeps single copy.
 #[test]
 fn a_waiting_answer_is_no_lag() {
-    let mut sim = Sim::new(2, one_sided_route);
-    let policy = crate::config::SkewPolicy { limit: 0, window: 3, eager_up_to: 4096 };
-    for e in &mut sim.engines {
-        e.set_skew_policy(Some(policy));
-    }
+    let mut sim = skewed_sim();
     let (ping, pong) = (pattern(1, 2000), pattern(2, 2000)); // one-sided (rndv-get) by the route
     let (mut at0, mut at1) = (vec![0u8; 2000], vec![0u8; 2000]);
     for _ in 0..6 {
