@@ -24,6 +24,9 @@
 # measurement (one polyrail latency or bandwidth run, one MPI program, one UCX series) is
 # bracketed by the floor too (rows tool=place), and the report gives, beside the medians of
 # everything, the medians of the measurements that ran wholly near and wholly apart.
+# Latency with fresh data: polyrail-bench latency --fresh and mpi_pp.c's latency with a memset
+# of the message before each send (rows mode=fresh), for Open MPI and MPICH (ucx_perftest
+# cannot write its messages).
 # Env: REPEATS (3), OUT (target/peers), PEERS_SRC (../shared/tools/peers), SKIP_INSTALL=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,8 +65,16 @@ gcc -O2 -o "$OUT/physlim" "$PEERS_SRC/physlim.c" -lpthread
 sed "s/^static const int sizes\[\] = {.*};/static const int sizes[] = {$(echo $SIZES | tr ' ' ',')};/" \
     "$PEERS_SRC/mpi_pp.c" > "$OUT/mpi_pp.c"
 grep -q "sizes\[\] = {$(echo $SIZES | tr ' ' ',')}" "$OUT/mpi_pp.c" || { log "cannot set mpi_pp.c's sizes"; exit 1; }
-mpicc.openmpi -O2 -o "$OUT/mpi_pp_ompi" "$OUT/mpi_pp.c"
-mpicc.mpich -O2 -Wno-stringop-overflow -o "$OUT/mpi_pp_mpich" "$OUT/mpi_pp.c"
+# And its latency part alone with fresh data: the sender writes the whole message before each
+# send (the data check then no longer applies).
+sed -e 's/^\( *\)MPI_Send(s, sz, /\1memset(s, i, sz);\n\1MPI_Send(s, sz, /' \
+    -e 's|^ */\* bandwidth, osu_bw style \*/|    MPI_Finalize();\n    return 0;|' -e '/data check failed/d' \
+    "$OUT/mpi_pp.c" > "$OUT/mpi_pp_fresh.c"
+[ "$(grep -c 'memset(s, i, sz);' "$OUT/mpi_pp_fresh.c")" = 2 ] || { log "cannot make mpi_pp_fresh.c"; exit 1; }
+for f in mpi_pp mpi_pp_fresh; do
+    mpicc.openmpi -O2 -o "$OUT/${f}_ompi" "$OUT/$f.c"
+    mpicc.mpich -O2 -Wno-stringop-overflow -o "$OUT/${f}_mpich" "$OUT/$f.c"
+done
 {
     echo "date (UTC): $(date -u)"; echo "kernel: $(uname -r)"
     lscpu | grep -E 'Model name|^CPU\(s\)|L1d|L2|L3'
@@ -79,10 +90,11 @@ PORT=23700
 
 # floor_us: one cache line between CPU_A and CPU_B, median one-way time (µs).
 floor_us() { "$OUT/physlim" proc $CPU_A $CPU_B | awk '/^pp_proc /{printf "%.4f", $6 / 1000}'; }
-# mpi_run ompi|mpich LOG: mpi_pp (latency then bandwidth, every size) under that MPI.
+# mpi_run ompi|mpich LOG [fresh]: mpi_pp (latency then bandwidth, every size) under that MPI;
+# with `fresh`, mpi_pp_fresh (latency with fresh data).
 mpi_run() {
-    local cmd=$OMPI; [ "$1" = mpich ] && cmd=$MPICH
-    timeout 600 $cmd "$OUT/mpi_pp_$1" > "$2" 2>&1 || log "$1 failed (see $2)"
+    local cmd=$OMPI prog=mpi_pp; [ "$1" = mpich ] && cmd=$MPICH; [ "${3:-}" = fresh ] && prog=mpi_pp_fresh
+    timeout 600 $cmd "$OUT/${prog}_$1" > "$2" 2>&1 || log "$1 $prog failed (see $2)"
 }
 # ucx_run TEST SIZE ITERS LOG: one ucx_perftest run, server on CPU_A, client on CPU_B; sets
 # $line to the client's 'Final:' line (empty if none).
@@ -141,6 +153,21 @@ for r in $(seq 1 "$REPEATS"); do
             # The CSV has every digit (the OSU table rounds latencies to 10 ns).
             while IFS=, read -r _ _ sz v _; do rec polyrail "$t" $m "$sz" "$r" "$v"; done < <(tail -n +2 "$f.csv")
         done
+    done
+
+    log "repeat $r: latency with fresh data (polyrail, Open MPI, MPICH)"
+    f="$OUT/logs/polyrail_latency_fresh_$r"
+    rm -f "$f.csv"
+    place polyrail fresh lat_us before
+    "$BENCH" latency --fresh --sizes "$csv_sizes" --csv "$f.csv" > "$f.txt"
+    place polyrail fresh lat_us after
+    while IFS=, read -r _ _ sz v _; do rec polyrail fresh lat_us "$sz" "$r" "$v"; done < <(tail -n +2 "$f.csv")
+    for m in ompi mpich; do
+        f="$OUT/logs/${m}_fresh_$r.txt"
+        place $m fresh lat_us before
+        mpi_run $m "$f" fresh
+        place $m fresh lat_us after
+        while read -r _ sz v; do rec "$m" fresh lat_us "$sz" "$r" "$v"; done < <(grep -E '^lat ' "$f")
     done
 
     log "repeat $r: Open MPI (vader + cma), MPICH (ch4:ucx)"

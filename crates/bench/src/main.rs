@@ -25,7 +25,15 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// One-way latency by ping-pong (osu_latency): half the round trip, averaged.
-    Latency(Common),
+    Latency {
+        #[command(flatten)]
+        common: Common,
+        /// Before every send the sender writes the whole message anew, as an application
+        /// sends new data each round (osu_latency sends one unchanged buffer, whose lines a
+        /// single copy finds in the receiving core's cache from the round before).
+        #[arg(long)]
+        fresh: bool,
+    },
     /// Streaming bandwidth (osu_bw): windows of 64 non-blocking sends, one acknowledgement.
     Bw(Common),
     /// Bidirectional bandwidth (osu_bibw): both ranks stream windows of 64 at once.
@@ -135,7 +143,7 @@ fn relaunch(ranks: u32, transport: &str, args: Vec<OsString>) -> anyhow::Result<
 
 fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.cmd {
-        Cmd::Latency(ref c)
+        Cmd::Latency { common: ref c, .. }
         | Cmd::Bw(ref c)
         | Cmd::Bibw(ref c)
         | Cmd::MbwMr(ref c)
@@ -148,7 +156,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             let args: Vec<OsString> = std::env::args_os().skip(1).collect();
             relaunch(c.ranks, &c.transport, args)
         }
-        Cmd::Latency(c) => osu::latency(&c).map(|_| 0),
+        Cmd::Latency { common, fresh } => osu::latency(&common, fresh).map(|_| 0),
         Cmd::Bw(c) => osu::bandwidth(&c).map(|_| 0),
         Cmd::Bibw(c) => experiments::bibw(&c).map(|_| 0),
         Cmd::MbwMr(c) => experiments::mbw_mr(&c).map(|_| 0),

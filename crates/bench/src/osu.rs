@@ -142,10 +142,13 @@ pub(crate) fn start(c: &Common, what: &str) -> anyhow::Result<Run> {
     Ok(Run { ctx, sizes, sbuf, rbuf })
 }
 
-/// osu_latency between ranks 0 and 1 (other ranks wait at the barrier).
-pub fn latency(c: &Common) -> anyhow::Result<()> {
-    let Run { mut ctx, sizes, mut sbuf, mut rbuf } = start(c, "latency")?;
-    header(&ctx, c, "latency", "Latency (us)");
+/// osu_latency between ranks 0 and 1 (other ranks wait at the barrier); with `fresh`, each
+/// side writes every byte of its message before each send (the round's number), and the CSV
+/// rows say `latency_fresh`.
+pub fn latency(c: &Common, fresh: bool) -> anyhow::Result<()> {
+    let bench = if fresh { "latency_fresh" } else { "latency" };
+    let Run { mut ctx, sizes, mut sbuf, mut rbuf } = start(c, bench)?;
+    header(&ctx, c, bench, "Latency (us)");
     for &size in &sizes {
         let (iters, warmup) = iterations(c, size, (10000, 1000), (1000, 100));
         ctx.barrier()?;
@@ -156,6 +159,9 @@ pub fn latency(c: &Common) -> anyhow::Result<()> {
                     if i == warmup {
                         t0 = Instant::now();
                     }
+                    if fresh {
+                        sbuf[..size].fill(i as u8);
+                    }
                     ctx.send(1, 1, &sbuf[..size])?;
                     ctx.recv(1, 1, &mut rbuf[..size])?;
                 }
@@ -163,11 +169,14 @@ pub fn latency(c: &Common) -> anyhow::Result<()> {
                 if !c.quiet {
                     println!("{size:<10}{us:>20.2}");
                 }
-                append_csv(c, "latency", size, us, "us")?;
+                append_csv(c, bench, size, us, "us")?;
             }
             1 => {
-                for _ in 0..iters + warmup {
+                for i in 0..iters + warmup {
                     ctx.recv(0, 1, &mut rbuf[..size])?;
+                    if fresh {
+                        sbuf[..size].fill(i as u8);
+                    }
                     ctx.send(0, 1, &sbuf[..size])?;
                 }
             }

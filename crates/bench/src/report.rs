@@ -137,6 +137,7 @@ pub fn report(input: &Path, out: &Path) -> anyhow::Result<()> {
         fmt(floor_line, 2)
     );
     tables(&mut md, &m, cacheline, "###");
+    fresh(&mut md, &m);
     let place = placements(&rows);
     for (near, name) in [(true, "near"), (false, "apart")] {
         let pm = medians(&rows, |r| placement_of(&place, r, near));
@@ -214,6 +215,47 @@ fn tables(md: &mut String, m: &Medians, cacheline: Option<f64>, level: &str) {
         }
         let _ = writeln!(md);
     }
+}
+
+/// Mode of the rows of the latency with fresh data (`polyrail-bench latency --fresh`, and
+/// `mpi_pp.c` writing its message before each send).
+const FRESH: &str = "fresh";
+/// The fresh-data table's series after polyrail: (tool, label). ucx_perftest cannot write its
+/// messages.
+const FRESH_PEERS: &[(&str, &str)] = &[("ompi", "Open MPI"), ("mpich", "MPICH")];
+
+/// Appends the section "Latency with fresh data" to `md`; nothing if the run has none.
+fn fresh(md: &mut String, m: &Medians) {
+    let sizes: Vec<usize> =
+        m.keys().filter(|(t, mode, me, _)| t == "polyrail" && mode == FRESH && me == "lat_us").map(|k| k.3).collect();
+    if sizes.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "### Latency with fresh data (µs)\n\nThe ping-pong of the latency table, but before every send the \
+         sender writes the whole message anew (osu_latency sends one unchanged buffer, whose lines a \
+         single copy finds in the receiving core's cache from the round before). \"same buffer\": \
+         polyrail's automatic route in the latency table.\n"
+    );
+    let mut head = String::from("| size | polyrail |");
+    for (_, label) in FRESH_PEERS {
+        head += &format!(" {label} |");
+    }
+    let _ = writeln!(md, "{head} polyrail / best peer | polyrail same buffer |\n|---:|---:|---:|---:|---:|---:|");
+    for size in sizes {
+        let ours = get(m, "polyrail", FRESH, "lat_us", size);
+        let peers: Vec<Option<f64>> = FRESH_PEERS.iter().map(|(t, _)| get(m, t, FRESH, "lat_us", size)).collect();
+        let best = peers.iter().flatten().copied().reduce(f64::min);
+        let digits = |v: Option<f64>| if v.is_some_and(|x| x < 1.0) { 3 } else { 2 };
+        let mut row = format!("| {} | {} |", polyrail::format_size(size), fmt(ours, digits(ours)));
+        for v in peers {
+            row += &format!(" {} |", fmt(v, digits(v)));
+        }
+        let same = get(m, "polyrail", "auto", "lat_us", size);
+        let _ = writeln!(md, "{row} {} | {} |", fmt(ours.zip(best).map(|(a, b)| a / b), 2), fmt(same, digits(same)));
+    }
+    let _ = writeln!(md);
 }
 
 /// Tool name of the paired block's rows (`scripts/compare-peers.sh`: floor, each tool's 8 B
