@@ -60,6 +60,7 @@ timeout 300 target/release/polyrail-bench discovery --quick --policies all,dynam
 csv=$(mktemp -d)/points.csv
 timeout 300 target/release/polyrail-bench compare --quick --sizes 8,64k --csv "$csv"
 grep -q '^latency,' "$csv"
+grep -q '^latency_fresh,auto,' "$csv"
 if [ -d crates/bench/benches ] && ls crates/bench/benches/*.rs > /dev/null 2>&1; then
     timeout 900 cargo bench -p polyrail-bench -- --test
 fi

@@ -101,7 +101,8 @@ enum Cmd {
         out: PathBuf,
     },
     /// Latency and bandwidth of every channel (auto, shm, cma, and auto from registered
-    /// buffers and from heap blocks) in one table.
+    /// buffers and from heap blocks) in one table, and the automatic route's latency with
+    /// fresh data (`latency --fresh`).
     Compare {
         /// Sizes to measure (comma-separated, with k/m suffixes).
         #[arg(long, default_value = "8,64,512,4k,32k,256k,1m,4m")]
@@ -210,47 +211,45 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
 /// The columns of `compare`: channels as `--transport` names them, with `+registered` for
 /// buffers from `Context::alloc_registered` and `+heap` for `Vec`s from the `MappedHeap`.
 const COMPARED: [&str; 5] = ["auto", "shm", "cma", "auto+registered", "auto+heap"];
+/// The latency table's last column: the automatic route with `latency --fresh`.
+const FRESH: &str = "auto+fresh";
 
 /// Runs latency and bandwidth for every channel (and the automatic route from registered
-/// buffers and heap blocks) and prints one table.
+/// buffers and heap blocks, and its latency with fresh data) and prints one table.
 fn compare(sizes: &str, quick: bool, csv: Option<PathBuf>) -> anyhow::Result<i32> {
     let list = osu::parse_sizes(sizes)?;
     let tmp = std::env::temp_dir().join(format!("polyrail-compare-{}.csv", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
-    for bench in ["latency", "bw"] {
-        for column in COMPARED {
-            let (transport, buffers) = column.split_once('+').unwrap_or((column, ""));
-            let mut args: Vec<OsString> = vec![bench.into(), "--transport".into(), transport.into()];
-            if !buffers.is_empty() {
-                args.push(format!("--{buffers}").into());
-            }
-            args.extend([
-                "--sizes".into(),
-                sizes.into(),
-                "--csv".into(),
-                tmp.clone().into_os_string(),
-                "--quiet".into(),
-            ]);
-            if quick {
-                args.push("--quick".into());
-            }
-            let code = relaunch(2, transport, args)?;
-            if code != 0 {
-                bail!("{bench} over {column} failed with status {code}");
-            }
+    let runs = ["latency", "bw"].into_iter().flat_map(|b| COMPARED.map(|c| (b, c))).chain([("latency", FRESH)]);
+    for (bench, column) in runs {
+        let (transport, option) = column.split_once('+').unwrap_or((column, ""));
+        let mut args: Vec<OsString> = vec![bench.into(), "--transport".into(), transport.into()];
+        if !option.is_empty() {
+            args.push(format!("--{option}").into());
+        }
+        args.extend(["--sizes".into(), sizes.into(), "--csv".into(), tmp.clone().into_os_string(), "--quiet".into()]);
+        if quick {
+            args.push("--quick".into());
+        }
+        let code = relaunch(2, transport, args)?;
+        if code != 0 {
+            bail!("{bench} over {column} failed with status {code}");
         }
     }
     let text = std::fs::read_to_string(&tmp).context("reading the measurements")?;
     let rows = osu::read_csv(&text);
     println!("# polyrail-bench compare: 2 ranks, one core each");
     for (bench, unit) in [("latency", "one-way latency (us)"), ("bw", "bandwidth (MB/s)")] {
+        let columns = COMPARED.iter().chain((bench == "latency").then_some(&FRESH));
         print!("\n# {unit}\n{:>8}", "size");
-        for column in COMPARED {
+        for column in columns.clone() {
             print!(" {:>20}", column);
         }
         for &size in &list {
             print!("\n{:>8}", polyrail::format_size(size));
-            for column in COMPARED {
+            for &column in columns.clone() {
+                // `latency --fresh` writes its rows as bench `latency_fresh`, transport `auto`.
+                let (bench, column) = if column == FRESH { ("latency_fresh", "auto") } else { (bench, column) };
                 let cell = rows
                     .iter()
                     .find(|r| r.bench == bench && r.transport == column && r.size == size)

@@ -419,3 +419,29 @@ fn plot(m: &Medians, metric: &str, ylabel: &str, path: &Path) -> anyhow::Result<
     root.present()?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fresh-data table puts polyrail beside the better of the two MPIs and its own
+    /// same-buffer latency; a run without fresh rows gets no section.
+    #[test]
+    fn the_fresh_table_compares_with_the_better_mpi() {
+        let key = |tool: &str, mode: &str| (tool.to_string(), mode.to_string(), "lat_us".to_string(), 16384);
+        let m: Medians = [
+            (key("polyrail", FRESH), 2.0),
+            (key("ompi", FRESH), 5.0),
+            (key("mpich", FRESH), 4.0),
+            (key("polyrail", "auto"), 3.0),
+        ]
+        .into_iter()
+        .collect();
+        let mut md = String::new();
+        fresh(&mut md, &m);
+        assert!(md.contains("| 16k | 2.00 | 5.00 | 4.00 | 0.50 | 3.00 |"), "{md}");
+        let mut none = String::new();
+        fresh(&mut none, &m.into_iter().filter(|(k, _)| k.1 != FRESH).collect());
+        assert!(none.is_empty(), "{none}");
+    }
+}
