@@ -122,6 +122,16 @@ fn fmt(v: Option<f64>, digits: usize) -> String {
     v.map_or("-".into(), |x| format!("{x:.digits$}"))
 }
 
+/// Decimals of a latency in µs: three below a microsecond (10 ns steps hide the differences
+/// that matter there), else two.
+fn lat_digits(v: Option<f64>) -> usize {
+    if v.is_some_and(|x| x < 1.0) {
+        3
+    } else {
+        2
+    }
+}
+
 /// Writes `report.md`, `latency.svg` and `bandwidth.svg` into `out`.
 pub fn report(input: &Path, out: &Path) -> anyhow::Result<()> {
     let rows = read(input)?;
@@ -184,9 +194,7 @@ fn tables(md: &mut String, m: &Medians, cacheline: Option<f64>, level: &str) {
             let mut row = format!("| {} |", polyrail::format_size(size));
             for (tool, mode, _) in SERIES {
                 let v = get(m, tool, mode, metric, size);
-                // Sub-microsecond latencies with a third decimal: 10 ns steps hide the differences
-                // that matter there.
-                let digits = if metric == "lat_us" && v.is_some_and(|x| x < 1.0) { 3 } else { digits };
+                let digits = if metric == "lat_us" { lat_digits(v) } else { digits };
                 row += &format!(" {} |", fmt(v, digits));
             }
             let peers: Vec<f64> = PEERS.iter().filter_map(|p| get(m, p, "default", metric, size)).collect();
@@ -247,13 +255,13 @@ fn fresh(md: &mut String, m: &Medians) {
         let ours = get(m, "polyrail", FRESH, "lat_us", size);
         let peers: Vec<Option<f64>> = FRESH_PEERS.iter().map(|(t, _)| get(m, t, FRESH, "lat_us", size)).collect();
         let best = peers.iter().flatten().copied().reduce(f64::min);
-        let digits = |v: Option<f64>| if v.is_some_and(|x| x < 1.0) { 3 } else { 2 };
-        let mut row = format!("| {} | {} |", polyrail::format_size(size), fmt(ours, digits(ours)));
+        let mut row = format!("| {} | {} |", polyrail::format_size(size), fmt(ours, lat_digits(ours)));
         for v in peers {
-            row += &format!(" {} |", fmt(v, digits(v)));
+            row += &format!(" {} |", fmt(v, lat_digits(v)));
         }
         let same = get(m, "polyrail", "auto", "lat_us", size);
-        let _ = writeln!(md, "{row} {} | {} |", fmt(ours.zip(best).map(|(a, b)| a / b), 2), fmt(same, digits(same)));
+        let _ =
+            writeln!(md, "{row} {} | {} |", fmt(ours.zip(best).map(|(a, b)| a / b), 2), fmt(same, lat_digits(same)));
     }
     let _ = writeln!(md);
 }
