@@ -64,7 +64,8 @@ fn header(n: u64) -> Header {
 }
 
 fn payload(n: u64, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (n as usize * 31 + i * 7) as u8).collect()
+    // Wrapping: property tests pass any n (a debug build checks overflow).
+    (0..len).map(|i| (n as usize).wrapping_mul(31).wrapping_add(i.wrapping_mul(7)) as u8).collect()
 }
 
 /// Pops one message if there is one and checks it is message `n` of `len` bytes.
