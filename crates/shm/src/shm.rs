@@ -457,7 +457,7 @@ impl ShmTransport {
             Self::time_line(p);
         }
         // One message in CELL_SAMPLE_EVERY (half-way between the line samples) times its fill.
-        let timed = p.out.pushed() % CELL_SAMPLE_EVERY == CELL_SAMPLE_EVERY / 2
+        let timed = record % CELL_SAMPLE_EVERY == CELL_SAMPLE_EVERY / 2
             && len >= TIMED_FILL_MIN
             && p.placement != Placement::Apart
             && p.own_cpus

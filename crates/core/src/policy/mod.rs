@@ -611,12 +611,10 @@ impl LineSamples {
         sorted.sort_unstable();
         // The third shortest and the third longest: seven of nine on one side.
         let (low, high) = (u32::from(sorted[2]), u32::from(sorted[PlacementRule::SAMPLES - 3]));
-        Some(if high <= PlacementRule::NEAR_NS {
-            Placement::Near
-        } else if low > PlacementRule::APART_NS {
-            Placement::Apart
-        } else {
-            Placement::Middle
+        Some(match (Placement::of_line(high), Placement::of_line(low)) {
+            (Placement::Near, _) => Placement::Near,
+            (_, Placement::Apart) => Placement::Apart,
+            _ => Placement::Middle,
         })
     }
 }
