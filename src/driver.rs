@@ -1,7 +1,7 @@
 //! Drives the sans-IO engine: executes its actions on the channels, polls the channels, waits.
 
 use polyrail_core::config::{PollPolicy, WaitMode};
-use polyrail_core::engine::{Action, Engine, Payload, ReqId, Status, Unparked};
+use polyrail_core::engine::{Action, Engine, Payload, ReqId, SplitTiming, Status, Unparked};
 use polyrail_core::policy::{ChannelId, ChannelSet};
 use polyrail_core::{Caps, Error, Header, Issued, Rank, Region, Result, SharedFile, Transport, TransportKind};
 use std::collections::VecDeque;
@@ -63,6 +63,8 @@ pub(crate) struct Driver {
     syscall_skipped: u32,
     /// Poll every channel on every round (see [`Driver::probing`]).
     poll_everything: bool,
+    /// When the split message the engine times started ([`Engine::split_timing`]).
+    split_since: Instant,
 }
 
 /// Largest ratio of the dynamic policy, reached while the others deliver nothing: near Chai's
@@ -171,6 +173,7 @@ impl Driver {
             syscall_polled,
             syscall_skipped: 0,
             poll_everything: false,
+            split_since: Instant::now(),
             poll,
             engine,
             channels,
@@ -188,8 +191,26 @@ impl Driver {
     /// Executes every action the engine has.
     #[inline]
     pub fn drain(&mut self) {
+        // A timed split message starts before its first action runs and ends once its request
+        // has: the clock is read here, on either side of the actions.
+        if self.engine.split_timed() {
+            self.time_split();
+        }
         while let Some(a) = self.engine.poll_action() {
             self.execute(a);
+        }
+        if self.engine.split_timed() {
+            self.time_split();
+        }
+    }
+
+    /// Starts or reads the clock of the split message the engine times.
+    #[cold]
+    fn time_split(&mut self) {
+        match self.engine.split_timing() {
+            Some(SplitTiming::Start) => self.split_since = Instant::now(),
+            Some(SplitTiming::End) => self.engine.split_ended(self.split_since.elapsed().as_nanos() as u64),
+            None => {}
         }
     }
 

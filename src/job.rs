@@ -171,6 +171,7 @@ impl Job {
         let mut reaching = ChannelSet::EMPTY;
         let mut engine = Engine::new(rank, size);
         engine.set_skew_policy(config.skew);
+        engine.set_split_share(config.split_share);
         // Ranks on this machine, this one included.
         let mut same_host = 0;
         for r in 0..size {

@@ -117,6 +117,17 @@ pub enum SplitThreshold {
     From(usize),
 }
 
+/// The receiver's part of a split single copy (`POLYRAIL_SPLIT_SHARE`), see
+/// [`Config::split_share`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SplitShare {
+    /// Measured per peer and size class among a quarter, three eighths and a half.
+    #[default]
+    Auto,
+    /// This many per cent of every split message (page aligned).
+    Percent(u8),
+}
+
 /// A setting that is `auto`, `off` or a size.
 enum AutoOffSize {
     Auto,
@@ -322,6 +333,13 @@ pub struct Config {
     /// cma, 256k for ib over software RDMA, never on an adapter; see `docs/benchmarks.md`); a
     /// size (for every channel whose copies the CPUs make); `off`.
     pub split_threshold: SplitThreshold,
+    /// `POLYRAIL_SPLIT_SHARE`: how much of a split message the receiver copies (the front).
+    /// `auto` (default): per peer and size class, the fastest of a quarter, three eighths and a
+    /// half, measured on messages that ran alone and searched again after 250 messages (up to
+    /// 4000 while searches find the same): halves win when the receiving core has the sender's
+    /// lines cached, as with osu_latency's unchanged buffer, a quarter or three eighths when
+    /// the sender just wrote the message. Or a percentage.
+    pub split_share: SplitShare,
     /// `POLYRAIL_STREAM_EAGER`: messages that would go by single copy go eagerly through send
     /// cells instead when no message came from the peer since the last send to it (a stream, as
     /// in osu_bw): there both processes copy at once and no message waits for a handshake.
@@ -407,6 +425,7 @@ impl Default for Config {
             tuning: None,
             routes: Vec::new(),
             split_threshold: SplitThreshold::Auto,
+            split_share: SplitShare::Auto,
             stream_eager: StreamEager::Off,
             near_eager: NearEager::Auto,
             apart_single_copy: ApartSingleCopy::Auto,
@@ -433,6 +452,10 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("POLYRAIL_ROUTE", "route overrides CLASS:LO-HI:CHANNEL[/PROTOCOL],... e.g. all:0-64k:shm,socket:1m-:cma/get"),
     ("POLYRAIL_TUNING", "file of measured thresholds written by `polyrail tune`"),
     ("POLYRAIL_SPLIT_THRESHOLD", "smallest single-copy message both processes copy: auto (default), off or a size"),
+    (
+        "POLYRAIL_SPLIT_SHARE",
+        "receiver's part of a split single copy: auto (default, measured per peer and size) or a percentage",
+    ),
     (
         "POLYRAIL_STREAM_EAGER",
         "largest single-copy message sent eagerly in a stream of sends to a peer: off (default), auto or a size",
@@ -553,6 +576,14 @@ impl Config {
                     AutoOffSize::Auto => SplitThreshold::Auto,
                     AutoOffSize::Off => SplitThreshold::Off,
                     AutoOffSize::Size(n) => SplitThreshold::From(n),
+                }
+            }
+            "POLYRAIL_SPLIT_SHARE" => {
+                self.split_share = match value {
+                    "auto" => SplitShare::Auto,
+                    _ => SplitShare::Percent(
+                        count_in(1, 99).map_err(|_| bad("`auto` or a percentage from 1 to 99"))? as u8
+                    ),
                 }
             }
             "POLYRAIL_STREAM_EAGER" => {
@@ -872,6 +903,15 @@ mod tests {
         assert!(e.contains("l9") && e.contains("shared-l3"), "{e}");
         assert!(cfg(&[("POLYRAIL_CMA_THRESHOLD", "socket:lots")]).is_err());
         assert_eq!(cfg(&[("POLYRAIL_SPLIT_THRESHOLD", "off")]).unwrap().split_threshold, SplitThreshold::Off);
+        assert_eq!(cfg(&[("POLYRAIL_SPLIT_SHARE", "30")]).unwrap().split_share, SplitShare::Percent(30));
+        assert_eq!(cfg(&[("POLYRAIL_SPLIT_SHARE", "auto")]).unwrap().split_share, SplitShare::Auto);
+        for v in ["0", "100", "half", "30%"] {
+            let e = cfg(&[("POLYRAIL_SPLIT_SHARE", v)]).unwrap_err().to_string();
+            assert!(
+                e.contains("POLYRAIL_SPLIT_SHARE") && e.contains(v) && e.contains("percentage from 1 to 99"),
+                "{e}"
+            );
+        }
         assert_eq!(cfg(&[("POLYRAIL_SPLIT_THRESHOLD", "1m")]).unwrap().split_threshold, SplitThreshold::From(1 << 20));
         let e = cfg(&[("POLYRAIL_SPLIT_THRESHOLD", "1k")]).unwrap_err().to_string();
         assert!(e.contains("POLYRAIL_SPLIT_THRESHOLD") && e.contains("`auto`"), "{e}");

@@ -3,8 +3,8 @@
 use super::requests::{Dir, ExposeFor, Req};
 use super::types::{op_id, OpKind};
 use super::{
-    am_of, finish_req, placement_says_eager, split_point, Action, Engine, FragTarget, Incoming, Payload, ReqId, Rtr,
-    Source, TagMatch, Unexpected, UxBody, MAX_EAGER_LEN, MAX_RTR_PLACE, SEND_HISTORY,
+    am_of, finish_req, placement_says_eager, Action, Engine, FragTarget, Incoming, Payload, ReqId, Rtr, Source,
+    TagMatch, Unexpected, UxBody, MAX_EAGER_LEN, MAX_RTR_PLACE, SEND_HISTORY,
 };
 use crate::error::{Error, Rank, Result};
 use crate::header::{Header, PacketKind};
@@ -332,7 +332,7 @@ impl Engine {
             return Ok(());
         }
         let (protocol, channel) = one_sided.expect("checked above");
-        let split = if protocol == Protocol::RndvSplit { split_point(len) } else { len };
+        let split = if protocol == Protocol::RndvSplit { self.split_point(id, from, len) } else { len };
         let pull_all = split == len || split == 0;
         if pull_all {
             // Sender first with our RTR on its way (RTS wins): the sender drops the RTR unused,

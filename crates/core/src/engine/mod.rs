@@ -30,17 +30,19 @@
 mod incoming;
 mod requests;
 mod spare;
+mod split_share;
 mod types;
 
 pub use types::{Action, Payload, ReqId, Source, Status, TagMatch};
 
-use crate::config::SkewPolicy;
+use crate::config::{SkewPolicy, SplitShare};
 use crate::error::{Error, Rank, Result};
 use crate::header::{Envelope, Header, PacketKind};
 use crate::policy::{ChannelId, ChannelSet, LineSamples, PeerRoute, Placement, PlacementRule, Protocol};
 use crate::transport::{OpId, PeerAccess, Region, RegionMut, RemoteKey, Sink};
 use requests::{Dir, ExposeFor, Req, Requests};
 use spare::SpareBuffers;
+use split_share::{SplitTuner, Trial};
 use std::collections::VecDeque;
 use std::ops::Range;
 use types::{op_id, split_op, OpKind};
@@ -191,6 +193,9 @@ struct Peer {
     window_rtrs: bool,
     /// How many messages had come from this peer when the last send to it was posted.
     last_send_at: Option<u32>,
+    /// The search for the receiver's share of split messages with this peer (made at the
+    /// first one).
+    split: Option<Box<SplitTuner>>,
 }
 
 impl Peer {
@@ -215,6 +220,7 @@ impl Peer {
             unsampled: 0,
             window_rtrs: false,
             last_send_at: None,
+            split: None,
         }
     }
 }
@@ -247,6 +253,34 @@ pub struct Engine {
     own_cpus: bool,
     /// Buffers of unexpected eager messages already taken, for the next ones.
     spare: SpareBuffers,
+    /// The receiver's share of split messages (`POLYRAIL_SPLIT_SHARE`).
+    split_share: SplitShare,
+    /// The split message whose time the driver measures for its peer's search, if any, and
+    /// the latest split message (a message runs alone when that one has ended).
+    split_probe: Option<SplitProbe>,
+    last_split: Option<ReqId>,
+}
+
+/// A split message timed for [`SplitTuner`]: the driver starts its clock before the message's
+/// first action runs and reads it once the request has ended ([`Engine::split_timing`]).
+#[derive(Debug)]
+struct SplitProbe {
+    id: ReqId,
+    peer: Rank,
+    trial: Trial,
+    started: bool,
+    /// Another split message started before this one ended: its time says nothing of its share.
+    disturbed: bool,
+}
+
+/// What the driver is to do with its clock for the timed split message
+/// ([`Engine::split_timing`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitTiming {
+    /// Its share was chosen and none of its actions ran yet: start the clock.
+    Start,
+    /// It has ended: report the time since the start with [`Engine::split_ended`].
+    End,
 }
 
 /// Whether `buf` lies inside one of `ranges`, which are sorted by start and disjoint (distinct
@@ -277,6 +311,9 @@ impl Engine {
             parked: None,
             own_cpus: true,
             spare: SpareBuffers::default(),
+            split_share: SplitShare::Auto,
+            split_probe: None,
+            last_split: None,
         }
     }
 
@@ -304,6 +341,74 @@ impl Engine {
     /// 17.6 without; 14.9 against 17.4 with local samples not counted).
     pub fn set_own_cpus(&mut self, own: bool) {
         self.own_cpus = own;
+    }
+
+    /// Sets how much of a split message the receiver copies; see [`SplitShare`].
+    pub fn set_split_share(&mut self, share: SplitShare) {
+        self.split_share = share;
+    }
+
+    /// Whether a split message is being timed: then call [`Engine::split_timing`] before and
+    /// after executing actions. (Inline: the driver asks on every drain.)
+    #[inline]
+    pub fn split_timed(&self) -> bool {
+        self.split_probe.is_some()
+    }
+
+    /// What to do with the clock of the timed split message now, if anything.
+    pub fn split_timing(&mut self) -> Option<SplitTiming> {
+        let probe = self.split_probe.as_mut()?;
+        if !probe.started {
+            probe.started = true;
+            return Some(SplitTiming::Start);
+        }
+        let ended = self.reqs.get(probe.id).is_none_or(|r| r.result.is_some());
+        ended.then_some(SplitTiming::End)
+    }
+
+    /// Reports the time of the timed split message (after [`SplitTiming::End`]): it counts
+    /// for its peer's search when it ended well and ran alone.
+    pub fn split_ended(&mut self, ns: u64) {
+        let Some(probe) = self.split_probe.take() else { return };
+        let ok = self.reqs.get(probe.id).is_some_and(|r| matches!(r.result, Some(Ok(_))));
+        if ok && !probe.disturbed {
+            let tuner = self.peers.get_mut(probe.peer as usize).and_then(|p| p.split.as_mut());
+            if let Some(found) = tuner.and_then(|t| t.record(probe.trial, ns)) {
+                let [half, three_eighths, quarter] = found.fastest_ns;
+                tracing::debug!(
+                    "rank {}: split messages of {}-{} with rank {}: the receiver copies {}/8 \
+                     (fastest message: halves {half} ns, 3/8 {three_eighths} ns, 1/4 {quarter} ns)",
+                    self.me,
+                    crate::format_size(found.from),
+                    crate::format_size(found.from * 2),
+                    probe.peer,
+                    found.eighths
+                );
+            }
+        }
+    }
+
+    /// Where request `id`'s `len`-byte split message with `peer` divides: the receiver copies
+    /// the bytes before the returned offset. With [`SplitShare::Auto`] a message that runs
+    /// alone may be a trial of the peer's search, timed by the driver.
+    fn split_point(&mut self, id: ReqId, peer: Rank, len: usize) -> usize {
+        let share = match self.split_share {
+            SplitShare::Percent(p) => return (len / 100 * p as usize) & !4095,
+            SplitShare::Auto => {
+                let running = self.last_split.and_then(|r| self.reqs.get(r)).is_some_and(|r| r.result.is_none());
+                if let Some(probe) = self.split_probe.as_mut().filter(|_| running) {
+                    probe.disturbed = true;
+                }
+                let tuner = self.peers[peer as usize].split.get_or_insert_with(Box::default);
+                let (split, trial) = tuner.choose(len, !running && self.split_probe.is_none());
+                if let Some(trial) = trial {
+                    self.split_probe = Some(SplitProbe { id, peer, trial, started: false, disturbed: false });
+                }
+                split
+            }
+        };
+        self.last_split = Some(id);
+        share
     }
 
     /// Turns skew feedback on (`Some`) or off; see [`SkewPolicy`].
@@ -656,7 +761,8 @@ impl Engine {
             Protocol::RndvGet | Protocol::RndvSplit => match rtr {
                 Some(rtr) if rtr.cap >= buf.len => {
                     // Receiver first: we write (all, or the back half when splitting).
-                    let split = if protocol == Protocol::RndvSplit { split_point(buf.len) } else { 0 };
+                    let split = if protocol == Protocol::RndvSplit { self.split_point(id, to, buf.len) } else { 0 };
+                    let req = self.reqs.get_mut(id).expect("request made above");
                     req.split = split;
                     req.peer_key = Some(Box::new(rtr.key));
                     req.peer_req = rtr.rreq;
@@ -1235,12 +1341,6 @@ fn unexpose(req: &mut Req, actions: &mut VecDeque<Action>) {
 /// The active-message channel to `peer`.
 fn am_of(peers: &[Peer], peer: Rank) -> ChannelId {
     peers[peer as usize].route.as_ref().map_or(0, |r| r.am)
-}
-
-/// Where the split protocol divides a message: the receiver pulls the front half (page
-/// aligned), the sender pushes the rest.
-fn split_point(len: usize) -> usize {
-    (len / 2) & !4095
 }
 
 impl Engine {

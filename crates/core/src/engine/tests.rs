@@ -1620,3 +1620,93 @@ proptest! {
         }
     }
 }
+
+/// Split messages that run alone settle on the receiver's share the clock finds fastest, with
+/// the receive posted first (the sender chooses) and after (the receiver does); the driver's
+/// clock is played by `ns_of`, a function of the split point.
+#[test]
+fn the_split_share_follows_the_measured_times() {
+    let len = 64 << 10;
+    for (recv_first, fastest) in [(true, 16 << 10), (false, 24 << 10)] {
+        let mut sim = Sim::new(2, one_sided_route);
+        let chooser = if recv_first { 0 } else { 1 };
+        let ns_of = |split: usize| if split == fastest { 3_000 } else { 5_000 };
+        let mut splits = Vec::new();
+        for i in 0..20u32 {
+            let data = pattern(i as u8, len);
+            let mut out = vec![0u8; len];
+            let (s, q);
+            if recv_first {
+                q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(i), &mut out);
+                sim.settle();
+                s = send(&mut sim, 0, 1, i, &data);
+            } else {
+                s = send(&mut sim, 0, 1, i, &data);
+                sim.settle();
+                q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(i), &mut out);
+            }
+            let e = &mut sim.engines[chooser];
+            let split = e.reqs.get(if recv_first { s } else { q }).expect("running").split;
+            splits.push(split);
+            let timed = e.split_timed();
+            if timed {
+                assert_eq!(e.split_timing(), Some(SplitTiming::Start));
+                assert_eq!(e.split_timing(), None, "still running");
+            }
+            sim.settle();
+            if timed {
+                let e = &mut sim.engines[chooser];
+                assert_eq!(e.split_timing(), Some(SplitTiming::End));
+                e.split_ended(ns_of(split));
+                assert!(!e.split_timed());
+            }
+            assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
+            assert_eq!(out, data);
+        }
+        // Four of each share (halves first), then the fastest one, untimed.
+        let tried: Vec<usize> = [32 << 10, 24 << 10, 16 << 10].iter().flat_map(|&s| [s; 4]).collect();
+        assert_eq!(splits[..12], tried[..], "recv_first {recv_first}");
+        assert!(splits[12..].iter().all(|&s| s == fastest), "recv_first {recv_first}: {splits:?}");
+        assert!(!sim.engines[chooser].split_timed());
+    }
+}
+
+/// A split message that starts while another is under way makes neither a trial: with
+/// several in flight the search does not advance; and a fixed share is used as given.
+#[test]
+fn split_messages_in_flight_together_are_not_trials() {
+    let len = 64 << 10;
+    let mut sim = Sim::new(2, one_sided_route);
+    let data = pattern(3, len);
+    let mut outs = vec![vec![0u8; len]; 3];
+    // Sender first: the receiver chooses each share as its receive meets the RTS.
+    let sends: Vec<ReqId> = (0..3).map(|_| send(&mut sim, 0, 1, 1, &data)).collect();
+    sim.settle();
+    let recvs: Vec<ReqId> =
+        outs.iter_mut().map(|out| recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), out)).collect();
+    // The first was a trial, disturbed by the second; the others were not trials.
+    let e = &mut sim.engines[1];
+    assert_eq!(e.split_timing(), Some(SplitTiming::Start));
+    sim.settle();
+    let e = &mut sim.engines[1];
+    assert_eq!(e.split_timing(), Some(SplitTiming::End));
+    e.split_ended(1);
+    let tuner = e.peers[0].split.as_ref().expect("made at the first split");
+    assert_eq!(tuner.classes_measured(), 0, "a disturbed trial does not count");
+    for (s, q) in sends.into_iter().zip(recvs) {
+        assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
+    }
+    assert!(outs.iter().all(|o| *o == data));
+
+    let mut sim = Sim::new(2, one_sided_route);
+    sim.engines[0].set_split_share(SplitShare::Percent(30));
+    let mut out = vec![0u8; len];
+    let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
+    sim.settle();
+    let s = send(&mut sim, 0, 1, 1, &data);
+    assert_eq!(sim.engines[0].reqs.get(s).unwrap().split, 16 << 10, "30 % of 64 KiB, page aligned");
+    assert!(!sim.engines[0].split_timed());
+    sim.settle();
+    assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
+    assert_eq!(out, data);
+}
