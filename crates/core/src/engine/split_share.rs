@@ -18,14 +18,21 @@
 /// nothing was measured yet).
 const SHARES: [u8; 3] = [4, 3, 2];
 
-/// Messages measured per share and search; the fastest of them counts (the first after a
-/// change of share still carries the caches of the one before).
+/// Messages measured per share and search; the fastest of them counts.
 const SAMPLES: u8 = 4;
 
 /// Messages sent with the chosen share before the next search; doubled, up to [`MAX_KEEP`],
 /// each time a search finds the share it had (trials of the slower shares cost time).
 const KEEP: u16 = 250;
+/// Messages of a class before its first search: the first ones find cold caches and pages
+/// not yet mapped, and would make the share tried first look slow.
+const WARM_UP: u16 = 16;
 const MAX_KEEP: u16 = 4000;
+
+/// Another share replaces the one in use only when its fastest message is faster by this many
+/// parts in 64 (6 %): times of a few messages are noisy, and each change costs messages that
+/// find the caches laid out for the share before.
+const MARGIN_64THS: u64 = 4;
 
 /// Size classes (powers of two) from 32 KiB; larger messages share the last one.
 const FIRST_CLASS: u32 = 15;
@@ -55,7 +62,7 @@ pub(super) struct SplitTuner {
     classes: [ClassSearch; CLASSES],
 }
 
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 struct ClassSearch {
     /// Index in [`SHARES`] of the share in use.
     best: u8,
@@ -66,6 +73,12 @@ struct ClassSearch {
     /// This search's fastest time per share (0: none yet) and messages measured.
     fastest_ns: [u64; SHARES.len()],
     measured: [u8; SHARES.len()],
+}
+
+impl Default for ClassSearch {
+    fn default() -> Self {
+        ClassSearch { best: 0, keep: WARM_UP, kept: 0, fastest_ns: [0; SHARES.len()], measured: [0; SHARES.len()] }
+    }
 }
 
 impl SplitTuner {
@@ -79,8 +92,10 @@ impl SplitTuner {
             c.keep -= 1;
             None
         } else if may_try {
-            // The first share short of samples, in order.
-            c.measured.iter().position(|&n| n < SAMPLES).map(|a| a as u8)
+            // The shares in turn (the first of those measured least), so that a stretch of
+            // slow transfers, which the host has for seconds at times, slows each alike.
+            let (a, &n) = c.measured.iter().enumerate().min_by_key(|&(_, n)| n).expect("shares are not empty");
+            (n < SAMPLES).then_some(a as u8)
         } else {
             None
         };
@@ -100,14 +115,22 @@ impl SplitTuner {
         c.fastest_ns[a] = if c.fastest_ns[a] == 0 { ns } else { c.fastest_ns[a].min(ns) };
         c.measured[a] += 1;
         if c.measured.iter().all(|&n| n >= SAMPLES) {
-            let best = (0..SHARES.len()).min_by_key(|&i| c.fastest_ns[i]).expect("shares are not empty");
+            let fastest = (0..SHARES.len()).min_by_key(|&i| c.fastest_ns[i]).expect("shares are not empty");
+            let (now, t) = (c.best as usize, c.fastest_ns);
+            let best = if t[fastest] * 64 < t[now] * (64 - MARGIN_64THS) { fastest } else { now };
             let found = Found {
                 from: 1 << (FIRST_CLASS as usize + trial.class as usize),
                 eighths: SHARES[best],
                 fastest_ns: c.fastest_ns,
             };
-            let keep = if best as u8 == c.best && c.kept > 0 { (c.kept * 2).min(MAX_KEEP) } else { KEEP };
-            *c = ClassSearch { best: best as u8, keep, kept: keep, ..ClassSearch::default() };
+            let keep = if best == now && c.kept > 0 { (c.kept * 2).min(MAX_KEEP) } else { KEEP };
+            *c = ClassSearch {
+                best: best as u8,
+                keep,
+                kept: keep,
+                fastest_ns: [0; SHARES.len()],
+                measured: [0; SHARES.len()],
+            };
             return Some(found);
         }
         None
@@ -140,21 +163,32 @@ fn class_of(len: usize) -> usize {
 mod tests {
     use super::*;
 
-    /// Runs messages of `len` bytes whose time depends on the share only, until the search
-    /// settles; returns the share then in use.
+    /// Runs messages of `len` bytes whose time depends on the share only, until a search
+    /// ends (the first after WARM_UP untimed messages); returns the share then in use.
     fn settle(t: &mut SplitTuner, len: usize, mut ns_of: impl FnMut(usize) -> u64) -> u8 {
-        for _ in 0..(SHARES.len() * SAMPLES as usize) {
+        let mut trials = 0;
+        loop {
             let (split, trial) = t.choose(len, true);
-            let found = t.record(trial.expect("searching"), ns_of(split));
-            assert_eq!(found.is_some(), t.classes[class_of(len)].measured == [0; SHARES.len()]);
+            let Some(trial) = trial else {
+                assert_eq!(trials, 0, "trials in a row");
+                continue;
+            };
+            trials += 1;
+            if t.record(trial, ns_of(split)).is_some() {
+                assert_eq!(trials, SHARES.len() * SAMPLES as usize);
+                return t.share_eighths(len);
+            }
         }
-        t.share_eighths(len)
     }
 
     #[test]
     fn halves_until_something_was_measured() {
         let mut t = SplitTuner::default();
+        for _ in 0..WARM_UP {
+            assert_eq!(t.choose(1 << 20, true), (512 << 10, None));
+        }
         assert_eq!(t.choose(1 << 20, false), (512 << 10, None));
+        assert_eq!(t.choose(1 << 20, true), (512 << 10, Some(Trial { class: 5, arm: 0 })));
         assert_eq!(t.share_eighths(1 << 20), 4);
     }
 
@@ -186,7 +220,7 @@ mod tests {
     fn the_fastest_sample_of_a_share_counts() {
         let mut t = SplitTuner::default();
         let mut n = 0;
-        // Halves are fastest but their first two samples are slow (as after a change).
+        // Halves are fastest but their first two samples are slow.
         let share = settle(&mut t, 1 << 20, |split| {
             n += 1;
             match split {
@@ -196,6 +230,18 @@ mod tests {
             }
         });
         assert_eq!(share, 4);
+    }
+
+    #[test]
+    fn the_share_in_use_stays_unless_another_is_clearly_faster() {
+        let mut t = SplitTuner::default();
+        // A quarter 3 % faster than halves: halves stay; 10 % faster: a quarter.
+        assert_eq!(settle(&mut t, 256 << 10, |split| if split == 64 << 10 { 97_000 } else { 100_000 }), 4);
+        t.classes[3].keep = 0;
+        assert_eq!(settle(&mut t, 256 << 10, |split| if split == 64 << 10 { 90_000 } else { 100_000 }), 2);
+        // Now halves need the margin.
+        t.classes[3].keep = 0;
+        assert_eq!(settle(&mut t, 256 << 10, |split| if split == 128 << 10 { 97_000 } else { 100_000 }), 2);
     }
 
     #[test]

@@ -1632,7 +1632,7 @@ fn the_split_share_follows_the_measured_times() {
         let chooser = if recv_first { 0 } else { 1 };
         let ns_of = |split: usize| if split == fastest { 3_000 } else { 5_000 };
         let mut splits = Vec::new();
-        for i in 0..20u32 {
+        for i in 0..40u32 {
             let data = pattern(i as u8, len);
             let mut out = vec![0u8; len];
             let (s, q);
@@ -1663,10 +1663,12 @@ fn the_split_share_follows_the_measured_times() {
             assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
             assert_eq!(out, data);
         }
-        // Four of each share (halves first), then the fastest one, untimed.
-        let tried: Vec<usize> = [32 << 10, 24 << 10, 16 << 10].iter().flat_map(|&s| [s; 4]).collect();
-        assert_eq!(splits[..12], tried[..], "recv_first {recv_first}");
-        assert!(splits[12..].iter().all(|&s| s == fastest), "recv_first {recv_first}: {splits:?}");
+        // Sixteen halves untimed, each share in turn four times (halves first), then the
+        // fastest one.
+        let tried = [[32 << 10, 24 << 10, 16 << 10]; 4].concat();
+        assert!(splits[..16].iter().all(|&s| s == 32 << 10), "recv_first {recv_first}: {splits:?}");
+        assert_eq!(splits[16..28], tried[..], "recv_first {recv_first}");
+        assert!(splits[28..].iter().all(|&s| s == fastest), "recv_first {recv_first}: {splits:?}");
         assert!(!sim.engines[chooser].split_timed());
     }
 }
@@ -1678,6 +1680,16 @@ fn split_messages_in_flight_together_are_not_trials() {
     let len = 64 << 10;
     let mut sim = Sim::new(2, one_sided_route);
     let data = pattern(3, len);
+    // Past the warm-up of the size class (messages one at a time, untimed here).
+    for _ in 0..16 {
+        let mut out = vec![0u8; len];
+        let s = send(&mut sim, 0, 1, 1, &data);
+        sim.settle();
+        let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
+        sim.settle();
+        assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
+        assert!(!sim.engines[1].split_timed());
+    }
     let mut outs = vec![vec![0u8; len]; 3];
     // Sender first: the receiver chooses each share as its receive meets the RTS.
     let sends: Vec<ReqId> = (0..3).map(|_| send(&mut sim, 0, 1, 1, &data)).collect();
