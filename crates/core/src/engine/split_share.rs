@@ -1,15 +1,14 @@
 //! How much of a split rendezvous the receiver copies, chosen per peer and message size by
 //! measuring whole messages.
 //!
-//! In the split protocol the receiver pulls the front of a message and the sender pushes the
-//! rest, both at once. Halves are fastest when the receiving core has the sender's lines in its
-//! cache already (a buffer sent again unchanged, as in osu_latency); when the sender has just
-//! written the message (an application's fresh data) the sender's copy reads its own cache and
-//! the receiver's crosses between the cores, and the receiver should take a quarter to three
-//! eighths (Intel Xeon host, `docs/benchmarks.md`: 64 KiB 10.0 -> 6.1 µs, 1 MiB 78 -> 65). An
-//! equal finish of both copies is not the optimum (they slow each other), so the share is
-//! searched: each size class tries every share on a few messages that ran alone, then keeps
-//! the fastest for a while.
+//! In the split protocol the receiver pulls the front of a message and the sender pushes the rest,
+//! both at once. Halves are fastest when the receiving core has the sender's lines in its cache
+//! already (a buffer sent again unchanged, as in osu_latency); when the sender has just written the
+//! message (an application's fresh data) the sender's copy reads its own cache and the receiver's
+//! crosses between the cores, and the receiver should take a quarter to three eighths (Intel Xeon
+//! host, `docs/benchmarks.md`: fresh data 64 KiB-1 MiB 5-30 % faster than halves). An equal finish
+//! of both copies is not the optimum (they slow each other), so the share is searched: each size
+//! class tries every share on a few messages that ran alone, then keeps the fastest for a while.
 //!
 //! [`SplitTuner`] is the search for one peer; it neither reads a clock nor knows requests: the
 //! engine asks it for a share and reports the time the driver measured.
