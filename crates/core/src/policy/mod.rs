@@ -8,7 +8,7 @@
 pub mod sweep;
 pub mod topology;
 
-use crate::config::{ApartSingleCopy, Config, NearEager, RouteRule, SplitThreshold, StreamEager};
+use crate::config::{ApartSingleCopy, Config, NearEager, RouteRule, SplitShare, SplitThreshold, StreamEager};
 use crate::size::format_size;
 use crate::transport::{Caps, TransportAttr, TransportKind};
 use topology::TopoClass;
@@ -404,6 +404,10 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
                 SplitThreshold::From(s) if can_split => Some((s, "POLYRAIL_SPLIT_THRESHOLD".to_string())),
                 _ => None,
             };
+            let share = match cfg.split_share {
+                SplitShare::Auto => "the receiver's part searched per size".to_string(),
+                SplitShare::Percent(p) => format!("the receiver copies {p} %, POLYRAIL_SPLIT_SHARE"),
+            };
             match split {
                 Some((s, split_why)) if s > threshold => {
                     entries.push(RouteEntry {
@@ -416,7 +420,11 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
                         upto: usize::MAX,
                         protocol: Protocol::RndvSplit,
                         channel: rma.id,
-                        reason: format!("both processes copy with {} from {} ({split_why})", kind(rma), format_size(s)),
+                        reason: format!(
+                            "both processes copy with {} from {} ({split_why}; {share})",
+                            kind(rma),
+                            format_size(s)
+                        ),
                     });
                 }
                 Some((_, split_why)) => entries.push(RouteEntry {
@@ -424,7 +432,7 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
                     protocol: Protocol::RndvSplit,
                     channel: rma.id,
                     reason: format!(
-                        "both processes copy with {} from {} ({why}; {split_why} is not above it)",
+                        "both processes copy with {} from {} ({why}; {split_why} is not above it; {share})",
                         kind(rma),
                         format_size(threshold)
                     ),
