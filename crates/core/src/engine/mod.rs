@@ -392,8 +392,8 @@ impl Engine {
     /// the bytes before the returned offset. With [`SplitShare::Auto`] a message that runs
     /// alone may be a trial of the peer's search, timed by the driver.
     fn split_point(&mut self, id: ReqId, peer: Rank, len: usize) -> usize {
-        let share = match self.split_share {
-            SplitShare::Percent(p) => return (len / 100 * p as usize) & !4095,
+        let split = match self.split_share {
+            SplitShare::Percent(p) => split_share::percent_of(len, p),
             SplitShare::Auto => {
                 let running = self.last_split.and_then(|r| self.reqs.get(r)).is_some_and(|r| r.result.is_none());
                 if let Some(probe) = self.split_probe.as_mut().filter(|_| running) {
@@ -408,7 +408,7 @@ impl Engine {
             }
         };
         self.last_split = Some(id);
-        share
+        split
     }
 
     /// Turns skew feedback on (`Some`) or off; see [`SkewPolicy`].
@@ -760,7 +760,7 @@ impl Engine {
             }
             Protocol::RndvGet | Protocol::RndvSplit => match rtr {
                 Some(rtr) if rtr.cap >= buf.len => {
-                    // Receiver first: we write (all, or the back half when splitting).
+                    // Receiver first: we write (all, or the back part when splitting).
                     let split = if protocol == Protocol::RndvSplit { self.split_point(id, to, buf.len) } else { 0 };
                     let req = self.reqs.get_mut(id).expect("request made above");
                     req.split = split;

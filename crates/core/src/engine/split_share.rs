@@ -149,8 +149,13 @@ impl SplitTuner {
 }
 
 /// The receiver's part of a `len`-byte message for a share of `eighths`/8, page aligned.
-pub(super) fn split_at(len: usize, eighths: u8) -> usize {
+fn split_at(len: usize, eighths: u8) -> usize {
     (len / 8 * eighths as usize) & !4095
+}
+
+/// The receiver's part of a `len`-byte message for a share of `percent` %, page aligned.
+pub(super) fn percent_of(len: usize, percent: u8) -> usize {
+    (len / 100 * percent as usize) & !4095
 }
 
 fn class_of(len: usize) -> usize {
@@ -265,5 +270,7 @@ mod tests {
         assert_eq!(split_at(4 << 20, 3), 3 << 19);
         assert_eq!(split_at(100_000, 4), 49_152, "page aligned");
         assert_eq!(split_at(4096, 2), 0);
+        assert_eq!(percent_of(64 << 10, 30), 16 << 10);
+        assert_eq!(percent_of(1 << 40, 99), ((1usize << 40) / 100 * 99) & !4095);
     }
 }
