@@ -378,7 +378,12 @@ impl Producer {
     /// (so the line had to come from the consumer's cache); `None` otherwise. A cheap measure of
     /// how near the two cores are: on the AMD EPYC host of `docs/benchmarks.md` 20 ns with both
     /// vCPUs in one core complex, 110-120 ns apart.
-    pub(crate) fn time_read_line(&mut self) -> Option<u32> {
+    ///
+    /// Only a position that leaves at most `unread` of our messages unread counts: a consumer
+    /// further behind is taking a stream of them and writes the line again soon, and the load
+    /// waits behind those writes (on the Intel Xeon host, osu_bw 4 KiB: all nine of a peer's
+    /// latest samples beyond 100 ns several times a run, where an idle line takes 55-95).
+    pub(crate) fn time_read_line(&mut self, unread: u64) -> Option<u32> {
         let timer = Instant::now().elapsed();
         let start = Instant::now();
         // Relaxed: only the value's change and the load's duration matter here (`reload` loads
@@ -389,6 +394,9 @@ impl Producer {
             return None;
         }
         self.seen_read = read;
+        if self.head.wrapping_sub(read) > unread {
+            return None;
+        }
         Some(took.saturating_sub(timer).as_nanos().min(u32::MAX as u128) as u32)
     }
 

@@ -415,12 +415,23 @@ fn the_read_line_is_timed_only_when_the_consumer_published_since() {
     let geo = Geometry::new(16, 4);
     let mem = HeapRing::new(geo);
     let (mut p, mut c) = mem.pair(geo);
-    assert_eq!(p.time_read_line(), None, "nothing published yet");
+    assert_eq!(p.time_read_line(0), None, "nothing published yet");
     assert!(p.try_push_inline(&eager(0, 8), &payload(0, 8)).unwrap());
     assert!(pop_check_header(&mut c, &eager(0, 8), 0, 8));
     assert!(!pop_check(&mut c, 1, 8), "empty: the consumer publishes its read position");
-    assert!(p.time_read_line().is_some());
-    assert_eq!(p.time_read_line(), None, "the same position again");
+    assert!(p.time_read_line(0).is_some());
+    assert_eq!(p.time_read_line(0), None, "the same position again");
+    // A position the consumer published while our later messages waited: it counts only
+    // within `unread`.
+    for i in 1..4 {
+        assert!(p.try_push_inline(&eager(i, 8), &payload(i, 8)).unwrap());
+    }
+    assert!(pop_check_header(&mut c, &eager(1, 8), 1, 8));
+    c.idle(); // publishes what it read so far
+    assert_eq!(p.time_read_line(1), None, "two of ours unread");
+    assert!(pop_check_header(&mut c, &eager(2, 8), 2, 8));
+    c.idle(); // publishes what it read so far
+    assert!(p.time_read_line(1).is_some(), "one unread");
 }
 
 #[test]

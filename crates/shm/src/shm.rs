@@ -62,8 +62,8 @@ struct Peer {
     /// The peer passes the global barrier before it sleeps and this process is registered for
     /// it: our doorbell check needs no fence ([`ring_doorbell`]).
     fenceless: bool,
-    /// Where the peer's core sits ([`Placement`]: seven of the latest nine line-transfer samples
-    /// in one band, [`LineSamples`], as the engine's verdict, or `POLYRAIL_PLACEMENT`; `Middle`
+    /// Where the peer's core sits ([`Placement`] from the latest nine line-transfer samples,
+    /// [`LineSamples`], as the engine's verdict, or `POLYRAIL_PLACEMENT`; `Middle`
     /// until measured). Apart, send cells are filled with non-temporal stores
     /// ([`SendCells::fill`]) and the consumer prefetches more ([`Consumer::set_slow_lines`]).
     placement: Placement,
@@ -350,12 +350,13 @@ impl ShmTransport {
     }
 
     /// Times a line transfer from `p`'s core (when it published something new since the last
-    /// time; else takes the peer's own latest time, which it shares for this) and lets our
-    /// consumer of its ring follow (it prefetches more while transfers are slow).
+    /// time, leaving at most `unread` of our messages unread; else takes the peer's own latest
+    /// time, which it shares for this) and lets our consumer of its ring follow (it prefetches
+    /// more while transfers are slow).
     #[cold]
     #[inline(never)]
-    fn time_line(p: &mut Peer) -> Option<u32> {
-        let ns = match p.out.time_read_line() {
+    fn time_line(p: &mut Peer, unread: u64) -> Option<u32> {
+        let ns = match p.out.time_read_line(unread) {
             Some(ns) => {
                 p.out.share_sample(ns);
                 ns
@@ -409,7 +410,7 @@ impl ShmTransport {
             ring_doorbell(&p.map, p.fenceless);
         }
         if p.out.pushed() % LINE_SAMPLE_EVERY == 0 {
-            Self::time_line(p);
+            Self::time_line(p, 1); // the message just pushed
         }
     }
 
@@ -454,7 +455,7 @@ impl ShmTransport {
         // 58-83 at every other size). `after_push` times one push in LINE_SAMPLE_EVERY itself.
         let record = p.out.pushed();
         if (record + 1) % CELL_SAMPLE_EVERY == 0 && (record + 1) % LINE_SAMPLE_EVERY != 0 {
-            Self::time_line(p);
+            Self::time_line(p, 0);
         }
         // One message in CELL_SAMPLE_EVERY (half-way between the line samples) times its fill.
         let timed = record % CELL_SAMPLE_EVERY == CELL_SAMPLE_EVERY / 2
@@ -558,7 +559,7 @@ impl Transport for ShmTransport {
         if p.failed {
             return None;
         }
-        Self::time_line(p)
+        Self::time_line(p, 0)
     }
 
     fn copies_slow(&mut self, peer: Rank) -> Option<bool> {
