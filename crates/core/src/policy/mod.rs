@@ -595,10 +595,10 @@ impl InARow {
 /// [`PlacementRule::APART_NS`], and then while seven do; otherwise in the middle. The odd
 /// sample an interrupt stretched or a prefetch shortened changes nothing, nor does the spread
 /// of a loaded mesh, where a run of three samples on one side, or a median, flipped between
-/// the bands. Apart takes all nine because a stream loads the mesh for seconds at a time: on
-/// the Intel Xeon host seven of nine beyond 100 ns came several times a second in an osu_bw
-/// 4 KiB run, and each time shm filled its cells with non-temporal stores, which are slower
-/// there (runs at 4-8 GB/s instead of 11-12).
+/// the bands. Apart takes all nine because samples taken while a stream runs are long: on the
+/// Intel Xeon host seven of nine beyond 100 ns came several times a second in an osu_bw 4 KiB
+/// run (shm now skips most such samples, `Producer::time_read_line`), and each time shm filled
+/// its cells with non-temporal stores, which are slower there (runs at 4-8 GB/s, not 11-12).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LineSamples {
     /// The samples (ns, at most `u16::MAX`), oldest overwritten first.
