@@ -81,6 +81,34 @@ fn sizes_scenario(ctx: &mut Context) -> polyrail::Result<()> {
     raw_window(ctx, next, prev)
 }
 
+/// Ping-pongs between rank pairs (0-1, 2-3, ...) of messages that both processes copy, new
+/// contents each round, long enough for the split share's search (16 messages per size class,
+/// then four of each share in turn): real copies divided in three eighths and a quarter, and
+/// whatever share each class keeps, arrive whole.
+fn pingpong_scenario(ctx: &mut Context) -> polyrail::Result<()> {
+    let me = ctx.rank();
+    let peer = me ^ 1;
+    if peer >= ctx.size() {
+        return Ok(());
+    }
+    for len in [32 << 10, (64 << 10) + 4196, 1 << 20] {
+        let mut buf = vec![0u8; len];
+        for round in 0..40u32 {
+            let (out_tag, in_tag) = if me % 2 == 0 { (2 * round, 2 * round + 1) } else { (2 * round + 1, 2 * round) };
+            if me % 2 == 0 {
+                ctx.send(peer, out_tag, &stamp(me, out_tag, len))?;
+            }
+            let st = ctx.recv(peer, in_tag, &mut buf)?;
+            assert_eq!((st.source, st.tag, st.len), (peer, in_tag, len));
+            assert!(buf == stamp(peer, in_tag, len), "rank {me}: corrupted {len}-byte message {in_tag} from {peer}");
+            if me % 2 == 1 {
+                ctx.send(peer, out_tag, &stamp(me, out_tag, len))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The raw calls as a runtime (or OSU) uses them: every size up to 64 KiB outstanding at once,
 /// sends from one buffer each and receives into distinct parts of one buffer; small sends
 /// finish when they start, the rest in `wait_all`.
@@ -415,6 +443,7 @@ fn rank_main(scenario: &str) {
         "flood" => flood_scenario(&mut ctx),
         "registered" => registered_scenario(&mut ctx),
         "heap" => heap_scenario(&mut ctx),
+        "pingpong" => pingpong_scenario(&mut ctx),
         other => panic!("unknown scenario {other}"),
     };
     if let Err(e) = r {
@@ -491,6 +520,18 @@ const CHANNELS: &[(&str, u32, Vars)] = &[
     // 128k through the cells; apart, below 64k through cells filled with non-temporal stores.
     ("near", 1, &[("POLYRAIL_PLACEMENT", "near")]),
     ("apart", 1, &[("POLYRAIL_PLACEMENT", "apart")]),
+    // Split messages divided elsewhere than in halves (the automatic share tries three eighths
+    // and a quarter only after 16 messages of a size class, which few scenarios send).
+    (
+        "cma-share-30",
+        1,
+        &[
+            ("POLYRAIL_CMA_THRESHOLD", "1"),
+            ("POLYRAIL_NEAR_EAGER", "off"),
+            ("POLYRAIL_APART_SINGLE_COPY", "off"),
+            ("POLYRAIL_SPLIT_SHARE", "30"),
+        ],
+    ),
 ];
 
 fn main() {
@@ -521,6 +562,12 @@ fn main() {
                 check(format!("{scenario} -n {ranks} over {name} ({:.1} s)", t.elapsed().as_secs_f64()), code == 0);
             }
         }
+    }
+    // The split share's search with real copies: cma within a node, ib between two.
+    for (ranks, nodes) in [(2u32, 1u32), (4, 1), (2, 2)] {
+        let t = Instant::now();
+        let code = job_on(ranks, nodes, "pingpong", &[]);
+        check(format!("pingpong -n {ranks} on {nodes} node(s) ({:.1} s)", t.elapsed().as_secs_f64()), code == 0);
     }
     for (ranks, nodes) in [(2u32, 1u32), (4, 1), (2, 2), (4, 2)] {
         for how in ["kill", "exit"] {
