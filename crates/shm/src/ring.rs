@@ -381,8 +381,8 @@ impl Producer {
     ///
     /// Only a position that leaves at most `unread` of our messages unread counts: a consumer
     /// further behind is taking a stream of them and writes the line again soon, and the load
-    /// waits behind those writes (on the Intel Xeon host, osu_bw 4 KiB: all nine of a peer's
-    /// latest samples beyond 100 ns several times a run, where an idle line takes 55-95).
+    /// waits behind those writes (on the Intel Xeon host, osu_bw 4 KiB: seven of a peer's latest
+    /// nine samples beyond 100 ns several times a run, where an idle line takes 55-95).
     pub(crate) fn time_read_line(&mut self, unread: u64) -> Option<u32> {
         let timer = Instant::now().elapsed();
         let start = Instant::now();

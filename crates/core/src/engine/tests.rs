@@ -1091,10 +1091,8 @@ fn the_measured_placement_changes_medium_messages() {
         "five late: the middle, the table's single copy"
     );
     assert_eq!(sim.engines[0].peer_placement(1), Some(Placement::Middle));
-    assert_eq!(first_kind(&mut sim, &[150; 3], 3000), PacketKind::Rts);
-    assert_eq!(sim.engines[0].peer_placement(1), Some(Placement::Middle), "seven of nine beyond 100: not yet apart");
-    assert_eq!(first_kind(&mut sim, &[150], 3000), PacketKind::Rts);
-    assert_eq!(sim.engines[0].peer_placement(1), Some(Placement::Apart), "all nine beyond 100");
+    assert_eq!(first_kind(&mut sim, &[150; 3], 3000), PacketKind::Rts, "seven of nine beyond 100");
+    assert_eq!(sim.engines[0].peer_placement(1), Some(Placement::Apart));
     assert_eq!(first_kind(&mut sim, &[], 600), PacketKind::Rts, "apart: single copy below the threshold");
     assert_eq!(first_kind(&mut sim, &[], 40), PacketKind::Eager, "below the apart part's size");
     assert_eq!(first_kind(&mut sim, &[0, 20, 1, 20, 2], 3000), PacketKind::Rts, "local loads are no samples");

@@ -591,14 +591,10 @@ impl InARow {
 
 /// The latest [`PlacementRule::SAMPLES`] line-transfer samples of a peer, which say where its
 /// core is, as the engine and the shm channel each measure it: near when seven of the nine
-/// lie within [`PlacementRule::NEAR_NS`]; apart when all nine lie beyond
-/// [`PlacementRule::APART_NS`], and then while seven do; otherwise in the middle. The odd
-/// sample an interrupt stretched or a prefetch shortened changes nothing, nor does the spread
-/// of a loaded mesh, where a run of three samples on one side, or a median, flipped between
-/// the bands. Apart takes all nine because samples taken while a stream runs are long: on the
-/// Intel Xeon host seven of nine beyond 100 ns came several times a second in an osu_bw 4 KiB
-/// run (shm now skips most such samples, `Producer::time_read_line`), and each time shm filled
-/// its cells with non-temporal stores, which are slower there (runs at 4-8 GB/s, not 11-12).
+/// lie within [`PlacementRule::NEAR_NS`], apart when seven lie beyond
+/// [`PlacementRule::APART_NS`], and otherwise in the middle. The odd sample an interrupt
+/// stretched or a prefetch shortened changes nothing, nor does the spread of a loaded mesh,
+/// where a run of three samples on one side, or a median, flipped between the bands.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LineSamples {
     /// The samples (ns, at most `u16::MAX`), oldest overwritten first.
@@ -607,8 +603,6 @@ pub struct LineSamples {
     taken: u8,
     /// Where the next one goes.
     next: u8,
-    /// Whether the latest verdict was apart.
-    apart: bool,
 }
 
 impl LineSamples {
@@ -623,17 +617,13 @@ impl LineSamples {
         }
         let mut sorted = self.ns;
         sorted.sort_unstable();
-        // The third longest: seven of nine within it. The shortest to become apart (all nine
-        // beyond it), the third shortest to stay so (seven of nine).
-        let high = u32::from(sorted[PlacementRule::SAMPLES - 3]);
-        let low = u32::from(if self.apart { sorted[2] } else { sorted[0] });
-        let placement = match (Placement::of_line(high), Placement::of_line(low)) {
+        // The third shortest and the third longest: seven of nine on one side.
+        let (low, high) = (u32::from(sorted[2]), u32::from(sorted[PlacementRule::SAMPLES - 3]));
+        Some(match (Placement::of_line(high), Placement::of_line(low)) {
             (Placement::Near, _) => Placement::Near,
             (_, Placement::Apart) => Placement::Apart,
             _ => Placement::Middle,
-        };
-        self.apart = placement == Placement::Apart;
-        Some(placement)
+        })
     }
 }
 
@@ -659,12 +649,8 @@ mod tests {
         assert_eq!(note(&[5000, 150]), Some(Placement::Near), "two of nine late");
         assert_eq!(note(&[70]), Some(Placement::Middle), "three of nine late");
         assert_eq!(note(&[150; 4]), Some(Placement::Middle), "six of nine beyond 100");
-        assert_eq!(note(&[150]), Some(Placement::Middle), "seven of nine beyond 100, not yet apart");
-        assert_eq!(note(&[150; 3]), Some(Placement::Middle), "eight of nine (70 still among them)");
-        assert_eq!(note(&[150]), Some(Placement::Apart), "all nine beyond 100");
-        assert_eq!(note(&[1, 70]), Some(Placement::Apart), "seven of nine stay apart");
-        assert_eq!(note(&[80]), Some(Placement::Middle), "seven of nine beyond 100 no more");
-        assert_eq!(note(&[150; 8]), Some(Placement::Middle), "eight of nine do not make it apart again");
+        assert_eq!(note(&[150]), Some(Placement::Apart), "seven of nine beyond 100");
+        assert_eq!(note(&[1, 1]), Some(Placement::Middle), "seven of nine beyond 100 no more");
         let loaded_mesh = [6, 30, 60, 90, 100, 180, 6, 60, 90];
         assert_eq!(note(&loaded_mesh), Some(Placement::Middle), "a loaded mesh");
         let ping_pong_on_a_mesh = [75, 125, 110, 118, 90, 121, 104, 122, 79];
