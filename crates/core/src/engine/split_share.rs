@@ -23,10 +23,11 @@ const SAMPLES: u8 = 4;
 /// Messages sent with the chosen share before the next search; doubled, up to [`MAX_KEEP`],
 /// each time a search finds the share it had (trials of the slower shares cost time).
 const KEEP: u16 = 250;
+const MAX_KEEP: u16 = 4000;
+
 /// Messages of a class before its first search: the first ones find cold caches and pages
 /// not yet mapped, and would make the share tried first look slow.
 const WARM_UP: u16 = 16;
-const MAX_KEEP: u16 = 4000;
 
 /// Another share replaces the one in use only when its fastest message is faster by this many
 /// parts in 64 (6 %): times of a few messages are noisy, and each change costs messages that
