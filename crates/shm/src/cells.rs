@@ -242,8 +242,8 @@ unsafe fn copy_streaming(dst: *mut u8, src: &[u8]) {
 mod tests {
     use super::*;
 
-    /// The non-temporal copy writes exactly `src` for every length around whole lines and any
-    /// alignment of the source, and nothing past it.
+    /// Cells in flight come back, oldest first, once the destination's read position passes
+    /// the records that named them; the position is loaded only when few cells are free.
     #[test]
     fn cells_come_back_with_the_read_position_oldest_first() {
         #[repr(align(64))]
@@ -281,6 +281,8 @@ mod tests {
         assert_eq!(cells.fill(1, b"c", Placement::Near, 7, || Err("bad".into())), Err("bad".into()));
     }
 
+    /// The non-temporal copy writes exactly `src` for every length around whole lines and any
+    /// alignment of the source, and nothing past it.
     #[test]
     fn the_streaming_copy_copies_every_length_and_alignment() {
         #[repr(align(64))]
