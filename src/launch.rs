@@ -2,8 +2,9 @@
 //!
 //! Each rank gets one end of a `socketpair` as `PMI_FD`, plus `PMI_RANK`, `PMI_SIZE` and
 //! `PMI_JOBID` (as Slurm sets it); the other end goes to a [`PmiServer`], which speaks PMI-1 and
-//! PMI-2. The job is named `pr<launcher pid>` (the PMI-1 kvsname and PMI-2 jobid). Output of the ranks goes straight
-//! to the launcher's stdout and stderr; only rank 0 reads stdin.
+//! PMI-2. The job is named `pr<launcher pid>` (the PMI-1 kvsname and PMI-2 jobid). Output of the ranks reaches the
+//! launcher's stdout and stderr through pipes, a whole line at a time, so that lines of ranks
+//! writing at once do not mix ([`output`]); only rank 0 reads stdin.
 //!
 //! When a rank dies abnormally (killed by a signal, nonzero exit, or exit without PMI finalize
 //! after having opened a PMI session), the launcher says so in one line, gives the other ranks
@@ -13,10 +14,12 @@
 //! segments the job left in `/dev/shm` are removed.
 //!
 //! Between events the launcher sleeps in `poll(2)` on descriptors that something happening makes
-//! readable: the PMI server's event notices, a pipe its signal handler writes, and a pidfd per
-//! running rank. It does not wake up periodically (once a second at most, as a safety net), so
+//! readable: the PMI server's event notices, a pipe its signal handler writes, a pidfd per
+//! running rank and the ranks' output pipes. It does not wake up periodically (once a second at most, as a safety net), so
 //! it takes no CPU time from the ranks, whose latency a launcher waking 100 times a second
 //! disturbed (a rank sharing its core waited a fraction of a millisecond each time).
+
+mod output;
 
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -30,6 +33,8 @@ use std::time::{Duration, Instant};
 use polyrail_core::bootstrap::server::{PmiServer, ServerEvent};
 use polyrail_core::bootstrap::wire::eprint_line;
 use polyrail_core::{Error, Rank, Result};
+
+use output::Output;
 
 /// Where the ranks may run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -59,6 +64,8 @@ pub struct LaunchOptions {
     /// Virtual node of each rank (`POLYRAIL_NODE`), or none: every rank on this machine's node.
     /// Ranks on different nodes never use node-local channels. See [`nodes_from_counts`].
     pub nodes: Option<Vec<u32>>,
+    /// Start every line of the ranks' output with `[rank] ` (`polyrail run --label`).
+    pub label: bool,
 }
 
 /// Node of each of `ranks` ranks from `ranks per node` counts (`--layout 2,2`).
@@ -89,7 +96,7 @@ impl LaunchOptions {
 }
 
 impl Default for LaunchOptions {
-    /// One rank, no program yet, [`Bind::Core`], no extra variables, a grace of 2 s.
+    /// One rank, no program yet, [`Bind::Core`], no extra variables, a grace of 2 s, no labels.
     fn default() -> Self {
         LaunchOptions {
             ranks: 1,
@@ -99,6 +106,7 @@ impl Default for LaunchOptions {
             env: Vec::new(),
             grace: Duration::from_secs(2),
             nodes: None,
+            label: false,
         }
     }
 }
@@ -117,10 +125,11 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
     let _signals = SignalGuard::install();
     let (server_ends, child_ends) = socket_pairs(opts.ranks)?;
     let server = PmiServer::start(&job, server_ends)?;
-    let procs = spawn_all(opts, &job, &child_ends)?;
+    let (procs, output) = spawn_all(opts, &job, &child_ends)?;
     drop(child_ends);
-    let mut run = Run::new(opts, procs, server, signal_notices());
+    let mut run = Run::new(opts, procs, output, server, signal_notices());
     run.wait_all();
+    run.output.finish(Instant::now() + OUTPUT_DRAIN);
     let code = run.exit_code();
     run.server.stop();
     remove_shm_segments(&job);
@@ -162,25 +171,29 @@ struct Proc {
     exit_notice: Option<OwnedFd>,
 }
 
-fn spawn_all(opts: &LaunchOptions, job: &str, child_ends: &[UnixStream]) -> Result<Vec<Proc>> {
+fn spawn_all(opts: &LaunchOptions, job: &str, child_ends: &[UnixStream]) -> Result<(Vec<Proc>, Output)> {
     let cpus = match opts.bind {
         Bind::Core => allowed_cpus(),
         Bind::None => Vec::new(),
     };
     let mut procs: Vec<Proc> = Vec::with_capacity(child_ends.len());
+    let mut output = Output::new(opts.label);
     for (r, end) in child_ends.iter().enumerate() {
         let cpu = (!cpus.is_empty()).then(|| cpus[r % cpus.len()]);
-        match spawn_rank(opts, job, r as Rank, end, cpu) {
-            Ok(child) => procs.push(Proc {
-                exit_notice: exit_notice(child.id()),
-                child,
-                status: None,
-                initialized: false,
-                finalized: false,
-                aborted: false,
-                signalled_by_us: false,
-                code: None,
-            }),
+        match spawn_rank(opts, job, r as Rank, end, cpu, true) {
+            Ok(mut child) => {
+                output.add(r, &mut child);
+                procs.push(Proc {
+                    exit_notice: exit_notice(child.id()),
+                    child,
+                    status: None,
+                    initialized: false,
+                    finalized: false,
+                    aborted: false,
+                    signalled_by_us: false,
+                    code: None,
+                })
+            }
             Err(e) => {
                 for p in &mut procs {
                     let _ = p.child.kill();
@@ -191,7 +204,7 @@ fn spawn_all(opts: &LaunchOptions, job: &str, child_ends: &[UnixStream]) -> Resu
             }
         }
     }
-    Ok(procs)
+    Ok((procs, output))
 }
 
 /// A descriptor that polls readable once process `pid`, our child, exited: a pidfd (close-on-exec
@@ -210,6 +223,7 @@ fn spawn_rank(
     rank: Rank,
     end: &UnixStream,
     cpu: Option<usize>,
+    pipe_output: bool,
 ) -> std::io::Result<Child> {
     let fd = end.as_raw_fd();
     let mut cmd = Command::new(&opts.program);
@@ -227,6 +241,9 @@ fn spawn_rank(
     }
     if rank != 0 {
         cmd.stdin(Stdio::null());
+    }
+    if pipe_output {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     }
     let set = cpu.map(cpu_set_of);
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe system
@@ -283,6 +300,8 @@ fn cpu_set_of(cpu: usize) -> libc::cpu_set_t {
 struct Run<'a> {
     opts: &'a LaunchOptions,
     procs: Vec<Proc>,
+    /// The ranks' stdout and stderr.
+    output: Output,
     server: PmiServer,
     /// Readable after a SIGINT or SIGTERM (see [`signal_notices`]).
     signal_notices: Option<&'static OwnedFd>,
@@ -305,12 +324,14 @@ impl<'a> Run<'a> {
     fn new(
         opts: &'a LaunchOptions,
         procs: Vec<Proc>,
+        output: Output,
         server: PmiServer,
         signal_notices: Option<&'static OwnedFd>,
     ) -> Self {
         Run {
             opts,
             procs,
+            output,
             server,
             signal_notices,
             kill_at: None,
@@ -336,6 +357,8 @@ impl<'a> Run<'a> {
             if !self.failed && !exited.is_empty() {
                 self.settle_lost(&mut exited);
             }
+            // What the ranks wrote before they exited goes out before the launcher says so.
+            self.output.pump();
             // Ranks that lost their PMI connection first are announced first: the others
             // usually exit because of them.
             exited.sort_by_key(|&r| (self.lost.iter().position(|&l| l == r).unwrap_or(usize::MAX), r));
@@ -352,9 +375,9 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Sleeps until something may have happened: a PMI event, a signal or a rank's exit (each
-    /// makes a descriptor polled here readable), or the kill deadline; [`IDLE_WAKE`] at most,
-    /// [`EXIT_POLL`] while a rank's exit has no descriptor.
+    /// Sleeps until something may have happened: a PMI event, a signal, a rank's exit or output
+    /// (each makes a descriptor polled here readable), or the kill deadline or an unfinished
+    /// line's; [`IDLE_WAKE`] at most, [`EXIT_POLL`] while a rank's exit has no descriptor.
     fn wait_for_news(&mut self) {
         let polled = |fd: RawFd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
         let mut fds = vec![polled(self.server.event_fd().as_raw_fd())];
@@ -366,7 +389,8 @@ impl<'a> Run<'a> {
                 None => wait = EXIT_POLL,
             }
         }
-        if let Some(t) = self.kill_at {
+        self.output.poll_fds(&mut fds);
+        for t in self.kill_at.into_iter().chain(self.output.deadline()) {
             wait = wait.min(t.saturating_duration_since(Instant::now()));
         }
         // Rounded up: a deadline less than a millisecond away must not make this a busy loop.
@@ -571,6 +595,9 @@ const IDLE_WAKE: Duration = Duration::from_secs(1);
 /// Sleep of a waiting launcher while a running rank has no exit descriptor (no pidfds): its
 /// exit is seen by polling.
 const EXIT_POLL: Duration = Duration::from_millis(10);
+/// How long the launcher forwards output after the last rank exited, while a process the
+/// ranks started holds their output pipes open.
+const OUTPUT_DRAIN: Duration = Duration::from_millis(200);
 
 /// The last SIGINT or SIGTERM the launcher received (0: none since last looked at).
 static RECEIVED: AtomicI32 = AtomicI32::new(0);
@@ -674,7 +701,8 @@ fn remove_shm_segments(job: &str) {
 }
 
 /// A job whose rank 0 is the calling process: ranks 1.. are started as children, and rank 0
-/// gets its bootstrap in memory (see [`crate::Context::init_with_bootstrap`]). For benchmark
+/// gets its bootstrap in memory (see [`crate::Context::init_with_bootstrap`]). Their output goes
+/// straight to this process's stdout and stderr (not line by line as with [`launch`]). For benchmark
 /// harnesses and programs that start their own helpers.
 pub struct EmbeddedJob {
     bootstrap: Option<Box<dyn polyrail_core::bootstrap::Bootstrap>>,
@@ -707,7 +735,7 @@ pub fn spawn_peers(opts: &LaunchOptions) -> Result<EmbeddedJob> {
     for (i, end) in child_ends.iter().enumerate() {
         let r = i + 1;
         let cpu = (!cpus.is_empty()).then(|| cpus[r % cpus.len()]);
-        match spawn_rank(opts, &job, r as Rank, end, cpu) {
+        match spawn_rank(opts, &job, r as Rank, end, cpu, false) {
             Ok(c) => children.push(c),
             Err(e) => {
                 for c in &mut children {

@@ -229,3 +229,59 @@ fn an_idle_launcher_does_not_wake_up() {
     assert!(child.wait().unwrap().success());
     assert!(woke <= 5, "the idle launcher's main thread went to sleep {woke} times in a second");
 }
+
+/// Runs `polyrail run` with `args` and gives back its stdout (checking that it succeeded).
+fn polyrail_run_output(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_polyrail")).arg("run").args(args).output().expect("polyrail run");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).expect("utf-8 output")
+}
+
+/// Four ranks writing at once, each line in three writes (dash's `printf` writes at once):
+/// every line leaves the launcher whole; with `--label` it starts with the rank that wrote it.
+#[test]
+fn lines_of_ranks_writing_at_once_do_not_mix() {
+    let script = r#"i=0; while [ $i -lt 400 ]; do printf 'rank %s ' $PMI_RANK; printf 'line %s' $i; printf '\n'; i=$((i+1)); done"#;
+    let plain = polyrail_run_output(&["-n", "4", "--bind", "none", "sh", "-c", script]);
+    let labelled = polyrail_run_output(&["-n", "4", "--bind", "none", "--label", "sh", "-c", script]);
+    for (output, label) in [(plain, false), (labelled, true)] {
+        let mut next = [0u32; 4];
+        for line in output.lines() {
+            let (tag, text) = if label { line.split_once("] ").expect(line) } else { ("", line) };
+            let words: Vec<&str> = text.split(' ').collect();
+            assert!(words.len() == 4 && words[0] == "rank" && words[2] == "line", "mixed line: {line:?}");
+            let rank: usize = words[1].parse().expect(line);
+            if label {
+                assert_eq!(tag, format!("[{rank}"), "{line:?}");
+            }
+            assert_eq!(words[3], next[rank].to_string(), "{line:?}");
+            next[rank] += 1;
+        }
+        assert_eq!(next, [400; 4], "lines per rank");
+    }
+}
+
+/// The end of a line that never comes, and a prompt awaiting input, still go out: at the end
+/// of the stream, and after a short wait.
+#[test]
+fn unfinished_lines_are_forwarded() {
+    let out = polyrail_run_output(&["-n", "1", "sh", "-c", "printf 'no end'"]);
+    assert_eq!(out, "no end");
+    let t = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_polyrail"))
+        .args(["run", "-n", "1", "sh", "-c", "printf 'name? '; read x; echo hello $x"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut prompt = [0u8; 6];
+    std::io::Read::read_exact(&mut stdout, &mut prompt).unwrap();
+    assert_eq!(&prompt, b"name? ");
+    assert!(t.elapsed() < Duration::from_secs(2), "the prompt took {:?}", t.elapsed());
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"rank\n").unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    assert_eq!(rest, "hello rank\n");
+    assert!(child.wait().unwrap().success());
+}

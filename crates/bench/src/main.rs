@@ -143,6 +143,10 @@ fn relaunch(ranks: u32, transport: &str, args: Vec<OsString>) -> anyhow::Result<
 }
 
 fn run(cli: Cli) -> anyhow::Result<i32> {
+    if !under_launcher() && !matches!(cli.cmd, Cmd::Report { .. }) {
+        // A bad variable is reported once, here, rather than by every rank of every job.
+        polyrail::Config::from_env()?;
+    }
     match cli.cmd {
         Cmd::Latency { common: ref c, .. }
         | Cmd::Bw(ref c)

@@ -22,8 +22,8 @@ struct Cli {
 enum Cmd {
     /// Start N processes of PROGRAM as one job (serves PMI-1 and PMI-2 to them).
     ///
-    /// Output of every rank is forwarded; the exit status is the worst rank's (128+signal for
-    /// a killed rank). When a rank dies, the others get a grace period to report it, then the
+    /// Output of every rank is forwarded a whole line at a time, so that lines of ranks writing
+    /// at once do not mix; the exit status is the worst rank's (128+signal for a killed rank). When a rank dies, the others get a grace period to report it, then the
     /// job is killed.
     Run {
         /// Number of processes.
@@ -43,6 +43,9 @@ enum Cmd {
         /// Spread the ranks in blocks over this many virtual nodes (see --layout).
         #[arg(long)]
         nodes: Option<u32>,
+        /// Start every line of output with the rank that wrote it, as `[3] text`.
+        #[arg(long)]
+        label: bool,
         /// The program and its arguments.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<OsString>,
@@ -114,7 +117,7 @@ fn main() {
 
 fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.cmd {
-        Cmd::Run { ranks, bind, grace, layout, nodes, command } => {
+        Cmd::Run { ranks, bind, grace, layout, nodes, label, command } => {
             let (program, args) = command.split_first().context("no program to run")?;
             if !(0.0..=3600.0).contains(&grace) {
                 bail!("--grace {grace} is not accepted: give seconds from 0 to 3600");
@@ -126,6 +129,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 BindArg::None => Bind::None,
             };
             opts.grace = Duration::from_secs_f64(grace);
+            opts.label = label;
             opts.nodes = match (layout, nodes) {
                 (Some(counts), _) => Some(polyrail::launch::nodes_from_counts(ranks, &counts)?),
                 (None, Some(k)) => Some(polyrail::launch::nodes_in_blocks(ranks, k)?),
@@ -144,6 +148,8 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Info { routes: _, all, ranks } => {
             let under_launcher = std::env::var_os("PMI_FD").is_some() || std::env::var_os("PMI_PORT").is_some();
             if !under_launcher && ranks > 1 {
+                // A bad variable is reported once, here, rather than by every rank.
+                polyrail::Config::from_env()?;
                 let exe = std::env::current_exe().context("cannot find the polyrail executable")?;
                 let mut opts = LaunchOptions::new(ranks, exe);
                 opts.args = vec!["info".into(), "-n".into(), "1".into()];
