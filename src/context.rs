@@ -5,7 +5,7 @@ use crate::driver::{Driver, ParkedEnd};
 use crate::heap::HeapRegistrations;
 use crate::job::{Job, JobReport};
 use polyrail_core::bootstrap::Bootstrap;
-use polyrail_core::engine::{ReqId, Source, Status, TagMatch};
+use polyrail_core::engine::{Engine, ReqId, Source, Status, TagMatch};
 use polyrail_core::{Config, Error, Rank, Region, RegionMut, Result};
 
 /// Context id of user messages.
@@ -62,6 +62,11 @@ impl Request {
             RequestState::Done(_) | RequestState::Finished(_) => None,
         }
     }
+}
+
+/// Index of the first of `reqs` that has finished (or failed).
+fn first_finished(engine: &Engine, reqs: &[Request]) -> Option<usize> {
+    reqs.iter().position(|r| r.engine_id().is_none_or(|id| engine.is_done(id)))
 }
 
 /// A finished non-blocking operation: its status and its buffer.
@@ -379,6 +384,48 @@ impl Context {
             self.driver.progress()?;
         }
         Ok(self.driver.engine.is_done(id))
+    }
+
+    /// Waits until one of `reqs` has finished (or failed) and returns its index; its result is
+    /// then taken with [`Context::wait`], which returns at once. The first finished request in
+    /// `reqs` order is named. A request that failed (e.g. its peer was lost) counts as
+    /// finished: `wait` returns its error. An empty `reqs` is an [`Error::InvalidArgument`].
+    ///
+    /// ```no_run
+    /// # fn main() -> polyrail::Result<()> {
+    /// # let mut ctx = polyrail::Context::init()?;
+    /// let mut reqs = Vec::new();
+    /// for peer in 1..ctx.size() {
+    ///     reqs.push(ctx.irecv(peer, 0, vec![0u8; 4096])?);
+    /// }
+    /// while !reqs.is_empty() {
+    ///     let i = ctx.wait_any(&reqs)?;
+    ///     let done = ctx.wait(reqs.swap_remove(i))?;
+    ///     println!("{} bytes from rank {}", done.status.len, done.status.source);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn wait_any(&mut self, reqs: &[Request]) -> Result<usize> {
+        if reqs.is_empty() {
+            return Err(Error::InvalidArgument("wait_any was given no request to wait for".into()));
+        }
+        let mut found = None;
+        self.driver.wait_until(|e| {
+            found = first_finished(e, reqs);
+            found.is_some()
+        })?;
+        found.ok_or_else(|| Error::InvalidArgument("wait_any ended without a finished request".into()))
+    }
+
+    /// Makes progress once; the index of the first of `reqs` that has finished (or failed), if
+    /// any (then [`Context::wait`] on it returns at once).
+    pub fn test_any(&mut self, reqs: &[Request]) -> Result<Option<usize>> {
+        if let Some(i) = first_finished(&self.driver.engine, reqs) {
+            return Ok(Some(i));
+        }
+        self.driver.progress()?;
+        Ok(first_finished(&self.driver.engine, reqs))
     }
 
     /// Waits for every request; the completions are in the order of `reqs`. If any failed, all

@@ -238,7 +238,8 @@ fn order_scenario(ctx: &mut Context) -> polyrail::Result<()> {
     Ok(())
 }
 
-/// ANY_SOURCE and ANY_TAG receives meet rendezvous and eager messages; probe and iprobe.
+/// ANY_SOURCE and ANY_TAG receives meet rendezvous and eager messages; probe and iprobe;
+/// then [`any_finished`].
 fn wildcard_scenario(ctx: &mut Context) -> polyrail::Result<()> {
     let (me, n) = (ctx.rank(), ctx.size());
     const BIG: usize = 1 << 20;
@@ -271,6 +272,34 @@ fn wildcard_scenario(ctx: &mut Context) -> polyrail::Result<()> {
         }
         assert!(ctx.iprobe(ANY_SOURCE, ANY_TAG)?.is_none());
     }
+    any_finished(ctx)
+}
+
+/// `test_any` and `wait_any` over receives from every peer, eager and rendezvous: each peer
+/// sends when rank 0 tells it to, last rank first, so only that receive can finish.
+fn any_finished(ctx: &mut Context) -> polyrail::Result<()> {
+    let (me, n) = (ctx.rank(), ctx.size());
+    let len = |p: u32| if p % 2 == 1 { 100 } else { 300_000 };
+    if me != 0 {
+        ctx.recv(0, 60, &mut [])?;
+        return ctx.send(0, 61, &stamp(me, 61, len(me)));
+    }
+    let mut peers: Vec<u32> = (1..n).collect();
+    let mut reqs = Vec::new();
+    for &p in &peers {
+        reqs.push(ctx.irecv(p, 61, vec![0u8; len(p)])?);
+    }
+    assert_eq!(ctx.test_any(&reqs)?, None, "a receive finished before its peer sent");
+    for p in (1..n).rev() {
+        ctx.send(p, 60, &[])?;
+        let i = ctx.wait_any(&reqs)?;
+        assert_eq!(peers[i], p, "wait_any named the receive from {} while only {p} sent", peers[i]);
+        let done = ctx.wait(reqs.swap_remove(i))?;
+        peers.swap_remove(i);
+        assert_eq!((done.status.source, done.status.len), (p, len(p)));
+        assert!(done.buf == stamp(p, 61, len(p)), "corrupted message from {p}");
+    }
+    assert!(matches!(ctx.wait_any(&[]), Err(Error::InvalidArgument(_))));
     Ok(())
 }
 
