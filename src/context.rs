@@ -51,12 +51,12 @@ impl Request {
         Request { state: RequestState::Finished(status) }
     }
 
-    fn engine(id: ReqId) -> Request {
+    pub(crate) fn engine(id: ReqId) -> Request {
         Request { state: RequestState::Engine(id) }
     }
 
     /// The engine's request, unless the operation finished when it was started.
-    fn engine_id(&self) -> Option<ReqId> {
+    pub(crate) fn engine_id(&self) -> Option<ReqId> {
         match self.state {
             RequestState::Engine(id) => Some(id),
             RequestState::Done(_) | RequestState::Finished(_) => None,

@@ -27,6 +27,7 @@ mod heap;
 mod job;
 pub mod launch;
 mod logging;
+mod scope;
 
 pub use buffer::RegisteredBuffer;
 pub use context::{Completion, Context, Request};
@@ -43,6 +44,7 @@ pub use polyrail_core::{
 };
 /// This machine's identity (host name and boot id), as the channels compare it between ranks.
 pub use polyrail_shm::host_identity;
+pub use scope::{Scope, ScopedRequest};
 
 /// `MPI_ANY_SOURCE`: receive from any rank.
 pub const ANY_SOURCE: Source = Source::Any;

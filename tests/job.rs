@@ -78,7 +78,8 @@ fn sizes_scenario(ctx: &mut Context) -> polyrail::Result<()> {
         assert_eq!((done.status.source, done.status.tag, done.status.len), (next, i as u32, len));
         assert!(done.buf == stamp(me, i as u32, len), "rank {me}: send buffer of {len} bytes not given back whole");
     }
-    raw_window(ctx, next, prev)
+    raw_window(ctx, next, prev)?;
+    scoped_window(ctx, next, prev)
 }
 
 /// Ping-pongs between rank pairs (0-1, 2-3, ...) of messages that both processes copy, new
@@ -140,6 +141,52 @@ fn raw_window(ctx: &mut Context, next: u32, prev: u32) -> polyrail::Result<()> {
     for (i, (&len, s)) in sizes.iter().zip(sent).enumerate() {
         assert_eq!((s.status.source, s.status.tag, s.status.len, s.buf.len()), (next, 1000 + i as u32, len, 0));
     }
+    Ok(())
+}
+
+/// Borrowed buffers in a `Context::scope`: every size outstanding at once from and into parts
+/// of one buffer each; half the requests waited for, the rest left to the scope's end. Then a
+/// scope whose closure panics with its requests running: they still end before the scope does.
+fn scoped_window(ctx: &mut Context, next: u32, prev: u32) -> polyrail::Result<()> {
+    let me = ctx.rank();
+    let tag = |i: usize| 2000 + i as u32;
+    let sends: Vec<u8> = SIZES.iter().enumerate().flat_map(|(i, &l)| stamp(me, tag(i), l)).collect();
+    let mut recv = vec![0u8; sends.len()];
+    ctx.scope(|s| {
+        let (mut rest_in, mut rest_out) = (&mut recv[..], &sends[..]);
+        for (i, &len) in SIZES.iter().enumerate() {
+            let (into, more_in) = std::mem::take(&mut rest_in).split_at_mut(len);
+            let (from, more_out) = rest_out.split_at(len);
+            (rest_in, rest_out) = (more_in, more_out);
+            let r = s.irecv(prev, tag(i), into)?;
+            let w = s.isend(next, tag(i), from)?;
+            if i % 2 == 0 {
+                let st = s.wait(r)?;
+                assert_eq!((st.source, st.tag, st.len), (prev, tag(i), len));
+                s.wait(w)?;
+            }
+        }
+        Ok::<(), polyrail::Error>(())
+    })?;
+    let mut at = 0;
+    for (i, &len) in SIZES.iter().enumerate() {
+        assert!(recv[at..at + len] == stamp(prev, tag(i), len), "rank {me}: scoped {len}-byte message corrupted");
+        at += len;
+    }
+    let out = stamp(me, 2999, 300_000);
+    let mut into = vec![0u8; out.len()];
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {})); // the panic below is expected: no message
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        ctx.scope(|s| {
+            let _r = s.irecv(prev, 2999, &mut into);
+            let _w = s.isend(next, 2999, &out);
+            panic!("rank {me}: a scope's closure panics on purpose with its requests running");
+        })
+    }));
+    std::panic::set_hook(hook);
+    assert!(unwound.is_err());
+    assert!(into == stamp(prev, 2999, 300_000), "rank {me}: the panicking scope ended before its receive");
     Ok(())
 }
 

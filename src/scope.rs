@@ -1,0 +1,183 @@
+//! Non-blocking operations on borrowed buffers: [`Context::scope`].
+//!
+//! The owned form (`isend(to, tag, Vec<u8>)`) moves a buffer into the request; a scope lets the
+//! requests borrow instead, the way `std::thread::scope` lets threads borrow: every request
+//! started in the scope has ended when [`Context::scope`] returns (it waits for those the
+//! closure did not wait for, also when the closure panics), and the buffers stay borrowed until
+//! then, so safe code cannot change, free or reuse a buffer under a transfer.
+
+use std::cell::{RefCell, RefMut};
+use std::marker::PhantomData;
+
+use polyrail_core::engine::{ReqId, Source, Status, TagMatch};
+use polyrail_core::{Error, Rank, Result};
+
+use crate::context::{Context, Request};
+
+/// The requests of one [`Context::scope`] call: start them with [`Scope::isend`] and
+/// [`Scope::irecv`] on buffers borrowed for the whole scope.
+///
+/// A buffer cannot change while a send may still read it:
+///
+/// ```compile_fail
+/// # fn f(ctx: &mut polyrail::Context) -> polyrail::Result<()> {
+/// let mut buf = vec![1u8; 64];
+/// ctx.scope(|s| {
+///     let req = s.isend(1, 0, &buf)?;
+///     buf[0] = 2; // error: `buf` is borrowed by the send until the scope ends
+///     s.wait(req).map(|_| ())
+/// })
+/// # }
+/// ```
+///
+/// and a request cannot leave its scope:
+///
+/// ```compile_fail
+/// # fn f(ctx: &mut polyrail::Context) -> polyrail::Result<()> {
+/// let buf = vec![1u8; 64];
+/// let req = ctx.scope(|s| s.isend(1, 0, &buf))?; // error: the request borrows the scope
+/// # Ok(())
+/// # }
+/// ```
+pub struct Scope<'scope, 'env: 'scope> {
+    ctx: RefCell<&'scope mut Context>,
+    /// Engine ids of the requests started here and not waited for yet.
+    running: RefCell<Vec<ReqId>>,
+    // Invariant in both lifetimes, as `std::thread::Scope`: neither may be shortened to let a
+    // buffer's borrow end before the scope does.
+    scope: PhantomData<&'scope mut &'scope ()>,
+    env: PhantomData<&'env mut &'env ()>,
+}
+
+/// A request started in a [`Scope`]; [`Scope::wait`] gives its status. One not waited for is
+/// waited for when the scope ends.
+#[must_use = "a scoped request is waited for at the end of its scope at the latest; wait for it to see its result"]
+pub struct ScopedRequest<'scope> {
+    req: Request,
+    scope: PhantomData<&'scope ()>,
+}
+
+impl Context {
+    /// Runs `f` with a [`Scope`] whose non-blocking operations borrow their buffers instead of
+    /// owning them; returns when `f` has returned and every request started in the scope has
+    /// ended (those `f` did not wait for are waited for here, their results dropped; also when
+    /// `f` panics). A receive whose buffer a live peer may still write after it failed gets the
+    /// same warning as a failed [`Context::recv`].
+    ///
+    /// ```no_run
+    /// # fn main() -> polyrail::Result<()> {
+    /// let mut ctx = polyrail::Context::init()?;
+    /// let (me, n) = (ctx.rank(), ctx.size());
+    /// let out = vec![me as u8; 1 << 16];
+    /// let mut from_left = vec![0u8; 1 << 16];
+    /// ctx.scope(|s| {
+    ///     let r = s.irecv((me + n - 1) % n, 0, &mut from_left)?;
+    ///     let w = s.isend((me + 1) % n, 0, &out)?;
+    ///     s.wait_all(vec![r, w]).map(|_| ())
+    /// })?;
+    /// assert_eq!(from_left[0], ((me + n - 1) % n) as u8);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn scope<'env, F, T>(&mut self, f: F) -> T
+    where
+        F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> T,
+    {
+        let scope =
+            Scope { ctx: RefCell::new(self), running: RefCell::new(Vec::new()), scope: PhantomData, env: PhantomData };
+        let ending = EndOfScope(&scope);
+        let result = f(&scope);
+        drop(ending);
+        result
+    }
+}
+
+/// Waits for a scope's requests when dropped: at its end, or while `f` unwinds.
+struct EndOfScope<'a, 'scope, 'env>(&'a Scope<'scope, 'env>);
+
+impl Drop for EndOfScope<'_, '_, '_> {
+    fn drop(&mut self) {
+        let left = std::mem::take(&mut *self.0.running.borrow_mut());
+        // Cannot fail: only the scope's methods borrow the context, each until it returns (or
+        // unwinds), and none is running when the closure has returned or unwound.
+        let mut ctx = self.0.ctx.borrow_mut();
+        for id in left {
+            // The result goes nowhere: the closure did not ask for it.
+            let _ = ctx.wait(Request::engine(id));
+        }
+    }
+}
+
+impl<'scope> Scope<'scope, '_> {
+    /// Starts sending `buf`, borrowed until the scope ends. A small message may leave at once;
+    /// its request is then finished already.
+    pub fn isend(&'scope self, to: Rank, tag: u32, buf: &'scope [u8]) -> Result<ScopedRequest<'scope>> {
+        let mut ctx = self.context()?;
+        // SAFETY: `buf` is borrowed (shared, so unchanged) until the scope ends, and the scope
+        // waits for every request it started before it ends.
+        let req = unsafe { ctx.isend_raw(to, tag, buf.as_ptr(), buf.len())? };
+        Ok(self.started(req))
+    }
+
+    /// Starts receiving into `buf`, borrowed until the scope ends; the message may be at most
+    /// `buf.len()` bytes.
+    pub fn irecv(
+        &'scope self,
+        from: impl Into<Source>,
+        tag: impl Into<TagMatch>,
+        buf: &'scope mut [u8],
+    ) -> Result<ScopedRequest<'scope>> {
+        let mut ctx = self.context()?;
+        // SAFETY: `buf` is borrowed exclusively until the scope ends, and the scope waits for
+        // every request it started before it ends.
+        let req = unsafe { ctx.irecv_raw(from, tag, buf.as_mut_ptr(), buf.len())? };
+        Ok(self.started(req))
+    }
+
+    /// Waits for a request of this scope; its status.
+    pub fn wait(&self, req: ScopedRequest<'scope>) -> Result<Status> {
+        let mut ctx = self.context()?;
+        self.ended(&req.req);
+        ctx.wait(req.req).map(|done| done.status)
+    }
+
+    /// Makes progress once; whether `req` finished (then [`Scope::wait`] returns at once).
+    pub fn test(&self, req: &ScopedRequest<'scope>) -> Result<bool> {
+        self.context()?.test(&req.req)
+    }
+
+    /// Waits for every request; the statuses are in the order of `reqs`. If any failed, all
+    /// are still waited for and the first error is returned.
+    pub fn wait_all(&self, reqs: Vec<ScopedRequest<'scope>>) -> Result<Vec<Status>> {
+        let mut ctx = self.context()?;
+        let reqs: Vec<Request> = reqs.into_iter().map(|r| r.req).collect();
+        reqs.iter().for_each(|r| self.ended(r));
+        Ok(ctx.wait_all(reqs)?.into_iter().map(|done| done.status).collect())
+    }
+
+    /// Runs `f` with the context itself, for blocking calls inside the scope (a `barrier`, a
+    /// `recv`). The scope's own methods are an error inside `f`.
+    pub fn with<R>(&self, f: impl FnOnce(&mut Context) -> R) -> Result<R> {
+        let mut ctx = self.context()?;
+        Ok(f(&mut ctx))
+    }
+
+    fn context(&self) -> Result<RefMut<'_, &'scope mut Context>> {
+        self.ctx
+            .try_borrow_mut()
+            .map_err(|_| Error::InvalidArgument("a scope's operations cannot be used inside its `with` closure".into()))
+    }
+
+    fn started(&self, req: Request) -> ScopedRequest<'scope> {
+        if let Some(id) = req.engine_id() {
+            self.running.borrow_mut().push(id);
+        }
+        ScopedRequest { req, scope: PhantomData }
+    }
+
+    fn ended(&self, req: &Request) {
+        if let Some(id) = req.engine_id() {
+            self.running.borrow_mut().retain(|&r| r != id);
+        }
+    }
+}
