@@ -4,7 +4,7 @@
 //! `PMI_JOBID` (as Slurm sets it); the other end goes to a [`PmiServer`], which speaks PMI-1 and
 //! PMI-2. The job is named `pr<launcher pid>` (the PMI-1 kvsname and PMI-2 jobid). Output of the ranks reaches the
 //! launcher's stdout and stderr through pipes, a whole line at a time, so that lines of ranks
-//! writing at once do not mix ([`output`]); only rank 0 reads stdin.
+//! writing at once do not mix (the `output` module); only rank 0 reads stdin.
 //!
 //! When a rank dies abnormally (killed by a signal, nonzero exit, or exit without PMI finalize
 //! after having opened a PMI session), the launcher says so in one line, gives the other ranks
