@@ -41,8 +41,9 @@ use crate::context::{Context, Request};
 /// ```
 pub struct Scope<'scope, 'env: 'scope> {
     ctx: RefCell<&'scope mut Context>,
-    /// Engine ids of the requests started here and not waited for yet.
-    running: RefCell<Vec<ReqId>>,
+    /// Engine ids of the requests started here, by [`ScopedRequest::slot`]; `None` once waited
+    /// for.
+    running: RefCell<Vec<Option<ReqId>>>,
     // Invariant in both lifetimes, as `std::thread::Scope`: neither may be shortened to let a
     // buffer's borrow end before the scope does.
     scope: PhantomData<&'scope mut &'scope ()>,
@@ -54,7 +55,11 @@ pub struct Scope<'scope, 'env: 'scope> {
 #[must_use = "a scoped request is waited for at the end of its scope at the latest; wait for it to see its result"]
 pub struct ScopedRequest<'scope> {
     req: Request,
-    scope: PhantomData<&'scope ()>,
+    /// Its place in [`Scope::running`] (`None`: it finished when it started).
+    slot: Option<usize>,
+    // Invariant, as the scope: a request cannot pass for one of another scope, whose end would
+    // then not wait for its own request in that slot.
+    scope: PhantomData<&'scope mut &'scope ()>,
 }
 
 impl Context {
@@ -98,10 +103,10 @@ struct EndOfScope<'a, 'scope, 'env>(&'a Scope<'scope, 'env>);
 impl Drop for EndOfScope<'_, '_, '_> {
     fn drop(&mut self) {
         let left = std::mem::take(&mut *self.0.running.borrow_mut());
-        // Cannot fail: only the scope's methods borrow the context, each until it returns (or
-        // unwinds), and none is running when the closure has returned or unwound.
+        // Cannot fail: only the scope's methods borrow the context, each until it returns, and
+        // none is running when the closure has returned or unwound.
         let mut ctx = self.0.ctx.borrow_mut();
-        for id in left {
+        for id in left.into_iter().flatten() {
             // The result goes nowhere: the closure did not ask for it.
             let _ = ctx.wait(Request::engine(id));
         }
@@ -137,7 +142,7 @@ impl<'scope> Scope<'scope, '_> {
     /// Waits for a request of this scope; its status.
     pub fn wait(&self, req: ScopedRequest<'scope>) -> Result<Status> {
         let mut ctx = self.context()?;
-        self.ended(&req.req);
+        self.ended(&req);
         ctx.wait(req.req).map(|done| done.status)
     }
 
@@ -150,34 +155,31 @@ impl<'scope> Scope<'scope, '_> {
     /// are still waited for and the first error is returned.
     pub fn wait_all(&self, reqs: Vec<ScopedRequest<'scope>>) -> Result<Vec<Status>> {
         let mut ctx = self.context()?;
-        let reqs: Vec<Request> = reqs.into_iter().map(|r| r.req).collect();
         reqs.iter().for_each(|r| self.ended(r));
+        let reqs = reqs.into_iter().map(|r| r.req).collect();
         Ok(ctx.wait_all(reqs)?.into_iter().map(|done| done.status).collect())
     }
 
-    /// Runs `f` with the context itself, for blocking calls inside the scope (a `barrier`, a
-    /// `recv`). The scope's own methods are an error inside `f`.
-    pub fn with<R>(&self, f: impl FnOnce(&mut Context) -> R) -> Result<R> {
-        let mut ctx = self.context()?;
-        Ok(f(&mut ctx))
-    }
-
     fn context(&self) -> Result<RefMut<'_, &'scope mut Context>> {
-        self.ctx
-            .try_borrow_mut()
-            .map_err(|_| Error::InvalidArgument("a scope's operations cannot be used inside its `with` closure".into()))
+        // Each method holds the borrow only while it runs and calls none of the caller's code,
+        // so this does not fail; were it to, it is an error rather than a panic.
+        self.ctx.try_borrow_mut().map_err(|_| Error::InvalidArgument("the scope's context is in use".into()))
     }
 
     fn started(&self, req: Request) -> ScopedRequest<'scope> {
-        if let Some(id) = req.engine_id() {
-            self.running.borrow_mut().push(id);
-        }
-        ScopedRequest { req, scope: PhantomData }
+        let slot = req.engine_id().map(|id| {
+            let mut running = self.running.borrow_mut();
+            running.push(Some(id));
+            running.len() - 1
+        });
+        ScopedRequest { req, slot, scope: PhantomData }
     }
 
-    fn ended(&self, req: &Request) {
-        if let Some(id) = req.engine_id() {
-            self.running.borrow_mut().retain(|&r| r != id);
+    /// `req` is being waited for: the scope's end need not.
+    fn ended(&self, req: &ScopedRequest<'scope>) {
+        let mut running = self.running.borrow_mut();
+        if let Some(entry) = req.slot.and_then(|slot| running.get_mut(slot)) {
+            *entry = None;
         }
     }
 }
