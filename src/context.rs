@@ -226,6 +226,29 @@ impl Context {
         status
     }
 
+    /// Sends `send_buf` to `to` with `send_tag` and receives into `recv_buf` from `from` with
+    /// `recv_tag` at once (`MPI_Sendrecv`): neither waits for the other, so ranks that exchange
+    /// with each other (a ring shift, a halo) cannot deadlock whatever the sizes. The receive's
+    /// status; a longer message is an [`Error::Truncated`].
+    pub fn sendrecv(
+        &mut self,
+        to: Rank,
+        send_tag: u32,
+        send_buf: &[u8],
+        from: impl Into<Source>,
+        recv_tag: impl Into<TagMatch>,
+        recv_buf: &mut [u8],
+    ) -> Result<Status> {
+        self.scope(|s| {
+            let received = s.irecv(from, recv_tag, recv_buf)?;
+            let sent = s.isend(to, send_tag, send_buf)?;
+            // Both are waited for, then the receive's error (if any) comes first.
+            let (status, sent) = (s.wait(received), s.wait(sent));
+            let status = status?;
+            sent.map(|_| status)
+        })
+    }
+
     /// Starts sending `buf` (owned by the request until it finishes). A small eager message
     /// leaves at once when the channel has room; its request is then finished already.
     pub fn isend(&mut self, to: Rank, tag: u32, buf: Vec<u8>) -> Result<Request> {
