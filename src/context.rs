@@ -507,6 +507,7 @@ impl Context {
     /// without receiving it.
     pub fn probe(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Status> {
         let (from, tag) = (from.into(), tag.into());
+        self.check_source(from)?;
         let mut found = None;
         let check = |e: &polyrail_core::engine::Engine| e.probe(from, tag, USER_CTX);
         self.driver.probing(|d| {
@@ -526,11 +527,22 @@ impl Context {
     /// Whether a message matching `(from, tag)` can be received now, and its status.
     pub fn iprobe(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Option<Status>> {
         let (from, tag) = (from.into(), tag.into());
+        self.check_source(from)?;
         if let Some(s) = self.driver.engine.probe(from, tag, USER_CTX) {
             return Ok(Some(s));
         }
         self.driver.probing(Driver::progress)?;
         Ok(self.driver.engine.probe(from, tag, USER_CTX))
+    }
+
+    /// A rank outside the job is an error (a probe for it would never end).
+    fn check_source(&self, from: Source) -> Result<()> {
+        match from {
+            Source::Rank(r) if r >= self.size() => {
+                Err(Error::InvalidArgument(format!("rank {r} is out of range (job size {})", self.size())))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Waits until every rank called `barrier` (dissemination barrier over the channels).

@@ -359,8 +359,38 @@ fn any_finished(ctx: &mut Context) -> polyrail::Result<()> {
     Ok(())
 }
 
+/// Whether `r` is the error for rank `rank` outside the job.
+fn names_outside<T: std::fmt::Debug>(r: polyrail::Result<T>, rank: u32) -> bool {
+    matches!(&r, Err(Error::InvalidArgument(m)) if m.starts_with(&format!("rank {rank} is out of range")))
+}
+
+/// A rank outside the job is an error that names it, for every call that takes one (a receive
+/// from one indexed past the engine's peers, and a probe for one never ended, before).
+fn outside_ranks(ctx: &mut Context) {
+    let n = ctx.size();
+    for r in [n, n + 5, u32::MAX] {
+        let mut buf = vec![0u8; 1 << 20];
+        let checks = [
+            ("send", names_outside(ctx.send(r, 0, b"x"), r)),
+            ("recv", names_outside(ctx.recv(r, 0, &mut buf[..8]), r)),
+            ("recv of a rendezvous size", names_outside(ctx.recv(r, 0, &mut buf), r)),
+            ("isend", names_outside(ctx.isend(r, 0, vec![1]), r)),
+            ("irecv", names_outside(ctx.irecv(r, 0, vec![0; 8]), r)),
+            ("probe", names_outside(ctx.probe(r, ANY_TAG), r)),
+            ("iprobe", names_outside(ctx.iprobe(r, ANY_TAG), r)),
+            ("sendrecv", names_outside(ctx.sendrecv(0, 0, b"", r, 0, &mut buf), r)),
+            ("scoped irecv", names_outside(ctx.scope(|s| s.irecv(r, 0, &mut buf).map(|_| ())), r)),
+        ];
+        for (call, ok) in checks {
+            assert!(ok, "rank {}: {call} with rank {r} of {n}", ctx.rank());
+        }
+    }
+}
+
 /// A message longer than its receive buffer is an error that names it; the pair still works.
+/// First [`outside_ranks`].
 fn truncate_scenario(ctx: &mut Context) -> polyrail::Result<()> {
+    outside_ranks(ctx);
     let me = ctx.rank();
     if me == 1 {
         for len in [100usize, 40000, 1 << 20] {

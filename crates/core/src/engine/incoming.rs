@@ -573,10 +573,11 @@ impl Engine {
             .min_by_key(|&(r, i)| self.peers[r as usize].unexpected[i].order)
     }
 
-    /// The first unexpected message of `r` matching `(tag, ctx)`.
+    /// The first unexpected message of `r` matching `(tag, ctx)` (none for a rank outside the
+    /// job: the caller's own checks name that error).
     #[inline(always)]
     fn first_unexpected(&self, r: Rank, tag: TagMatch, ctx: u16) -> Option<(Rank, usize)> {
-        let unexpected = &self.peers[r as usize].unexpected;
+        let unexpected = &self.peers.get(r as usize)?.unexpected;
         if unexpected.is_empty() {
             return None; // the common case, checked before building the iterator
         }

@@ -1722,3 +1722,24 @@ fn split_messages_in_flight_together_are_not_trials() {
     assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
     assert_eq!(out, data);
 }
+
+/// A rank outside the job is refused by every entry point that takes one, without a panic.
+#[test]
+fn ranks_outside_the_job_are_errors() {
+    let mut e = Engine::new(0, 2);
+    let mut buf = [0u8; 8];
+    let region = RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() };
+    for r in [2, 7, Rank::MAX] {
+        let out_of_range =
+            |res: Result<ReqId>| matches!(res, Err(Error::InvalidArgument(m)) if m.contains("out of range"));
+        // SAFETY: `buf` outlives the engine's use of it: every call is refused or ends here.
+        unsafe {
+            assert!(e.recv_unexpected(Source::Rank(r), TagMatch::Any, 0, region).is_none());
+            assert!(!e.park_recv(Source::Rank(r), TagMatch::Any, 0, region));
+            assert!(out_of_range(e.post_recv(Source::Rank(r), TagMatch::Any, 0, region)));
+            assert!(out_of_range(e.post_send(r, 0, 0, Region { ptr: buf.as_ptr(), len: buf.len() })));
+        }
+        assert!(e.probe(Source::Rank(r), TagMatch::Any, 0).is_none());
+        assert!(e.peer_error(r).is_none());
+    }
+}
