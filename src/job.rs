@@ -275,7 +275,18 @@ impl Job {
                     }
                     engine.set_route(r, rt.clone())
                 }
-                None => tracing::warn!("rank {rank}: no channel reaches rank {r}"),
+                None => {
+                    let why: Vec<String> = reach
+                        .iter()
+                        .filter_map(|(kind, reach)| match reach {
+                            Reach::No(why) => Some(format!("{kind}: {why}")),
+                            Reach::Yes(_) => None,
+                        })
+                        .collect();
+                    let why = format!("{} (POLYRAIL_TRANSPORTS={})", why.join("; "), config.transports);
+                    tracing::warn!("rank {rank}: no channel reaches rank {r}: {why}");
+                    engine.set_unreachable(r, why);
+                }
             }
             peers.push(PeerReport { rank: r, class, reach, route });
         }

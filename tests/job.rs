@@ -543,8 +543,25 @@ fn dangling_scenario(ctx: &mut Context) -> polyrail::Result<()> {
     Ok(())
 }
 
+/// Ranks that no allowed channel connects (shm only, on two virtual nodes): `init` fails at
+/// once (its barrier cannot reach the other node) with an error naming the rank and each
+/// channel's reason. Each rank writes what it saw to `JOBTEST_OUT.<rank>`.
+fn unreachable_scenario() {
+    let t = Instant::now();
+    let err = match Context::init() {
+        Ok(_) => "init succeeded".to_string(),
+        Err(e) => e.to_string(),
+    };
+    let rank = std::env::var("PMI_RANK").unwrap_or_default();
+    let out = std::env::var("JOBTEST_OUT").expect("JOBTEST_OUT");
+    std::fs::write(format!("{out}.{rank}"), format!("{} ms: {err}", t.elapsed().as_millis())).expect("report");
+}
+
 fn rank_main(scenario: &str) {
     MappedHeap::set_enabled(false);
+    if scenario == "unreachable" {
+        return unreachable_scenario();
+    }
     let mut ctx = Context::init().expect("init");
     let r = match scenario {
         "sizes" => sizes_scenario(&mut ctx),
@@ -728,6 +745,20 @@ fn main() {
         let t = Instant::now();
         let code = job_on(2, nodes, "flood", env);
         check(format!("flood -n 2 over {name}: status {code}, {:.1} s", t.elapsed().as_secs_f64()), code == 0);
+    }
+    let out = std::env::temp_dir().join(format!("polyrail-jobtest-{}-unreachable", std::process::id()));
+    let out_s = out.to_string_lossy().into_owned();
+    let code = job_on(2, 2, "unreachable", &[("POLYRAIL_TRANSPORTS", "shm"), ("JOBTEST_OUT", &out_s)]);
+    check(format!("unreachable -n 2 on 2 nodes over shm only: job status {code}"), code == 0);
+    for r in 0..2 {
+        let f = format!("{out_s}.{r}");
+        let seen = std::fs::read_to_string(&f).unwrap_or_else(|_| "no report".into());
+        let _ = std::fs::remove_file(&f);
+        let ms: Option<u64> = seen.split(' ').next().and_then(|ms| ms.parse().ok());
+        let named = seen.contains(&format!("no channel reaches rank {}", 1 - r))
+            && seen.contains("virtual node")
+            && seen.contains("POLYRAIL_TRANSPORTS=shm");
+        check(format!("unreachable: rank {r} saw `{seen}`"), named && ms.is_some_and(|ms| ms < 1000));
     }
     let t = Instant::now();
     let code = job(4, "dangling", &[]);

@@ -32,6 +32,19 @@ impl TransportFilter {
     }
 }
 
+/// The filter as `POLYRAIL_TRANSPORTS` writes it: `all`, `shm,cma` or `^cma`.
+impl std::fmt::Display for TransportFilter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (deny, list) = match self {
+            TransportFilter::All => return f.write_str("all"),
+            TransportFilter::Only(list) => ("", list),
+            TransportFilter::Except(list) => ("^", list),
+        };
+        let names: Vec<&str> = list.iter().map(|k| k.name()).collect();
+        write!(f, "{deny}{}", names.join(","))
+    }
+}
+
 /// A size that may differ by topology class (`16k` or `shared-l3:16k,socket:4k`).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct ClassSizes {
@@ -891,6 +904,10 @@ mod tests {
         assert!(c.transports.allows(TransportKind::Shm) && !c.transports.allows(TransportKind::Cma));
         let e = cfg(&[("POLYRAIL_TRANSPORTS", "shm,tcp")]).unwrap_err().to_string();
         assert!(e.contains("POLYRAIL_TRANSPORTS") && e.contains("tcp") && e.contains("cma"), "{e}");
+        // Displayed as written (as the errors that quote it do).
+        for v in ["all", "shm,cma", "^cma,ib"] {
+            assert_eq!(cfg(&[("POLYRAIL_TRANSPORTS", v)]).unwrap().transports.to_string(), v);
+        }
     }
 
     #[test]

@@ -157,6 +157,8 @@ struct Incoming {
 /// The engine's state for one peer.
 struct Peer {
     route: Option<PeerRoute>,
+    /// Why no channel reaches the peer ([`Engine::set_unreachable`]).
+    unreachable: Option<String>,
     next_send_seq: u32,
     expected_seq: u32,
     /// Receives naming this peer as source, in post order.
@@ -202,6 +204,7 @@ impl Peer {
     fn new() -> Self {
         Peer {
             route: None,
+            unreachable: None,
             next_send_seq: 0,
             expected_seq: 0,
             posted: VecDeque::new(),
@@ -516,6 +519,16 @@ impl Engine {
         self.peers.len() as u32
     }
 
+    /// Records that no channel reaches `peer`, and why (each channel's reason), in place of a
+    /// route: sends to it and receives naming it fail at once with [`Error::Unreachable`].
+    pub fn set_unreachable(&mut self, peer: Rank, why: String) {
+        self.touched();
+        if let Some(p) = self.peers.get_mut(peer as usize) {
+            p.route = None;
+            p.unreachable = Some(why);
+        }
+    }
+
     /// Sets the route table to `peer`.
     pub fn set_route(&mut self, peer: Rank, route: PeerRoute) {
         self.touched();
@@ -532,6 +545,7 @@ impl Engine {
                 }
             }
             p.route = Some(route);
+            p.unreachable = None;
         }
     }
 
@@ -702,7 +716,10 @@ impl Engine {
         let peer = self.usable_peer(to)?;
         // A stream: no message came from the peer since our last send to it.
         let streaming = peer.last_send_at.replace(peer.expected_seq) == Some(peer.expected_seq);
-        let route = peer.route.as_ref().ok_or_else(|| Error::Unreachable { rank: to, why: "no route".into() })?;
+        let Some(route) = peer.route.as_ref() else {
+            let why = peer.unreachable.clone().unwrap_or_else(|| "no route was set for it".into());
+            return Err(Error::Unreachable { rank: to, why });
+        };
         let entry = route.lookup(buf.len);
         let (mut protocol, mut data_ch, am, frag) = (entry.protocol, entry.channel, route.am, route.frag);
         // From memory the peer maps, the receiver's single copy costs what one memcpy does:
@@ -808,6 +825,10 @@ impl Engine {
                 if self.find_unexpected(src, tag, ctx).is_none() {
                     return Err(e);
                 }
+            }
+            // Nothing can come from it: the receive would wait forever.
+            if let Some(why) = self.peers.get(r as usize).and_then(|p| p.unreachable.clone()) {
+                return Err(Error::Unreachable { rank: r, why });
             }
         } else if self.peers.iter().enumerate().all(|(i, p)| p.gone.is_some() && i as Rank != self.me)
             && self.peers.len() > 1

@@ -1743,3 +1743,31 @@ fn ranks_outside_the_job_are_errors() {
         assert!(e.peer_error(r).is_none());
     }
 }
+
+/// A peer no channel reaches: a send to it and a receive naming it fail at once with the
+/// reason given; ANY_SOURCE receives still wait for the others.
+#[test]
+fn an_unreachable_peer_fails_sends_and_receives_at_once() {
+    let mut sim = Sim::new(3, stream_route);
+    sim.engines[0].set_unreachable(2, "shm: on another node".into());
+    let mut buf = [0u8; 8];
+    let unreachable =
+        |r: Result<ReqId>| matches!(r, Err(Error::Unreachable { rank: 2, why }) if why == "shm: on another node");
+    // SAFETY: `buf` outlives the engine's use of it: the refused calls keep nothing, and the
+    // ANY_SOURCE receive is settled below.
+    unsafe {
+        assert!(unreachable(sim.engines[0].post_send(2, 0, 0, Region { ptr: buf.as_ptr(), len: 8 })));
+        assert!(unreachable(sim.engines[0].post_recv(
+            Source::Rank(2),
+            TagMatch::Any,
+            0,
+            RegionMut { ptr: buf.as_mut_ptr(), len: 8 }
+        )));
+    }
+    let any = recv(&mut sim, 0, Source::Any, TagMatch::Any, &mut buf);
+    let data = pattern(1, 8);
+    send(&mut sim, 1, 0, 5, &data);
+    sim.settle();
+    assert_eq!(result(&mut sim, 0, any).unwrap(), Status { source: 1, tag: 5, len: 8 });
+    assert_eq!(buf[..], data[..]);
+}
