@@ -563,6 +563,8 @@ fn rank_main(scenario: &str) {
         return unreachable_scenario();
     }
     let mut ctx = Context::init().expect("init");
+    // The process manager's connection serves one Context.
+    assert!(matches!(Context::init(), Err(Error::Bootstrap(_))), "a second init in one process");
     let r = match scenario {
         "sizes" => sizes_scenario(&mut ctx),
         "order" => order_scenario(&mut ctx),

@@ -5,7 +5,8 @@
 //! size 1 ([`Singleton`]). The server side used by `polyrail run` lives in [`server`].
 
 use crate::config::{Config, PmiVersion};
-use crate::error::{Rank, Result};
+use crate::error::{Error, Rank, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 mod pmi1;
 mod pmi2;
@@ -87,10 +88,19 @@ impl Bootstrap for Singleton {
 }
 
 /// Connects to the process manager named by the environment (`PMI_FD`, `PMI_PORT`), speaking
-/// the protocol chosen by `cfg.pmi`; without one, a [`Singleton`].
+/// the protocol chosen by `cfg.pmi`; without one, a [`Singleton`]. Once per process: the
+/// process manager's connection serves one rank's session (a second session's end closed the
+/// first's descriptor), so a second call is an [`Error::Bootstrap`].
 pub fn from_env(cfg: &Config) -> Result<Box<dyn Bootstrap>> {
+    static JOINED: AtomicBool = AtomicBool::new(false);
     if std::env::var_os("PMI_FD").is_none() && std::env::var_os("PMI_PORT").is_none() {
         return Ok(Box::new(Singleton::new()));
+    }
+    // Relaxed: only the flag itself is at stake; a race of two first calls has one winner.
+    if JOINED.swap(true, Ordering::Relaxed) {
+        return Err(Error::Bootstrap(
+            "this process has joined its job already: one Context per process (as MPI_Init is called once)".into(),
+        ));
     }
     Ok(match cfg.pmi {
         PmiVersion::Pmi1 => Box::new(Pmi1Client::from_env()?),
