@@ -123,6 +123,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
     }
     let job = job_name();
     let _signals = SignalGuard::install();
+    raise_open_file_limit();
     let (server_ends, child_ends) = socket_pairs(opts.ranks)?;
     let server = PmiServer::start(&job, server_ends)?;
     let (procs, output) = spawn_all(opts, &job, &child_ends)?;
@@ -135,6 +136,24 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
     remove_shm_segments(&job);
     Ok(code)
 }
+
+/// The launcher holds five descriptors per rank (its PMI socket, its exit notice, both ends of a
+/// socket pair until the ranks start, two output pipes): raises this process's soft limit on
+/// open files to the hard one, so that a job of a few hundred ranks does not meet the usual
+/// soft limit of 1024. The ranks get the soft limit the launcher had (see `child_setup`).
+fn raise_open_file_limit() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the struct passed; setrlimit reads it.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            let _ = INHERITED_FILE_LIMIT.set(lim);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &libc::rlimit { rlim_cur: lim.rlim_max, ..lim });
+        }
+    }
+}
+
+/// The open-file limits this process had before [`raise_open_file_limit`], if it raised them.
+static INHERITED_FILE_LIMIT: OnceLock<libc::rlimit> = OnceLock::new();
 
 /// `pr<pid>` for the first job of this process, `pr<pid>_<n>` for later ones.
 fn job_name() -> String {
@@ -246,14 +265,17 @@ fn spawn_rank(
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     }
     let set = cpu.map(cpu_set_of);
+    let limit = INHERITED_FILE_LIMIT.get().copied();
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe system
-    // calls (fcntl, sched_setaffinity) on data prepared before the fork; it does not allocate.
-    unsafe { cmd.pre_exec(move || child_setup(fd, set.as_ref())) };
+    // calls (fcntl, sched_setaffinity, setrlimit) on data prepared before the fork; it does not
+    // allocate.
+    unsafe { cmd.pre_exec(move || child_setup(fd, set.as_ref(), limit.as_ref())) };
     cmd.spawn()
 }
 
-/// In the child: lets the PMI socket survive exec, binds to the chosen CPU.
-fn child_setup(fd: i32, cpus: Option<&libc::cpu_set_t>) -> std::io::Result<()> {
+/// In the child: lets the PMI socket survive exec, binds to the chosen CPU, puts back the
+/// open-file limit the launcher started with.
+fn child_setup(fd: i32, cpus: Option<&libc::cpu_set_t>, files: Option<&libc::rlimit>) -> std::io::Result<()> {
     // SAFETY: fcntl on an open descriptor (the parent keeps it open across the fork).
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
     // SAFETY: as above; clearing FD_CLOEXEC only changes this process's descriptor table.
@@ -265,6 +287,10 @@ fn child_setup(fd: i32, cpus: Option<&libc::cpu_set_t>) -> std::io::Result<()> {
         if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) } < 0 {
             return Err(std::io::Error::last_os_error());
         }
+    }
+    if let Some(lim) = files {
+        // SAFETY: setrlimit reads the struct passed. Lowering the soft limit cannot fail.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, lim) };
     }
     Ok(())
 }

@@ -285,3 +285,15 @@ fn unfinished_lines_are_forwarded() {
     assert_eq!(rest, "hello rank\n");
     assert!(child.wait().unwrap().success());
 }
+
+/// A hundred ranks under a soft limit of 256 open files (the launcher holds five per rank): the
+/// launcher raises its own limit, and the ranks still get 256.
+#[test]
+fn many_ranks_under_a_low_open_file_limit() {
+    let script =
+        format!("ulimit -Sn 256 && exec {} run -n 100 --bind none sh -c 'ulimit -Sn'", env!("CARGO_BIN_EXE_polyrail"));
+    let out = Command::new("sh").args(["-c", &script]).output().expect("sh");
+    assert!(out.status.success(), "{out:?}");
+    let limits = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(limits.lines().filter(|l| *l == "256").count(), 100, "{limits}");
+}
