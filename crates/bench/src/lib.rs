@@ -21,11 +21,11 @@ pub struct Common {
     /// Sizes to measure (comma-separated, with k/m suffixes).
     #[arg(long, default_value = "0,1,8,64,512,4k,16k,32k,64k,256k,1m,4m")]
     pub sizes: String,
-    /// Ranks to start when run alone.
-    #[arg(short = 'n', long = "np", default_value_t = 2)]
+    /// Ranks to start when run alone (at least 2).
+    #[arg(short = 'n', long = "np", default_value_t = 2, value_parser = clap::value_parser!(u32).range(2..))]
     pub ranks: u32,
-    /// Iteration count override (default: OSU's, by size).
-    #[arg(long)]
+    /// Iteration count override (default: OSU's, by size; at least 1).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub iters: Option<u32>,
     /// Fewer iterations (for smoke tests).
     #[arg(long)]
