@@ -538,10 +538,8 @@ impl Context {
     /// A rank outside the job is an error (a probe for it would never end).
     fn check_source(&self, from: Source) -> Result<()> {
         match from {
-            Source::Rank(r) if r >= self.size() => {
-                Err(Error::InvalidArgument(format!("rank {r} is out of range (job size {})", self.size())))
-            }
-            _ => Ok(()),
+            Source::Rank(r) => self.driver.engine.check_rank(r),
+            Source::Any => Ok(()),
         }
     }
 

@@ -2,9 +2,10 @@
 //!
 //! Each rank gets one end of a `socketpair` as `PMI_FD`, plus `PMI_RANK`, `PMI_SIZE` and
 //! `PMI_JOBID` (as Slurm sets it); the other end goes to a [`PmiServer`], which speaks PMI-1 and
-//! PMI-2. The job is named `pr<launcher pid>` (the PMI-1 kvsname and PMI-2 jobid). Output of the ranks reaches the
-//! launcher's stdout and stderr through pipes, a whole line at a time, so that lines of ranks
-//! writing at once do not mix (the `output` module); only rank 0 reads stdin.
+//! PMI-2. The job is named `pr<launcher pid>` (the PMI-1 kvsname and PMI-2 jobid). Output of
+//! the ranks reaches the launcher's stdout and stderr through pipes, a whole line at a time, so
+//! that lines of ranks writing at once do not mix (the `output` module); only rank 0 reads
+//! stdin.
 //!
 //! When a rank dies abnormally (killed by a signal, nonzero exit, or exit without PMI finalize
 //! after having opened a PMI session), the launcher says so in one line, gives the other ranks
@@ -15,9 +16,10 @@
 //!
 //! Between events the launcher sleeps in `poll(2)` on descriptors that something happening makes
 //! readable: the PMI server's event notices, a pipe its signal handler writes, a pidfd per
-//! running rank and the ranks' output pipes. It does not wake up periodically (once a second at most, as a safety net), so
-//! it takes no CPU time from the ranks, whose latency a launcher waking 100 times a second
-//! disturbed (a rank sharing its core waited a fraction of a millisecond each time).
+//! running rank and the ranks' output pipes. It does not wake up periodically (once a second at
+//! most, as a safety net), so it takes no CPU time from the ranks, whose latency a launcher
+//! waking 100 times a second disturbed (a rank sharing its core waited a fraction of a
+//! millisecond each time).
 
 mod output;
 
@@ -117,6 +119,9 @@ impl Default for LaunchOptions {
 /// 128 + signal for a rank killed by a signal (other than the launcher's own), else the largest
 /// exit code, an exit without PMI finalize counting as at least 1. A job stopped by SIGINT or
 /// SIGTERM returns at least 128 + that signal.
+///
+/// Raises the calling process's soft limit on open files to its hard limit (the ranks get the
+/// limit the process had): the launcher holds five descriptors per rank.
 pub fn launch(opts: &LaunchOptions) -> Result<i32> {
     if opts.ranks == 0 {
         return Err(Error::InvalidArgument("polyrail run needs at least one rank (-n 1 or more)".into()));

@@ -23,8 +23,8 @@ enum Cmd {
     /// Start N processes of PROGRAM as one job (serves PMI-1 and PMI-2 to them).
     ///
     /// Output of every rank is forwarded a whole line at a time, so that lines of ranks writing
-    /// at once do not mix; the exit status is the worst rank's (128+signal for a killed rank). When a rank dies, the others get a grace period to report it, then the
-    /// job is killed.
+    /// at once do not mix; the exit status is the worst rank's (128+signal for a killed rank).
+    /// When a rank dies, the others get a grace period to report it, then the job is killed.
     Run {
         /// Number of processes.
         #[arg(short = 'n', long = "np", default_value_t = 1)]

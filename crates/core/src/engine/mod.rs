@@ -519,6 +519,14 @@ impl Engine {
         self.peers.len() as u32
     }
 
+    /// An error naming `r` if it is no rank of the job.
+    pub fn check_rank(&self, r: Rank) -> Result<()> {
+        if (r as usize) < self.peers.len() {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument(format!("rank {r} is out of range (job size {})", self.peers.len())))
+    }
+
     /// Records that no channel reaches `peer`, and why (each channel's reason), in place of a
     /// route: sends to it and receives naming it fail at once with [`Error::Unreachable`].
     pub fn set_unreachable(&mut self, peer: Rank, why: String) {
@@ -1161,11 +1169,8 @@ impl Engine {
     // ---- internals ----------------------------------------------------------------------
 
     fn usable_peer(&mut self, r: Rank) -> Result<&mut Peer> {
-        let size = self.peers.len();
-        let p = self
-            .peers
-            .get_mut(r as usize)
-            .ok_or_else(|| Error::InvalidArgument(format!("rank {r} is out of range (job size {size})")))?;
+        self.check_rank(r)?;
+        let p = &mut self.peers[r as usize];
         match p.gone {
             Some(Gone::Finished) => Err(Error::PeerFinished { rank: r }),
             Some(Gone::Lost) => Err(Error::PeerLost { rank: r, why: "reported lost earlier".into() }),
