@@ -451,6 +451,17 @@ impl Context {
         Ok(first_finished(&self.driver.engine, reqs))
     }
 
+    /// Makes progress once; whether every one of `reqs` has finished (or failed): then
+    /// [`Context::wait_all`] returns at once.
+    pub fn test_all(&mut self, reqs: &[Request]) -> Result<bool> {
+        let all_done = |e: &Engine| reqs.iter().all(|r| r.engine_id().is_none_or(|id| e.is_done(id)));
+        if all_done(&self.driver.engine) {
+            return Ok(true);
+        }
+        self.driver.progress()?;
+        Ok(all_done(&self.driver.engine))
+    }
+
     /// Waits for every request; the completions are in the order of `reqs`. If any failed, all
     /// are still waited for and the first error is returned.
     pub fn wait_all(&mut self, reqs: Vec<Request>) -> Result<Vec<Completion>> {

@@ -332,13 +332,15 @@ fn wildcard_scenario(ctx: &mut Context) -> polyrail::Result<()> {
 }
 
 /// `test_any` and `wait_any` over receives from every peer, eager and rendezvous: each peer
-/// sends when rank 0 tells it to, last rank first, so only that receive can finish.
+/// sends when rank 0 tells it to, last rank first, so only that receive can finish. Then
+/// `test_all` over one more message from every peer.
 fn any_finished(ctx: &mut Context) -> polyrail::Result<()> {
     let (me, n) = (ctx.rank(), ctx.size());
     let len = |p: u32| if p % 2 == 1 { 100 } else { 300_000 };
     if me != 0 {
         ctx.recv(0, 60, &mut [])?;
-        return ctx.send(0, 61, &stamp(me, 61, len(me)));
+        ctx.send(0, 61, &stamp(me, 61, len(me)))?;
+        return ctx.send(0, 62, &[me as u8; 8]);
     }
     let mut peers: Vec<u32> = (1..n).collect();
     let mut reqs = Vec::new();
@@ -346,6 +348,7 @@ fn any_finished(ctx: &mut Context) -> polyrail::Result<()> {
         reqs.push(ctx.irecv(p, 61, vec![0u8; len(p)])?);
     }
     assert_eq!(ctx.test_any(&reqs)?, None, "a receive finished before its peer sent");
+    assert!(!ctx.test_all(&reqs)? || reqs.is_empty(), "receives finished before their peers sent");
     for p in (1..n).rev() {
         ctx.send(p, 60, &[])?;
         let i = ctx.wait_any(&reqs)?;
@@ -356,6 +359,16 @@ fn any_finished(ctx: &mut Context) -> polyrail::Result<()> {
         assert!(done.buf == stamp(p, 61, len(p)), "corrupted message from {p}");
     }
     assert!(matches!(ctx.wait_any(&[]), Err(Error::InvalidArgument(_))));
+    assert!(ctx.test_all(&[])?, "no request: all finished");
+    // Every peer sends one more: test_all turns true once all are here.
+    let mut more = Vec::new();
+    for p in 1..n {
+        more.push(ctx.irecv(p, 62, vec![0u8; 8])?);
+    }
+    while !ctx.test_all(&more)? {}
+    for (p, done) in (1..n).zip(ctx.wait_all(more)?) {
+        assert!(done.buf == [p as u8; 8], "message 62 from {p}");
+    }
     Ok(())
 }
 
