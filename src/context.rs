@@ -62,11 +62,16 @@ impl Request {
             RequestState::Done(_) | RequestState::Finished(_) => None,
         }
     }
+
+    /// Whether it has finished (or failed) in `engine`.
+    fn has_finished(&self, engine: &Engine) -> bool {
+        self.engine_id().is_none_or(|id| engine.is_done(id))
+    }
 }
 
 /// Index of the first of `reqs` that has finished (or failed).
 fn first_finished(engine: &Engine, reqs: &[Request]) -> Option<usize> {
-    reqs.iter().position(|r| r.engine_id().is_none_or(|id| engine.is_done(id)))
+    reqs.iter().position(|r| r.has_finished(engine))
 }
 
 /// A finished non-blocking operation: its status and its buffer.
@@ -402,11 +407,7 @@ impl Context {
 
     /// Makes progress once; whether `req` finished (then [`Context::wait`] returns at once).
     pub fn test(&mut self, req: &Request) -> Result<bool> {
-        let Some(id) = req.engine_id() else { return Ok(true) };
-        if !self.driver.engine.is_done(id) {
-            self.driver.progress()?;
-        }
-        Ok(self.driver.engine.is_done(id))
+        self.test_all(std::slice::from_ref(req))
     }
 
     /// Waits until one of `reqs` has finished (or failed) and returns its index; its result is
@@ -454,7 +455,7 @@ impl Context {
     /// Makes progress once; whether every one of `reqs` has finished (or failed): then
     /// [`Context::wait_all`] returns at once.
     pub fn test_all(&mut self, reqs: &[Request]) -> Result<bool> {
-        let all_done = |e: &Engine| reqs.iter().all(|r| r.engine_id().is_none_or(|id| e.is_done(id)));
+        let all_done = |e: &Engine| reqs.iter().all(|r| r.has_finished(e));
         if all_done(&self.driver.engine) {
             return Ok(true);
         }
