@@ -463,6 +463,9 @@ impl Engine {
             Ok(())
         } else {
             let id = self.named_request(from, hdr.rreq, Dir::Recv, "FIN")?;
+            if let Some(req) = self.reqs.get_mut(id) {
+                req.cts_sent = false; // the sender is done with our key
+            }
             self.count_down(id);
             Ok(())
         }

@@ -1117,7 +1117,14 @@ impl Engine {
         }
         req.copied = true;
         if let Err(e) = result {
-            return self.fail(id, e);
+            // A receive whose sender still writes its part through our key (split): it ends
+            // with the error only at the sender's FIN (or its loss), so that nothing writes the
+            // buffer once the receive has ended. Our FIN goes out as usual: we no longer read
+            // the sender's buffer.
+            if !(req.dir == Dir::Recv && req.cts_sent && req.pending > 1) {
+                return self.fail(id, e);
+            }
+            req.deferred = Some(Box::new(e));
         }
         // Tell the peer our part is done: the receiver releases the sender's buffer, the
         // sender completes the receiver's buffer.
@@ -1296,7 +1303,10 @@ impl Engine {
         }
         req.pending = req.pending.saturating_sub(1);
         if req.pending == 0 {
-            self.finish(id);
+            match req.deferred.take() {
+                Some(e) => self.fail(id, *e),
+                None => self.finish(id),
+            }
         }
     }
 

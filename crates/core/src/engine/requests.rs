@@ -72,8 +72,12 @@ pub(super) struct Req {
     pub rtr_seq: u32,
     pub rtr_place: u32,
     pub rtr_sent: bool,
-    /// Receives: a CTS gave the sender `own_key` (it writes its part of the buffer).
+    /// Receives: a CTS gave the sender `own_key` and it has not said (FIN) that it finished
+    /// writing its part of the buffer.
     pub cts_sent: bool,
+    /// Receives: our own copy failed while the sender still wrote its part; the request ends
+    /// with this error at the sender's FIN (see `Engine::handle_completion`).
+    pub deferred: Option<Box<Error>>,
     pub expose_for: Option<ExposeFor>,
     /// How it ended (the error boxed: most requests end well, and carry less).
     pub result: Option<std::result::Result<Status, Box<Error>>>,
@@ -113,6 +117,7 @@ impl Req {
             rtr_place: 0,
             rtr_sent: false,
             cts_sent: false,
+            deferred: None,
             expose_for: None,
             result: None,
         }

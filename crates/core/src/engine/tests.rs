@@ -41,6 +41,8 @@ struct Sim {
     ordered_puts: Option<Vec<(Rank, OpId)>>,
     /// For every get: the rank and how many exposures it held when it issued it.
     held_at_get: Vec<(Rank, usize)>,
+    /// A rank whose gets fail (copy nothing, complete with an error).
+    failing_gets: Option<Rank>,
 }
 
 fn route(frag: usize, protocols: &[(usize, Protocol)]) -> PeerRoute {
@@ -106,6 +108,7 @@ impl Sim {
             exposed: (0..n).map(|_| Vec::new()).collect(),
             ordered_puts: None,
             held_at_get: Vec::new(),
+            failing_gets: None,
         }
     }
 
@@ -192,6 +195,10 @@ impl Sim {
             }
             Action::Get { key, offset, into, op, .. } => {
                 self.held_at_get.push((me, self.exposed[me as usize].len()));
+                if self.failing_gets == Some(me) {
+                    let refused = Error::Transport { kind: "sim", what: "get refused".into() };
+                    return e.handle_completion(op, Err(refused));
+                }
                 let (addr, len) = decode_key(&key);
                 assert!(offset + into.len <= len, "get out of the exposed region");
                 // SAFETY: test keys name live buffers of this process, bounds checked above.
@@ -1770,4 +1777,35 @@ fn an_unreachable_peer_fails_sends_and_receives_at_once() {
     sim.settle();
     assert_eq!(result(&mut sim, 0, any).unwrap(), Status { source: 1, tag: 5, len: 8 });
     assert_eq!(buf[..], data[..]);
+}
+
+/// A split receive whose own copy fails ends only after the sender's part is written (its
+/// FIN), with the copy's error: nothing writes the buffer once the receive has ended, so no
+/// warning about a peer that may still write is due. The sender's send succeeds.
+#[test]
+fn a_split_receive_whose_copy_fails_waits_for_the_senders_part() {
+    let split = || route(100, &[(usize::MAX, Protocol::RndvSplit)]);
+    for recv_first in [true, false] {
+        let mut sim = Sim { ordered_puts: Some(Vec::new()), failing_gets: Some(1), ..Sim::new(2, split) };
+        let data = pattern(3, 100_000);
+        let mut out = vec![0u8; data.len()];
+        let (q, s) = if recv_first {
+            let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
+            (q, send(&mut sim, 0, 1, 1, &data))
+        } else {
+            let s = send(&mut sim, 0, 1, 1, &data);
+            (recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out), s)
+        };
+        sim.settle();
+        let late = sim.ordered_puts.replace(Vec::new()).unwrap();
+        assert_eq!(late.len(), 1, "the sender's put is in flight");
+        assert!(!sim.engines[1].is_done(q), "the receive ended while the sender still wrote its part");
+        for (rank, op) in late {
+            sim.engines[rank as usize].handle_completion(op, Ok(()));
+        }
+        sim.settle();
+        assert!(matches!(result(&mut sim, 1, q), Err(Error::Transport { kind: "sim", .. })));
+        assert!(result(&mut sim, 0, s).is_ok());
+        assert!(!sim.engines[1].take_peer_may_write(q));
+    }
 }
