@@ -28,10 +28,23 @@ pub struct Request {
     state: RequestState,
 }
 
+/// Which [`Context`] of this process made a request (engine ids are only unique inside one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ContextMark(u32);
+
+impl ContextMark {
+    fn next() -> ContextMark {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        // Relaxed: only uniqueness matters, which the atomic increment gives in any order.
+        ContextMark(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
 #[derive(Debug)]
 enum RequestState {
-    /// In the engine: running, or finished with its result not taken yet.
-    Engine(ReqId),
+    /// In the engine of the context marked so: running, or finished with its result not taken
+    /// yet.
+    Engine(ReqId, ContextMark),
     /// Finished when it was started (an eager send that left at once, a receive whose message
     /// was here already): nothing runs, the buffer is free again.
     Done(Completion),
@@ -51,15 +64,25 @@ impl Request {
         Request { state: RequestState::Finished(status) }
     }
 
-    pub(crate) fn engine(id: ReqId) -> Request {
-        Request { state: RequestState::Engine(id) }
+    pub(crate) fn engine(id: ReqId, mark: ContextMark) -> Request {
+        Request { state: RequestState::Engine(id, mark) }
     }
 
     /// The engine's request, unless the operation finished when it was started.
     pub(crate) fn engine_id(&self) -> Option<ReqId> {
         match self.state {
-            RequestState::Engine(id) => Some(id),
+            RequestState::Engine(id, _) => Some(id),
             RequestState::Done(_) | RequestState::Finished(_) => None,
+        }
+    }
+
+    /// An error unless the request was made by the context marked `mark` (or needs none).
+    fn check_made_by(&self, mark: ContextMark) -> Result<()> {
+        match self.state {
+            RequestState::Engine(_, m) if m != mark => {
+                Err(Error::InvalidArgument("the request was made by another Context of this process".into()))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -69,9 +92,14 @@ impl Request {
     }
 }
 
+/// Requests to look through more than once, from a slice or from a collection holding them.
+pub(crate) trait Requests<'r>: IntoIterator<Item = &'r Request> + Clone {}
+
+impl<'r, I: IntoIterator<Item = &'r Request> + Clone> Requests<'r> for I {}
+
 /// Index of the first of `reqs` that has finished (or failed).
-fn first_finished(engine: &Engine, reqs: &[Request]) -> Option<usize> {
-    reqs.iter().position(|r| r.has_finished(engine))
+fn first_finished<'r>(engine: &Engine, reqs: impl Requests<'r>) -> Option<usize> {
+    reqs.into_iter().position(|r| r.has_finished(engine))
 }
 
 /// A finished non-blocking operation: its status and its buffer.
@@ -96,6 +124,8 @@ pub struct Context {
     owned: Vec<Option<Vec<u8>>>,
     /// Blocks of the [`crate::MappedHeap`] registered with the channels.
     heap: HeapRegistrations,
+    /// Carried by this context's requests.
+    mark: ContextMark,
     finalized: bool,
 }
 
@@ -148,6 +178,7 @@ impl Context {
             config,
             owned: Vec::new(),
             heap: HeapRegistrations::default(),
+            mark: ContextMark::next(),
             finalized: false,
         };
         ctx.barrier()?;
@@ -265,7 +296,7 @@ impl Context {
                 None => Request::done(Status { source: to, tag, len: buf.len() }, buf),
                 Some(id) => {
                     self.keep(id, buf);
-                    Request::engine(id)
+                    self.request(id)
                 }
             });
         }
@@ -274,7 +305,7 @@ impl Context {
         let id = unsafe { self.driver.engine.post_send(to, tag, USER_CTX, region(&buf))? };
         self.keep(id, buf);
         self.driver.drain();
-        Ok(Request::engine(id))
+        Ok(self.request(id))
     }
 
     /// Starts receiving into `buf` (owned by the request until it finishes); the message may
@@ -295,7 +326,7 @@ impl Context {
         let id = unsafe { self.driver.engine.post_recv(from, tag, USER_CTX, region_mut(&mut buf))? };
         self.keep(id, buf);
         self.driver.drain();
-        Ok(Request::engine(id))
+        Ok(self.request(id))
     }
 
     /// Starts sending `len` bytes at `ptr`, for runtimes that manage their own memory (the
@@ -308,12 +339,14 @@ impl Context {
         self.heap.before_post(&mut self.driver, ptr, len);
         // SAFETY: forwarded to the caller.
         if let Some(started) = unsafe { self.driver.start_send_inline(to, tag, USER_CTX, ptr, len) } {
-            return Ok(started?.map_or_else(|| Request::finished(Status { source: to, tag, len }), Request::engine));
+            return Ok(
+                started?.map_or_else(|| Request::finished(Status { source: to, tag, len }), |id| self.request(id))
+            );
         }
         // SAFETY: forwarded to the caller.
         let id = unsafe { self.driver.engine.post_send(to, tag, USER_CTX, Region { ptr, len })? };
         self.driver.drain();
-        Ok(Request::engine(id))
+        Ok(self.request(id))
     }
 
     /// Starts receiving into `len` bytes at `ptr`; see [`Context::isend_raw`].
@@ -345,7 +378,7 @@ impl Context {
         // SAFETY: forwarded to the caller.
         let id = unsafe { self.driver.engine.post_recv(from, tag, USER_CTX, region)? };
         self.driver.drain();
-        Ok(Request::engine(id))
+        Ok(self.request(id))
     }
 
     /// A receive's fast path: the matching message is here already and is copied into `buf`
@@ -395,8 +428,9 @@ impl Context {
 
     /// Waits for a request; gives back its status and buffer.
     pub fn wait(&mut self, req: Request) -> Result<Completion> {
+        req.check_made_by(self.mark)?;
         let id = match req.state {
-            RequestState::Engine(id) => id,
+            RequestState::Engine(id, _) => id,
             RequestState::Done(done) => return Ok(done),
             RequestState::Finished(status) => return Ok(Completion { status, buf: Vec::new() }),
         };
@@ -431,12 +465,18 @@ impl Context {
     /// # }
     /// ```
     pub fn wait_any(&mut self, reqs: &[Request]) -> Result<usize> {
-        if reqs.is_empty() {
+        self.wait_any_of(reqs)
+    }
+
+    /// [`Context::wait_any`] over requests held in something else (a [`crate::Scope`]'s).
+    pub(crate) fn wait_any_of<'r>(&mut self, reqs: impl Requests<'r>) -> Result<usize> {
+        self.check_made_here(reqs.clone())?;
+        if reqs.clone().into_iter().next().is_none() {
             return Err(Error::InvalidArgument("wait_any was given no request to wait for".into()));
         }
         let mut found = None;
         self.driver.wait_until(|e| {
-            found = first_finished(e, reqs);
+            found = first_finished(e, reqs.clone());
             found.is_some()
         })?;
         found.ok_or_else(|| Error::InvalidArgument("wait_any ended without a finished request".into()))
@@ -445,7 +485,13 @@ impl Context {
     /// Makes progress once; the index of the first of `reqs` that has finished (or failed), if
     /// any (then [`Context::wait`] on it returns at once).
     pub fn test_any(&mut self, reqs: &[Request]) -> Result<Option<usize>> {
-        if let Some(i) = first_finished(&self.driver.engine, reqs) {
+        self.test_any_of(reqs)
+    }
+
+    /// [`Context::test_any`] over requests held in something else.
+    pub(crate) fn test_any_of<'r>(&mut self, reqs: impl Requests<'r>) -> Result<Option<usize>> {
+        self.check_made_here(reqs.clone())?;
+        if let Some(i) = first_finished(&self.driver.engine, reqs.clone()) {
             return Ok(Some(i));
         }
         self.driver.progress()?;
@@ -455,7 +501,13 @@ impl Context {
     /// Makes progress once; whether every one of `reqs` has finished (or failed): then
     /// [`Context::wait_all`] returns at once.
     pub fn test_all(&mut self, reqs: &[Request]) -> Result<bool> {
-        let all_done = |e: &Engine| reqs.iter().all(|r| r.has_finished(e));
+        self.test_all_of(reqs)
+    }
+
+    /// [`Context::test_all`] over requests held in something else.
+    pub(crate) fn test_all_of<'r>(&mut self, reqs: impl Requests<'r>) -> Result<bool> {
+        self.check_made_here(reqs.clone())?;
+        let all_done = |e: &Engine| reqs.clone().into_iter().all(|r| r.has_finished(e));
         if all_done(&self.driver.engine) {
             return Ok(true);
         }
@@ -463,9 +515,21 @@ impl Context {
         Ok(all_done(&self.driver.engine))
     }
 
+    /// An error if one of `reqs` was made by another context of this process: its engine id
+    /// would name whatever request has that id here.
+    fn check_made_here<'r>(&self, reqs: impl Requests<'r>) -> Result<()> {
+        reqs.into_iter().try_for_each(|r| r.check_made_by(self.mark))
+    }
+
+    /// A request of this context for the engine's `id`.
+    pub(crate) fn request(&self, id: ReqId) -> Request {
+        Request::engine(id, self.mark)
+    }
+
     /// Waits for every request; the completions are in the order of `reqs`. If any failed, all
     /// are still waited for and the first error is returned.
     pub fn wait_all(&mut self, reqs: Vec<Request>) -> Result<Vec<Completion>> {
+        self.check_made_here(&reqs)?;
         let mut ids = Vec::with_capacity(reqs.len());
         ids.extend(reqs.iter().filter_map(Request::engine_id));
         // Requests finish roughly in order: skip past the finished prefix instead of checking
@@ -488,7 +552,7 @@ impl Context {
         let mut first_err = waited.err();
         for req in reqs {
             let id = match req.state {
-                RequestState::Engine(id) => id,
+                RequestState::Engine(id, _) => id,
                 RequestState::Done(done) => {
                     out.push(done);
                     continue;
@@ -640,4 +704,40 @@ fn region(buf: &[u8]) -> Region {
 
 fn region_mut(buf: &mut [u8]) -> RegionMut {
     RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use polyrail_core::bootstrap::Singleton;
+
+    fn alone() -> Context {
+        Context::init_with_bootstrap(Config::default(), Box::new(Singleton::new())).unwrap()
+    }
+
+    fn refused<T: std::fmt::Debug>(r: Result<T>) -> bool {
+        matches!(r, Err(Error::InvalidArgument(ref m)) if m.contains("another Context"))
+    }
+
+    /// Engine ids are per context: a request waited for in another context of the process is
+    /// refused instead of naming whatever request has its id there.
+    #[test]
+    fn a_request_of_another_context_is_refused() {
+        let (mut a, mut b) = (alone(), alone());
+        let from_a = a.irecv(0, 5, vec![0u8; 8]).unwrap();
+        let in_b = b.irecv(0, 5, vec![0u8; 8]).unwrap();
+        assert_eq!(from_a.engine_id(), in_b.engine_id(), "the test needs the same id in both engines");
+        assert!(refused(b.test(&from_a)));
+        assert!(refused(b.test_any(std::slice::from_ref(&from_a))));
+        assert!(refused(b.test_all(std::slice::from_ref(&from_a))));
+        assert!(refused(b.wait_any(std::slice::from_ref(&from_a))));
+        b.send(0, 5, b"to b").unwrap();
+        assert!(refused(b.wait(from_a)));
+        let done = b.wait(in_b).unwrap();
+        assert_eq!(&done.buf[..done.status.len], b"to b");
+        let again = a.irecv(0, 6, vec![0u8; 8]).unwrap();
+        assert!(refused(b.wait_all(vec![again])));
+        a.finalize().unwrap();
+        b.finalize().unwrap();
+    }
 }

@@ -46,6 +46,11 @@ pub use polyrail_core::{
 pub use polyrail_shm::host_identity;
 pub use scope::{Scope, ScopedRequest};
 
+/// The README's Rust examples, compiled and run with the doctests so they stay true to the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeExamples;
+
 /// `MPI_ANY_SOURCE`: receive from any rank.
 pub const ANY_SOURCE: Source = Source::Any;
 /// `MPI_ANY_TAG`: receive any tag.

@@ -108,7 +108,8 @@ impl Drop for EndOfScope<'_, '_, '_> {
         let mut ctx = self.0.ctx.borrow_mut();
         for id in left.into_iter().flatten() {
             // The result goes nowhere: the closure did not ask for it.
-            let _ = ctx.wait(Request::engine(id));
+            let req = ctx.request(id);
+            let _ = ctx.wait(req);
         }
     }
 }
@@ -148,7 +149,7 @@ impl<'scope> Scope<'scope, '_> {
 
     /// Makes progress once; whether `req` finished (then [`Scope::wait`] returns at once).
     pub fn test(&self, req: &ScopedRequest<'scope>) -> Result<bool> {
-        self.context()?.test(&req.req)
+        self.test_all(std::slice::from_ref(req))
     }
 
     /// Waits for every request; the statuses are in the order of `reqs`. If any failed, all
@@ -158,6 +159,24 @@ impl<'scope> Scope<'scope, '_> {
         reqs.iter().for_each(|r| self.ended(r));
         let reqs = reqs.into_iter().map(|r| r.req).collect();
         Ok(ctx.wait_all(reqs)?.into_iter().map(|done| done.status).collect())
+    }
+
+    /// Waits until one of `reqs` has finished (or failed); its index (then [`Scope::wait`] on
+    /// it returns at once). As [`Context::wait_any`].
+    pub fn wait_any(&self, reqs: &[ScopedRequest<'scope>]) -> Result<usize> {
+        self.context()?.wait_any_of(reqs.iter().map(|r| &r.req))
+    }
+
+    /// Makes progress once; the index of the first of `reqs` that has finished (or failed), if
+    /// any. As [`Context::test_any`].
+    pub fn test_any(&self, reqs: &[ScopedRequest<'scope>]) -> Result<Option<usize>> {
+        self.context()?.test_any_of(reqs.iter().map(|r| &r.req))
+    }
+
+    /// Makes progress once; whether every one of `reqs` has finished (or failed). As
+    /// [`Context::test_all`].
+    pub fn test_all(&self, reqs: &[ScopedRequest<'scope>]) -> Result<bool> {
+        self.context()?.test_all_of(reqs.iter().map(|r| &r.req))
     }
 
     fn context(&self) -> Result<RefMut<'_, &'scope mut Context>> {

@@ -154,8 +154,9 @@ fn raw_window(ctx: &mut Context, next: u32, prev: u32) -> polyrail::Result<()> {
 }
 
 /// Borrowed buffers in a `Context::scope`: every size outstanding at once from and into parts
-/// of one buffer each; half the requests waited for, the rest left to the scope's end. Then a
-/// scope whose closure panics with its requests running: they still end before the scope does.
+/// of one buffer each; half the requests waited for at once, a quarter through `wait_any`, an
+/// eighth polled with `test_all` and the rest left to the scope's end. Then a scope whose
+/// closure panics with its requests running: they still end before the scope does.
 fn scoped_window(ctx: &mut Context, next: u32, prev: u32) -> polyrail::Result<()> {
     let me = ctx.rank();
     let tag = |i: usize| 2000 + i as u32;
@@ -163,18 +164,30 @@ fn scoped_window(ctx: &mut Context, next: u32, prev: u32) -> polyrail::Result<()
     let mut recv = vec![0u8; sends.len()];
     ctx.scope(|s| {
         let (mut rest_in, mut rest_out) = (&mut recv[..], &sends[..]);
+        let (mut any, mut all) = (Vec::new(), Vec::new());
         for (i, &len) in SIZES.iter().enumerate() {
             let (into, more_in) = std::mem::take(&mut rest_in).split_at_mut(len);
             let (from, more_out) = rest_out.split_at(len);
             (rest_in, rest_out) = (more_in, more_out);
             let r = s.irecv(prev, tag(i), into)?;
             let w = s.isend(next, tag(i), from)?;
-            if i % 2 == 0 {
-                let st = s.wait(r)?;
-                assert_eq!((st.source, st.tag, st.len), (prev, tag(i), len));
-                s.wait(w)?;
+            match i % 8 {
+                0 | 2 | 4 | 6 => {
+                    let st = s.wait(r)?;
+                    assert_eq!((st.source, st.tag, st.len), (prev, tag(i), len));
+                    s.wait(w)?;
+                }
+                1 | 5 => any.extend([r, w]),
+                3 => all.extend([r, w]),
+                _ => {} // left to the scope's end
             }
         }
+        while !any.is_empty() {
+            let k = s.wait_any(&any)?;
+            s.wait(any.swap_remove(k))?;
+        }
+        while !s.test_all(&all)? {}
+        assert!(s.test_any(&all)?.is_some() || all.is_empty());
         Ok::<(), polyrail::Error>(())
     })?;
     let mut at = 0;
