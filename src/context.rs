@@ -17,7 +17,9 @@ const FINALIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A non-blocking send or receive in flight, or one that finished when it started (a small
 /// eager send that left at once, a receive whose message was here). Finish it with
-/// [`Context::wait`] (which gives the buffer back) or poll it with [`Context::test`].
+/// [`Context::wait`] (which gives the buffer back) or poll it with [`Context::test`], on the
+/// context that made it (another context of the process refuses it with
+/// [`Error::InvalidArgument`]).
 ///
 /// Dropping a `Request` detaches it: the transfer still completes, and its buffer is freed when
 /// the context ends (at once, if it had finished). The buffer is owned by the context
@@ -62,10 +64,6 @@ impl Request {
     /// A raw operation that finished when it started, with `status`.
     fn finished(status: Status) -> Request {
         Request { state: RequestState::Finished(status) }
-    }
-
-    pub(crate) fn engine(id: ReqId, mark: ContextMark) -> Request {
-        Request { state: RequestState::Engine(id, mark) }
     }
 
     /// The engine's request, unless the operation finished when it was started.
@@ -523,7 +521,7 @@ impl Context {
 
     /// A request of this context for the engine's `id`.
     pub(crate) fn request(&self, id: ReqId) -> Request {
-        Request::engine(id, self.mark)
+        Request { state: RequestState::Engine(id, self.mark) }
     }
 
     /// Waits for every request; the completions are in the order of `reqs`. If any failed, all
