@@ -5,6 +5,7 @@ use polyrail_core::engine::{Action, Engine, Payload, ReqId, SplitTiming, Status,
 use polyrail_core::policy::{ChannelId, ChannelSet};
 use polyrail_core::{Caps, Error, Header, Issued, Rank, Region, Result, SharedFile, Transport, TransportKind};
 use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 /// Idle polls before a waiting process that cannot sleep starts yielding its core to others.
@@ -35,6 +36,14 @@ const LIVENESS_PERIOD: Duration = Duration::from_millis(100);
 /// peers' sends) do not sit in it forever.
 const SYSCALL_POLL_EVERY: u32 = 256;
 
+/// Whether the socket `fd` was closed or shut down by its other end.
+fn hung_up(fd: &OwnedFd) -> bool {
+    let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLRDHUP, revents: 0 };
+    // SAFETY: poll reads and writes the one pollfd passed; a timeout of 0 does not block.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+}
+
 /// The engine, the channels, and the sends that could not leave yet.
 pub(crate) struct Driver {
     pub engine: Engine,
@@ -56,6 +65,8 @@ pub(crate) struct Driver {
     blocked: Vec<VecDeque<Action>>,
     blocked_peers: usize,
     last_liveness: Instant,
+    /// Polls hung up once the process manager has gone ([`Driver::watch_manager`]).
+    manager: Option<OwnedFd>,
     poll: PollPlan,
     /// Polled channels whose poll is a system call ([`Caps::POLL_IS_SYSCALL`]).
     syscall_polled: ChannelSet,
@@ -185,7 +196,15 @@ impl Driver {
             blocked: (0..n).map(|_| VecDeque::new()).collect(),
             blocked_peers: 0,
             last_liveness: Instant::now(),
+            manager: None,
         }
+    }
+
+    /// Has waits check `watch` ([`polyrail_core::bootstrap::Bootstrap::hangup_watch`]) with
+    /// their peers: once the process manager has gone (a launcher killed with SIGKILL cannot
+    /// stop its ranks), a wait fails instead of waiting for peers that may wait in turn.
+    pub fn watch_manager(&mut self, watch: Option<OwnedFd>) {
+        self.manager = watch;
     }
 
     /// Executes every action the engine has.
@@ -390,13 +409,21 @@ impl Driver {
         r
     }
 
-    /// Checks peers' liveness now.
-    pub fn check_peers(&mut self) {
+    /// Checks peers' liveness now, and that the process manager is still there.
+    fn check_liveness(&mut self) -> Result<()> {
         self.last_liveness = Instant::now();
         for (i, ch) in self.channels.iter_mut().enumerate() {
             ch.check_peers(&mut self.engine.sink_for(i as ChannelId));
         }
         self.drain();
+        match &self.manager {
+            Some(watch) if hung_up(watch) => Err(Error::Bootstrap(
+                "the process manager closed its connection (it died: polyrail run, mpiexec or srun was killed?); \
+                 the job cannot finish"
+                    .into(),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Progresses until `done()` holds: polls, then sleeps (or naps) until arrivals, or yields
@@ -438,7 +465,7 @@ impl Driver {
                         std::thread::yield_now();
                     }
                     if idle % 256 == 0 && self.last_liveness.elapsed() >= LIVENESS_PERIOD {
-                        self.check_peers();
+                        self.check_liveness()?;
                     }
                     continue;
                 }
@@ -450,7 +477,7 @@ impl Driver {
                     slept = true;
                     nap = (nap * 2).min(MAX_NAP);
                     if self.last_liveness.elapsed() >= LIVENESS_PERIOD {
-                        self.check_peers();
+                        self.check_liveness()?;
                     }
                     continue;
                 }

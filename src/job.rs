@@ -317,7 +317,8 @@ impl Job {
             channel_kinds,
             peers,
         };
-        let driver = Driver::new(engine, channels, reaching, config.wait, config.poll);
+        let mut driver = Driver::new(engine, channels, reaching, config.wait, config.poll);
+        driver.watch_manager(boot.hangup_watch());
         Ok(Job { bootstrap: boot, driver, report, config })
     }
 

@@ -572,6 +572,65 @@ fn dangling_scenario(ctx: &mut Context) -> polyrail::Result<()> {
 /// Ranks that no allowed channel connects (shm only, on two virtual nodes): `init` fails at
 /// once (its barrier cannot reach the other node) with an error naming the rank and each
 /// channel's reason. Each rank writes what it saw to `JOBTEST_OUT.<rank>`.
+/// Every rank waits for a message nobody sends, after writing `waiting` to
+/// `JOBTEST_OUT.<rank>`; the test kills the launcher with SIGKILL. Each wait must then fail
+/// with an error about the process manager, which the rank writes to its file.
+fn orphans_scenario(ctx: &mut Context) -> polyrail::Result<()> {
+    let out = format!("{}.{}", std::env::var("JOBTEST_OUT").expect("JOBTEST_OUT set"), ctx.rank());
+    std::fs::write(&out, "waiting").expect("write report");
+    let line = match ctx.recv(ANY_SOURCE, 0, &mut [0u8; 8]) {
+        Err(e @ Error::Bootstrap(_)) => format!("manager-gone {e}"),
+        other => format!("unexpected {other:?}"),
+    };
+    std::fs::write(&out, line).expect("write report");
+    std::process::exit(0);
+}
+
+/// `polyrail run` (a process of its own here) killed with SIGKILL while its ranks wait for each
+/// other: every rank's wait fails within a second, and nothing is left in /dev/shm. (Before
+/// the ranks watched the launcher's connection, they waited forever.)
+fn orphans_check(ranks: u32, nodes: u32, check: &mut impl FnMut(String, bool)) {
+    let what = format!("orphans -n {ranks} on {nodes} node(s)");
+    let out = std::env::temp_dir().join(format!("polyrail-jobtest-{}-orphans-{ranks}", std::process::id()));
+    let out_s = out.to_string_lossy().into_owned();
+    let report = |r: u32| std::fs::read_to_string(format!("{out_s}.{r}")).unwrap_or_default();
+    let (n, k) = (ranks.to_string(), nodes.to_string());
+    let mut launcher = std::process::Command::new(env!("CARGO_BIN_EXE_polyrail"))
+        .args(["run", "-n", &n, "--nodes", &k, "--bind", "none", "--"])
+        .arg(std::env::current_exe().expect("test executable"))
+        .arg("orphans")
+        .env("JOBTEST_OUT", &out_s)
+        .spawn()
+        .expect("polyrail run");
+    let job = format!("pr{}", launcher.id());
+    let t = Instant::now();
+    while (0..ranks).any(|r| report(r) != "waiting") && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    check(format!("{what}: every rank waits"), (0..ranks).all(|r| report(r) == "waiting"));
+    launcher.kill().expect("kill the launcher");
+    launcher.wait().expect("reap the launcher");
+    let t = Instant::now();
+    while (0..ranks).any(|r| report(r) == "waiting") && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let took = t.elapsed();
+    for r in 0..ranks {
+        let seen = report(r);
+        let _ = std::fs::remove_file(format!("{out_s}.{r}"));
+        check(
+            format!("{what}: rank {r} saw `{seen}` within {took:?}"),
+            seen.starts_with("manager-gone") && seen.contains("process manager") && took < Duration::from_secs(1),
+        );
+    }
+    std::thread::sleep(Duration::from_millis(200)); // the ranks' exits
+    let left: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    let left: Vec<&String> = left.iter().filter(|f| f.contains(&format!("-{job}-"))).collect();
+    check(format!("{what}: nothing left in /dev/shm ({left:?})"), left.is_empty());
+}
+
 fn unreachable_scenario() {
     let t = Instant::now();
     let err = match Context::init() {
@@ -604,6 +663,7 @@ fn rank_main(scenario: &str) {
         "registered" => registered_scenario(&mut ctx),
         "heap" => heap_scenario(&mut ctx),
         "pingpong" => pingpong_scenario(&mut ctx),
+        "orphans" => orphans_scenario(&mut ctx),
         other => panic!("unknown scenario {other}"),
     };
     if let Err(e) = r {
@@ -745,6 +805,9 @@ fn main() {
                 check(format!("{how} -n {ranks}: rank {r} saw `{seen}`"), ms.is_some_and(|ms| ms < 1000));
             }
         }
+    }
+    for (ranks, nodes) in [(2u32, 1u32), (4, 2)] {
+        orphans_check(ranks, nodes, &mut check);
     }
     // Oversubscribed: 8 ranks on this machine's cores, 6 of them blocked in a receive. They must
     // sleep on the doorbell, not spin (the issue asks under 1 % CPU; 3 % leaves room for noise).

@@ -39,6 +39,12 @@ pub trait Bootstrap: Send {
     fn finalize(&mut self) -> Result<()>;
     /// Asks the process manager to abort the whole job.
     fn abort(&mut self, code: i32, msg: &str);
+    /// A descriptor that polls hung up once the process manager has gone (a duplicate of the
+    /// connection to it), for waits to notice that the job can no longer finish; `None` where
+    /// there is no such connection (a job of one process).
+    fn hangup_watch(&self) -> Option<std::os::fd::OwnedFd> {
+        None
+    }
 }
 
 /// A job of one process: no process manager.

@@ -143,6 +143,9 @@ pub(super) fn abort_and_exit(conn: &mut Conn, wire: Wire, msg: &Msg, rank: Rank,
 }
 
 impl Bootstrap for Pmi1Client {
+    fn hangup_watch(&self) -> Option<std::os::fd::OwnedFd> {
+        self.conn.hangup_watch()
+    }
     fn rank(&self) -> Rank {
         self.rank
     }

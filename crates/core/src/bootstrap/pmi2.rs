@@ -100,6 +100,9 @@ impl Pmi2Client {
 }
 
 impl Bootstrap for Pmi2Client {
+    fn hangup_watch(&self) -> Option<std::os::fd::OwnedFd> {
+        self.conn.hangup_watch()
+    }
     fn rank(&self) -> Rank {
         self.rank
     }

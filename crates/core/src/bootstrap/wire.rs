@@ -426,6 +426,15 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
+    /// A duplicate of the socket ([`super::Bootstrap::hangup_watch`]); `None` if the process
+    /// is out of descriptors.
+    pub(crate) fn hangup_watch(&self) -> Option<std::os::fd::OwnedFd> {
+        match self.io.get_ref() {
+            Stream::Unix(s) => s.try_clone().ok().map(Into::into),
+            Stream::Tcp(s) => s.try_clone().ok().map(Into::into),
+        }
+    }
+
     /// Wraps a connected Unix socket.
     pub(crate) fn from_unix(s: std::os::unix::net::UnixStream) -> Conn {
         Conn { io: std::io::BufReader::new(Stream::Unix(s)) }
