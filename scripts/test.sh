@@ -52,7 +52,7 @@ timeout 300 target/release/polyrail-bench bw --quick --sizes 4k,1m
 timeout 300 target/release/polyrail-bench latency --quick --transport shm --sizes 8,1m
 timeout 300 target/release/polyrail-bench bibw --quick --sizes 4k,1m
 timeout 300 target/release/polyrail-bench mbw-mr --quick -n 4 --sizes 8,64k
-timeout 300 target/release/polyrail-bench skew --quick --messages 20 --repeats 1 --sizes 4k,64k
+timeout 300 target/release/polyrail-bench skew --messages 20 --repeats 1 --sizes 4k,64k
 timeout 300 target/release/polyrail-bench overlap --quick --sizes 1m
 timeout 300 target/release/polyrail-bench latency --quick --transport ib --sizes 8,64k,1m
 timeout 300 target/release/polyrail-bench bw --quick --transport ib --registered --sizes 64k,1m

@@ -9,6 +9,9 @@ use clap::Args;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+/// `--sizes` when not given.
+pub const DEFAULT_SIZES: &str = "0,1,8,64,512,4k,16k,32k,64k,256k,1m,4m";
+
 /// Options shared by the measurements.
 #[derive(Args, Clone, Debug)]
 pub struct Common {
@@ -19,7 +22,7 @@ pub struct Common {
     #[arg(long, default_value = "auto")]
     pub transport: String,
     /// Sizes to measure (comma-separated, with k/m suffixes).
-    #[arg(long, default_value = "0,1,8,64,512,4k,16k,32k,64k,256k,1m,4m")]
+    #[arg(long, default_value = DEFAULT_SIZES)]
     pub sizes: String,
     /// Ranks to start when run alone (at least 2).
     #[arg(short = 'n', long = "np", default_value_t = 2, value_parser = clap::value_parser!(u32).range(2..))]
@@ -47,7 +50,56 @@ pub struct Common {
     pub quiet: bool,
 }
 
+/// An option of [`Common`] that some measurements do not use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommonOption {
+    /// `--transport`
+    Transport,
+    /// `-n` / `--np`
+    Ranks,
+    /// `--sizes`
+    Sizes,
+    /// `--iters`
+    Iters,
+    /// `--quick`
+    Quick,
+}
+
+impl CommonOption {
+    /// Whether the command line gave it (a value other than the default).
+    pub fn given(self, c: &Common) -> bool {
+        match self {
+            CommonOption::Transport => c.transport != "auto",
+            CommonOption::Ranks => c.ranks != 2,
+            CommonOption::Sizes => c.sizes != DEFAULT_SIZES,
+            CommonOption::Iters => c.iters.is_some(),
+            CommonOption::Quick => c.quick,
+        }
+    }
+
+    /// As the command line spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CommonOption::Transport => "--transport",
+            CommonOption::Ranks => "-n/--np",
+            CommonOption::Sizes => "--sizes",
+            CommonOption::Iters => "--iters",
+            CommonOption::Quick => "--quick",
+        }
+    }
+}
+
 impl Common {
+    /// An error naming the first of `unused` that the command line gave: `command` does not
+    /// use it (`why` says what it does instead), and a silently ignored option would make its
+    /// numbers look like something they are not.
+    pub fn refuse(&self, command: &str, unused: &[CommonOption], why: &str) -> anyhow::Result<()> {
+        match unused.iter().find(|o| o.given(self)) {
+            Some(o) => anyhow::bail!("`polyrail-bench {command}` does not use {}: {why}", o.name()),
+            None => Ok(()),
+        }
+    }
+
     /// The buffers' suffix in CSV rows and `compare`'s columns: `+registered`, `+heap` or none.
     pub fn buffers(&self) -> &'static str {
         match (self.registered, self.heap) {
@@ -96,4 +148,36 @@ pub fn channel_config(transport: &str) -> anyhow::Result<polyrail::Config> {
         cfg.node = nodes.first().copied();
     }
     Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn defaults() -> Common {
+        Common {
+            transport: "auto".into(),
+            sizes: DEFAULT_SIZES.into(),
+            ranks: 2,
+            iters: None,
+            quick: false,
+            csv: None,
+            registered: false,
+            heap: false,
+            quiet: false,
+        }
+    }
+
+    #[test]
+    fn options_a_command_does_not_use_are_refused_by_name() {
+        let unused = [CommonOption::Sizes, CommonOption::Iters];
+        assert!(defaults().refuse("x", &unused, "why").is_ok());
+        let quick = Common { quick: true, ..defaults() };
+        assert!(quick.refuse("x", &unused, "why").is_ok(), "--quick is not among the unused");
+        let iters = Common { iters: Some(5), ..defaults() };
+        let err = iters.refuse("discovery", &unused, "it sends 8 bytes").unwrap_err().to_string();
+        assert_eq!(err, "`polyrail-bench discovery` does not use --iters: it sends 8 bytes");
+        let sizes = Common { sizes: "8".into(), ..defaults() };
+        assert!(sizes.refuse("x", &unused, "why").unwrap_err().to_string().contains("--sizes"));
+    }
 }

@@ -42,6 +42,8 @@ enum Cmd {
     MbwMr(Common),
     /// Producer/consumer with compute per message (Chai §6.2.4): how single copy and eager cope
     /// when the receiver lags.
+    ///
+    /// --messages and --repeats set its length; --quick and --iters are refused.
     Skew {
         #[command(flatten)]
         common: Common,
@@ -60,6 +62,8 @@ enum Cmd {
     },
     /// Overlap of a large transfer with computation that tests the request periodically
     /// (Chai §7.3.2).
+    ///
+    /// 20 transfers per size, 2 with --quick; --iters is refused.
     Overlap {
         #[command(flatten)]
         common: Common,
@@ -73,6 +77,9 @@ enum Cmd {
     /// Message discovery time under static and dynamic polling priority (Chai §7.3.1): a
     /// shared-memory peer and a network peer (another virtual node, over ib) send bursts to one
     /// root; one job per POLYRAIL_POLL policy.
+    ///
+    /// 8-byte messages among 3 + --quiet-peers ranks: --transport, -n and --sizes are refused,
+    /// --iters too unless --pattern ping-pong.
     Discovery {
         #[command(flatten)]
         common: Common,
@@ -146,6 +153,28 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
     if !under_launcher() && !matches!(cli.cmd, Cmd::Report { .. }) {
         // A bad variable is reported once, here, rather than by every rank of every job.
         polyrail::Config::from_env()?;
+    }
+    use polyrail_bench::CommonOption::{Iters, Quick, Ranks, Sizes, Transport};
+    match &cli.cmd {
+        Cmd::Skew { common, .. } => {
+            common.refuse("skew", &[Iters, Quick], "it sends --messages per size, --repeats times")?
+        }
+        Cmd::Overlap { common, .. } => {
+            common.refuse("overlap", &[Iters], "it times 20 transfers per size (2 with --quick)")?
+        }
+        Cmd::Discovery { common, pattern, .. } => {
+            let mut unused = vec![Transport, Ranks, Sizes];
+            if *pattern == experiments::DiscoveryPattern::Burst {
+                unused.push(Iters);
+            }
+            common.refuse(
+                "discovery",
+                &unused,
+                "it sends 8-byte messages among 3 + --quiet-peers ranks on two virtual nodes \
+                 (--iters counts the round trips of --pattern ping-pong)",
+            )?
+        }
+        _ => {}
     }
     match cli.cmd {
         Cmd::Latency { common: ref c, .. }
