@@ -22,7 +22,7 @@ const FINALIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// [`Error::InvalidArgument`]).
 ///
 /// Dropping a `Request` detaches it: the transfer still completes, and its buffer is freed when
-/// the context ends (at once, if it had finished). The buffer is owned by the context
+/// the context ends (at once if the request finished when it was started). The buffer is owned by the context
 /// meanwhile, so it cannot be freed or reused under the transfer.
 #[derive(Debug)]
 #[must_use = "a request must be waited for to get its buffer and its result"]
@@ -525,7 +525,8 @@ impl Context {
     }
 
     /// Waits for every request; the completions are in the order of `reqs`. If any failed, all
-    /// are still waited for and the first error is returned.
+    /// are still waited for and the first error is returned (an error of the waiting itself, a
+    /// channel failing or the process manager gone, abandons the unfinished ones).
     pub fn wait_all(&mut self, reqs: Vec<Request>) -> Result<Vec<Completion>> {
         self.check_made_here(&reqs)?;
         let mut ids = Vec::with_capacity(reqs.len());

@@ -153,7 +153,7 @@ impl<'scope> Scope<'scope, '_> {
     }
 
     /// Waits for every request; the statuses are in the order of `reqs`. If any failed, all
-    /// are still waited for and the first error is returned.
+    /// are still waited for and the first error is returned (as [`Context::wait_all`]).
     pub fn wait_all(&self, reqs: Vec<ScopedRequest<'scope>>) -> Result<Vec<Status>> {
         let mut ctx = self.context()?;
         reqs.iter().for_each(|r| self.ended(r));

@@ -418,7 +418,8 @@ pub struct Config {
     pub skew: Option<SkewPolicy>,
     /// `POLYRAIL_WAIT`: `spin`, `block` or `adaptive` (default). Senders ring a peer's doorbell
     /// only when it sleeps, which costs them one memory fence per message unless the mode is
-    /// `spin`; use the same mode in every process of a job.
+    /// `spin` or the sleeper passes the kernel's global barrier instead (`membarrier`, where
+    /// the kernel has it); use the same mode in every process of a job.
     pub wait: WaitMode,
     /// `POLYRAIL_POLL`: polling priority between channels: `all`, `static:R` or `dynamic:H`
     /// (default `dynamic:8`, Chai's h = 8-10).
