@@ -127,8 +127,17 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
         return Err(Error::InvalidArgument("polyrail run needs at least one rank (-n 1 or more)".into()));
     }
     let job = job_name();
+    if let Some(limit) = raise_open_file_limit() {
+        let needed = FILES_PER_RANK * u64::from(opts.ranks) + 16;
+        if needed > limit {
+            return Err(Error::InvalidArgument(format!(
+                "{} ranks need about {needed} open files in the launcher ({FILES_PER_RANK} per rank), \
+                 above this process's limit of {limit} (`ulimit -Hn`)",
+                opts.ranks
+            )));
+        }
+    }
     let _signals = SignalGuard::install();
-    raise_open_file_limit();
     let (server_ends, child_ends) = socket_pairs(opts.ranks)?;
     let server = PmiServer::start(&job, server_ends)?;
     let (procs, output) = spawn_all(opts, &job, &child_ends)?;
@@ -146,16 +155,26 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
 /// socket pair until the ranks start, two output pipes): raises this process's soft limit on
 /// open files to the hard one, so that a job of a few hundred ranks does not meet the usual
 /// soft limit of 1024. The ranks get the soft limit the launcher had (see `child_setup`).
-fn raise_open_file_limit() {
+/// Returns the soft limit now in force (`None` if it cannot be read).
+fn raise_open_file_limit() -> Option<u64> {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes the struct passed; setrlimit reads it.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return None;
+        }
+        if lim.rlim_cur < lim.rlim_max {
             let _ = INHERITED_FILE_LIMIT.set(lim);
-            libc::setrlimit(libc::RLIMIT_NOFILE, &libc::rlimit { rlim_cur: lim.rlim_max, ..lim });
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &libc::rlimit { rlim_cur: lim.rlim_max, ..lim }) == 0 {
+                return Some(lim.rlim_max as u64);
+            }
         }
     }
+    Some(lim.rlim_cur as u64)
 }
+
+/// Descriptors the launcher holds per rank (see [`raise_open_file_limit`]).
+const FILES_PER_RANK: u64 = 5;
 
 /// The open-file limits this process had before [`raise_open_file_limit`], if it raised them.
 static INHERITED_FILE_LIMIT: OnceLock<libc::rlimit> = OnceLock::new();

@@ -167,6 +167,23 @@ fn leftover_shared_memory_segments_are_removed() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A job needing more descriptors than the launcher may open is refused before any rank starts,
+/// naming the count and the limit (it failed part-way, at whichever rank hit the limit).
+#[test]
+fn a_job_beyond_the_open_file_limit_is_refused_up_front() {
+    let ranks = 4_000_000_000u32;
+    let mut hard = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the struct passed.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut hard) }, 0);
+    if hard.rlim_max as u64 >= 5 * u64::from(ranks) {
+        return; // no finite limit to exceed here
+    }
+    let t = Instant::now();
+    let err = launch(&opts(ranks, "true", &[])).unwrap_err().to_string();
+    assert!(err.contains("4000000000 ranks need about 20000000016 open files"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(1), "took {:?}", t.elapsed());
+}
+
 #[test]
 fn a_missing_program_is_an_error() {
     let err = launch(&opts(2, "/nonexistent/polyrail-no-such-program", &[])).unwrap_err();
