@@ -128,7 +128,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
     }
     let job = job_name();
     if let Some(limit) = raise_open_file_limit() {
-        let needed = FILES_PER_RANK * u64::from(opts.ranks) + 16;
+        let needed = FILES_PER_RANK * libc::rlim_t::from(opts.ranks) + 16;
         if needed > limit {
             return Err(Error::InvalidArgument(format!(
                 "{} ranks need about {needed} open files in the launcher ({FILES_PER_RANK} per rank), \
@@ -156,7 +156,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
 /// open files to the hard one, so that a job of a few hundred ranks does not meet the usual
 /// soft limit of 1024. The ranks get the soft limit the launcher had (see `child_setup`).
 /// Returns the soft limit now in force (`None` if it cannot be read).
-fn raise_open_file_limit() -> Option<u64> {
+fn raise_open_file_limit() -> Option<libc::rlim_t> {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes the struct passed; setrlimit reads it.
     unsafe {
@@ -166,15 +166,15 @@ fn raise_open_file_limit() -> Option<u64> {
         if lim.rlim_cur < lim.rlim_max {
             let _ = INHERITED_FILE_LIMIT.set(lim);
             if libc::setrlimit(libc::RLIMIT_NOFILE, &libc::rlimit { rlim_cur: lim.rlim_max, ..lim }) == 0 {
-                return Some(lim.rlim_max as u64);
+                return Some(lim.rlim_max);
             }
         }
     }
-    Some(lim.rlim_cur as u64)
+    Some(lim.rlim_cur)
 }
 
 /// Descriptors the launcher holds per rank (see [`raise_open_file_limit`]).
-const FILES_PER_RANK: u64 = 5;
+const FILES_PER_RANK: libc::rlim_t = 5;
 
 /// The open-file limits this process had before [`raise_open_file_limit`], if it raised them.
 static INHERITED_FILE_LIMIT: OnceLock<libc::rlimit> = OnceLock::new();

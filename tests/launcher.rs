@@ -175,7 +175,7 @@ fn a_job_beyond_the_open_file_limit_is_refused_up_front() {
     let mut hard = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes the struct passed.
     assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut hard) }, 0);
-    if hard.rlim_max as u64 >= 5 * u64::from(ranks) {
+    if hard.rlim_max >= 5 * libc::rlim_t::from(ranks) {
         return; // no finite limit to exceed here
     }
     let t = Instant::now();
