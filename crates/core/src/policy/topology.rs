@@ -161,15 +161,16 @@ fn detect_hwloc() -> Option<Topology> {
     // NUMA nodes are not queried by type (hwloc2 2.2 panics on that, see ARCHITECTURE.md);
     // the package (or machine) carries the locality this classification needs.
     type Field = fn(&mut CpuPlace) -> &mut Option<usize>;
-    let levels: [(ObjectType, &str, Field); 4] = [
-        (ObjectType::Core, "cores", |p| &mut p.core),
-        (ObjectType::L2Cache, "L2", |p| &mut p.l2),
-        (ObjectType::L3Cache, "L3", |p| &mut p.l3),
-        (ObjectType::Package, "packages", |p| &mut p.package),
+    // (type, its name for one, for several, where a CPU's index at that level goes)
+    let levels: [(ObjectType, &str, &str, Field); 4] = [
+        (ObjectType::Core, "core", "cores", |p| &mut p.core),
+        (ObjectType::L2Cache, "L2", "L2", |p| &mut p.l2),
+        (ObjectType::L3Cache, "L3", "L3", |p| &mut p.l3),
+        (ObjectType::Package, "package", "packages", |p| &mut p.package),
     ];
-    for (ty, label, field) in levels {
+    for (ty, one, several, field) in levels {
         let Ok(objs) = topo.objects_with_type(&ty) else { continue };
-        summary.push(format!("{} {label}", objs.len()));
+        summary.push(format!("{} {}", objs.len(), if objs.len() == 1 { one } else { several }));
         for (i, obj) in objs.iter().enumerate() {
             let Some(set) = obj.cpuset() else { continue };
             for cpu in set {
@@ -182,7 +183,11 @@ fn detect_hwloc() -> Option<Topology> {
     for p in &mut cpus {
         p.numa = p.package;
     }
-    Some(Topology { cpus, summary: format!("{n} cpus: {}", summary.join(", ")), devices: Vec::new() })
+    Some(Topology {
+        cpus,
+        summary: format!("{n} {}: {}", if n == 1 { "cpu" } else { "cpus" }, summary.join(", ")),
+        devices: Vec::new(),
+    })
 }
 
 /// Where the kernel lists RDMA devices.
