@@ -766,6 +766,13 @@ fn parse_transports(var: &str, value: &str) -> Result<TransportFilter> {
         let name = name.trim();
         match TransportKind::from_name(name) {
             Some(k) => kinds.push(k),
+            None if name.starts_with('^') => {
+                return Err(Error::config(
+                    var,
+                    value,
+                    format!("{} (`^` goes once, before the whole list: `^shm,cma` denies both)", accepted()),
+                ))
+            }
             None => return Err(Error::config(var, value, format!("{} (`{name}` is not a transport)", accepted()))),
         }
     }
@@ -905,6 +912,8 @@ mod tests {
         assert!(c.transports.allows(TransportKind::Shm) && !c.transports.allows(TransportKind::Cma));
         let e = cfg(&[("POLYRAIL_TRANSPORTS", "shm,tcp")]).unwrap_err().to_string();
         assert!(e.contains("POLYRAIL_TRANSPORTS") && e.contains("tcp") && e.contains("cma"), "{e}");
+        let e = cfg(&[("POLYRAIL_TRANSPORTS", "^shm,^cma")]).unwrap_err().to_string();
+        assert!(e.contains("`^` goes once"), "{e}");
         // Displayed as written (as the errors that quote it do).
         for v in ["all", "shm,cma", "^cma,ib"] {
             assert_eq!(cfg(&[("POLYRAIL_TRANSPORTS", v)]).unwrap().transports.to_string(), v);
