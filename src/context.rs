@@ -90,6 +90,13 @@ impl Request {
     }
 }
 
+// A runtime may start the context on one thread and use it on another.
+const _: () = {
+    const fn send<T: Send>() {}
+    send::<Context>();
+    send::<Request>();
+};
+
 /// Requests to look through more than once, from a slice or from a collection holding them.
 pub(crate) trait Requests<'r>: IntoIterator<Item = &'r Request> + Clone {}
 
@@ -113,6 +120,8 @@ pub struct Completion {
 ///
 /// Created once per process with [`Context::init`]; dropped at the end of the program (which
 /// finishes outstanding sends and tells the process manager that this rank ends normally).
+/// It may move to another thread (`Send`, as its requests may), but its calls take `&mut self`:
+/// one thread at a time, as MPI's `MPI_THREAD_SERIALIZED`.
 pub struct Context {
     driver: Driver,
     bootstrap: Box<dyn Bootstrap>,
