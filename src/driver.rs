@@ -31,6 +31,9 @@ const SPIN_BEFORE_NAP: Duration = Duration::from_millis(10);
 const SPIN_BEFORE_BLOCK: u32 = 64;
 /// How often a waiting process checks that its peers are alive.
 const LIVENESS_PERIOD: Duration = Duration::from_millis(100);
+/// How long waits go on once the process manager has gone while live peers hold keys of this
+/// process's receives (see `Driver::check_liveness`).
+const KEYS_SETTLE: Duration = Duration::from_secs(10);
 /// A channel whose poll is a system call is polled when an arrival is awaited on it, and on
 /// every this many rounds anyway, so that messages nobody waits for yet (and credits for
 /// peers' sends) do not sit in it forever.
@@ -67,6 +70,8 @@ pub(crate) struct Driver {
     last_liveness: Instant,
     /// Polls hung up once the process manager has gone ([`Driver::watch_manager`]).
     manager: Option<OwnedFd>,
+    /// When a liveness check first found the process manager gone.
+    manager_gone_at: Option<Instant>,
     poll: PollPlan,
     /// Polled channels whose poll is a system call ([`Caps::POLL_IS_SYSCALL`]).
     syscall_polled: ChannelSet,
@@ -197,6 +202,7 @@ impl Driver {
             blocked_peers: 0,
             last_liveness: Instant::now(),
             manager: None,
+            manager_gone_at: None,
         }
     }
 
@@ -409,21 +415,30 @@ impl Driver {
         r
     }
 
-    /// Checks peers' liveness now, and that the process manager is still there.
+    /// Checks peers' liveness now, and that the process manager is still there. (A wait that
+    /// the check itself ended, by failing its request when the peer was found lost, reports
+    /// that request's error rather than this one.)
     fn check_liveness(&mut self) -> Result<()> {
         self.last_liveness = Instant::now();
         for (i, ch) in self.channels.iter_mut().enumerate() {
             ch.check_peers(&mut self.engine.sink_for(i as ChannelId));
         }
         self.drain();
-        match &self.manager {
-            Some(watch) if hung_up(watch) => Err(Error::Bootstrap(
-                "the process manager closed its connection (it died: polyrail run, mpiexec or srun was killed?); \
-                 the job cannot finish"
-                    .into(),
-            )),
-            _ => Ok(()),
+        if !self.manager.as_ref().is_some_and(hung_up) {
+            return Ok(());
         }
+        // A live peer holding a receive's key may still write into its buffer: give it time to
+        // finish (its FIN ends the receive) or to die of the same cause, rather than hand the
+        // buffer back under its write.
+        let gone_at = *self.manager_gone_at.get_or_insert_with(Instant::now);
+        if self.engine.lends_keys_to_live_peers() && gone_at.elapsed() < KEYS_SETTLE {
+            return Ok(());
+        }
+        Err(Error::Bootstrap(
+            "the process manager closed its connection (it died: polyrail run, mpiexec or srun was killed?); \
+             the job cannot finish"
+                .into(),
+        ))
     }
 
     /// Progresses until `done()` holds: polls, then sleeps (or naps) until arrivals, or yields
@@ -465,7 +480,7 @@ impl Driver {
                         std::thread::yield_now();
                     }
                     if idle % 256 == 0 && self.last_liveness.elapsed() >= LIVENESS_PERIOD {
-                        self.check_liveness()?;
+                        self.check_liveness().or_else(|e| if done(&self.engine) { Ok(()) } else { Err(e) })?;
                     }
                     continue;
                 }
@@ -477,7 +492,7 @@ impl Driver {
                     slept = true;
                     nap = (nap * 2).min(MAX_NAP);
                     if self.last_liveness.elapsed() >= LIVENESS_PERIOD {
-                        self.check_liveness()?;
+                        self.check_liveness().or_else(|e| if done(&self.engine) { Ok(()) } else { Err(e) })?;
                     }
                     continue;
                 }

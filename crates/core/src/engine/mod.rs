@@ -617,6 +617,19 @@ impl Engine {
         self.reqs.live()
     }
 
+    /// Whether a peer that is still alive holds the key of a running receive (so it may yet
+    /// write into that receive's buffer): ending the receive now, e.g. because the process
+    /// manager has gone, would hand back a buffer that peer can still write.
+    pub fn lends_keys_to_live_peers(&self) -> bool {
+        self.reqs
+            .ids()
+            .any(|id| self.reqs.get(id).is_some_and(|r| r.result.is_none() && r.lends_key() && self.peer_alive(r.peer)))
+    }
+
+    fn peer_alive(&self, peer: Rank) -> bool {
+        self.peers.get(peer as usize).is_some_and(|p| p.gone.is_none())
+    }
+
     /// Requests still running.
     pub fn running_requests(&self) -> usize {
         self.reqs.ids().filter(|&id| !self.is_done(id)).count()
@@ -1332,10 +1345,8 @@ impl Engine {
             return;
         }
         req.result = Some(Err(Box::new(e)));
-        let (dir, peer, matched) = (req.dir, req.peer, req.matched);
-        // The peer holds our key: an RTR that no matching send consumed yet, or a CTS.
-        let key_out = dir == Dir::Recv && req.own_key.is_some() && ((req.rtr_sent && !matched) || req.cts_sent);
-        if key_out && self.peers.get(peer as usize).is_some_and(|p| p.gone.is_none()) {
+        let (dir, peer, matched, key_out) = (req.dir, req.peer, req.matched, req.lends_key());
+        if key_out && self.peer_alive(peer) {
             self.peer_may_write.push(id);
         }
         if dir == Dir::Recv && !matched {

@@ -89,6 +89,12 @@ pub(super) struct Req {
 unsafe impl Send for Req {}
 
 impl Req {
+    /// A receive whose peer holds its key: an RTR that no matching send consumed yet, or a
+    /// CTS whose FIN has not come.
+    pub fn lends_key(&self) -> bool {
+        self.dir == Dir::Recv && self.own_key.is_some() && ((self.rtr_sent && !self.matched) || self.cts_sent)
+    }
+
     #[inline]
     pub fn new(dir: Dir, peer: Rank, tag: TagMatch, ctx: u16, ptr: *mut u8, cap: usize) -> Self {
         Req {

@@ -374,8 +374,11 @@ fn a_withdrawn_receive_whose_key_went_out_stays_out_of_use() {
     let g = recv(&mut sim, 1, Source::Rank(2), TagMatch::Tag(1), &mut from_gone);
     sim.run_actions();
     assert_eq!(sim.wires[0].len(), 1, "one RTR to rank 0 (none for the eager size)");
+    assert!(sim.engines[1].lends_keys_to_live_peers(), "rank 0 holds the key of `q`");
     sim.engines[1].handle_peer_lost(2, Error::PeerFinished { rank: 2 });
+    assert!(sim.engines[1].lends_keys_to_live_peers());
     assert_eq!(sim.engines[1].cancel_unmatched_receives(), 2);
+    assert!(!sim.engines[1].lends_keys_to_live_peers(), "no running receive lends a key");
     assert_eq!(sim.engines[1].take_all_peer_may_write(), vec![q]);
     assert!(result(&mut sim, 1, q).is_err() && result(&mut sim, 1, quiet).is_err());
     assert!(result(&mut sim, 1, g).is_err());
@@ -385,6 +388,14 @@ fn a_withdrawn_receive_whose_key_went_out_stays_out_of_use() {
     sim.engines[1].discard(d);
     assert!(sim.engines[1].take_peer_may_write(d));
     assert!(!sim.engines[1].take_peer_may_write(d));
+    // A running receive lends its key while the peer lives.
+    let mut later = vec![0u8; 2000];
+    let e = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(4), &mut later);
+    sim.run_actions();
+    assert!(sim.engines[1].lends_keys_to_live_peers());
+    sim.engines[1].handle_peer_lost(0, Error::PeerFinished { rank: 0 });
+    assert!(!sim.engines[1].lends_keys_to_live_peers(), "a lost peer writes nothing");
+    assert!(result(&mut sim, 1, e).is_err());
 }
 
 /// A window of receives posted first for the same messages: once a first receive's RTR was
