@@ -415,10 +415,10 @@ impl Driver {
         r
     }
 
-    /// Checks peers' liveness now, and that the process manager is still there. (A wait that
-    /// the check itself ended, by failing its request when the peer was found lost, reports
-    /// that request's error rather than this one.)
-    fn check_liveness(&mut self) -> Result<()> {
+    /// For a wait until `done`: checks peers' liveness now, and that the process manager is
+    /// still there. (A wait that the check itself ended, by failing its request when the peer
+    /// was found lost, reports that request's error rather than the manager's.)
+    fn check_liveness(&mut self, done: &mut impl FnMut(&Engine) -> bool) -> Result<()> {
         self.last_liveness = Instant::now();
         for (i, ch) in self.channels.iter_mut().enumerate() {
             ch.check_peers(&mut self.engine.sink_for(i as ChannelId));
@@ -431,7 +431,7 @@ impl Driver {
         // finish (its FIN ends the receive) or to die of the same cause, rather than hand the
         // buffer back under its write.
         let gone_at = *self.manager_gone_at.get_or_insert_with(Instant::now);
-        if self.engine.lends_keys_to_live_peers() && gone_at.elapsed() < KEYS_SETTLE {
+        if done(&self.engine) || (self.engine.lends_keys_to_live_peers() && gone_at.elapsed() < KEYS_SETTLE) {
             return Ok(());
         }
         Err(Error::Bootstrap(
@@ -480,7 +480,7 @@ impl Driver {
                         std::thread::yield_now();
                     }
                     if idle % 256 == 0 && self.last_liveness.elapsed() >= LIVENESS_PERIOD {
-                        self.check_liveness().or_else(|e| if done(&self.engine) { Ok(()) } else { Err(e) })?;
+                        self.check_liveness(&mut done)?;
                     }
                     continue;
                 }
@@ -492,7 +492,7 @@ impl Driver {
                     slept = true;
                     nap = (nap * 2).min(MAX_NAP);
                     if self.last_liveness.elapsed() >= LIVENESS_PERIOD {
-                        self.check_liveness().or_else(|e| if done(&self.engine) { Ok(()) } else { Err(e) })?;
+                        self.check_liveness(&mut done)?;
                     }
                     continue;
                 }
