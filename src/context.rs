@@ -107,6 +107,19 @@ fn first_finished<'r>(engine: &Engine, reqs: impl Requests<'r>) -> Option<usize>
     reqs.into_iter().position(|r| r.has_finished(engine))
 }
 
+/// What [`Context::cancel`] did with a request.
+#[derive(Debug)]
+#[must_use = "a request that was not cancelled must still be waited for"]
+pub enum Cancel {
+    /// The receive was withdrawn before any message matched it; its buffer (empty for a raw
+    /// receive). A message meant for it goes to the next matching receive.
+    Cancelled(Vec<u8>),
+    /// It could not be cancelled (a send; a receive that a message matched or that finished; a
+    /// receive posted before its message, whose buffer's key the sender holds already and may
+    /// be writing through): wait for it as before.
+    NotCancelled(Request),
+}
+
 /// A finished non-blocking operation: its status and its buffer.
 #[derive(Debug)]
 pub struct Completion {
@@ -446,6 +459,20 @@ impl Context {
         r.map(|status| Completion { status, buf })
     }
 
+    /// Cancels a receive that no message has matched yet (`MPI_Cancel`), e.g. an ANY_SOURCE
+    /// receive for control messages at shutdown: [`Cancel::Cancelled`] gives its buffer back.
+    /// A send, a matched or finished receive, and a large receive posted before its message
+    /// (its sender holds the buffer's key) are given back as [`Cancel::NotCancelled`].
+    pub fn cancel(&mut self, req: Request) -> Result<Cancel> {
+        req.check_made_by(self.mark)?;
+        match req.state {
+            RequestState::Engine(id, _) if self.driver.engine.cancel_recv(id) => {
+                Ok(Cancel::Cancelled(self.take_buf(id)))
+            }
+            _ => Ok(Cancel::NotCancelled(req)),
+        }
+    }
+
     /// Makes progress once; whether `req` finished (then [`Context::wait`] returns at once).
     pub fn test(&mut self, req: &Request) -> Result<bool> {
         self.test_all(std::slice::from_ref(req))
@@ -727,6 +754,27 @@ mod tests {
         matches!(r, Err(Error::InvalidArgument(ref m)) if m.contains("another Context"))
     }
 
+    /// A receive nothing matched is withdrawn with its buffer, and the message meant for it goes
+    /// to the next receive; a send and a finished receive are not cancelled.
+    #[test]
+    fn cancel_withdraws_an_unmatched_receive() {
+        let mut ctx = alone();
+        let r = ctx.irecv(0, 5, vec![1u8; 8]).unwrap();
+        match ctx.cancel(r).unwrap() {
+            Cancel::Cancelled(buf) => assert_eq!(buf, [1u8; 8], "the buffer comes back untouched"),
+            Cancel::NotCancelled(_) => panic!("an unmatched receive was not cancelled"),
+        }
+        let s = ctx.isend(0, 5, b"after".to_vec()).unwrap();
+        let Cancel::NotCancelled(s) = ctx.cancel(s).unwrap() else { panic!("a send was cancelled") };
+        ctx.wait(s).unwrap();
+        ctx.probe(0, 5).unwrap(); // delivered from the loopback channel: the receive matches it
+        let r = ctx.irecv(0, 5, vec![0u8; 8]).unwrap();
+        let Cancel::NotCancelled(r) = ctx.cancel(r).unwrap() else { panic!("a matched receive was cancelled") };
+        let done = ctx.wait(r).unwrap();
+        assert_eq!(&done.buf[..done.status.len], b"after");
+        ctx.finalize().unwrap();
+    }
+
     /// Engine ids are per context: a request waited for in another context of the process is
     /// refused instead of naming whatever request has its id there.
     #[test]
@@ -739,6 +787,8 @@ mod tests {
         assert!(refused(b.test_any(std::slice::from_ref(&from_a))));
         assert!(refused(b.test_all(std::slice::from_ref(&from_a))));
         assert!(refused(b.wait_any(std::slice::from_ref(&from_a))));
+        assert!(refused(b.cancel(from_a)));
+        let from_a = a.irecv(0, 5, vec![0u8; 8]).unwrap(); // the refused one is gone (detached)
         b.send(0, 5, b"to b").unwrap();
         assert!(refused(b.wait(from_a)));
         let done = b.wait(in_b).unwrap();

@@ -30,7 +30,7 @@ mod logging;
 mod scope;
 
 pub use buffer::RegisteredBuffer;
-pub use context::{Completion, Context, Request};
+pub use context::{Cancel, Completion, Context, Request};
 pub use heap::MappedHeap;
 pub use job::{ChannelReport, JobReport, PeerReport};
 pub use polyrail_core::bootstrap::Bootstrap;

@@ -12,7 +12,7 @@ use std::marker::PhantomData;
 use polyrail_core::engine::{ReqId, Source, Status, TagMatch};
 use polyrail_core::{Error, Rank, Result};
 
-use crate::context::{Context, Request};
+use crate::context::{Cancel, Context, Request};
 
 /// The requests of one [`Context::scope`] call: start them with [`Scope::isend`] and
 /// [`Scope::irecv`] on buffers borrowed for the whole scope.
@@ -143,7 +143,7 @@ impl<'scope> Scope<'scope, '_> {
     /// Waits for a request of this scope; its status.
     pub fn wait(&self, req: ScopedRequest<'scope>) -> Result<Status> {
         let mut ctx = self.context()?;
-        self.ended(&req);
+        self.ended(req.slot);
         ctx.wait(req.req).map(|done| done.status)
     }
 
@@ -156,9 +156,24 @@ impl<'scope> Scope<'scope, '_> {
     /// are still waited for and the first error is returned (as [`Context::wait_all`]).
     pub fn wait_all(&self, reqs: Vec<ScopedRequest<'scope>>) -> Result<Vec<Status>> {
         let mut ctx = self.context()?;
-        reqs.iter().for_each(|r| self.ended(r));
+        reqs.iter().for_each(|r| self.ended(r.slot));
         let reqs = reqs.into_iter().map(|r| r.req).collect();
         Ok(ctx.wait_all(reqs)?.into_iter().map(|done| done.status).collect())
+    }
+
+    /// Cancels a receive that no message has matched yet, as [`Context::cancel`]: `None` when
+    /// it was withdrawn (its buffer stays borrowed until the scope ends), else the request to
+    /// wait for as before.
+    pub fn cancel(&self, req: ScopedRequest<'scope>) -> Result<Option<ScopedRequest<'scope>>> {
+        let mut ctx = self.context()?;
+        let ScopedRequest { req: inner, slot, scope } = req;
+        Ok(match ctx.cancel(inner)? {
+            Cancel::Cancelled(_) => {
+                self.ended(slot);
+                None
+            }
+            Cancel::NotCancelled(req) => Some(ScopedRequest { req, slot, scope }),
+        })
     }
 
     /// Waits until one of `reqs` has finished (or failed); its index (then [`Scope::wait`] on
@@ -194,10 +209,10 @@ impl<'scope> Scope<'scope, '_> {
         ScopedRequest { req, slot, scope: PhantomData }
     }
 
-    /// `req` is being waited for: the scope's end need not.
-    fn ended(&self, req: &ScopedRequest<'scope>) {
+    /// The request in `slot` is being waited for (or was cancelled): the scope's end need not.
+    fn ended(&self, slot: Option<usize>) {
         let mut running = self.running.borrow_mut();
-        if let Some(entry) = req.slot.and_then(|slot| running.get_mut(slot)) {
+        if let Some(entry) = slot.and_then(|slot| running.get_mut(slot)) {
             *entry = None;
         }
     }

@@ -1038,6 +1038,21 @@ impl Engine {
         split_op(op).map(|(id, _)| id)
     }
 
+    /// Withdraws a receive that no message has matched and whose buffer's key no peer holds
+    /// (`MPI_Cancel`): `true` when it was withdrawn and forgotten (a message for it later goes
+    /// to the next matching receive); `false`, changing nothing, for a send, a finished or
+    /// matched receive, or one whose RTR gave a peer its key (that peer may be writing).
+    pub fn cancel_recv(&mut self, req: ReqId) -> bool {
+        let cancellable = self
+            .reqs
+            .get(req)
+            .is_some_and(|r| r.dir == Dir::Recv && r.result.is_none() && !r.matched && !r.lends_key());
+        if cancellable {
+            self.discard(req);
+        }
+        cancellable
+    }
+
     /// Forgets a request whose result will never be taken (e.g. its handle was dropped after
     /// an error). A running receive is withdrawn from matching.
     pub fn discard(&mut self, req: ReqId) {

@@ -398,6 +398,34 @@ fn a_withdrawn_receive_whose_key_went_out_stays_out_of_use() {
     assert!(result(&mut sim, 1, e).is_err());
 }
 
+/// A receive no message matched and whose key went nowhere is withdrawn; the message meant for
+/// it then goes to the next matching receive. One whose RTR gave the sender its key, a matched
+/// one and a send are not.
+#[test]
+fn cancel_withdraws_only_receives_nobody_holds() {
+    let mut sim = Sim::new(2, one_sided_route);
+    let (mut small, mut next, mut big) = (vec![0u8; 8], vec![0u8; 8], vec![0u8; 2000]);
+    let c = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut small);
+    let keyed = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(2), &mut big);
+    sim.run_actions();
+    assert!(sim.engines[1].cancel_recv(c));
+    assert!(!sim.engines[1].cancel_recv(c), "a forgotten request is not cancelled twice");
+    assert!(!sim.engines[1].cancel_recv(keyed), "rank 0 holds its key");
+    let n = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut next);
+    let s = send(&mut sim, 0, 1, 1, b"for next");
+    assert!(!sim.engines[0].cancel_recv(s), "a send");
+    sim.settle();
+    assert_eq!(result(&mut sim, 1, n).unwrap().len, 8);
+    assert_eq!(&next, b"for next");
+    assert_eq!(small, [0u8; 8], "the withdrawn receive's buffer was not written");
+    assert!(!sim.engines[1].cancel_recv(n), "finished");
+    let data = vec![7u8; 2000];
+    let s2 = send(&mut sim, 0, 1, 2, &data);
+    sim.settle();
+    assert!(result(&mut sim, 1, keyed).is_ok() && result(&mut sim, 0, s2).is_ok());
+    assert_eq!(big, data);
+}
+
 /// A window of receives posted first for the same messages: once a first receive's RTR was
 /// used, each one's RTR names its place, so every send writes straight into its receive,
 /// including when a send crossed the RTRs.
