@@ -22,8 +22,8 @@ const FINALIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// [`Error::InvalidArgument`]).
 ///
 /// Dropping a `Request` detaches it: the transfer still completes, and its buffer is freed when
-/// the context ends (at once if the request finished when it was started). The buffer is owned by the context
-/// meanwhile, so it cannot be freed or reused under the transfer.
+/// the context ends (at once if the request finished when it was started). The buffer is owned
+/// by the context meanwhile, so it cannot be freed or reused under the transfer.
 #[derive(Debug)]
 #[must_use = "a request must be waited for to get its buffer and its result"]
 pub struct Request {
