@@ -425,6 +425,29 @@ fn allocate(fd: &OwnedFd, len: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// A segment's name lives in /dev/shm only while its job starts (it is unlinked once every
+/// local rank has attached), so one older than this whose owner is gone was left by a job
+/// killed while it started. The age also spares a starting job whose owner this process cannot
+/// see (another pid namespace sharing /dev/shm).
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Removes this user's polyrail segments (`/dev/shm/polyrail-<uid>-*`) that are older than
+/// [`STALE_AFTER`] and whose owner process is gone: what a job killed with SIGKILL while it
+/// started leaves when nothing cleans up after it (`polyrail run` removes its job's segments,
+/// but `kill -9` of `mpiexec` and its ranks leaves them). Returns how many it removed.
+pub(crate) fn sweep_stale(uid: u32) -> usize {
+    let prefix = format!("polyrail-{uid}-");
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else { return 0 };
+    let old = |e: &std::fs::DirEntry| {
+        e.metadata().and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().is_ok_and(|age| age >= STALE_AFTER))
+    };
+    dir.flatten()
+        .filter(|e| e.file_name().to_str().is_some_and(|n| n.starts_with(&prefix)) && old(e))
+        .filter_map(|e| CString::new(format!("/{}", e.file_name().to_str()?)).ok())
+        .filter(remove_stale)
+        .count()
+}
+
 /// Unlinks `name` if it is a polyrail segment whose owner process is gone (a killed job that
 /// reused the job id). Returns whether it did.
 fn remove_stale(name: &CString) -> bool {
@@ -527,6 +550,57 @@ mod tests {
         let at = 4 + 4 + 2 + 2 + 4 + 4 + 4;
         bytes[at..at + 4].copy_from_slice(&max.to_le_bytes());
         bytes
+    }
+
+    /// Writes `/dev/shm/<name>` with a segment header naming `owner`, last modified `age` ago.
+    fn fake_segment(name: &str, owner: u32, age: std::time::Duration) {
+        let info = SegmentInfo {
+            magic: MAGIC,
+            version: VERSION,
+            rank: 0,
+            size: 2,
+            slots: 64,
+            max_msg_slots: 16,
+            cells: 128,
+            cell_size: 16 << 10,
+            owner_pid: owner,
+            total_len: std::mem::size_of::<SegmentInfo>() as u64,
+        };
+        // SAFETY: SegmentInfo is repr(C) integers without padding (u64, eight u32, u64): every
+        // byte of it is initialized.
+        let bytes = unsafe {
+            std::slice::from_raw_parts((&info as *const SegmentInfo).cast::<u8>(), std::mem::size_of::<SegmentInfo>())
+        };
+        let path = format!("/dev/shm/{name}");
+        std::fs::write(&path, bytes).unwrap();
+        let file = std::fs::File::options().write(true).open(&path).unwrap();
+        file.set_modified(std::time::SystemTime::now() - age).unwrap();
+    }
+
+    /// Only segments both old and of a dead owner are swept: a young one may belong to a job
+    /// starting now, and a live owner's is in use.
+    #[test]
+    fn stale_segments_of_dead_owners_are_swept() {
+        let uid = sys::uid();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let minutes = std::time::Duration::from_secs(120);
+        let cases = [
+            ("old-dead", dead, minutes, true),
+            ("young-dead", dead, std::time::Duration::ZERO, false),
+            ("old-live", std::process::id(), minutes, false),
+        ];
+        let name = |what: &str| format!("polyrail-{uid}-sweeptest{}-{what}", std::process::id());
+        for (what, owner, age, _) in cases {
+            fake_segment(&name(what), owner, age);
+        }
+        assert!(sweep_stale(uid) >= 1);
+        for (what, _, _, swept) in cases {
+            let path = format!("/dev/shm/{}", name(what));
+            assert_eq!(!std::path::Path::new(&path).exists(), swept, "{what}");
+            let _ = std::fs::remove_file(path);
+        }
     }
 
     #[test]

@@ -228,6 +228,9 @@ impl ShmTransport {
         let layout = SegLayout::new(size, geo, cfg.shm_cells as u32, cfg.shm_cell_size as u32).ok_or_else(|| {
             Error::InvalidArgument(format!("shm segment for {size} ranks overflows the address space"))
         })?;
+        // Segments of earlier jobs killed while they started go first (nothing else would
+        // remove them after a `kill -9` of the whole job under another launcher).
+        segment::sweep_stale(sys::uid());
         let name = format!("/polyrail-{}-{}-{rank}", sys::uid(), sanitize(job_id));
         let seg = OwnSegment::create(&name, rank, &layout)?;
         let ring_doorbells = cfg.wait != WaitMode::Spin;
