@@ -68,7 +68,14 @@ pub struct LaunchOptions {
     pub nodes: Option<Vec<u32>>,
     /// Start every line of the ranks' output with `[rank] ` (`polyrail run --label`).
     pub label: bool,
+    /// Stop the job once it has run this long (`polyrail run --timeout`): SIGTERM to every rank,
+    /// SIGKILL after [`LaunchOptions::grace`]; the job's code is then at least
+    /// [`TIMEOUT_CODE`]. `None` (the default): no limit.
+    pub timeout: Option<Duration>,
 }
+
+/// The least exit code of a job stopped by [`LaunchOptions::timeout`] (as `timeout(1)`'s).
+pub const TIMEOUT_CODE: i32 = 124;
 
 /// Node of each of `ranks` ranks from `ranks per node` counts (`--layout 2,2`).
 pub fn nodes_from_counts(ranks: u32, counts: &[u32]) -> Result<Vec<u32>> {
@@ -98,7 +105,8 @@ impl LaunchOptions {
 }
 
 impl Default for LaunchOptions {
-    /// One rank, no program yet, [`Bind::Core`], no extra variables, a grace of 2 s, no labels.
+    /// One rank, no program yet, [`Bind::Core`], no extra variables, a grace of 2 s, no labels,
+    /// no timeout.
     fn default() -> Self {
         LaunchOptions {
             ranks: 1,
@@ -109,6 +117,7 @@ impl Default for LaunchOptions {
             grace: Duration::from_secs(2),
             nodes: None,
             label: false,
+            timeout: None,
         }
     }
 }
@@ -118,7 +127,8 @@ impl Default for LaunchOptions {
 /// The code is the abort code if a rank aborted the job first; otherwise the worst rank's:
 /// 128 + signal for a rank killed by a signal (other than the launcher's own), else the largest
 /// exit code, an exit without PMI finalize counting as at least 1. A job stopped by SIGINT or
-/// SIGTERM returns at least 128 + that signal.
+/// SIGTERM returns at least 128 + that signal, one stopped by its timeout at least
+/// [`TIMEOUT_CODE`].
 ///
 /// Raises the calling process's soft limit on open files to its hard limit (the ranks get the
 /// limit the process had): the launcher holds five descriptors per rank.
@@ -362,8 +372,11 @@ struct Run<'a> {
     abort_code: Option<i32>,
     /// Something went wrong already (later failures are consequences and are not announced).
     failed: bool,
-    /// 128 + the signal that stopped the launcher.
-    signal_code: Option<i32>,
+    /// The least code of a job stopped from outside: 128 + the signal that stopped the
+    /// launcher, or [`TIMEOUT_CODE`].
+    stop_code: Option<i32>,
+    /// When the job runs out of time (`LaunchOptions::timeout`), until it does.
+    deadline: Option<Instant>,
     /// Ranks whose PMI connection broke, in the order the server saw it: the likely causes.
     lost: Vec<usize>,
     /// Lost ranks already waited for (see `settle_lost`).
@@ -388,7 +401,8 @@ impl<'a> Run<'a> {
             killed: false,
             abort_code: None,
             failed: false,
-            signal_code: None,
+            stop_code: None,
+            deadline: opts.timeout.map(|t| Instant::now() + t),
             lost: Vec::new(),
             settled: Vec::new(),
         }
@@ -416,6 +430,7 @@ impl<'a> Run<'a> {
                 self.on_exit(r);
             }
             self.check_signal();
+            self.check_deadline();
             if self.kill_at.is_some_and(|t| Instant::now() >= t) && !self.killed && self.running() > 0 {
                 self.kill_survivors();
             }
@@ -440,7 +455,7 @@ impl<'a> Run<'a> {
             }
         }
         self.output.poll_fds(&mut fds);
-        for t in self.kill_at.into_iter().chain(self.output.deadline()) {
+        for t in self.kill_at.into_iter().chain(self.deadline).chain(self.output.deadline()) {
             wait = wait.min(t.saturating_duration_since(Instant::now()));
         }
         // Rounded up: a deadline less than a millisecond away must not make this a busy loop.
@@ -557,15 +572,30 @@ impl<'a> Run<'a> {
             return;
         }
         let all: Vec<usize> = (0..self.procs.len()).collect();
-        if self.signal_code.is_some() {
+        if self.stop_code.is_some() {
             say(&format!("received {} again; killing the job", signal_name(sig)));
             self.signal(&all, libc::SIGKILL);
             self.killed = true;
             return;
         }
         say(&format!("received {}; stopping the job", signal_name(sig)));
-        self.signal_code = Some(128 + sig);
+        self.stop_code = Some(128 + sig);
         self.failed = true;
+        self.signal(&all, libc::SIGTERM);
+        self.stop_after(self.opts.grace);
+    }
+
+    /// Stops the job once it has run past its timeout: SIGTERM now, SIGKILL after the grace.
+    fn check_deadline(&mut self) {
+        if self.deadline.is_none_or(|t| Instant::now() < t) {
+            return;
+        }
+        self.deadline = None;
+        let limit = self.opts.timeout.unwrap_or_default().as_secs_f64();
+        say(&format!("the job ran past its timeout of {limit} s; stopping it"));
+        self.stop_code = Some(self.stop_code.unwrap_or(0).max(TIMEOUT_CODE));
+        self.failed = true;
+        let all: Vec<usize> = (0..self.procs.len()).collect();
         self.signal(&all, libc::SIGTERM);
         self.stop_after(self.opts.grace);
     }
@@ -605,7 +635,7 @@ impl<'a> Run<'a> {
     fn exit_code(&self) -> i32 {
         let worst = self.procs.iter().filter_map(|p| p.code).max().unwrap_or(0);
         let code = self.abort_code.unwrap_or(worst);
-        self.signal_code.map_or(code, |s| code.max(s))
+        self.stop_code.map_or(code, |s| code.max(s))
     }
 }
 

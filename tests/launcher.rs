@@ -167,6 +167,28 @@ fn leftover_shared_memory_segments_are_removed() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--timeout`: a job that runs too long is stopped with SIGTERM and exits with 124; one whose
+/// ranks ignore SIGTERM is killed after the grace period; a job that ends in time is untouched.
+#[test]
+fn a_timeout_stops_the_job() {
+    let mut o = sh(2, "exec sleep 30");
+    o.timeout = Some(Duration::from_millis(300));
+    let (code, took) = run(&o);
+    assert_eq!(code, polyrail::launch::TIMEOUT_CODE);
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+
+    let mut stubborn = sh(2, "trap '' TERM; while :; do sleep 0.05; done");
+    stubborn.timeout = Some(Duration::from_millis(300));
+    stubborn.grace = Duration::from_millis(300);
+    let (code, took) = run(&stubborn);
+    assert!(code >= polyrail::launch::TIMEOUT_CODE, "code {code}");
+    assert!(took >= Duration::from_millis(550) && took < Duration::from_secs(5), "took {took:?}");
+
+    let mut quick = sh(2, "exit 0");
+    quick.timeout = Some(Duration::from_secs(30));
+    assert_eq!(run(&quick).0, 0);
+}
+
 /// A job needing more descriptors than the launcher may open is refused before any rank starts,
 /// naming the count and the limit (it failed part-way, at whichever rank hit the limit).
 #[test]

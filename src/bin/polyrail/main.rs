@@ -46,6 +46,10 @@ enum Cmd {
         /// Start every line of output with the rank that wrote it, as `[3] text`.
         #[arg(long)]
         label: bool,
+        /// Stop the job after this many seconds (SIGTERM, then SIGKILL after --grace); its exit
+        /// status is then at least 124, as `timeout`'s.
+        #[arg(long)]
+        timeout: Option<f64>,
         /// The program and its arguments.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<OsString>,
@@ -117,10 +121,13 @@ fn main() {
 
 fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.cmd {
-        Cmd::Run { ranks, bind, grace, layout, nodes, label, command } => {
+        Cmd::Run { ranks, bind, grace, layout, nodes, label, timeout, command } => {
             let (program, args) = command.split_first().context("no program to run")?;
             if !(0.0..=3600.0).contains(&grace) {
                 bail!("--grace {grace} is not accepted: give seconds from 0 to 3600");
+            }
+            if let Some(t) = timeout.filter(|t| !(t.is_finite() && *t > 0.0 && *t <= 1e9)) {
+                bail!("--timeout {t} is not accepted: give seconds above 0 (at most 1e9)");
             }
             let mut opts = LaunchOptions::new(ranks, program.clone());
             opts.args = args.to_vec();
@@ -130,6 +137,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             };
             opts.grace = Duration::from_secs_f64(grace);
             opts.label = label;
+            opts.timeout = timeout.map(Duration::from_secs_f64);
             opts.nodes = match (layout, nodes) {
                 (Some(counts), _) => Some(polyrail::launch::nodes_from_counts(ranks, &counts)?),
                 (None, Some(k)) => Some(polyrail::launch::nodes_in_blocks(ranks, k)?),
