@@ -402,7 +402,8 @@ impl<'a> Run<'a> {
             abort_code: None,
             failed: false,
             stop_code: None,
-            deadline: opts.timeout.map(|t| Instant::now() + t),
+            // A timeout beyond what the clock can hold is no limit.
+            deadline: opts.timeout.and_then(|t| Instant::now().checked_add(t)),
             lost: Vec::new(),
             settled: Vec::new(),
         }
@@ -572,7 +573,8 @@ impl<'a> Run<'a> {
             return;
         }
         let all: Vec<usize> = (0..self.procs.len()).collect();
-        if self.stop_code.is_some() {
+        // A signal came before (its code is above 128; a timeout's is 124).
+        if self.stop_code.is_some_and(|c| c > 128) {
             say(&format!("received {} again; killing the job", signal_name(sig)));
             self.signal(&all, libc::SIGKILL);
             self.killed = true;
