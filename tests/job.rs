@@ -596,8 +596,9 @@ fn dangling_scenario(ctx: &mut Context) -> polyrail::Result<()> {
 /// once (its barrier cannot reach the other node) with an error naming the rank and each
 /// channel's reason. Each rank writes what it saw to `JOBTEST_OUT.<rank>`.
 /// Every rank waits for a message nobody sends, after writing `waiting` to
-/// `JOBTEST_OUT.<rank>`; the test kills the launcher with SIGKILL. Each wait must then fail
-/// with an error about the process manager, which the rank writes to its file. `keyed`: rank 0
+/// `JOBTEST_OUT.<rank>`; the test kills the launcher with SIGKILL. Each wait must then fail,
+/// with an error about the process manager or about a peer that exited on noticing it first;
+/// the rank writes which to its file. `keyed`: rank 0
 /// waits instead for 1 MiB from rank 1, which holds the key of that receive (its RTR) and stays
 /// alive for half a second after its own wait failed: rank 0's wait must go on until rank 1 is
 /// gone (ending at once would hand back a buffer rank 1 could still write).
