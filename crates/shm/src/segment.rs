@@ -448,8 +448,8 @@ pub(crate) fn sweep_stale(uid: u32) -> usize {
         .count()
 }
 
-/// Unlinks `name` if it is a polyrail segment whose owner process is gone (a killed job that
-/// reused the job id). Returns whether it did.
+/// Unlinks `name` if it is a polyrail segment whose owner process is gone (left by a killed job:
+/// found under the name a new segment needs, or by [`sweep_stale`]). Returns whether it did.
 fn remove_stale(name: &CString) -> bool {
     // SAFETY: a valid C string; read-only open.
     let fd = unsafe { libc::shm_open(name.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC, 0) };
