@@ -5,7 +5,7 @@ use crate::driver::{Driver, ParkedEnd};
 use crate::heap::HeapRegistrations;
 use crate::job::{Job, JobReport};
 use polyrail_core::bootstrap::Bootstrap;
-use polyrail_core::engine::{Engine, ReqId, Source, Status, TagMatch};
+use polyrail_core::engine::{CancelRecv, Engine, ReqId, Source, Status, TagMatch};
 use polyrail_core::{Config, Error, Rank, Region, RegionMut, Result};
 
 /// Context id of user messages.
@@ -114,9 +114,9 @@ pub enum Cancel {
     /// The receive was withdrawn before any message matched it; its buffer (empty for a raw
     /// receive). A message meant for it goes to the next matching receive.
     Cancelled(Vec<u8>),
-    /// It could not be cancelled (a send; a receive that a message matched or that finished; a
-    /// receive posted before its message, whose buffer's key the sender holds already and may
-    /// be writing through): wait for it as before.
+    /// It could not be cancelled (a send; a receive that a message matched or that finished,
+    /// also while it was being withdrawn; a receive whose peer was lost): wait for it as
+    /// before.
     NotCancelled(Request),
 }
 
@@ -461,16 +461,30 @@ impl Context {
 
     /// Cancels a receive that no message has matched yet (`MPI_Cancel`), e.g. an ANY_SOURCE
     /// receive for control messages at shutdown: [`Cancel::Cancelled`] gives its buffer back.
-    /// A send, a matched or finished receive, and a large receive posted before its message
-    /// (its sender holds the buffer's key) are given back as [`Cancel::NotCancelled`].
+    /// A send and a matched or finished receive are given back as [`Cancel::NotCancelled`].
+    ///
+    /// A large receive posted before its message gave the sender its buffer's key (so the
+    /// data can be written straight into it), and so may one posted before it: then the
+    /// sender is asked to drop the key, and this waits for its answer (a round trip, or the
+    /// peer's loss). A message that matches the receive meanwhile wins: `NotCancelled`, and
+    /// the receive finishes with it.
     pub fn cancel(&mut self, req: Request) -> Result<Cancel> {
         req.check_made_by(self.mark)?;
-        match req.state {
-            RequestState::Engine(id, _) if self.driver.engine.cancel_recv(id) => {
-                Ok(Cancel::Cancelled(self.take_buf(id)))
+        let RequestState::Engine(id, _) = req.state else { return Ok(Cancel::NotCancelled(req)) };
+        let withdrawn = match self.driver.engine.cancel_recv(id) {
+            CancelRecv::Cancelled => true,
+            CancelRecv::NotCancelled => false,
+            CancelRecv::Asked => {
+                self.driver.drain();
+                self.driver.wait_until(|e| e.cancel_outcome(id).is_some())?;
+                let withdrawn = self.driver.engine.cancel_outcome(id) == Some(true);
+                if withdrawn {
+                    self.driver.engine.discard(id);
+                }
+                withdrawn
             }
-            _ => Ok(Cancel::NotCancelled(req)),
-        }
+        };
+        Ok(if withdrawn { Cancel::Cancelled(self.take_buf(id)) } else { Cancel::NotCancelled(req) })
     }
 
     /// Makes progress once; whether `req` finished (then [`Context::wait`] returns at once).
@@ -689,23 +703,26 @@ impl Context {
         if cancelled > 0 {
             tracing::warn!("rank {}: finalize withdrew {cancelled} receive(s) that matched no message", self.rank());
         }
+        self.driver.drain();
+        let deadline = std::time::Instant::now() + FINALIZE_WAIT;
+        let waited = self.driver.wait_until(|e| e.running_requests() == 0 || std::time::Instant::now() > deadline);
+        // Receives whose senders did not answer their withdrawal in time (or when waiting
+        // failed) keep their buffers out of use.
+        self.driver.engine.abandon_withdrawals();
         let exposed = self.driver.engine.take_all_peer_may_write();
         if !exposed.is_empty() {
             let bufs =
                 exposed.iter().filter_map(|&id| self.owned.get_mut(req_index(id)).and_then(Option::take)).collect();
             self.quarantine(exposed.len(), bufs);
         }
-        let deadline = std::time::Instant::now() + FINALIZE_WAIT;
-        let drained = self
-            .driver
-            .wait_until(|e| e.running_requests() == 0 || std::time::Instant::now() > deadline)
-            .and_then(|()| match self.driver.engine.running_requests() {
-                0 => Ok(()),
-                n => Err(Error::InvalidArgument(format!(
-                    "{n} send(s) still unfinished after {} s at finalize: their receivers never matched them",
-                    FINALIZE_WAIT.as_secs()
-                ))),
-            });
+        let drained = waited.and_then(|()| match self.driver.engine.running_requests() {
+            0 => Ok(()),
+            n => Err(Error::InvalidArgument(format!(
+                "{n} request(s) still unfinished after {} s at finalize: sends their receivers never matched, \
+                 or receives whose data never came",
+                FINALIZE_WAIT.as_secs()
+            ))),
+        });
         for ch in &mut self.driver.channels {
             ch.finalize();
         }

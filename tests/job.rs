@@ -7,7 +7,7 @@
 //! parent checks.
 
 use polyrail::launch::{launch, nodes_in_blocks, Bind, LaunchOptions};
-use polyrail::{Context, Error, MappedHeap, Source, TagMatch, ANY_SOURCE, ANY_TAG};
+use polyrail::{Cancel, Context, Error, MappedHeap, Source, TagMatch, ANY_SOURCE, ANY_TAG};
 
 // The `heap` scenario's buffers come from memory files; every other scenario turns them off
 // (`rank_main`) and uses ordinary memory.
@@ -190,9 +190,10 @@ fn scoped_window(ctx: &mut Context, next: u32, prev: u32) -> polyrail::Result<()
         assert!(s.test_any(&all)?.is_some() || all.is_empty());
         Ok::<(), polyrail::Error>(())
     })?;
-    // Cancelling a receive posted before its message: withdrawn where nothing holds its key
-    // (eager routes, shm's cells), kept where the sender holds it (an RTR over cma or ib);
-    // either way the message then arrives whole, in a fresh receive or in the kept one.
+    // Cancelling a receive posted before its message: withdrawn at once where nothing holds
+    // its key (eager routes, shm's cells), through the sender where it holds the key (an RTR
+    // over cma or ib), unless the sender's message took the receive first; either way the
+    // message then arrives whole, in a fresh receive or in the kept one.
     let small_out = stamp(me, 2997, 8);
     let big_out = stamp(me, 2996, 300_000);
     let mut bufs = [vec![0u8; 8], vec![0u8; 8], vec![0u8; 300_000], vec![0u8; 300_000]];
@@ -213,6 +214,18 @@ fn scoped_window(ctx: &mut Context, next: u32, prev: u32) -> polyrail::Result<()
         let want = stamp(prev, tag, len);
         assert!(pair.contains(&want), "rank {me}: the message of a cancelled receive (tag {tag}) was lost");
     }
+    // With no message on its way (`prev` sends it only after the barrier), a large receive is
+    // always withdrawn, through `prev` when it holds the key; the message then goes to the next.
+    let big = ctx.irecv(prev, 2995, vec![0u8; 300_000])?;
+    let Cancel::Cancelled(buf) = ctx.cancel(big)? else {
+        panic!("rank {me}: a receive no message could match yet was not cancelled");
+    };
+    ctx.barrier()?;
+    let w = ctx.isend(next, 2995, stamp(me, 2995, 300_000))?;
+    let r = ctx.irecv(prev, 2995, buf)?;
+    let got = ctx.wait(r)?;
+    ctx.wait(w)?;
+    assert!(got.buf == stamp(prev, 2995, 300_000), "rank {me}: the message after a cancel was corrupted");
     let mut at = 0;
     for (i, &len) in SIZES.iter().enumerate() {
         assert!(recv[at..at + len] == stamp(prev, tag(i), len), "rank {me}: scoped {len}-byte message corrupted");
@@ -585,8 +598,8 @@ fn dangling_scenario(ctx: &mut Context) -> polyrail::Result<()> {
     let next = (ctx.rank() + 1) % ctx.size();
     let req = ctx.irecv(next, 4242, vec![0u8; 64])?;
     drop(req);
-    // A single-copy size: its buffer is announced to `next` (RTR), so finalize keeps it out of
-    // use rather than freeing memory that `next` could still write.
+    // A single-copy size: its buffer is announced to `next` (RTR), so finalize withdraws it
+    // through `next` (which is finalizing too) rather than freeing memory `next` could write.
     let req = ctx.irecv(next, 4243, vec![0u8; 1 << 20])?;
     drop(req);
     Ok(())

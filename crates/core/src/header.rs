@@ -36,6 +36,14 @@ pub enum PacketKind {
     /// Skew feedback (Chai §6.3.2): `offset` 1 = "I am lagging behind you: send medium messages
     /// eagerly", 0 = "caught up".
     Skew = 8,
+    /// Withdraw (receiver to sender): the receive `rreq`, whose RTR gave the sender its key, is
+    /// being cancelled. The sender drops every RTR of the receiver it still holds and answers
+    /// each with a [`PacketKind::Withdrawn`].
+    Withdraw = 9,
+    /// Withdrawn (sender to receiver): the sender no longer holds the key of receive `rreq`
+    /// (flag [`Header::ANSWER`] when this answers that receive's [`PacketKind::Withdraw`]);
+    /// `offset` is how many messages it had sent then, each of which left before this packet.
+    Withdrawn = 10,
 }
 
 impl PacketKind {
@@ -49,6 +57,8 @@ impl PacketKind {
             6 => Self::Fin,
             7 => Self::Rtr,
             8 => Self::Skew,
+            9 => Self::Withdraw,
+            10 => Self::Withdrawn,
             _ => return None,
         })
     }
@@ -116,7 +126,7 @@ impl std::fmt::Debug for Envelope {
 pub struct Header {
     /// What the packet is.
     pub kind: PacketKind,
-    /// Flags ([`Header::ANY_TAG`], [`Header::STREAM`]).
+    /// Flags ([`Header::ANY_TAG`], [`Header::STREAM`], [`Header::TRUNCATED`], [`Header::ANSWER`]).
     pub flags: u8,
     /// Communication context (0 = user messages; others are internal, e.g. barrier).
     pub ctx: u16,
@@ -130,7 +140,7 @@ pub struct Header {
     pub sreq: u32,
     /// Receiver's request id (echoed back in Data / FIN / PutDone).
     pub rreq: u32,
-    /// Byte offset (fragments, data, CTS split point) or a count (RTR).
+    /// Byte offset (fragments, data, CTS split point) or a count (RTR, Withdrawn).
     pub offset: u64,
 }
 
@@ -143,7 +153,10 @@ impl Header {
     pub const STREAM: u8 = 2;
     /// FIN flag: the receiver could not take the message (truncation); the send still ends.
     pub const TRUNCATED: u8 = 4;
-    const KNOWN_FLAGS: u8 = Self::ANY_TAG | Self::STREAM | Self::TRUNCATED;
+    /// Withdrawn flag: this answers the receive's own [`PacketKind::Withdraw`] (without it, the
+    /// RTR was dropped because another receive of the same receiver was withdrawn).
+    pub const ANSWER: u8 = 8;
+    const KNOWN_FLAGS: u8 = Self::ANY_TAG | Self::STREAM | Self::TRUNCATED | Self::ANSWER;
 
     /// A header of `kind` with every other field zero.
     pub fn new(kind: PacketKind) -> Self {

@@ -1,6 +1,6 @@
 //! The receiving half of the engine: packets from peers, matching, unexpected messages.
 
-use super::requests::{Dir, ExposeFor, Req};
+use super::requests::{Dir, ExposeFor, Req, Withdrawal};
 use super::types::{op_id, OpKind};
 use super::{
     am_of, finish_req, placement_says_eager, Action, Engine, FragTarget, Incoming, Payload, ReqId, Rtr, Source,
@@ -70,6 +70,8 @@ impl Engine {
             PacketKind::Data => self.on_data(from, hdr, payload),
             PacketKind::Fin => self.on_fin(from, hdr),
             PacketKind::Rtr => self.on_rtr(from, hdr, payload),
+            PacketKind::Withdraw => self.on_withdraw(from, hdr),
+            PacketKind::Withdrawn => self.on_withdrawn(from, hdr),
             PacketKind::Skew => {
                 let lags = hdr.offset != 0;
                 let p = &mut self.peers[from as usize];
@@ -512,6 +514,68 @@ impl Engine {
         Ok(())
     }
 
+    /// The receiver cancels receive `hdr.rreq`. Every RTR of this receiver we hold is dropped,
+    /// not only that one: the others' places may count the withdrawn receive, and once it is
+    /// gone a send would take another receive than the one its RTR names. Each dropped RTR,
+    /// and the withdrawn receive's whether we held its RTR or not, is answered with a
+    /// `Withdrawn` behind every message sent so far; a send that took the receive's RTR
+    /// already finishes instead, and the receive with it.
+    fn on_withdraw(&mut self, from: Rank, hdr: Header) -> Result<()> {
+        if ReqId::from_wire(hdr.rreq).is_none() {
+            return Err(Error::protocol(from, "withdrawal names no request"));
+        }
+        let am = am_of(&self.peers, from);
+        let p = &mut self.peers[from as usize];
+        let sent = u64::from(p.next_send_seq);
+        let answer = |rreq: u32, flags: u8| {
+            let mut h = Header::new(PacketKind::Withdrawn);
+            (h.rreq, h.flags, h.offset) = (rreq, flags, sent);
+            Action::Send { channel: am, to: from, hdr: h, payload: Payload::Empty, op: None }
+        };
+        for r in p.rtrs.drain(..).filter(|r| r.rreq != hdr.rreq) {
+            self.actions.push_back(answer(r.rreq, 0));
+        }
+        self.actions.push_back(answer(hdr.rreq, Header::ANSWER));
+        Ok(())
+    }
+
+    /// The sender no longer holds the key of receive `hdr.rreq` (if it ever did), nor any RTR
+    /// sent before. Every message it sent before arrived already (its count in `offset` says
+    /// so), so a receive no message matched has none coming for it: it is withdrawn if we asked
+    /// for that, else it just takes back its buffer's exposure (its message will come
+    /// sender-first).
+    fn on_withdrawn(&mut self, from: Rank, hdr: Header) -> Result<()> {
+        let p = &mut self.peers[from as usize];
+        let sent = hdr.offset as u32;
+        if hdr.offset > u64::from(u32::MAX) || (p.expected_seq.wrapping_sub(sent) as i32) < 0 {
+            return Err(Error::protocol(
+                from,
+                format!("withdrawal answered after {} messages, {} arrived", hdr.offset, p.expected_seq),
+            ));
+        }
+        if hdr.flags & Header::ANSWER != 0 {
+            p.withdrawals = p.withdrawals.checked_sub(1).ok_or_else(|| Error::protocol(from, "unasked withdrawal"))?;
+        }
+        let Some(id) = ReqId::from_wire(hdr.rreq) else {
+            return Err(Error::protocol(from, "withdrawal answer names no request"));
+        };
+        let Some(req) = self
+            .reqs
+            .get_mut(id)
+            .filter(|r| r.dir == Dir::Recv && !r.any_source && r.peer == from && !r.matched && r.result.is_none())
+        else {
+            return Ok(()); // it matched a message meanwhile (or ended)
+        };
+        req.rtr_sent = false;
+        if req.withdrawal == Withdrawal::Asked {
+            req.withdrawal = Withdrawal::Done;
+            self.fail(id, Error::InvalidArgument("receive cancelled".into()));
+        } else {
+            self.release_key(id);
+        }
+        Ok(())
+    }
+
     // ---- matching -------------------------------------------------------------------------
 
     /// Removes and returns the receive a message `(from, tag, ctx)` matches: the earliest
@@ -660,6 +724,9 @@ impl Engine {
         // The peer sends it eagerly: no buffer to offer.
         if !protocol.is_one_sided() || placement_says_eager(&self.peers[r as usize], cap) == Some(true) {
             return;
+        }
+        if self.peers[r as usize].withdrawals > 0 {
+            return; // its place could count a receive being withdrawn
         }
         let max = if self.peers[r as usize].window_rtrs { MAX_RTR_PLACE } else { 0 };
         let Some(place) = self.place_among_posted(r, tag, ctx, max) else { return };

@@ -20,6 +20,9 @@
 //!   protocol, lets the receiver pull the front); receives posted behind others for the same
 //!   messages send one too, naming their place, while such hints get used;
 //! - simultaneous: an `Rtr` that crossed the sender's `Rts` is dropped (RTS wins);
+//! - cancelling a receive whose `Rtr` went out: `Withdraw` → the sender drops every `Rtr` of
+//!   that receiver it holds and answers each with `Withdrawn` (a send that took the `Rtr` first
+//!   finishes instead, and the receive with it; see [`Engine::cancel_recv`]);
 //! - mispredictions: an eager message meeting a receive that sent an `Rtr` is copied as usual
 //!   (the sender drops the stale `Rtr`); an `Rts` too large for its receive is a truncation;
 //! - no one-sided channel: `Rts` → `Cts` → `Data` packets through active messages.
@@ -40,7 +43,7 @@ use crate::error::{Error, Rank, Result};
 use crate::header::{Envelope, Header, PacketKind};
 use crate::policy::{ChannelId, ChannelSet, LineSamples, PeerRoute, Placement, PlacementRule, Protocol};
 use crate::transport::{OpId, PeerAccess, Region, RegionMut, RemoteKey, Sink};
-use requests::{Dir, ExposeFor, Req, Requests};
+use requests::{Dir, ExposeFor, Req, Requests, Withdrawal};
 use spare::SpareBuffers;
 use split_share::{SplitTuner, Trial};
 use std::collections::VecDeque;
@@ -119,6 +122,18 @@ pub enum Unparked {
     Withdrawn,
 }
 
+/// What [`Engine::cancel_recv`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelRecv {
+    /// The receive was withdrawn and forgotten.
+    Cancelled,
+    /// Nothing: a send, a matched or finished receive, or an unknown request.
+    NotCancelled,
+    /// The receive's sender holds its key: a `Withdraw` went to it, and
+    /// [`Engine::cancel_outcome`] tells how it ends.
+    Asked,
+}
+
 /// A message that arrived before its receive was posted.
 #[derive(Debug)]
 struct Unexpected {
@@ -169,6 +184,9 @@ struct Peer {
     /// (tag, ctx) of the last sends, by `seq % SEND_HISTORY`.
     history: [(u32, u16); SEND_HISTORY],
     rtrs: VecDeque<Rtr>,
+    /// Our `Withdraw`s to this peer not answered yet: no RTR goes to it meanwhile (its place
+    /// among the posted receives would count the receive being withdrawn).
+    withdrawals: u32,
     gone: Option<Gone>,
     /// Receiver side of skew feedback: receives in a row that found the peer's messages
     /// waiting (or not, once told), whether the peer was told that we lag, and how many of its
@@ -212,6 +230,7 @@ impl Peer {
             incoming: Vec::new(),
             history: [(0, 0); SEND_HISTORY],
             rtrs: VecDeque::new(),
+            withdrawals: 0,
             gone: None,
             lag_streak: 0,
             told_lagging: false,
@@ -244,6 +263,9 @@ pub struct Engine {
     /// Receives that failed after their buffer's key went to a peer that is still alive: see
     /// [`Engine::take_peer_may_write`].
     peer_may_write: Vec<ReqId>,
+    /// Discarded receives kept posted, writing nothing, until their withdrawal ends
+    /// ([`Engine::discard`]); freed once they have.
+    zombies: Vec<ReqId>,
     /// Smallest message a route's placement rule decides (see [`Engine::wants_placement`]);
     /// `usize::MAX` when no route has one.
     placement_from: usize,
@@ -309,6 +331,7 @@ impl Engine {
             skew: None,
             awaited: None,
             peer_may_write: Vec::new(),
+            zombies: Vec::new(),
             placement_from: usize::MAX,
             mapped: Vec::new(),
             parked: None,
@@ -1014,9 +1037,11 @@ impl Engine {
         }
     }
 
-    /// Withdraws every receive that has not matched a message yet (it fails with an error that
-    /// says so); returns how many. Used when the process finishes: such a receive could only
-    /// keep it waiting forever.
+    /// Withdraws every receive that has not matched a message yet: one whose RTR gave a live
+    /// peer its key is cancelled as by [`Engine::cancel_recv`] (it ends when the peer answers,
+    /// or with the peer's loss), the others fail at once with an error that says so. Returns
+    /// how many. Used when the process finishes: such a receive could only keep it waiting
+    /// forever.
     pub fn cancel_unmatched_receives(&mut self) -> usize {
         self.touched();
         let ids: Vec<ReqId> = self
@@ -1025,10 +1050,29 @@ impl Engine {
             .filter(|&id| self.reqs.get(id).is_some_and(|r| r.dir == Dir::Recv && !r.matched && r.result.is_none()))
             .collect();
         for &id in &ids {
-            self.fail(
-                id,
-                Error::InvalidArgument("receive cancelled: the process finished before a message matched it".into()),
-            );
+            if !self.ask_withdrawal(id) {
+                self.fail(
+                    id,
+                    Error::InvalidArgument(
+                        "receive cancelled: the process finished before a message matched it".into(),
+                    ),
+                );
+            }
+        }
+        ids.len()
+    }
+
+    /// Fails the receives whose withdrawal is still unanswered (their peer may yet write their
+    /// buffers: [`Engine::take_peer_may_write`] says so). Returns how many. For a process that
+    /// can wait no longer.
+    pub fn abandon_withdrawals(&mut self) -> usize {
+        let ids: Vec<ReqId> = self
+            .reqs
+            .ids()
+            .filter(|&id| self.reqs.get(id).is_some_and(|r| r.withdrawal == Withdrawal::Asked && r.result.is_none()))
+            .collect();
+        for &id in &ids {
+            self.fail(id, Error::InvalidArgument("receive cancelled: its sender did not answer the withdrawal".into()));
         }
         ids.len()
     }
@@ -1038,25 +1082,91 @@ impl Engine {
         split_op(op).map(|(id, _)| id)
     }
 
-    /// Withdraws a receive that no message has matched and whose buffer's key no peer holds
-    /// (`MPI_Cancel`): `true` when it was withdrawn and forgotten (a message for it later goes
-    /// to the next matching receive); `false`, changing nothing, for a send, a finished or
-    /// matched receive, or one whose RTR gave a peer its key (that peer may be writing).
-    pub fn cancel_recv(&mut self, req: ReqId) -> bool {
-        let cancellable = self
-            .reqs
-            .get(req)
-            .is_some_and(|r| r.dir == Dir::Recv && r.result.is_none() && !r.matched && !r.lends_key());
-        if cancellable {
-            self.discard(req);
+    /// Withdraws a receive that no message has matched (`MPI_Cancel`). [`CancelRecv::Cancelled`]:
+    /// withdrawn and forgotten (a message for it later goes to the next matching receive).
+    /// [`CancelRecv::NotCancelled`], changing nothing: a send, a finished or matched receive.
+    /// [`CancelRecv::Asked`]: its RTR gave the sender its key, which that peer may be writing
+    /// through; a `Withdraw` went to it, the receive still matches messages meanwhile, and
+    /// [`Engine::cancel_outcome`] tells how it ends (withdrawn when the answer comes before a
+    /// message; else it finishes with that message, or fails with the peer).
+    pub fn cancel_recv(&mut self, req: ReqId) -> CancelRecv {
+        let Some(r) = self.reqs.get(req) else { return CancelRecv::NotCancelled };
+        if r.dir != Dir::Recv || r.result.is_some() || r.matched {
+            return CancelRecv::NotCancelled;
         }
-        cancellable
+        if r.withdrawal == Withdrawal::Asked || self.ask_withdrawal(req) {
+            return CancelRecv::Asked;
+        }
+        self.discard(req);
+        CancelRecv::Cancelled
+    }
+
+    /// How the cancellation of `req` ([`CancelRecv::Asked`]) ended: `Some(true)` withdrawn (its
+    /// result is an error; [`Engine::discard`] it), `Some(false)` not (it matched a message, or
+    /// failed), `None` while the sender's answer is awaited.
+    pub fn cancel_outcome(&self, req: ReqId) -> Option<bool> {
+        match self.reqs.get(req) {
+            Some(r) if r.withdrawal == Withdrawal::Done => Some(true),
+            Some(r) if r.result.is_none() && !r.matched => None,
+            _ => Some(false),
+        }
+    }
+
+    /// Sends a `Withdraw` for receive `id` when withdrawing it needs its sender's word; whether
+    /// it did. It does when the receive's RTR gave a live peer its key, and also when a receive
+    /// posted after it for the same peer and messages (an overlapping tag) sent an RTR: that
+    /// RTR's place counts this receive, and were it withdrawn unseen, the send the RTR points
+    /// at would write into a receive that took an earlier message.
+    fn ask_withdrawal(&mut self, id: ReqId) -> bool {
+        let Some(r) = self.reqs.get(id) else { return false };
+        let (peer, tag, ctx) = (r.peer, r.tag, r.ctx);
+        if r.any_source || !self.peer_alive(peer) {
+            return false;
+        }
+        if r.withdrawal != Withdrawal::Asked {
+            let posted = &self.peers[peer as usize].posted;
+            let later_rtr = || {
+                let mut later = posted.iter().skip_while(|&&q| q != id).skip(1).filter_map(|q| self.reqs.get(*q));
+                later.any(|q| {
+                    (q.rtr_sent || q.expose_for == Some(ExposeFor::Rtr)) && q.ctx == ctx && q.tag.overlaps(tag)
+                })
+            };
+            if !r.lends_key() && !later_rtr() {
+                return false;
+            }
+            self.reqs.get_mut(id).expect("checked above").withdrawal = Withdrawal::Asked;
+            self.peers[peer as usize].withdrawals += 1;
+            let mut hdr = Header::new(PacketKind::Withdraw);
+            hdr.rreq = id.wire();
+            let am = am_of(&self.peers, peer);
+            self.actions.push_back(Action::Send { channel: am, to: peer, hdr, payload: Payload::Empty, op: None });
+        }
+        true
     }
 
     /// Forgets a request whose result will never be taken (e.g. its handle was dropped after
-    /// an error). A running receive is withdrawn from matching.
+    /// an error). A running receive is withdrawn from matching; when that needs its sender's
+    /// word ([`Engine::cancel_recv`]'s `Asked`), it stays posted until the answer, taking
+    /// nothing: a message that matches it meanwhile is dropped as truncated.
     pub fn discard(&mut self, req: ReqId) {
         self.touched();
+        self.zombies.retain(|&z| match self.reqs.get(z) {
+            Some(r) if r.result.is_none() => true,
+            _ => {
+                self.reqs.free(z);
+                false
+            }
+        });
+        let unmatched = self.reqs.get(req).is_some_and(|r| r.dir == Dir::Recv && !r.matched && r.result.is_none());
+        if unmatched && self.ask_withdrawal(req) {
+            let r = self.reqs.get_mut(req).expect("checked above");
+            if r.lends_key() {
+                self.peer_may_write.push(req);
+            }
+            (r.ptr, r.cap) = (std::ptr::NonNull::dangling().as_ptr(), 0);
+            self.zombies.push(req);
+            return;
+        }
         if self.reqs.get(req).is_some_and(|r| r.result.is_none()) {
             self.fail(req, Error::InvalidArgument("request discarded".into()));
         }
@@ -1176,6 +1286,7 @@ impl Engine {
         let gone = if matches!(why, Error::PeerFinished { .. }) { Gone::Finished } else { Gone::Lost };
         p.gone = Some(gone);
         p.rtrs.clear();
+        p.withdrawals = 0;
         if let Some(parked) = self.parked.as_mut().filter(|q| q.from == peer && q.end.is_none()) {
             parked.end = Some(Unparked::Done(Err(why.duplicate())));
         }

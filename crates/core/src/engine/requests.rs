@@ -19,6 +19,17 @@ pub(super) enum ExposeFor {
     Rtr,
 }
 
+/// Where a receive's cancellation stands (see `Engine::cancel_recv`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Withdrawal {
+    /// Not asked for.
+    None,
+    /// A `Withdraw` went to the sender holding the key; the receive still matches messages.
+    Asked,
+    /// The sender answered before any message matched: the receive was withdrawn.
+    Done,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Dir {
     Send,
@@ -78,6 +89,8 @@ pub(super) struct Req {
     /// Receives: our own copy failed while the sender still wrote its part; the request ends
     /// with this error at the sender's FIN (see `Engine::handle_completion`).
     pub deferred: Option<Box<Error>>,
+    /// Receives: whether it is being cancelled after its RTR went out.
+    pub withdrawal: Withdrawal,
     pub expose_for: Option<ExposeFor>,
     /// How it ended (the error boxed: most requests end well, and carry less).
     pub result: Option<std::result::Result<Status, Box<Error>>>,
@@ -124,6 +137,7 @@ impl Req {
             rtr_sent: false,
             cts_sent: false,
             deferred: None,
+            withdrawal: Withdrawal::None,
             expose_for: None,
             result: None,
         }

@@ -360,9 +360,10 @@ fn receiver_first_uses_rtr_and_put() {
     assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
 }
 
-/// A receive withdrawn after its RTR gave the sender its buffer's key (finalize, or a discard
-/// after a failed wait) is reported as possibly written by that peer, whose put may still come;
-/// once the peer is gone, or when no RTR went out, it is not.
+/// At finalize, a receive whose RTR gave a live peer its key is withdrawn through that peer
+/// (its answer ends the receive, and nothing stays exposed). One whose withdrawal is not
+/// answered in time, and a discard after a failed wait, are reported as possibly written by
+/// that peer, whose put may still come; once the peer is gone, or when no RTR went out, not.
 #[test]
 fn a_withdrawn_receive_whose_key_went_out_stays_out_of_use() {
     let mut sim = Sim::new(3, one_sided_route);
@@ -378,11 +379,22 @@ fn a_withdrawn_receive_whose_key_went_out_stays_out_of_use() {
     sim.engines[1].handle_peer_lost(2, Error::PeerFinished { rank: 2 });
     assert!(sim.engines[1].lends_keys_to_live_peers());
     assert_eq!(sim.engines[1].cancel_unmatched_receives(), 2);
+    assert!(result(&mut sim, 1, quiet).is_err() && result(&mut sim, 1, g).is_err());
+    assert!(sim.engines[1].lends_keys_to_live_peers(), "rank 0 has not answered yet");
+    sim.settle();
     assert!(!sim.engines[1].lends_keys_to_live_peers(), "no running receive lends a key");
-    assert_eq!(sim.engines[1].take_all_peer_may_write(), vec![q]);
-    assert!(result(&mut sim, 1, q).is_err() && result(&mut sim, 1, quiet).is_err());
-    assert!(result(&mut sim, 1, g).is_err());
-    // A discard after a failed wait, answered once per request.
+    assert!(sim.engines[1].take_all_peer_may_write().is_empty());
+    assert!(result(&mut sim, 1, q).is_err());
+    assert!(sim.exposed[1].is_empty(), "the withdrawn receive's exposure ended");
+    // A withdrawal the process cannot wait for.
+    let a = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(5), &mut announced);
+    sim.run_actions();
+    assert_eq!(sim.engines[1].cancel_unmatched_receives(), 1);
+    assert_eq!(sim.engines[1].abandon_withdrawals(), 1);
+    assert_eq!(sim.engines[1].take_all_peer_may_write(), vec![a]);
+    assert!(result(&mut sim, 1, a).is_err());
+    sim.settle(); // the late answer changes nothing
+                  // A discard after a failed wait, answered once per request.
     let d = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(3), &mut announced);
     sim.run_actions();
     sim.engines[1].discard(d);
@@ -398,32 +410,107 @@ fn a_withdrawn_receive_whose_key_went_out_stays_out_of_use() {
     assert!(result(&mut sim, 1, e).is_err());
 }
 
-/// A receive no message matched and whose key went nowhere is withdrawn; the message meant for
-/// it then goes to the next matching receive. One whose RTR gave the sender its key, a matched
-/// one and a send are not.
+/// A receive no message matched is withdrawn: at once when no peer holds its key (the message
+/// meant for it then goes to the next matching receive), through the sender when its RTR gave
+/// the sender its key. A finished receive and a send are not; a withdrawal whose peer is lost
+/// meanwhile ends with that loss.
 #[test]
-fn cancel_withdraws_only_receives_nobody_holds() {
+fn cancel_withdraws_unmatched_receives() {
     let mut sim = Sim::new(2, one_sided_route);
     let (mut small, mut next, mut big) = (vec![0u8; 8], vec![0u8; 8], vec![0u8; 2000]);
     let c = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut small);
     let keyed = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(2), &mut big);
     sim.run_actions();
-    assert!(sim.engines[1].cancel_recv(c));
-    assert!(!sim.engines[1].cancel_recv(c), "a forgotten request is not cancelled twice");
-    assert!(!sim.engines[1].cancel_recv(keyed), "rank 0 holds its key");
+    assert_eq!(sim.engines[1].cancel_recv(c), CancelRecv::Cancelled, "the RTR of another tag does not count it");
+    assert_eq!(sim.engines[1].cancel_recv(c), CancelRecv::NotCancelled, "a forgotten request");
+    assert_eq!(sim.engines[1].cancel_recv(keyed), CancelRecv::Asked, "rank 0 holds its key");
+    assert_eq!(sim.engines[1].cancel_outcome(keyed), None);
     let n = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut next);
     let s = send(&mut sim, 0, 1, 1, b"for next");
-    assert!(!sim.engines[0].cancel_recv(s), "a send");
+    assert_eq!(sim.engines[0].cancel_recv(s), CancelRecv::NotCancelled, "a send");
     sim.settle();
+    assert_eq!(sim.engines[1].cancel_outcome(keyed), Some(true));
+    sim.engines[1].discard(keyed);
+    assert!(sim.exposed[1].is_empty(), "its exposure ended");
     assert_eq!(result(&mut sim, 1, n).unwrap().len, 8);
     assert_eq!(&next, b"for next");
     assert_eq!(small, [0u8; 8], "the withdrawn receive's buffer was not written");
-    assert!(!sim.engines[1].cancel_recv(n), "finished");
+    assert_eq!(sim.engines[1].cancel_recv(n), CancelRecv::NotCancelled, "finished");
+    // The message for the withdrawn receive goes to the next one, which offers its buffer
+    // again: no withdrawal is pending.
+    let mut again = vec![0u8; 2000];
+    let k2 = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(2), &mut again);
+    sim.run_actions();
+    assert_eq!(sim.wires[0].back().map(|p| p.hdr.kind), Some(PacketKind::Rtr));
     let data = vec![7u8; 2000];
     let s2 = send(&mut sim, 0, 1, 2, &data);
     sim.settle();
-    assert!(result(&mut sim, 1, keyed).is_ok() && result(&mut sim, 0, s2).is_ok());
-    assert_eq!(big, data);
+    assert!(result(&mut sim, 1, k2).is_ok() && result(&mut sim, 0, s2).is_ok());
+    assert_eq!((&big, &again), (&vec![0u8; 2000], &data));
+    // The peer is lost before it answers.
+    let k3 = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(2), &mut big);
+    sim.run_actions();
+    assert_eq!(sim.engines[1].cancel_recv(k3), CancelRecv::Asked);
+    sim.engines[1].handle_peer_lost(0, Error::PeerLost { rank: 0, why: "test".into() });
+    assert_eq!(sim.engines[1].cancel_outcome(k3), Some(false));
+    assert!(result(&mut sim, 1, k3).is_err());
+}
+
+/// A send that took the RTR before the withdrawal reached its sender wins: the receive
+/// finishes with its message, and the withdrawal's answer changes nothing.
+#[test]
+fn a_send_that_took_the_rtr_wins_over_the_withdrawal() {
+    let mut sim = Sim::new(2, one_sided_route);
+    let data = pattern(3, 2000);
+    let mut out = vec![0u8; 2000];
+    let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
+    sim.settle();
+    let s = send(&mut sim, 0, 1, 1, &data);
+    sim.run_actions(); // the put is done, its RTS on the way
+    assert_eq!(sim.engines[1].cancel_recv(q), CancelRecv::Asked);
+    sim.settle();
+    assert_eq!(sim.engines[1].cancel_outcome(q), Some(false));
+    assert!(result(&mut sim, 1, q).is_ok() && result(&mut sim, 0, s).is_ok());
+    assert_eq!(out, data);
+    assert!(sim.exposed.iter().all(Vec::is_empty));
+}
+
+/// Withdrawing a receive that later receives' RTRs count (their places name the sends that
+/// reach them) goes through the sender even when the receive itself sent no RTR: the sender
+/// drops every RTR it holds, and the sends then go sender-first to the receives that are left.
+/// Withdrawn locally, the second send would write into the receive that took the first.
+#[test]
+fn withdrawing_a_receive_that_later_rtrs_count_drops_them() {
+    for own_rtr in [false, true] {
+        let mut sim = Sim::new(2, one_sided_route);
+        sim.engines[1].peers[0].window_rtrs = true;
+        let mut first = vec![0u8; if own_rtr { 3000 } else { 8 }];
+        let (mut second, mut third) = (vec![0u8; 3000], vec![0u8; 3000]);
+        let r0 = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut first);
+        let r1 = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut second);
+        sim.settle();
+        assert_eq!(sim.engines[0].peers[1].rtrs.len(), 1 + own_rtr as usize);
+        assert_eq!(sim.engines[1].cancel_recv(r0), CancelRecv::Asked);
+        // No RTR while the withdrawal is pending.
+        let r2 = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut third);
+        sim.run_actions();
+        let kinds: Vec<PacketKind> = sim.wires[0].iter().map(|p| p.hdr.kind).collect();
+        assert_eq!(kinds, [PacketKind::Withdraw]);
+        sim.settle();
+        assert!(sim.engines[0].peers[1].rtrs.is_empty());
+        assert_eq!(sim.engines[1].cancel_outcome(r0), Some(true));
+        sim.engines[1].discard(r0);
+        let (a, b) = (pattern(1, 3000), pattern(2, 3000));
+        let s1 = send(&mut sim, 0, 1, 1, &a);
+        let s2 = send(&mut sim, 0, 1, 1, &b);
+        sim.settle();
+        for (rank, id) in [(0, s1), (0, s2), (1, r1), (1, r2)] {
+            assert!(result(&mut sim, rank, id).is_ok());
+        }
+        assert_eq!((&second, &third), (&a, &b));
+        assert!(first.iter().all(|&x| x == 0));
+        sim.assert_exposures_released();
+    }
 }
 
 /// A window of receives posted first for the same messages: once a first receive's RTR was
@@ -1552,14 +1639,14 @@ struct FaultyPacket {
 
 fn faulty_packet() -> impl Strategy<Value = FaultyPacket> {
     use PacketKind::*;
-    let kinds = [Eager, Frag, Rts, Cts, Data, Fin, Rtr, Skew];
+    let kinds = [Eager, Frag, Rts, Cts, Data, Fin, Rtr, Skew, Withdraw, Withdrawn];
     let size = || prop_oneof![4 => 0u64..10_000, 1 => any::<u64>()];
     let pick = || prop_oneof![4 => (0usize..16).prop_map(Some), 1 => Just(None)];
     let payload = prop_oneof![
         2 => prop::collection::vec(any::<u8>(), 0..300),
         1 => prop::collection::vec(any::<u8>(), 16),
     ];
-    let fields = (0..kinds.len(), 0u8..8, 0u16..2, 0u32..3, size(), size(), any::<u32>(), any::<u32>(), any::<u32>());
+    let fields = (0..kinds.len(), 0u8..16, 0u16..2, 0u32..3, size(), size(), any::<u32>(), any::<u32>(), any::<u32>());
     let picks = (prop_oneof![4 => (0u32..2).prop_map(Some), 1 => Just(None)], pick(), pick(), payload);
     (fields, picks).prop_map(
         move |((k, flags, ctx, tag, len, offset, seq, sreq, rreq), (seq_ahead, sreq_pick, rreq_pick, payload))| {
@@ -1601,6 +1688,11 @@ proptest! {
         for (i, b) in send_bufs.iter().enumerate() {
             inside.push((b.as_ptr() as usize, b.as_ptr() as usize + b.len()));
             reqs.push(send(&mut sim, 1, 0, i as u32, b));
+        }
+        if packets.len() % 2 == 0 {
+            // A withdrawal under way too (the first receive sent an RTR).
+            sim.run_actions();
+            prop_assert_eq!(sim.engines[1].cancel_recv(reqs[0]), CancelRecv::Asked);
         }
         let within = |ptr: usize, len: usize| len == 0 || inside.iter().any(|&(s, e)| ptr >= s && ptr + len <= e);
         // Request ids the rank sent out (in RTS, RTR, CTS and FIN packets), and none (0): what
@@ -1846,5 +1938,37 @@ fn a_split_receive_whose_copy_fails_waits_for_the_senders_part() {
         assert!(matches!(result(&mut sim, 1, q), Err(Error::Transport { kind: "sim", .. })));
         assert!(result(&mut sim, 0, s).is_ok());
         assert!(!sim.engines[1].take_peer_may_write(q));
+    }
+}
+
+/// A discarded receive that later receives' RTRs count stays posted until its sender answers
+/// the withdrawal, writing nothing: a message that reaches it meanwhile is dropped (the send
+/// still ends), and the next ones go where their receives expect them.
+#[test]
+fn a_discarded_receive_that_later_rtrs_count_takes_nothing() {
+    for message_first in [false, true] {
+        let mut sim = Sim::new(2, one_sided_route);
+        sim.engines[1].peers[0].window_rtrs = true;
+        let mut first = vec![0u8; 8];
+        let (mut second, mut third) = (vec![0u8; 3000], vec![0u8; 3000]);
+        let r0 = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut first);
+        let r1 = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut second);
+        sim.settle();
+        let (a, b, c) = (pattern(1, 8), pattern(2, 3000), pattern(3, 3000));
+        let s0 = message_first.then(|| send(&mut sim, 0, 1, 1, &a));
+        sim.engines[1].discard(r0);
+        assert_eq!(sim.engines[1].running_requests(), 2, "still posted");
+        sim.settle();
+        assert_eq!(sim.engines[1].running_requests(), 1, "ended by the answer or the message");
+        let r2 = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut third);
+        let s1 = send(&mut sim, 0, 1, 1, &b);
+        let s2 = send(&mut sim, 0, 1, 1, &c);
+        sim.settle();
+        for (rank, id) in [(0, s1), (0, s2), (1, r1), (1, r2)].into_iter().chain(s0.map(|s| (0, s))) {
+            assert!(result(&mut sim, rank, id).is_ok());
+        }
+        assert_eq!((&second, &third), (&b, &c));
+        assert_eq!(first, [0u8; 8], "the discarded receive's buffer was not written");
+        sim.assert_exposures_released();
     }
 }
