@@ -129,7 +129,8 @@ pub enum CancelRecv {
     Cancelled,
     /// Nothing: a send, a matched or finished receive, or an unknown request.
     NotCancelled,
-    /// The receive's sender holds its key: a `Withdraw` went to it, and
+    /// Withdrawing the receive needs its sender's word (it holds the receive's key, or an RTR
+    /// whose place counts the receive): a `Withdraw` went to it, and
     /// [`Engine::cancel_outcome`] tells how it ends.
     Asked,
 }
@@ -1086,7 +1087,8 @@ impl Engine {
     /// withdrawn and forgotten (a message for it later goes to the next matching receive).
     /// [`CancelRecv::NotCancelled`], changing nothing: a send, a finished or matched receive.
     /// [`CancelRecv::Asked`]: its RTR gave the sender its key, which that peer may be writing
-    /// through; a `Withdraw` went to it, the receive still matches messages meanwhile, and
+    /// through, or a later receive's RTR counts it (see `ask_withdrawal`); a `Withdraw` went
+    /// to the sender, the receive still matches messages meanwhile, and
     /// [`Engine::cancel_outcome`] tells how it ends (withdrawn when the answer comes before a
     /// message; else it finishes with that message, or fails with the peer).
     pub fn cancel_recv(&mut self, req: ReqId) -> CancelRecv {
