@@ -79,9 +79,16 @@ pub(crate) struct Driver {
     syscall_skipped: u32,
     /// Poll every channel on every round (see [`Driver::probing`]).
     poll_everything: bool,
-    /// When the split message the engine times started ([`Engine::split_timing`]).
+    /// When the split message the engine times started ([`Engine::split_timing`]), and when
+    /// the last drain since then ended.
     split_since: Instant,
+    split_seen: Instant,
 }
+
+/// A timed split message during which the process spent longer than this between two drains
+/// (out of the library: computing between `isend` and `wait`, or descheduled) says nothing of
+/// its share: it is not a trial. Inside a wait, drains come a polling round apart.
+const SPLIT_GAP: Duration = Duration::from_micros(5);
 
 /// Largest ratio of the dynamic policy, reached while the others deliver nothing: near Chai's
 /// best static ratio (50; 1000 starved the network channel).
@@ -190,6 +197,7 @@ impl Driver {
             syscall_skipped: 0,
             poll_everything: false,
             split_since: Instant::now(),
+            split_seen: Instant::now(),
             poll,
             engine,
             channels,
@@ -219,24 +227,31 @@ impl Driver {
         // A timed split message starts before its first action runs and ends once its request
         // has: the clock is read here, on either side of the actions.
         if self.engine.split_timed() {
-            self.time_split();
+            self.time_split(true);
         }
         while let Some(a) = self.engine.poll_action() {
             self.execute(a);
         }
         if self.engine.split_timed() {
-            self.time_split();
+            self.time_split(false);
         }
     }
 
-    /// Starts or reads the clock of the split message the engine times.
+    /// Starts or reads the clock of the split message the engine times; before a drain's
+    /// actions, a long gap since the last drain disturbs it ([`SPLIT_GAP`]).
     #[cold]
-    fn time_split(&mut self) {
-        match self.engine.split_timing() {
-            Some(SplitTiming::Start) => self.split_since = Instant::now(),
-            Some(SplitTiming::End) => self.engine.split_ended(self.split_since.elapsed().as_nanos() as u64),
+    fn time_split(&mut self, before_actions: bool) {
+        let now = Instant::now();
+        let timing = self.engine.split_timing();
+        if before_actions && timing != Some(SplitTiming::Start) && now.duration_since(self.split_seen) > SPLIT_GAP {
+            self.engine.split_disturbed();
+        }
+        match timing {
+            Some(SplitTiming::Start) => self.split_since = now,
+            Some(SplitTiming::End) => self.engine.split_ended(now.duration_since(self.split_since).as_nanos() as u64),
             None => {}
         }
+        self.split_seen = now;
     }
 
     fn execute(&mut self, a: Action) {

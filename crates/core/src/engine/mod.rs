@@ -295,7 +295,9 @@ struct SplitProbe {
     peer: Rank,
     trial: Trial,
     started: bool,
-    /// Another split message started before this one ended: its time says nothing of its share.
+    /// Another split message started before this one ended, or the driver saw the process
+    /// away from the library meanwhile ([`Engine::split_disturbed`]): its time says nothing of
+    /// its share.
     disturbed: bool,
 }
 
@@ -391,6 +393,15 @@ impl Engine {
         }
         let ended = self.reqs.get(probe.id).is_none_or(|r| r.result.is_some());
         ended.then_some(SplitTiming::End)
+    }
+
+    /// The timed split message's time will not say what its share costs (the driver saw the
+    /// process spend a while outside the library, e.g. computing between `isend` and `wait`):
+    /// it is not a trial.
+    pub fn split_disturbed(&mut self) {
+        if let Some(probe) = self.split_probe.as_mut() {
+            probe.disturbed = true;
+        }
     }
 
     /// Reports the time of the timed split message (after [`SplitTiming::End`]): it counts

@@ -1972,3 +1972,36 @@ fn a_discarded_receive_that_later_rtrs_count_takes_nothing() {
         sim.assert_exposures_released();
     }
 }
+
+/// A trial the driver saw disturbed (the process away from the library for a while) does not
+/// count; the next one does.
+#[test]
+fn a_disturbed_split_trial_does_not_count() {
+    let len = 64 << 10;
+    let mut sim = Sim::new(2, one_sided_route);
+    let data = pattern(5, len);
+    for i in 0..18 {
+        let mut out = vec![0u8; len];
+        let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
+        sim.settle();
+        let s = send(&mut sim, 0, 1, 1, &data);
+        let e = &mut sim.engines[0];
+        assert_eq!(e.split_timed(), i >= 16, "message {i}: trials after 16 untimed ones");
+        if i >= 16 {
+            assert_eq!(e.split_timing(), Some(SplitTiming::Start));
+            if i == 16 {
+                e.split_disturbed();
+            }
+        }
+        sim.settle();
+        let e = &mut sim.engines[0];
+        if i >= 16 {
+            assert_eq!(e.split_timing(), Some(SplitTiming::End));
+            e.split_ended(3_000);
+            let measured = e.peers[1].split.as_ref().expect("made at the first split").classes_measured();
+            assert_eq!(measured, i - 16, "message {i}");
+        }
+        assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
+        assert_eq!(out, data);
+    }
+}
