@@ -605,6 +605,77 @@ fn dangling_scenario(ctx: &mut Context) -> polyrail::Result<()> {
     Ok(())
 }
 
+/// Cancels racing with the messages they would take: every rank posts [`RACE_RECEIVES`]
+/// large receives from `prev` (after receive-first exchanges that turn window RTRs on, so each
+/// gives `prev` its buffer's key and place), then sends as many messages to `next` while
+/// cancelling a receive (chosen at random) after every other send, posting a fresh one for
+/// each that was withdrawn. Each message takes the earliest live receive, so the receives, in
+/// post order, must hold messages 0, 1, 2, ... whole: a withdrawal that let a send write into
+/// the wrong receive, or lost a message, shows here.
+fn cancel_race_scenario(ctx: &mut Context) -> polyrail::Result<()> {
+    const LEN: usize = 100_000;
+    let (me, n) = (ctx.rank(), ctx.size());
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    for _ in 0..2 {
+        let r = ctx.irecv(prev, 6999, vec![0u8; LEN])?;
+        ctx.barrier()?;
+        ctx.send(next, 6999, &stamp(me, 6999, LEN))?;
+        ctx.wait(r)?;
+    }
+    let message = |from: u32, i: usize| {
+        let mut m = stamp(from, 7000, LEN);
+        m[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        m
+    };
+    let mut live = Vec::new(); // (post order, request)
+    for order in 0..RACE_RECEIVES {
+        live.push((order, ctx.irecv(prev, 7000, vec![0u8; LEN])?));
+    }
+    let mut posted = RACE_RECEIVES;
+    let (mut sends, mut cancelled) = (Vec::new(), 0);
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(me);
+    for i in 0..RACE_RECEIVES {
+        sends.push(ctx.isend(next, 7000, message(me, i))?);
+        if i % 2 == 0 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let k = rng as usize % live.len();
+            let (order, req) = live.remove(k);
+            match ctx.cancel(req)? {
+                Cancel::Cancelled(buf) => {
+                    cancelled += 1;
+                    live.push((posted, ctx.irecv(prev, 7000, buf)?));
+                    posted += 1;
+                }
+                Cancel::NotCancelled(req) => live.push((order, req)),
+            }
+        }
+    }
+    let mut got = Vec::new();
+    for (order, req) in live {
+        let done = ctx.wait(req)?;
+        assert_eq!(done.status.len, LEN, "rank {me}: receive {order} got a message of another length");
+        let i = u64::from_le_bytes(done.buf[..8].try_into().expect("8 bytes")) as usize;
+        assert!(
+            i < RACE_RECEIVES && done.buf == message(prev, i),
+            "rank {me}: receive {order} holds a corrupted message"
+        );
+        got.push((order, i));
+    }
+    for s in sends {
+        ctx.wait(s)?;
+    }
+    got.sort_unstable();
+    let in_order: Vec<usize> = got.iter().map(|&(_, i)| i).collect();
+    assert_eq!(in_order, (0..RACE_RECEIVES).collect::<Vec<_>>(), "rank {me}: messages out of post order");
+    eprintln!("rank {me}: cancel race: {cancelled} of {} cancels withdrew their receive", RACE_RECEIVES / 2);
+    Ok(())
+}
+
+/// Receives each rank of [`cancel_race_scenario`] posts (and messages it sends).
+const RACE_RECEIVES: usize = 24;
+
 /// Ranks that no allowed channel connects (shm only, on two virtual nodes): `init` fails at
 /// once (its barrier cannot reach the other node) with an error naming the rank and each
 /// channel's reason. Each rank writes what it saw to `JOBTEST_OUT.<rank>`.
@@ -729,6 +800,7 @@ fn rank_main(scenario: &str) {
         "pingpong" => pingpong_scenario(&mut ctx),
         "orphans" => orphans_scenario(&mut ctx, false),
         "orphans-keyed" => orphans_scenario(&mut ctx, true),
+        "cancel-race" => cancel_race_scenario(&mut ctx),
         other => panic!("unknown scenario {other}"),
     };
     if let Err(e) = r {
@@ -835,7 +907,7 @@ fn main() {
     };
     for &ranks in &[2u32, 4, 8] {
         for (name, nodes, env) in CHANNELS {
-            for scenario in ["sizes", "order", "wildcard", "truncate", "registered", "heap"] {
+            for scenario in ["sizes", "order", "wildcard", "truncate", "registered", "heap", "cancel-race"] {
                 if ranks == 8 && scenario == "order" && *name != "auto" {
                     continue; // the 8-rank order run over each forced channel adds little time-wise value
                 }
