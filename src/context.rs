@@ -4,6 +4,7 @@ use crate::buffer::RegisteredBuffer;
 use crate::driver::{Driver, ParkedEnd};
 use crate::heap::HeapRegistrations;
 use crate::job::{Job, JobReport};
+use crate::space::{InSpace, Space};
 use polyrail_core::bootstrap::Bootstrap;
 use polyrail_core::engine::{CancelRecv, Engine, ReqId, Source, Status, TagMatch};
 use polyrail_core::{Config, Error, Rank, Region, RegionMut, Result};
@@ -12,6 +13,7 @@ use polyrail_core::{Config, Error, Rank, Region, RegionMut, Result};
 const USER_CTX: u16 = 0;
 /// Context id of the barrier's messages.
 const BARRIER_CTX: u16 = 1;
+const _: () = assert!(USER_CTX == Space::WORLD.0 && BARRIER_CTX < Space::FIRST_MADE);
 /// How long finalize waits for unfinished sends.
 const FINALIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -146,6 +148,8 @@ pub struct Context {
     heap: HeapRegistrations,
     /// Carried by this context's requests.
     mark: ContextMark,
+    /// Matching contexts given out by [`Context::new_space`] so far.
+    spaces: u16,
     finalized: bool,
 }
 
@@ -199,6 +203,7 @@ impl Context {
             owned: Vec::new(),
             heap: HeapRegistrations::default(),
             mark: ContextMark::next(),
+            spaces: 0,
             finalized: false,
         };
         ctx.barrier()?;
@@ -226,6 +231,27 @@ impl Context {
         &self.report
     }
 
+    /// Makes a new matching [`Space`]. Every rank must make its spaces in the same order (the
+    /// n-th space of each rank is the same space): like `MPI_Comm_dup`, but without a message.
+    /// At most 65534 per context; beyond, an [`Error::InvalidArgument`].
+    pub fn new_space(&mut self) -> Result<Space> {
+        let id = Space::FIRST_MADE
+            .checked_add(self.spaces)
+            .ok_or_else(|| Error::InvalidArgument(format!("{} spaces made already: no more", self.spaces)))?;
+        self.spaces += 1;
+        Ok(Space(id))
+    }
+
+    /// This context's point-to-point calls in `space`: `ctx.in_space(s)?.send(1, 7, b"x")`. A
+    /// space beyond those this context made is an [`Error::InvalidArgument`].
+    pub fn in_space(&mut self, space: Space) -> Result<InSpace<'_>> {
+        let made = space == Space::WORLD || space.0.checked_sub(Space::FIRST_MADE).is_some_and(|n| n < self.spaces);
+        if !made {
+            return Err(Error::InvalidArgument(format!("{space:?} was not made by this context's new_space")));
+        }
+        Ok(InSpace { ctx: self, space: space.0 })
+    }
+
     /// Whether skew feedback has messages to `peer` sent eagerly now (the peer reported that it
     /// lags behind this process; see `POLYRAIL_SKEW`).
     pub fn sends_eagerly_to(&self, peer: Rank) -> bool {
@@ -234,13 +260,19 @@ impl Context {
 
     /// Sends `buf` to `to` with `tag`; returns when `buf` may be reused.
     pub fn send(&mut self, to: Rank, tag: u32, buf: &[u8]) -> Result<()> {
+        self.send_in(USER_CTX, to, tag, buf)
+    }
+
+    /// [`Context::send`] in matching context `space`.
+    #[inline]
+    pub(crate) fn send_in(&mut self, space: u16, to: Rank, tag: u32, buf: &[u8]) -> Result<()> {
         self.heap.before_post(&mut self.driver, buf.as_ptr(), buf.len());
-        if let Some(done) = self.driver.try_send_inline(to, tag, USER_CTX, buf) {
+        if let Some(done) = self.driver.try_send_inline(to, tag, space, buf) {
             return done;
         }
         // SAFETY: `buf` is borrowed until this function returns, and the request is waited for
         // (or failed, which ends every use of the buffer) before that.
-        let id = unsafe { self.driver.engine.post_send(to, tag, USER_CTX, region(buf))? };
+        let id = unsafe { self.driver.engine.post_send(to, tag, space, region(buf))? };
         self.driver.drain();
         self.driver.wait(id).map(|_| ())
     }
@@ -251,7 +283,8 @@ impl Context {
         self.recv_in(USER_CTX, from.into(), tag.into(), buf)
     }
 
-    fn recv_in(&mut self, ctx: u16, from: Source, tag: TagMatch, buf: &mut [u8]) -> Result<Status> {
+    /// [`Context::recv`] in matching context `ctx`.
+    pub(crate) fn recv_in(&mut self, ctx: u16, from: Source, tag: TagMatch, buf: &mut [u8]) -> Result<Status> {
         if let Source::Rank(r) = from {
             self.driver.before_recv(r, buf.len());
         }
@@ -308,10 +341,16 @@ impl Context {
     /// Starts sending `buf` (owned by the request until it finishes). A small eager message
     /// leaves at once when the channel has room; its request is then finished already.
     pub fn isend(&mut self, to: Rank, tag: u32, buf: Vec<u8>) -> Result<Request> {
+        self.isend_in(USER_CTX, to, tag, buf)
+    }
+
+    /// [`Context::isend`] in matching context `space`.
+    #[inline]
+    pub(crate) fn isend_in(&mut self, space: u16, to: Rank, tag: u32, buf: Vec<u8>) -> Result<Request> {
         self.heap.before_post(&mut self.driver, buf.as_ptr(), buf.len());
         // SAFETY: if a request is made, the Vec is stored in `self.owned` until its result is
         // taken; its heap memory does not move when the Vec value moves.
-        if let Some(started) = unsafe { self.driver.start_send_inline(to, tag, USER_CTX, buf.as_ptr(), buf.len()) } {
+        if let Some(started) = unsafe { self.driver.start_send_inline(to, tag, space, buf.as_ptr(), buf.len()) } {
             return Ok(match started? {
                 None => Request::done(Status { source: to, tag, len: buf.len() }, buf),
                 Some(id) => {
@@ -322,7 +361,7 @@ impl Context {
         }
         // SAFETY: the Vec is stored in `self.owned` until the request's result is taken; its
         // heap memory does not move when the Vec value moves.
-        let id = unsafe { self.driver.engine.post_send(to, tag, USER_CTX, region(&buf))? };
+        let id = unsafe { self.driver.engine.post_send(to, tag, space, region(&buf))? };
         self.keep(id, buf);
         self.driver.drain();
         Ok(self.request(id))
@@ -331,19 +370,23 @@ impl Context {
     /// Starts receiving into `buf` (owned by the request until it finishes); the message may
     /// be at most `buf.len()` bytes. When a matching eager message is here already, it is
     /// copied at once and the request is finished already.
-    pub fn irecv(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>, mut buf: Vec<u8>) -> Result<Request> {
-        let from = from.into();
+    pub fn irecv(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>, buf: Vec<u8>) -> Result<Request> {
+        self.irecv_in(USER_CTX, from.into(), tag.into(), buf)
+    }
+
+    /// [`Context::irecv`] in matching context `space`.
+    #[inline]
+    pub(crate) fn irecv_in(&mut self, space: u16, from: Source, tag: TagMatch, mut buf: Vec<u8>) -> Result<Request> {
         if let Source::Rank(r) = from {
             self.driver.before_recv(r, buf.len());
         }
         self.heap.before_post(&mut self.driver, buf.as_ptr(), buf.len());
-        let tag = tag.into();
         // SAFETY: `buf` is borrowed for the call.
-        if let Some(status) = unsafe { self.take_arrived(from, tag, USER_CTX, region_mut(&mut buf)) } {
+        if let Some(status) = unsafe { self.take_arrived(from, tag, space, region_mut(&mut buf)) } {
             return Ok(Request::done(status, buf));
         }
         // SAFETY: as in `isend`.
-        let id = unsafe { self.driver.engine.post_recv(from, tag, USER_CTX, region_mut(&mut buf))? };
+        let id = unsafe { self.driver.engine.post_recv(from, tag, space, region_mut(&mut buf))? };
         self.keep(id, buf);
         self.driver.drain();
         Ok(self.request(id))
@@ -356,15 +399,32 @@ impl Context {
     /// The memory must stay valid and unmodified until the request was waited for.
     #[inline]
     pub unsafe fn isend_raw(&mut self, to: Rank, tag: u32, ptr: *const u8, len: usize) -> Result<Request> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.isend_raw_in(USER_CTX, to, tag, ptr, len) }
+    }
+
+    /// [`Context::isend_raw`] in matching context `space`.
+    ///
+    /// # Safety
+    /// As for [`Context::isend_raw`].
+    #[inline]
+    pub(crate) unsafe fn isend_raw_in(
+        &mut self,
+        space: u16,
+        to: Rank,
+        tag: u32,
+        ptr: *const u8,
+        len: usize,
+    ) -> Result<Request> {
         self.heap.before_post(&mut self.driver, ptr, len);
         // SAFETY: forwarded to the caller.
-        if let Some(started) = unsafe { self.driver.start_send_inline(to, tag, USER_CTX, ptr, len) } {
+        if let Some(started) = unsafe { self.driver.start_send_inline(to, tag, space, ptr, len) } {
             return Ok(
                 started?.map_or_else(|| Request::finished(Status { source: to, tag, len }), |id| self.request(id))
             );
         }
         // SAFETY: forwarded to the caller.
-        let id = unsafe { self.driver.engine.post_send(to, tag, USER_CTX, Region { ptr, len })? };
+        let id = unsafe { self.driver.engine.post_send(to, tag, space, Region { ptr, len })? };
         self.driver.drain();
         Ok(self.request(id))
     }
@@ -386,17 +446,32 @@ impl Context {
         ptr: *mut u8,
         len: usize,
     ) -> Result<Request> {
-        self.heap.before_post(&mut self.driver, ptr, len);
-        let (from, tag, region) = (from.into(), tag.into(), RegionMut { ptr, len });
+        // SAFETY: forwarded to the caller.
+        unsafe { self.irecv_raw_in(USER_CTX, from.into(), tag.into(), RegionMut { ptr, len }) }
+    }
+
+    /// [`Context::irecv_raw`] in matching context `space`.
+    ///
+    /// # Safety
+    /// As for [`Context::irecv_raw`].
+    #[inline]
+    pub(crate) unsafe fn irecv_raw_in(
+        &mut self,
+        space: u16,
+        from: Source,
+        tag: TagMatch,
+        region: RegionMut,
+    ) -> Result<Request> {
+        self.heap.before_post(&mut self.driver, region.ptr, region.len);
         if let Source::Rank(r) = from {
-            self.driver.note_placement(r, len);
+            self.driver.note_placement(r, region.len);
         }
         // SAFETY: forwarded to the caller.
-        if let Some(status) = unsafe { self.take_arrived(from, tag, USER_CTX, region) } {
+        if let Some(status) = unsafe { self.take_arrived(from, tag, space, region) } {
             return Ok(Request::finished(status));
         }
         // SAFETY: forwarded to the caller.
-        let id = unsafe { self.driver.engine.post_recv(from, tag, USER_CTX, region)? };
+        let id = unsafe { self.driver.engine.post_recv(from, tag, space, region)? };
         self.driver.drain();
         Ok(self.request(id))
     }
@@ -631,10 +706,14 @@ impl Context {
     /// Waits until a message matching `(from, tag)` can be received; returns its status
     /// without receiving it.
     pub fn probe(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Status> {
-        let (from, tag) = (from.into(), tag.into());
+        self.probe_in(USER_CTX, from.into(), tag.into())
+    }
+
+    /// [`Context::probe`] in matching context `space`.
+    pub(crate) fn probe_in(&mut self, space: u16, from: Source, tag: TagMatch) -> Result<Status> {
         self.check_source(from)?;
         let mut found = None;
-        let check = |e: &polyrail_core::engine::Engine| e.probe(from, tag, USER_CTX);
+        let check = |e: &polyrail_core::engine::Engine| e.probe(from, tag, space);
         self.driver.probing(|d| {
             d.wait_until(|e| {
                 found = check(e);
@@ -651,13 +730,17 @@ impl Context {
 
     /// Whether a message matching `(from, tag)` can be received now, and its status.
     pub fn iprobe(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Option<Status>> {
-        let (from, tag) = (from.into(), tag.into());
+        self.iprobe_in(USER_CTX, from.into(), tag.into())
+    }
+
+    /// [`Context::iprobe`] in matching context `space`.
+    pub(crate) fn iprobe_in(&mut self, space: u16, from: Source, tag: TagMatch) -> Result<Option<Status>> {
         self.check_source(from)?;
-        if let Some(s) = self.driver.engine.probe(from, tag, USER_CTX) {
+        if let Some(s) = self.driver.engine.probe(from, tag, space) {
             return Ok(Some(s));
         }
         self.driver.probing(Driver::progress)?;
-        Ok(self.driver.engine.probe(from, tag, USER_CTX))
+        Ok(self.driver.engine.probe(from, tag, space))
     }
 
     /// A rank outside the job is an error (a probe for it would never end).
@@ -814,5 +897,35 @@ mod tests {
         assert!(refused(b.wait_all(vec![again])));
         a.finalize().unwrap();
         b.finalize().unwrap();
+    }
+
+    /// Messages of different spaces never meet, whatever the tags; each space keeps its own
+    /// order; a space the context did not make is refused.
+    #[test]
+    fn spaces_keep_their_messages_apart() {
+        let mut ctx = alone();
+        let (a, b) = (ctx.new_space().unwrap(), ctx.new_space().unwrap());
+        assert_ne!(a, b);
+        ctx.in_space(a).unwrap().send(0, 5, b"in a").unwrap();
+        ctx.send(0, 5, b"world").unwrap();
+        ctx.in_space(a).unwrap().send(0, 6, b"a again").unwrap();
+        let mut buf = [0u8; 8];
+        assert!(ctx.in_space(b).unwrap().iprobe(0, TagMatch::Any).unwrap().is_none());
+        let r = ctx.in_space(b).unwrap().irecv(Source::Any, TagMatch::Any, vec![0u8; 8]).unwrap();
+        let st = ctx.recv(0, TagMatch::Any, &mut buf).unwrap();
+        assert_eq!(&buf[..st.len], b"world");
+        let mut space_a = ctx.in_space(a).unwrap();
+        assert_eq!(space_a.probe(0, TagMatch::Any).unwrap().tag, 5);
+        let st = space_a.recv(0, TagMatch::Any, &mut buf).unwrap();
+        assert_eq!((&buf[..st.len], st.tag), (&b"in a"[..], 5));
+        let st = space_a.recv(0, TagMatch::Any, &mut buf).unwrap();
+        assert_eq!((&buf[..st.len], st.tag), (&b"a again"[..], 6));
+        assert!(!ctx.test(&r).unwrap(), "nothing was sent in space b");
+        ctx.in_space(b).unwrap().send(0, 9, b"in b").unwrap();
+        let done = ctx.wait(r).unwrap();
+        assert_eq!(&done.buf[..done.status.len], b"in b");
+        assert!(matches!(ctx.in_space(Space(b.0 + 1)), Err(Error::InvalidArgument(_))));
+        assert!(ctx.in_space(Space(BARRIER_CTX)).is_err(), "the barrier's context is no space");
+        ctx.finalize().unwrap();
     }
 }

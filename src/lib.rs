@@ -28,6 +28,7 @@ mod job;
 pub mod launch;
 mod logging;
 mod scope;
+mod space;
 
 pub use buffer::RegisteredBuffer;
 pub use context::{Cancel, Completion, Context, Request};
@@ -45,6 +46,7 @@ pub use polyrail_core::{
 /// This machine's identity (host name and boot id), as the channels compare it between ranks.
 pub use polyrail_shm::host_identity;
 pub use scope::{Scope, ScopedRequest};
+pub use space::{InSpace, Space};
 
 /// The README's Rust examples, compiled and run with the doctests so they stay true to the API.
 #[cfg(doctest)]

@@ -7,7 +7,7 @@
 //! parent checks.
 
 use polyrail::launch::{launch, nodes_in_blocks, Bind, LaunchOptions};
-use polyrail::{Cancel, Context, Error, MappedHeap, Source, TagMatch, ANY_SOURCE, ANY_TAG};
+use polyrail::{Cancel, Context, Error, MappedHeap, Source, Space, TagMatch, ANY_SOURCE, ANY_TAG};
 
 // The `heap` scenario's buffers come from memory files; every other scenario turns them off
 // (`rank_main`) and uses ordinary memory.
@@ -673,6 +673,34 @@ fn cancel_race_scenario(ctx: &mut Context) -> polyrail::Result<()> {
     Ok(())
 }
 
+/// Matching spaces over real channels: each rank sends its neighbour a rendezvous-sized message
+/// in one space, an eager one in the world and a medium one in another, all with the same tag;
+/// the neighbour receives them in the opposite order with ANY_SOURCE / ANY_TAG receives, and
+/// each takes the message of its own space.
+fn spaces_scenario(ctx: &mut Context) -> polyrail::Result<()> {
+    let (me, n) = (ctx.rank(), ctx.size());
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    let (a, b) = (ctx.new_space()?, ctx.new_space()?);
+    let sizes = [(a, 300_000usize), (Space::WORLD, 8), (b, 40_000)];
+    let mut recvs = Vec::new();
+    for &(space, len) in sizes.iter().rev() {
+        recvs.push(ctx.in_space(space)?.irecv(ANY_SOURCE, ANY_TAG, vec![0u8; len])?);
+    }
+    let mut sends = Vec::new();
+    for (i, &(space, len)) in sizes.iter().enumerate() {
+        sends.push(ctx.in_space(space)?.isend(next, 1, stamp(me, 4000 + i as u32, len))?);
+    }
+    for (r, (i, &(_, len))) in recvs.into_iter().zip(sizes.iter().enumerate().rev()) {
+        let done = ctx.wait(r)?;
+        assert_eq!((done.status.source, done.status.len), (prev, len), "rank {me}: space of message {i}");
+        assert!(done.buf == stamp(prev, 4000 + i as u32, len), "rank {me}: message {i} corrupted");
+    }
+    for s in sends {
+        ctx.wait(s)?;
+    }
+    Ok(())
+}
+
 /// Receives each rank of [`cancel_race_scenario`] posts (and messages it sends).
 const RACE_RECEIVES: usize = 24;
 
@@ -801,6 +829,7 @@ fn rank_main(scenario: &str) {
         "orphans" => orphans_scenario(&mut ctx, false),
         "orphans-keyed" => orphans_scenario(&mut ctx, true),
         "cancel-race" => cancel_race_scenario(&mut ctx),
+        "spaces" => spaces_scenario(&mut ctx),
         other => panic!("unknown scenario {other}"),
     };
     if let Err(e) = r {
@@ -907,7 +936,7 @@ fn main() {
     };
     for &ranks in &[2u32, 4, 8] {
         for (name, nodes, env) in CHANNELS {
-            for scenario in ["sizes", "order", "wildcard", "truncate", "registered", "heap", "cancel-race"] {
+            for scenario in ["sizes", "order", "wildcard", "truncate", "registered", "heap", "cancel-race", "spaces"] {
                 if ranks == 8 && scenario == "order" && *name != "auto" {
                     continue; // the 8-rank order run over each forced channel adds little time-wise value
                 }
