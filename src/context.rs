@@ -283,19 +283,19 @@ impl Context {
         self.recv_in(USER_CTX, from.into(), tag.into(), buf)
     }
 
-    /// [`Context::recv`] in matching context `ctx`.
-    pub(crate) fn recv_in(&mut self, ctx: u16, from: Source, tag: TagMatch, buf: &mut [u8]) -> Result<Status> {
+    /// [`Context::recv`] in matching context `space`.
+    pub(crate) fn recv_in(&mut self, space: u16, from: Source, tag: TagMatch, buf: &mut [u8]) -> Result<Status> {
         if let Source::Rank(r) = from {
             self.driver.before_recv(r, buf.len());
         }
         self.heap.before_post(&mut self.driver, buf.as_ptr(), buf.len());
         // SAFETY: `buf` is borrowed for the call.
-        if let Some(status) = unsafe { self.take_arrived(from, tag, ctx, region_mut(buf)) } {
+        if let Some(status) = unsafe { self.take_arrived(from, tag, space, region_mut(buf)) } {
             return Ok(status);
         }
         // SAFETY: `buf` is borrowed for the call; wait_parked ends the parked receive before
         // returning, and a request it became is waited for (or abandoned) below.
-        let id = if unsafe { self.driver.engine.park_recv(from, tag, ctx, region_mut(buf)) } {
+        let id = if unsafe { self.driver.engine.park_recv(from, tag, space, region_mut(buf)) } {
             self.driver.drain(); // the skew feedback may have a packet to send
             match self.driver.wait_parked()? {
                 ParkedEnd::Received(status) => return Ok(status),
@@ -303,7 +303,7 @@ impl Context {
             }
         } else {
             // SAFETY: as in `send`; the request ends before `buf`'s borrow does.
-            let id = unsafe { self.driver.engine.post_recv(from, tag, ctx, region_mut(buf))? };
+            let id = unsafe { self.driver.engine.post_recv(from, tag, space, region_mut(buf))? };
             self.driver.drain();
             id
         };
