@@ -328,7 +328,22 @@ impl Context {
         recv_tag: impl Into<TagMatch>,
         recv_buf: &mut [u8],
     ) -> Result<Status> {
-        self.scope(|s| {
+        self.sendrecv_in(USER_CTX, to, send_tag, send_buf, from.into(), recv_tag.into(), recv_buf)
+    }
+
+    /// [`Context::sendrecv`] in matching context `space`.
+    #[allow(clippy::too_many_arguments)] // sendrecv's six, and the space
+    pub(crate) fn sendrecv_in(
+        &mut self,
+        space: u16,
+        to: Rank,
+        send_tag: u32,
+        send_buf: &[u8],
+        from: Source,
+        recv_tag: TagMatch,
+        recv_buf: &mut [u8],
+    ) -> Result<Status> {
+        crate::scope::scope_in(self, space, |s| {
             let received = s.irecv(from, recv_tag, recv_buf)?;
             let sent = s.isend(to, send_tag, send_buf)?;
             // Both are waited for, then the receive's error (if any) comes first.
@@ -924,6 +939,24 @@ mod tests {
         ctx.in_space(b).unwrap().send(0, 9, b"in b").unwrap();
         let done = ctx.wait(r).unwrap();
         assert_eq!(&done.buf[..done.status.len], b"in b");
+        // sendrecv and a scope in a space, with a world message waiting that they must not take.
+        ctx.send(0, 4, b"world 2").unwrap();
+        let st = ctx.in_space(a).unwrap().sendrecv(0, 3, b"swap", Source::Any, TagMatch::Any, &mut buf).unwrap();
+        assert_eq!((&buf[..st.len], st.tag), (&b"swap"[..], 3));
+        let mut scoped = [0u8; 8];
+        let st = ctx
+            .in_space(b)
+            .unwrap()
+            .scope(|s| {
+                let r = s.irecv(0, TagMatch::Any, &mut scoped)?;
+                let w = s.isend(0, 8, b"scoped")?;
+                let st = s.wait(r)?;
+                s.wait(w).map(|_| st)
+            })
+            .unwrap();
+        assert_eq!(&scoped[..st.len], b"scoped");
+        let st = ctx.recv(0, TagMatch::Any, &mut buf).unwrap();
+        assert_eq!(&buf[..st.len], b"world 2");
         assert!(matches!(ctx.in_space(Space(b.0 + 1)), Err(Error::InvalidArgument(_))));
         assert!(ctx.in_space(Space(BARRIER_CTX)).is_err(), "the barrier's context is no space");
         ctx.finalize().unwrap();

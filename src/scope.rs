@@ -41,6 +41,8 @@ use crate::context::{Cancel, Context, Request};
 /// ```
 pub struct Scope<'scope, 'env: 'scope> {
     ctx: RefCell<&'scope mut Context>,
+    /// The matching context of its sends and receives ([`crate::Space`]).
+    space: u16,
     /// Engine ids of the requests started here, by [`ScopedRequest::slot`]; `None` once waited
     /// for.
     running: RefCell<Vec<Option<ReqId>>>,
@@ -88,13 +90,26 @@ impl Context {
     where
         F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> T,
     {
-        let scope =
-            Scope { ctx: RefCell::new(self), running: RefCell::new(Vec::new()), scope: PhantomData, env: PhantomData };
-        let ending = EndOfScope(&scope);
-        let result = f(&scope);
-        drop(ending);
-        result
+        scope_in(self, crate::Space::WORLD.0, f)
     }
+}
+
+/// [`Context::scope`] whose sends and receives are in matching context `space`.
+pub(crate) fn scope_in<'env, F, T>(ctx: &mut Context, space: u16, f: F) -> T
+where
+    F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> T,
+{
+    let scope = Scope {
+        ctx: RefCell::new(ctx),
+        space,
+        running: RefCell::new(Vec::new()),
+        scope: PhantomData,
+        env: PhantomData,
+    };
+    let ending = EndOfScope(&scope);
+    let result = f(&scope);
+    drop(ending);
+    result
 }
 
 /// Waits for a scope's requests when dropped: at its end, or while `f` unwinds.
@@ -121,7 +136,7 @@ impl<'scope> Scope<'scope, '_> {
         let mut ctx = self.context()?;
         // SAFETY: `buf` is borrowed (shared, so unchanged) until the scope ends, and the scope
         // waits for every request it started before it ends.
-        let req = unsafe { ctx.isend_raw(to, tag, buf.as_ptr(), buf.len())? };
+        let req = unsafe { ctx.isend_raw_in(self.space, to, tag, buf.as_ptr(), buf.len())? };
         Ok(self.started(req))
     }
 
@@ -134,9 +149,10 @@ impl<'scope> Scope<'scope, '_> {
         buf: &'scope mut [u8],
     ) -> Result<ScopedRequest<'scope>> {
         let mut ctx = self.context()?;
+        let region = polyrail_core::RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() };
         // SAFETY: `buf` is borrowed exclusively until the scope ends, and the scope waits for
         // every request it started before it ends.
-        let req = unsafe { ctx.irecv_raw(from, tag, buf.as_mut_ptr(), buf.len())? };
+        let req = unsafe { ctx.irecv_raw_in(self.space, from.into(), tag.into(), region)? };
         Ok(self.started(req))
     }
 

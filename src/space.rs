@@ -1,6 +1,7 @@
 //! Matching spaces: separate traffic over the same ranks (`MPI_Comm_dup` of the whole job).
 
 use crate::context::{Context, Request};
+use crate::scope::{scope_in, Scope};
 use polyrail_core::engine::{Source, Status, TagMatch};
 use polyrail_core::{Rank, RegionMut, Result};
 
@@ -69,6 +70,27 @@ impl InSpace<'_> {
     ) -> Result<Request> {
         // SAFETY: forwarded to the caller.
         unsafe { self.ctx.irecv_raw_in(self.space, from.into(), tag.into(), RegionMut { ptr, len }) }
+    }
+
+    /// [`Context::sendrecv`] in this space.
+    pub fn sendrecv(
+        &mut self,
+        to: Rank,
+        send_tag: u32,
+        send_buf: &[u8],
+        from: impl Into<Source>,
+        recv_tag: impl Into<TagMatch>,
+        recv_buf: &mut [u8],
+    ) -> Result<Status> {
+        self.ctx.sendrecv_in(self.space, to, send_tag, send_buf, from.into(), recv_tag.into(), recv_buf)
+    }
+
+    /// [`Context::scope`] whose [`Scope::isend`] and [`Scope::irecv`] are in this space.
+    pub fn scope<'env, F, T>(&mut self, f: F) -> T
+    where
+        F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> T,
+    {
+        scope_in(self.ctx, self.space, f)
     }
 
     /// [`Context::probe`] in this space.

@@ -698,6 +698,22 @@ fn spaces_scenario(ctx: &mut Context) -> polyrail::Result<()> {
     for s in sends {
         ctx.wait(s)?;
     }
+    // A ring shift in a space with a world message of the same tag waiting, by sendrecv and in
+    // a scope of another space.
+    let world = ctx.isend(next, 2, stamp(me, 4100, 64))?;
+    let mut from_prev = vec![0u8; 300_000];
+    let st = ctx.in_space(a)?.sendrecv(next, 2, &stamp(me, 4101, 300_000), ANY_SOURCE, ANY_TAG, &mut from_prev)?;
+    assert!(st.source == prev && from_prev == stamp(prev, 4101, 300_000), "rank {me}: sendrecv in a space");
+    let out = stamp(me, 4102, 40_000);
+    ctx.in_space(b)?.scope(|s| {
+        let r = s.irecv(prev, ANY_TAG, &mut from_prev[..40_000])?;
+        let w = s.isend(next, 2, &out)?;
+        s.wait_all(vec![r, w]).map(|_| ())
+    })?;
+    assert!(from_prev[..40_000] == stamp(prev, 4102, 40_000), "rank {me}: scope in a space");
+    let got = ctx.recv(prev, 2, &mut from_prev)?;
+    assert!(from_prev[..got.len] == stamp(prev, 4100, 64), "rank {me}: the world's message");
+    ctx.wait(world)?;
     Ok(())
 }
 
