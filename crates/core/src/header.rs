@@ -36,9 +36,10 @@ pub enum PacketKind {
     /// Skew feedback (Chai §6.3.2): `offset` 1 = "I am lagging behind you: send medium messages
     /// eagerly", 0 = "caught up".
     Skew = 8,
-    /// Withdraw (receiver to sender): the receive `rreq`, whose RTR gave the sender its key, is
-    /// being cancelled. The sender drops every RTR of the receiver it still holds and answers
-    /// each with a [`PacketKind::Withdrawn`].
+    /// Withdraw (receiver to sender): the receive `rreq` is being cancelled, and its RTR gave
+    /// the sender its key (or a later receive's RTR counts it in its place). The sender drops
+    /// every RTR of the receiver it still holds and answers each with a
+    /// [`PacketKind::Withdrawn`].
     Withdraw = 9,
     /// Withdrawn (sender to receiver): the sender no longer holds the key of receive `rreq`
     /// (flag [`Header::ANSWER`] when this answers that receive's [`PacketKind::Withdraw`]);
@@ -128,7 +129,8 @@ pub struct Header {
     pub kind: PacketKind,
     /// Flags ([`Header::ANY_TAG`], [`Header::STREAM`], [`Header::TRUNCATED`], [`Header::ANSWER`]).
     pub flags: u8,
-    /// Communication context (0 = user messages; others are internal, e.g. barrier).
+    /// Matching context: 0 = the world's messages, 1 = the barrier's, from 2 the spaces the
+    /// facade makes.
     pub ctx: u16,
     /// The message tag.
     pub tag: u32,

@@ -89,7 +89,7 @@ pub(super) struct Req {
     /// Receives: our own copy failed while the sender still wrote its part; the request ends
     /// with this error at the sender's FIN (see `Engine::handle_completion`).
     pub deferred: Option<Box<Error>>,
-    /// Receives: whether it is being cancelled after its RTR went out.
+    /// Receives: whether it is being withdrawn through its sender.
     pub withdrawal: Withdrawal,
     pub expose_for: Option<ExposeFor>,
     /// How it ended (the error boxed: most requests end well, and carry less).
