@@ -264,8 +264,8 @@ pub struct Engine {
     /// Receives that failed after their buffer's key went to a peer that is still alive: see
     /// [`Engine::take_peer_may_write`].
     peer_may_write: Vec<ReqId>,
-    /// Discarded receives kept posted, writing nothing, until their withdrawal ends
-    /// ([`Engine::discard`]); freed once they have.
+    /// Discarded requests kept until their withdrawal ends (posted, writing nothing) or their
+    /// exposure lands and is ended ([`Engine::discard`]); freed after that.
     zombies: Vec<ReqId>,
     /// Smallest message a route's placement rule decides (see [`Engine::wants_placement`]);
     /// `usize::MAX` when no route has one.
@@ -1164,7 +1164,7 @@ impl Engine {
     pub fn discard(&mut self, req: ReqId) {
         self.touched();
         self.zombies.retain(|&z| match self.reqs.get(z) {
-            Some(r) if r.result.is_none() => true,
+            Some(r) if r.result.is_none() || r.expose_for.is_some() => true,
             _ => {
                 self.reqs.free(z);
                 false
@@ -1182,6 +1182,11 @@ impl Engine {
         }
         if self.reqs.get(req).is_some_and(|r| r.result.is_none()) {
             self.fail(req, Error::InvalidArgument("request discarded".into()));
+        }
+        if self.reqs.get(req).is_some_and(|r| r.expose_for.is_some()) {
+            // Its exposure is on its way: kept until it lands and is ended (`exposed`).
+            self.zombies.push(req);
+            return;
         }
         self.reqs.free(req);
     }
@@ -1212,6 +1217,7 @@ impl Engine {
         let Some(req) = self.reqs.get_mut(id) else { return };
         if req.result.is_some() {
             // It failed while its exposure was on the way: no peer got the key; end it.
+            req.expose_for = None;
             if let Ok(key) = key {
                 self.actions.push_back(Action::Unexpose { channel: req.channel, key, written: 0..0 });
             }

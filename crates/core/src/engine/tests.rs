@@ -43,6 +43,11 @@ struct Sim {
     held_at_get: Vec<(Rank, usize)>,
     /// A rank whose gets fail (copy nothing, complete with an error).
     failing_gets: Option<Rank>,
+    /// Receives whose withdrawal was asked for (`CancelRecv::Asked`), by rank: watched after
+    /// each delivery to it; those withdrawn go to `withdrawn` with the ordered packets that rank
+    /// had received then.
+    asked: Vec<(Rank, ReqId)>,
+    withdrawn: Vec<(ReqId, usize)>,
 }
 
 fn route(frag: usize, protocols: &[(usize, Protocol)]) -> PeerRoute {
@@ -109,6 +114,8 @@ impl Sim {
             ordered_puts: None,
             held_at_get: Vec::new(),
             failing_gets: None,
+            asked: Vec::new(),
+            withdrawn: Vec::new(),
         }
     }
 
@@ -232,6 +239,18 @@ impl Sim {
             panic!("rank {to} refused {hdr:?} from {}: {e}", p.from);
         }
         self.check_awaited(to);
+        if !self.asked.is_empty() {
+            let arrived = self.delivered.iter().filter(|d| d.0 == to).count();
+            let (engine, withdrawn) = (&self.engines[to as usize], &mut self.withdrawn);
+            self.asked.retain(|&(rank, id)| match (rank == to).then(|| engine.cancel_outcome(id)).flatten() {
+                Some(true) => {
+                    withdrawn.push((id, arrived));
+                    false
+                }
+                Some(false) => false,
+                None => true,
+            });
+        }
         true
     }
 
@@ -1005,6 +1024,8 @@ enum Op {
     },
     Deliver(u8),
     Settle,
+    /// Cancel the receive request this picks among those made so far.
+    Cancel(u8),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -1018,44 +1039,67 @@ fn op() -> impl Strategy<Value = Op> {
         }),
         any::<u8>().prop_map(Op::Deliver),
         Just(Op::Settle),
+        any::<u8>().prop_map(Op::Cancel),
     ]
 }
 
-/// MPI matching over the order in which messages actually reached the receiver.
-fn reference(arrivals: &[(Rank, u32, u32, usize)], recvs: &[(usize, Source, TagMatch)]) -> Vec<Option<(Rank, u32)>> {
-    // events: a receive posted after `k` arrivals is (k, receive index)
+/// What happened to rank 2's receives, in order, with the ordered packets it had received then.
+#[derive(Clone, Copy, Debug)]
+enum Ev {
+    /// Receive `i` was posted.
+    Post(usize),
+    /// Receive `i` was withdrawn (cancelled at once, or when its sender answered).
+    Withdraw(usize),
+}
+
+/// MPI matching over the order in which messages actually reached the receiver, with the
+/// receives posted and withdrawn as `events` say (each after that many arrivals). `Err` names
+/// a receive withdrawn after a message matched it.
+fn reference(
+    arrivals: &[(Rank, u32, u32, usize)],
+    recvs: &[(Source, TagMatch)],
+    events: &[(usize, Ev)],
+) -> std::result::Result<Vec<Option<(Rank, u32)>>, usize> {
     let mut posted: Vec<usize> = Vec::new();
     let mut unexpected: Vec<(Rank, u32, u32)> = Vec::new();
     let mut out = vec![None; recvs.len()];
     let fits = |src: Source, tag: TagMatch, from: Rank, t: u32| {
         (src == Source::Any || src == Source::Rank(from)) && tag.matches(t)
     };
-    let mut ri = 0;
+    let mut ei = 0;
     for k in 0..=arrivals.len() {
-        while ri < recvs.len() && recvs[ri].0 == k {
-            let (_, src, tag) = recvs[ri];
-            if let Some(i) = unexpected.iter().position(|&(f, t, _)| fits(src, tag, f, t)) {
-                let (f, _, seq) = unexpected.remove(i);
-                out[ri] = Some((f, seq));
-            } else {
-                posted.push(ri);
+        while ei < events.len() && events[ei].0 == k {
+            match events[ei].1 {
+                Ev::Post(ri) => {
+                    let (src, tag) = recvs[ri];
+                    if let Some(i) = unexpected.iter().position(|&(f, t, _)| fits(src, tag, f, t)) {
+                        let (f, _, seq) = unexpected.remove(i);
+                        out[ri] = Some((f, seq));
+                    } else {
+                        posted.push(ri);
+                    }
+                }
+                Ev::Withdraw(ri) => {
+                    let i = posted.iter().position(|&r| r == ri).ok_or(ri)?;
+                    posted.remove(i);
+                }
             }
-            ri += 1;
+            ei += 1;
         }
         if k < arrivals.len() {
             let (from, tag, seq, _) = arrivals[k];
-            if let Some(i) = posted.iter().position(|&r| fits(recvs[r].1, recvs[r].2, from, tag)) {
+            if let Some(i) = posted.iter().position(|&r| fits(recvs[r].0, recvs[r].1, from, tag)) {
                 out[posted.remove(i)] = Some((from, seq));
             } else {
                 unexpected.push((from, tag, seq));
             }
         }
     }
-    out
+    Ok(out)
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: if cfg!(miri) { 4 } else { 200 }, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: if cfg!(miri) { 4 } else { 3000 }, ..ProptestConfig::default() })]
 
     /// Senders 0 and 1 send to rank 2 (payload = seq and sender stamped in), rank 2 receives
     /// with every mix of wildcards; what each receive got must be what MPI matching over the
@@ -1076,8 +1120,19 @@ proptest! {
         let mut sends = Vec::new();
         let mut seqs = [0u32; 2];
         let mut recv_bufs: Vec<Box<[u8]>> = Vec::new();
-        let mut recvs = Vec::new(); // (arrivals so far, src, tag, id)
+        let mut recvs = Vec::new(); // (src, tag, what it became)
+        let mut events = Vec::new(); // (arrivals so far, Ev) in the order they happened
+        let mut withdrawn = std::collections::HashSet::new(); // receives withdrawn
         let mut meta = Vec::new(); // (from, tag, seq, len) by (from, seq)
+        let arrived = |sim: &Sim| sim.delivered.iter().filter(|d| d.0 == 2).count();
+        // Withdrawals the sim saw during deliveries, into `events` in their place.
+        let note_withdrawn = |sim: &mut Sim, events: &mut Vec<(usize, Ev)>, recvs: &[(Source, TagMatch, Got)], withdrawn: &mut std::collections::HashSet<usize>| {
+            for (id, k) in sim.withdrawn.drain(..) {
+                let i = recvs.iter().position(|r| matches!(r.2, Got::Req(q) if q == id)).expect("a receive of the test");
+                events.push((k, Ev::Withdraw(i)));
+                withdrawn.insert(i);
+            }
+        };
         for op in ops {
             match op {
                 Op::Send { from, tag, len } => {
@@ -1101,10 +1156,24 @@ proptest! {
                     let cap = if blocking { 1000 } else { 9000 };
                     recv_bufs.push(vec![0u8; cap].into_boxed_slice());
                     let b = recv_bufs.last_mut().unwrap();
-                    let n = sim.delivered.iter().filter(|d| d.0 == 2).count();
+                    let n = arrived(&sim);
                     let got = if blocking { park_and_settle(&mut sim, 2, src, tag, b) } else { None };
-                    let got = got.unwrap_or_else(|| Got::Req(recv(&mut sim, 2, src, tag, b)));
-                    recvs.push((n, src, tag, got));
+                    let i = recvs.len();
+                    let got = match got {
+                        // Parked first: posted before what the settle delivered.
+                        Some(got) => {
+                            events.push((n, Ev::Post(i)));
+                            recvs.push((src, tag, got));
+                            note_withdrawn(&mut sim, &mut events, &recvs, &mut withdrawn);
+                            continue;
+                        }
+                        None => {
+                            note_withdrawn(&mut sim, &mut events, &recvs, &mut withdrawn);
+                            Got::Req(recv(&mut sim, 2, src, tag, b))
+                        }
+                    };
+                    events.push((arrived(&sim), Ev::Post(i)));
+                    recvs.push((src, tag, got));
                 }
                 Op::Deliver(k) => {
                     sim.run_actions();
@@ -1112,17 +1181,44 @@ proptest! {
                     sim.deliver_one(to);
                 }
                 Op::Settle => sim.settle(),
+                Op::Cancel(k) => {
+                    let requests: Vec<(usize, ReqId)> = recvs.iter().enumerate().filter_map(|(i, r)| match r.2 {
+                        Got::Req(id) if !withdrawn.contains(&i) => Some((i, id)),
+                        _ => None,
+                    }).collect();
+                    if let Some(&(i, id)) = requests.get(k as usize % requests.len().max(1)) {
+                        match sim.engines[2].cancel_recv(id) {
+                            CancelRecv::Cancelled => {
+                                events.push((arrived(&sim), Ev::Withdraw(i)));
+                                withdrawn.insert(i);
+                            }
+                            CancelRecv::Asked if !sim.asked.contains(&(2, id)) => sim.asked.push((2, id)),
+                            CancelRecv::Asked | CancelRecv::NotCancelled => {}
+                        }
+                    }
+                }
             }
+            note_withdrawn(&mut sim, &mut events, &recvs, &mut withdrawn);
         }
         sim.settle();
+        note_withdrawn(&mut sim, &mut events, &recvs, &mut withdrawn);
+        prop_assert!(sim.asked.is_empty(), "withdrawals still unanswered once settled: {:?}", sim.asked);
         sim.assert_exposures_released();
         // Every send finishes once settled, unless its receive was never posted.
         let arrivals: Vec<(Rank, u32, u32, usize)> = sim.delivered.iter().filter(|d| d.0 == 2).map(|&(_, from, seq)| {
             let m = meta.iter().find(|m| m.0 == from && m.2 == seq).unwrap();
             (from, m.1, seq, m.3)
         }).collect();
-        let model = reference(&arrivals, &recvs.iter().map(|&(k, s, t, _)| (k, s, t)).collect::<Vec<_>>());
-        for (i, (_, _, _, got)) in recvs.into_iter().enumerate() {
+        let model = reference(&arrivals, &recvs.iter().map(|&(s, t, _)| (s, t)).collect::<Vec<_>>(), &events);
+        let model = match model {
+            Ok(m) => m,
+            Err(i) => return Err(TestCaseError::fail(format!("receive {i} was withdrawn after a message matched it"))),
+        };
+        for (i, (_, _, got)) in recvs.into_iter().enumerate() {
+            if withdrawn.contains(&i) {
+                prop_assert!(model[i].is_none());
+                continue;
+            }
             match (model[i], got) {
                 (None, Got::Req(id)) => prop_assert!(!sim.engines[2].is_done(id), "receive {} finished without a match in the model", i),
                 (None, Got::Parked(st)) => prop_assert!(false, "parked receive {} got {:?} without a match in the model", i, st),
