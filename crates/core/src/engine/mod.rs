@@ -1238,7 +1238,7 @@ impl Engine {
             }
             Some(ExposeFor::RtsAfterRtr) => self.send_rts_after_rtr(id, Some(key)),
             Some(ExposeFor::Cts) => self.send_cts(id, key),
-            Some(ExposeFor::Rtr) if !req.matched => {
+            Some(ExposeFor::Rtr) if !req.matched && req.withdrawal != Withdrawal::Asked => {
                 req.rtr_sent = true;
                 let mut hdr = Header::new(PacketKind::Rtr);
                 hdr.flags = if req.tag == TagMatch::Any { Header::ANY_TAG } else { 0 };
@@ -1247,7 +1247,7 @@ impl Engine {
                 let (to, am) = (req.peer, am_of(&self.peers, req.peer));
                 self.actions.push_back(Action::Send { channel: am, to, hdr, payload: Payload::Key(key), op: None });
             }
-            // Matched before its RTR could go out: no peer ever gets the key.
+            // Matched, or being withdrawn, before its RTR could go out: no peer ever gets the key.
             Some(ExposeFor::Rtr) => self.release_key(id),
             None => {}
         }

@@ -2101,3 +2101,29 @@ fn a_disturbed_split_trial_does_not_count() {
         assert_eq!(out, data);
     }
 }
+
+/// A receive discarded before its RTR's exposure ran, while a receive behind it waits for the
+/// same messages, is withdrawn through the sender; its own RTR never goes out, so nothing can
+/// write into its buffer, and every exposure ends.
+#[test]
+fn a_receive_discarded_before_its_rtr_left_lends_nothing() {
+    let mut sim = Sim::new(2, one_sided_route);
+    sim.engines[1].peers[0].window_rtrs = true;
+    let (mut first, mut second) = (vec![0u8; 3000], vec![0u8; 3000]);
+    let r0 = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut first);
+    let r1 = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut second);
+    sim.engines[1].discard(r0); // both exposures still queued
+    assert!(!sim.engines[1].take_peer_may_write(r0), "its key never went out");
+    sim.run_actions();
+    let kinds: Vec<(PacketKind, u32)> = sim.wires[0].iter().map(|p| (p.hdr.kind, p.hdr.rreq)).collect();
+    assert_eq!(kinds.iter().filter(|k| k.0 == PacketKind::Rtr).count(), 1, "{kinds:?}");
+    assert_eq!(kinds.last().map(|k| k.0), Some(PacketKind::Withdraw));
+    sim.settle(); // the withdrawal ends (a message sent before would go to the discarded receive)
+    let a = pattern(4, 3000);
+    let s = send(&mut sim, 0, 1, 1, &a);
+    sim.settle();
+    assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, r1).is_ok());
+    assert_eq!(second, a);
+    assert!(first.iter().all(|&x| x == 0), "the discarded receive's buffer was written");
+    assert!(sim.exposed.iter().all(Vec::is_empty), "an exposure was left");
+}
