@@ -1159,8 +1159,9 @@ impl Engine {
 
     /// Forgets a request whose result will never be taken (e.g. its handle was dropped after
     /// an error). A running receive is withdrawn from matching; when that needs its sender's
-    /// word ([`Engine::cancel_recv`]'s `Asked`), it stays posted until the answer, taking
-    /// nothing: a message that matches it meanwhile is dropped as truncated.
+    /// word ([`Engine::cancel_recv`]'s `Asked`), it stays posted until the answer: a message
+    /// that matches it meanwhile is dropped as truncated, or, when the receive's RTR gave the
+    /// sender its key ([`Engine::take_peer_may_write`] then says so), taken into its buffer.
     pub fn discard(&mut self, req: ReqId) {
         self.touched();
         self.zombies.retain(|&z| match self.reqs.get(z) {
@@ -1174,9 +1175,12 @@ impl Engine {
         if unmatched && self.ask_withdrawal(req) {
             let r = self.reqs.get_mut(req).expect("checked above");
             if r.lends_key() {
+                // The sender may be writing already (its RTS and FIN follow): the receive ends
+                // as usual, in a buffer the caller is told never to reuse.
                 self.peer_may_write.push(req);
+            } else {
+                (r.ptr, r.cap) = (std::ptr::NonNull::dangling().as_ptr(), 0);
             }
-            (r.ptr, r.cap) = (std::ptr::NonNull::dangling().as_ptr(), 0);
             self.zombies.push(req);
             return;
         }

@@ -1026,6 +1026,9 @@ enum Op {
     Settle,
     /// Cancel the receive request this picks among those made so far.
     Cancel(u8),
+    /// Discard it if no message matched it yet (its handle dropped after an error): the engine
+    /// must not write its buffer from then on, unless it says a peer may.
+    Discard(u8),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -1040,6 +1043,7 @@ fn op() -> impl Strategy<Value = Op> {
         any::<u8>().prop_map(Op::Deliver),
         Just(Op::Settle),
         any::<u8>().prop_map(Op::Cancel),
+        any::<u8>().prop_map(Op::Discard),
     ]
 }
 
@@ -1123,6 +1127,7 @@ proptest! {
         let mut recvs = Vec::new(); // (src, tag, what it became)
         let mut events = Vec::new(); // (arrivals so far, Ev) in the order they happened
         let mut withdrawn = std::collections::HashSet::new(); // receives withdrawn
+        let mut discarded: Vec<(usize, Option<Vec<u8>>)> = Vec::new(); // and their buffers then
         let mut meta = Vec::new(); // (from, tag, seq, len) by (from, seq)
         let arrived = |sim: &Sim| sim.delivered.iter().filter(|d| d.0 == 2).count();
         // Withdrawals the sim saw during deliveries, into `events` in their place.
@@ -1181,12 +1186,33 @@ proptest! {
                     sim.deliver_one(to);
                 }
                 Op::Settle => sim.settle(),
-                Op::Cancel(k) => {
+                Op::Cancel(k) | Op::Discard(k) => {
                     let requests: Vec<(usize, ReqId)> = recvs.iter().enumerate().filter_map(|(i, r)| match r.2 {
-                        Got::Req(id) if !withdrawn.contains(&i) => Some((i, id)),
+                        Got::Req(id) if !withdrawn.contains(&i) && !discarded.iter().any(|d| d.0 == i) => Some((i, id)),
                         _ => None,
                     }).collect();
-                    if let Some(&(i, id)) = requests.get(k as usize % requests.len().max(1)) {
+                    let Some(&(i, id)) = requests.get(k as usize % requests.len().max(1)) else { continue };
+                    if matches!(op, Op::Discard(_)) {
+                        let e = &mut sim.engines[2];
+                        if !e.reqs.get(id).is_some_and(|r| r.result.is_none() && !r.matched) {
+                            continue; // a matched one's queued copy is the driver's to drop
+                        }
+                        e.discard(id);
+                        let may_write = e.take_peer_may_write(id);
+                        discarded.push((i, (!may_write).then(|| recv_bufs[i].to_vec())));
+                        // Withdrawn now, or through its sender (it stays posted until then).
+                        match e.reqs.get(id) {
+                            Some(r) if r.withdrawal == Withdrawal::Asked => {
+                                if !sim.asked.contains(&(2, id)) {
+                                    sim.asked.push((2, id)); // not already by a cancel
+                                }
+                            }
+                            _ => events.push((arrived(&sim), Ev::Withdraw(i))),
+                        }
+                        note_withdrawn(&mut sim, &mut events, &recvs, &mut withdrawn);
+                        continue;
+                    }
+                    {
                         match sim.engines[2].cancel_recv(id) {
                             CancelRecv::Cancelled => {
                                 events.push((arrived(&sim), Ev::Withdraw(i)));
@@ -1214,10 +1240,18 @@ proptest! {
             Ok(m) => m,
             Err(i) => return Err(TestCaseError::fail(format!("receive {i} was withdrawn after a message matched it"))),
         };
+        for (i, before) in &discarded {
+            if let Some(before) = before {
+                prop_assert!(recv_bufs[*i][..] == before[..], "discarded receive {} was written", i);
+            }
+        }
         for (i, (_, _, got)) in recvs.into_iter().enumerate() {
             if withdrawn.contains(&i) {
                 prop_assert!(model[i].is_none());
                 continue;
+            }
+            if discarded.iter().any(|d| d.0 == i) {
+                continue; // its result is gone; what it took, the model says
             }
             match (model[i], got) {
                 (None, Got::Req(id)) => prop_assert!(!sim.engines[2].is_done(id), "receive {} finished without a match in the model", i),
