@@ -449,9 +449,9 @@ impl Context {
     /// # Safety
     /// The memory must stay valid, and not be read or written by anyone else, until the request
     /// was waited for. (Benchmarks that let several receives write one buffer, as OSU's do, get
-    /// unspecified contents in it, nothing worse.) A receive that fails, or that finalize
-    /// withdraws, after it announced its buffer to a peer that is still running (a warning says
-    /// so) may yet be written by that peer: such memory must never be reused. Buffers of
+    /// unspecified contents in it, nothing worse.) A receive that fails, or whose withdrawal
+    /// at finalize its peer does not answer in time, after it announced its buffer to a peer
+    /// that is still running (a warning says so) may yet be written by that peer: such memory must never be reused. Buffers of
     /// [`Context::irecv`] are kept out of use in that case by polyrail itself.
     #[inline]
     pub unsafe fn irecv_raw(

@@ -611,8 +611,9 @@ impl Engine {
     }
 
     /// Whether a peer may still write into the buffer of `req`, a request that ended (its
-    /// result taken or discarded): a receive that failed while a peer that is still alive held
-    /// its buffer's key (an RTR no matching send consumed yet, or a CTS). That peer may yet
+    /// result taken or discarded): a receive that failed, or was discarded, while a peer that
+    /// is still alive held its buffer's key (an RTR no matching send consumed yet, or a CTS;
+    /// for a discarded one, until the peer answers its withdrawal). That peer may yet
     /// write there (a cma exposure cannot be revoked), so the memory must never be reused.
     /// Answers once per request.
     #[inline]
