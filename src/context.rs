@@ -4,16 +4,20 @@ use crate::buffer::RegisteredBuffer;
 use crate::driver::{Driver, ParkedEnd};
 use crate::heap::HeapRegistrations;
 use crate::job::{Job, JobReport};
-use crate::space::{InSpace, Space};
+use crate::space::{status_in, InSpace, Members, Space, SplitEntry};
 use polyrail_core::bootstrap::Bootstrap;
 use polyrail_core::engine::{CancelRecv, Engine, ReqId, Source, Status, TagMatch};
 use polyrail_core::{Config, Error, Rank, Region, RegionMut, Result};
+use std::sync::Arc;
 
 /// Context id of user messages.
 const USER_CTX: u16 = 0;
-/// Context id of the barrier's messages.
-const BARRIER_CTX: u16 = 1;
-const _: () = assert!(USER_CTX == Space::WORLD.0 && BARRIER_CTX < Space::FIRST_MADE);
+/// Context id of the barrier's messages, and of whole-job splits'.
+pub(crate) const BARRIER_CTX: u16 = 1;
+const _: () = assert!(USER_CTX == Space::WORLD.ctx && BARRIER_CTX < Space::FIRST_MADE);
+/// Tag of a split's messages in its space's control context (the barrier's tags are its
+/// rounds, below 32).
+const SPLIT_TAG: u32 = u32::MAX;
 /// How long finalize waits for unfinished sends.
 const FINALIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -47,8 +51,9 @@ impl ContextMark {
 #[derive(Debug)]
 enum RequestState {
     /// In the engine of the context marked so: running, or finished with its result not taken
-    /// yet.
-    Engine(ReqId, ContextMark),
+    /// yet. Started in a split [`Space`], it carries the space's ranks, which its status is to
+    /// name.
+    Engine(ReqId, ContextMark, Option<Arc<Members>>),
     /// Finished when it was started (an eager send that left at once, a receive whose message
     /// was here already): nothing runs, the buffer is free again.
     Done(Completion),
@@ -68,10 +73,25 @@ impl Request {
         Request { state: RequestState::Finished(status) }
     }
 
+    /// The request, started in the space of `members` (with job ranks): its status is to name
+    /// ranks of that space.
+    pub(crate) fn in_space(self, members: &Option<Arc<Members>>) -> Result<Request> {
+        let Some(m) = members else { return Ok(self) };
+        let state = match self.state {
+            RequestState::Engine(id, mark, _) => RequestState::Engine(id, mark, Some(Arc::clone(m))),
+            RequestState::Done(mut done) => {
+                done.status = m.status(done.status)?;
+                RequestState::Done(done)
+            }
+            RequestState::Finished(status) => RequestState::Finished(m.status(status)?),
+        };
+        Ok(Request { state })
+    }
+
     /// The engine's request, unless the operation finished when it was started.
     pub(crate) fn engine_id(&self) -> Option<ReqId> {
         match self.state {
-            RequestState::Engine(id, _) => Some(id),
+            RequestState::Engine(id, ..) => Some(id),
             RequestState::Done(_) | RequestState::Finished(_) => None,
         }
     }
@@ -79,7 +99,7 @@ impl Request {
     /// An error unless the request was made by the context marked `mark` (or needs none).
     fn check_made_by(&self, mark: ContextMark) -> Result<()> {
         match self.state {
-            RequestState::Engine(_, m) if m != mark => {
+            RequestState::Engine(_, m, _) if m != mark => {
                 Err(Error::InvalidArgument("the request was made by another Context of this process".into()))
             }
             _ => Ok(()),
@@ -125,7 +145,8 @@ pub enum Cancel {
 /// A finished non-blocking operation: its status and its buffer.
 #[derive(Debug)]
 pub struct Completion {
-    /// Source, tag and length of the message (for sends: this rank's view).
+    /// Source, tag and length of the message (for sends: the destination, the tag and the
+    /// length sent).
     pub status: Status,
     /// The buffer given to `isend`/`irecv`.
     pub buf: Vec<u8>,
@@ -150,6 +171,8 @@ pub struct Context {
     mark: ContextMark,
     /// Matching contexts given out by [`Context::new_space`] so far.
     spaces: u16,
+    /// The highest matching context not given to a space of [`InSpace::split`] yet.
+    next_split: u16,
     finalized: bool,
 }
 
@@ -204,6 +227,7 @@ impl Context {
             heap: HeapRegistrations::default(),
             mark: ContextMark::next(),
             spaces: 0,
+            next_split: Space::FIRST_SPLIT,
             finalized: false,
         };
         ctx.barrier()?;
@@ -231,25 +255,88 @@ impl Context {
         &self.report
     }
 
-    /// Makes a new matching [`Space`]. Every rank must make its spaces in the same order (the
-    /// n-th space of each rank is the same space): like `MPI_Comm_dup`, but without a message.
-    /// At most 65534 per context; beyond, an [`Error::InvalidArgument`].
+    /// Makes a new matching [`Space`] over the whole job. Every rank must make its spaces in
+    /// the same order (the n-th space of each rank is the same space): like `MPI_Comm_dup`, but
+    /// without a message. Spaces made here and by splits share 65534 matching contexts (a split
+    /// takes two); beyond, an [`Error::InvalidArgument`].
     pub fn new_space(&mut self) -> Result<Space> {
-        let id = Space::FIRST_MADE
-            .checked_add(self.spaces)
-            .ok_or_else(|| Error::InvalidArgument(format!("{} spaces made already: no more", self.spaces)))?;
+        let ctx = u32::from(Space::FIRST_MADE) + u32::from(self.spaces);
+        let Some(ctx) = u16::try_from(ctx).ok().filter(|&c| c <= self.next_split) else {
+            return Err(Error::InvalidArgument(format!(
+                "no matching context left for a new space ({} made, the splits took {})",
+                self.spaces,
+                Space::FIRST_SPLIT - self.next_split
+            )));
+        };
         self.spaces += 1;
-        Ok(Space(id))
+        Ok(Space { ctx, members: None })
     }
 
-    /// This context's point-to-point calls in `space`: `ctx.in_space(s)?.send(1, 7, b"x")`. A
-    /// space beyond those this context made is an [`Error::InvalidArgument`].
-    pub fn in_space(&mut self, space: Space) -> Result<InSpace<'_>> {
-        let made = space == Space::WORLD || space.0.checked_sub(Space::FIRST_MADE).is_some_and(|n| n < self.spaces);
+    /// This context's point-to-point calls in `space`: `ctx.in_space(&s)?.send(1, 7, b"x")`.
+    /// A space this context did not make is an [`Error::InvalidArgument`].
+    pub fn in_space<'a>(&'a mut self, space: &'a Space) -> Result<InSpace<'a>> {
+        let made = match &space.members {
+            None => {
+                space.ctx == Space::WORLD.ctx
+                    || space.ctx.checked_sub(Space::FIRST_MADE).is_some_and(|n| n < self.spaces)
+            }
+            Some(m) => space.ctx > self.next_split && m.my_job_rank() == Some(self.rank()),
+        };
         if !made {
-            return Err(Error::InvalidArgument(format!("{space:?} was not made by this context's new_space")));
+            return Err(Error::InvalidArgument(format!("space {} was not made by this context", space.ctx)));
         }
-        Ok(InSpace { ctx: self, space: space.0 })
+        Ok(InSpace { ctx: self, space })
+    }
+
+    /// Splits the whole job: [`InSpace::split`] in [`Space::WORLD`].
+    pub fn split(&mut self, color: Option<u32>, key: u32) -> Result<Option<Space>> {
+        self.in_space(&Space::WORLD)?.split(color, key)
+    }
+
+    /// Sends this rank's split entry (`color`, `key` and the next free split context) to the
+    /// other ranks of a space (their job ranks `job`, this one at `me`) in its `control`
+    /// context, and receives theirs: every entry, by rank in the space.
+    pub(crate) fn exchange_split(
+        &mut self,
+        control: u16,
+        me: Rank,
+        job: &[Rank],
+        color: Option<u32>,
+        key: u32,
+    ) -> Result<Vec<SplitEntry>> {
+        let mine = SplitEntry { color, key, next: self.next_split };
+        let others = || job.iter().enumerate().filter(move |&(r, _)| r != me as usize).map(|(_, &j)| j);
+        let mut sends = Vec::with_capacity(job.len());
+        for to in others() {
+            sends.push(self.isend_in(control, to, SPLIT_TAG, mine.encode().to_vec())?);
+        }
+        let mut entries = Vec::with_capacity(job.len());
+        // One byte more than an entry, so that a longer message is malformed, not truncated.
+        let mut buf = [0u8; SplitEntry::LEN + 1];
+        for (r, &from) in job.iter().enumerate() {
+            if r == me as usize {
+                entries.push(mine);
+                continue;
+            }
+            let st = self.recv_in(control, Source::Rank(from), TagMatch::Tag(SPLIT_TAG), &mut buf)?;
+            entries.push(SplitEntry::decode(from, &buf[..st.len])?);
+        }
+        self.wait_all(sends)?;
+        Ok(entries)
+    }
+
+    /// Gives matching contexts `ctx` and `ctx - 1` to the spaces of a split that every rank of
+    /// its space agreed on; later splits take lower ones.
+    pub(crate) fn take_split_contexts(&mut self, ctx: u16) -> Result<()> {
+        if u32::from(ctx) <= u32::from(Space::FIRST_MADE) + u32::from(self.spaces) {
+            return Err(Error::InvalidArgument(format!(
+                "no matching context left for a split ({} spaces made, the splits took {})",
+                self.spaces,
+                Space::FIRST_SPLIT - ctx
+            )));
+        }
+        self.next_split = ctx - 2;
+        Ok(())
     }
 
     /// Whether skew feedback has messages to `peer` sent eagerly now (the peer reported that it
@@ -343,7 +430,8 @@ impl Context {
         recv_tag: TagMatch,
         recv_buf: &mut [u8],
     ) -> Result<Status> {
-        crate::scope::scope_in(self, space, |s| {
+        // Ranks here are job ranks: the space's members do not come along.
+        crate::scope::scope_in(self, &Space { ctx: space, members: None }, |s| {
             let received = s.irecv(from, recv_tag, recv_buf)?;
             let sent = s.isend(to, send_tag, send_buf)?;
             // Both are waited for, then the receive's error (if any) comes first.
@@ -539,14 +627,15 @@ impl Context {
     /// Waits for a request; gives back its status and buffer.
     pub fn wait(&mut self, req: Request) -> Result<Completion> {
         req.check_made_by(self.mark)?;
-        let id = match req.state {
-            RequestState::Engine(id, _) => id,
-            RequestState::Done(done) => return Ok(done),
-            RequestState::Finished(status) => return Ok(Completion { status, buf: Vec::new() }),
-        };
-        let r = self.driver.wait(id);
-        let buf = self.take_buf(id);
-        r.map(|status| Completion { status, buf })
+        match req.state {
+            RequestState::Engine(id, _, members) => {
+                let r = self.driver.wait(id);
+                let buf = self.take_buf(id);
+                Ok(Completion { status: status_in(members.as_deref(), r?)?, buf })
+            }
+            RequestState::Done(done) => Ok(done),
+            RequestState::Finished(status) => Ok(Completion { status, buf: Vec::new() }),
+        }
     }
 
     /// Cancels a receive that no message has matched yet (`MPI_Cancel`), e.g. an ANY_SOURCE
@@ -560,7 +649,7 @@ impl Context {
     /// the receive finishes with it.
     pub fn cancel(&mut self, req: Request) -> Result<Cancel> {
         req.check_made_by(self.mark)?;
-        let RequestState::Engine(id, _) = req.state else { return Ok(Cancel::NotCancelled(req)) };
+        let RequestState::Engine(id, ..) = req.state else { return Ok(Cancel::NotCancelled(req)) };
         let withdrawn = match self.driver.engine.cancel_recv(id) {
             CancelRecv::Cancelled => true,
             CancelRecv::NotCancelled => false,
@@ -661,7 +750,7 @@ impl Context {
 
     /// A request of this context for the engine's `id`.
     pub(crate) fn request(&self, id: ReqId) -> Request {
-        Request { state: RequestState::Engine(id, self.mark) }
+        Request { state: RequestState::Engine(id, self.mark, None) }
     }
 
     /// Waits for every request; the completions are in the order of `reqs`. If any failed, all
@@ -690,8 +779,8 @@ impl Context {
         let mut out = Vec::with_capacity(reqs.len());
         let mut first_err = waited.err();
         for req in reqs {
-            let id = match req.state {
-                RequestState::Engine(id, _) => id,
+            let (id, members) = match req.state {
+                RequestState::Engine(id, _, members) => (id, members),
                 RequestState::Done(done) => {
                     out.push(done);
                     continue;
@@ -702,7 +791,8 @@ impl Context {
                 }
             };
             let buf = self.take_buf(id);
-            match self.driver.engine.take_result(id) {
+            let result = self.driver.engine.take_result(id);
+            match result.map(|r| r.and_then(|status| status_in(members.as_deref(), status))) {
                 Some(Ok(status)) => out.push(Completion { status, buf }),
                 Some(Err(e)) => {
                     first_err.get_or_insert(e);
@@ -769,15 +859,27 @@ impl Context {
     /// Waits until every rank called `barrier` (dissemination barrier over the channels).
     pub fn barrier(&mut self) -> Result<()> {
         let (me, n) = (self.rank(), self.size());
+        self.barrier_among(BARRIER_CTX, me, n, |r| r)
+    }
+
+    /// [`Context::barrier`] among the ranks of a space (their job ranks `job`, this one at
+    /// `me`), in its `control` context.
+    pub(crate) fn barrier_over(&mut self, control: u16, me: Rank, job: &[Rank]) -> Result<()> {
+        self.barrier_among(control, me, job.len() as u32, |r| job[r as usize])
+    }
+
+    /// A dissemination barrier in matching context `ctx` among `n` ranks numbered from 0,
+    /// this one `me`; `job` gives their job ranks.
+    fn barrier_among(&mut self, ctx: u16, me: Rank, n: u32, job: impl Fn(Rank) -> Rank) -> Result<()> {
         let mut dist = 1;
         let mut round = 0;
         while dist < n {
-            let to = (me + dist) % n;
-            let from = (me + n - dist) % n;
+            let to = job((me + dist) % n);
+            let from = job((me + n - dist) % n);
             // SAFETY: an empty buffer; nothing can be read or written through it.
-            let s = unsafe { self.driver.engine.post_send(to, round, BARRIER_CTX, region(&[]))? };
+            let s = unsafe { self.driver.engine.post_send(to, round, ctx, region(&[]))? };
             self.driver.drain();
-            self.recv_in(BARRIER_CTX, Source::Rank(from), TagMatch::Tag(round), &mut [])?;
+            self.recv_in(ctx, Source::Rank(from), TagMatch::Tag(round), &mut [])?;
             self.driver.wait(s)?;
             dist *= 2;
             round += 1;
@@ -921,31 +1023,31 @@ mod tests {
         let mut ctx = alone();
         let (a, b) = (ctx.new_space().unwrap(), ctx.new_space().unwrap());
         assert_ne!(a, b);
-        ctx.in_space(a).unwrap().send(0, 5, b"in a").unwrap();
+        ctx.in_space(&a).unwrap().send(0, 5, b"in a").unwrap();
         ctx.send(0, 5, b"world").unwrap();
-        ctx.in_space(a).unwrap().send(0, 6, b"a again").unwrap();
+        ctx.in_space(&a).unwrap().send(0, 6, b"a again").unwrap();
         let mut buf = [0u8; 8];
-        assert!(ctx.in_space(b).unwrap().iprobe(0, TagMatch::Any).unwrap().is_none());
-        let r = ctx.in_space(b).unwrap().irecv(Source::Any, TagMatch::Any, vec![0u8; 8]).unwrap();
+        assert!(ctx.in_space(&b).unwrap().iprobe(0, TagMatch::Any).unwrap().is_none());
+        let r = ctx.in_space(&b).unwrap().irecv(Source::Any, TagMatch::Any, vec![0u8; 8]).unwrap();
         let st = ctx.recv(0, TagMatch::Any, &mut buf).unwrap();
         assert_eq!(&buf[..st.len], b"world");
-        let mut space_a = ctx.in_space(a).unwrap();
+        let mut space_a = ctx.in_space(&a).unwrap();
         assert_eq!(space_a.probe(0, TagMatch::Any).unwrap().tag, 5);
         let st = space_a.recv(0, TagMatch::Any, &mut buf).unwrap();
         assert_eq!((&buf[..st.len], st.tag), (&b"in a"[..], 5));
         let st = space_a.recv(0, TagMatch::Any, &mut buf).unwrap();
         assert_eq!((&buf[..st.len], st.tag), (&b"a again"[..], 6));
         assert!(!ctx.test(&r).unwrap(), "nothing was sent in space b");
-        ctx.in_space(b).unwrap().send(0, 9, b"in b").unwrap();
+        ctx.in_space(&b).unwrap().send(0, 9, b"in b").unwrap();
         let done = ctx.wait(r).unwrap();
         assert_eq!(&done.buf[..done.status.len], b"in b");
         // sendrecv and a scope in a space, with a world message waiting that they must not take.
         ctx.send(0, 4, b"world 2").unwrap();
-        let st = ctx.in_space(a).unwrap().sendrecv(0, 3, b"swap", Source::Any, TagMatch::Any, &mut buf).unwrap();
+        let st = ctx.in_space(&a).unwrap().sendrecv(0, 3, b"swap", Source::Any, TagMatch::Any, &mut buf).unwrap();
         assert_eq!((&buf[..st.len], st.tag), (&b"swap"[..], 3));
         let mut scoped = [0u8; 8];
         let st = ctx
-            .in_space(b)
+            .in_space(&b)
             .unwrap()
             .scope(|s| {
                 let r = s.irecv(0, TagMatch::Any, &mut scoped)?;
@@ -957,8 +1059,44 @@ mod tests {
         assert_eq!(&scoped[..st.len], b"scoped");
         let st = ctx.recv(0, TagMatch::Any, &mut buf).unwrap();
         assert_eq!(&buf[..st.len], b"world 2");
-        assert!(matches!(ctx.in_space(Space(b.0 + 1)), Err(Error::InvalidArgument(_))));
-        assert!(ctx.in_space(Space(BARRIER_CTX)).is_err(), "the barrier's context is no space");
+        assert!(matches!(ctx.in_space(&Space { ctx: b.ctx + 1, members: None }), Err(Error::InvalidArgument(_))));
+        let barrier = Space { ctx: BARRIER_CTX, members: None };
+        assert!(ctx.in_space(&barrier).is_err(), "the barrier's context is no space");
+        ctx.finalize().unwrap();
+    }
+
+    /// A job of one splits into a space of one (or none); its messages stay apart from the
+    /// world's; contexts run out with an error, not a wrap.
+    #[test]
+    fn a_split_space_keeps_its_messages_and_contexts_run_out_cleanly() {
+        let mut ctx = alone();
+        assert!(ctx.split(None, 0).unwrap().is_none());
+        let s = ctx.split(Some(3), 9).unwrap().expect("a color was given");
+        assert_eq!(s.job_ranks(), Some(&[0][..]));
+        let before = ctx.new_space().unwrap();
+        assert_ne!(before.ctx, s.ctx);
+        ctx.send(0, 5, b"world").unwrap();
+        let mut in_s = ctx.in_space(&s).unwrap();
+        assert_eq!((in_s.rank(), in_s.size()), (0, 1));
+        in_s.send(0, 5, b"split").unwrap();
+        assert!(matches!(in_s.send(1, 5, b"x"), Err(Error::InvalidArgument(_))), "no rank 1 in the space");
+        let r = in_s.irecv(Source::Any, TagMatch::Any, vec![0u8; 8]).unwrap();
+        in_s.barrier().unwrap();
+        let done = ctx.wait(r).unwrap();
+        assert_eq!((&done.buf[..done.status.len], done.status.source), (&b"split"[..], 0));
+        let mut buf = [0u8; 8];
+        let st = ctx.recv(0, 5, &mut buf).unwrap();
+        assert_eq!(&buf[..st.len], b"world");
+        // Take every context left: the last new space or split is refused, nothing wraps.
+        let mut made = 0;
+        while ctx.split(Some(0), 0).is_ok_and(|s| s.is_some()) {
+            made += 1;
+        }
+        assert!(made > 30_000, "{made} splits");
+        while ctx.new_space().is_ok() {}
+        assert!(matches!(ctx.split(Some(0), 0), Err(Error::InvalidArgument(_))));
+        assert!(matches!(ctx.new_space(), Err(Error::InvalidArgument(_))));
+        assert!(ctx.in_space(&s).is_ok() && ctx.in_space(&before).is_ok());
         ctx.finalize().unwrap();
     }
 }

@@ -13,6 +13,7 @@ use polyrail_core::engine::{ReqId, Source, Status, TagMatch};
 use polyrail_core::{Error, Rank, Result};
 
 use crate::context::{Cancel, Context, Request};
+use crate::space::{job_rank_in, source_in, Space};
 
 /// The requests of one [`Context::scope`] call: start them with [`Scope::isend`] and
 /// [`Scope::irecv`] on buffers borrowed for the whole scope.
@@ -41,8 +42,8 @@ use crate::context::{Cancel, Context, Request};
 /// ```
 pub struct Scope<'scope, 'env: 'scope> {
     ctx: RefCell<&'scope mut Context>,
-    /// The matching context of its sends and receives ([`crate::Space`]).
-    space: u16,
+    /// The space of its sends and receives.
+    space: &'scope Space,
     /// Engine ids of the requests started here, by [`ScopedRequest::slot`]; `None` once waited
     /// for.
     running: RefCell<Vec<Option<ReqId>>>,
@@ -90,12 +91,12 @@ impl Context {
     where
         F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> T,
     {
-        scope_in(self, crate::Space::WORLD.0, f)
+        scope_in(self, &Space::WORLD, f)
     }
 }
 
-/// [`Context::scope`] whose sends and receives are in matching context `space`.
-pub(crate) fn scope_in<'env, F, T>(ctx: &mut Context, space: u16, f: F) -> T
+/// [`Context::scope`] whose sends and receives are in `space`.
+pub(crate) fn scope_in<'env, F, T>(ctx: &mut Context, space: &Space, f: F) -> T
 where
     F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> T,
 {
@@ -133,11 +134,12 @@ impl<'scope> Scope<'scope, '_> {
     /// Starts sending `buf`, borrowed until the scope ends. A small message may leave at once;
     /// its request is then finished already.
     pub fn isend(&'scope self, to: Rank, tag: u32, buf: &'scope [u8]) -> Result<ScopedRequest<'scope>> {
+        let to = job_rank_in(self.space.members.as_deref(), to)?;
         let mut ctx = self.context()?;
         // SAFETY: `buf` is borrowed (shared, so unchanged) until the scope ends, and the scope
         // waits for every request it started before it ends.
-        let req = unsafe { ctx.isend_raw_in(self.space, to, tag, buf.as_ptr(), buf.len())? };
-        Ok(self.started(req))
+        let req = unsafe { ctx.isend_raw_in(self.space.ctx, to, tag, buf.as_ptr(), buf.len())? };
+        self.started(req)
     }
 
     /// Starts receiving into `buf`, borrowed until the scope ends; the message may be at most
@@ -148,12 +150,13 @@ impl<'scope> Scope<'scope, '_> {
         tag: impl Into<TagMatch>,
         buf: &'scope mut [u8],
     ) -> Result<ScopedRequest<'scope>> {
+        let from = source_in(self.space.members.as_deref(), from.into())?;
         let mut ctx = self.context()?;
         let region = polyrail_core::RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() };
         // SAFETY: `buf` is borrowed exclusively until the scope ends, and the scope waits for
         // every request it started before it ends.
-        let req = unsafe { ctx.irecv_raw_in(self.space, from.into(), tag.into(), region)? };
-        Ok(self.started(req))
+        let req = unsafe { ctx.irecv_raw_in(self.space.ctx, from, tag.into(), region)? };
+        self.started(req)
     }
 
     /// Waits for a request of this scope; its status.
@@ -216,13 +219,14 @@ impl<'scope> Scope<'scope, '_> {
         self.ctx.try_borrow_mut().map_err(|_| Error::InvalidArgument("the scope's context is in use".into()))
     }
 
-    fn started(&self, req: Request) -> ScopedRequest<'scope> {
+    fn started(&self, req: Request) -> Result<ScopedRequest<'scope>> {
+        let req = req.in_space(&self.space.members)?;
         let slot = req.engine_id().map(|id| {
             let mut running = self.running.borrow_mut();
             running.push(Some(id));
             running.len() - 1
         });
-        ScopedRequest { req, slot, scope: PhantomData }
+        Ok(ScopedRequest { req, slot, scope: PhantomData })
     }
 
     /// The request in `slot` is being waited for (or was cancelled): the scope's end need not.

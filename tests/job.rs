@@ -681,14 +681,14 @@ fn spaces_scenario(ctx: &mut Context) -> polyrail::Result<()> {
     let (me, n) = (ctx.rank(), ctx.size());
     let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
     let (a, b) = (ctx.new_space()?, ctx.new_space()?);
-    let sizes = [(a, 300_000usize), (Space::WORLD, 8), (b, 40_000)];
+    let sizes = [(&a, 300_000usize), (&Space::WORLD, 8), (&b, 40_000)];
     let mut recvs = Vec::new();
-    for &(space, len) in sizes.iter().rev() {
-        recvs.push(ctx.in_space(space)?.irecv(ANY_SOURCE, ANY_TAG, vec![0u8; len])?);
+    for (space, len) in sizes.iter().rev() {
+        recvs.push(ctx.in_space(space)?.irecv(ANY_SOURCE, ANY_TAG, vec![0u8; *len])?);
     }
     let mut sends = Vec::new();
-    for (i, &(space, len)) in sizes.iter().enumerate() {
-        sends.push(ctx.in_space(space)?.isend(next, 1, stamp(me, 4000 + i as u32, len))?);
+    for (i, (space, len)) in sizes.iter().enumerate() {
+        sends.push(ctx.in_space(space)?.isend(next, 1, stamp(me, 4000 + i as u32, *len))?);
     }
     for (r, (i, &(_, len))) in recvs.into_iter().zip(sizes.iter().enumerate().rev()) {
         let done = ctx.wait(r)?;
@@ -702,10 +702,10 @@ fn spaces_scenario(ctx: &mut Context) -> polyrail::Result<()> {
     // a scope of another space.
     let world = ctx.isend(next, 2, stamp(me, 4100, 64))?;
     let mut from_prev = vec![0u8; 300_000];
-    let st = ctx.in_space(a)?.sendrecv(next, 2, &stamp(me, 4101, 300_000), ANY_SOURCE, ANY_TAG, &mut from_prev)?;
+    let st = ctx.in_space(&a)?.sendrecv(next, 2, &stamp(me, 4101, 300_000), ANY_SOURCE, ANY_TAG, &mut from_prev)?;
     assert!(st.source == prev && from_prev == stamp(prev, 4101, 300_000), "rank {me}: sendrecv in a space");
     let out = stamp(me, 4102, 40_000);
-    ctx.in_space(b)?.scope(|s| {
+    ctx.in_space(&b)?.scope(|s| {
         let r = s.irecv(prev, ANY_TAG, &mut from_prev[..40_000])?;
         let w = s.isend(next, 2, &out)?;
         s.wait_all(vec![r, w]).map(|_| ())
@@ -714,6 +714,79 @@ fn spaces_scenario(ctx: &mut Context) -> polyrail::Result<()> {
     let got = ctx.recv(prev, 2, &mut from_prev)?;
     assert!(from_prev[..got.len] == stamp(prev, 4100, 64), "rank {me}: the world's message");
     ctx.wait(world)?;
+    split_spaces(ctx)
+}
+
+/// Split spaces: the job in two interleaved halves ranked backwards, the even half split again
+/// in pairs (the odd half not), then the whole job again, its ranks having used different
+/// numbers of matching contexts. A ring shift in each space at once (ANY_SOURCE, the same tag,
+/// a world message of that tag waiting) takes its own messages, with statuses naming ranks of
+/// the space; a probe, a barrier and a new whole-job space after the splits agree everywhere.
+fn split_spaces(ctx: &mut Context) -> polyrail::Result<()> {
+    let (me, n) = (ctx.rank(), ctx.size());
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    let half = ctx.split(Some(me % 2), n - me)?.expect("a color was given");
+    let backwards: Vec<u32> = (0..n).rev().filter(|r| r % 2 == me % 2).collect();
+    assert_eq!(half.job_ranks(), Some(&backwards[..]), "rank {me}: the half's ranks");
+    let pairs = match me % 2 {
+        0 => {
+            let mut h = ctx.in_space(&half)?;
+            let hm = h.rank();
+            Some(h.split(Some(hm / 2), 0)?.expect("a color was given"))
+        }
+        _ => None,
+    };
+    let all = ctx.split(Some(7), me)?.expect("a color was given");
+    assert_eq!(all.job_ranks(), Some(&(0..n).collect::<Vec<_>>()[..]), "rank {me}: the whole job again");
+    // (label, space, length): rendezvous, eager and medium.
+    let spaces: Vec<(u32, &Space, usize)> =
+        [(0, Some(&half), 300_000), (1, pairs.as_ref(), 8), (2, Some(&all), 40_000)]
+            .into_iter()
+            .filter_map(|(label, space, len)| space.map(|s| (label, s, len)))
+            .collect();
+    let world = ctx.isend(next, 5, stamp(me, 4300, 8))?;
+    let mut recvs = Vec::new();
+    for &(label, space, len) in &spaces {
+        let mut sp = ctx.in_space(space)?;
+        let (r, k) = (sp.rank(), sp.size());
+        recvs.push((label, (r + k - 1) % k, len, sp.irecv(ANY_SOURCE, ANY_TAG, vec![0u8; len])?));
+    }
+    let mut sends = Vec::new();
+    for &(label, space, len) in &spaces {
+        let mut sp = ctx.in_space(space)?;
+        let (r, k) = (sp.rank(), sp.size());
+        sends.push(sp.isend((r + 1) % k, 5, stamp(me, 4310 + label, len))?);
+    }
+    for (label, from, len, r) in recvs {
+        let done = ctx.wait(r)?;
+        assert_eq!((done.status.source, done.status.len), (from, len), "rank {me}: status in space {label}");
+        let job_from =
+            spaces.iter().find(|s| s.0 == label).and_then(|s| s.1.job_ranks()).expect("split")[from as usize];
+        assert!(done.buf == stamp(job_from, 4310 + label, len), "rank {me}: message of space {label}");
+    }
+    for s in ctx.wait_all(sends)? {
+        assert_eq!(s.status.tag, 5);
+    }
+    let mut h = ctx.in_space(&half)?;
+    let (hm, hn) = (h.rank(), h.size());
+    // Not a blocking send: over forced cma even 8 bytes wait for their receiver.
+    let probed = h.isend((hm + 1) % hn, 6, b"probe me".to_vec())?;
+    let st = h.probe(ANY_SOURCE, 6)?;
+    assert_eq!((st.source, st.len), ((hm + hn - 1) % hn, 8), "rank {me}: probe in the half");
+    let mut buf = [0u8; 8];
+    assert_eq!(h.recv(st.source, 6, &mut buf)?.source, st.source);
+    assert!(matches!(h.send(hn, 6, b""), Err(Error::InvalidArgument(_))), "rank {me}: rank {hn} is outside the half");
+    assert_eq!(ctx.wait(probed)?.status.source, (hm + 1) % hn, "rank {me}: a send's status in the half");
+    for &(_, space, _) in &spaces {
+        ctx.in_space(space)?.barrier()?;
+    }
+    let got = ctx.recv(prev, 5, &mut buf)?;
+    assert!(buf[..got.len] == stamp(prev, 4300, 8), "rank {me}: the world's message");
+    ctx.wait(world)?;
+    let c = ctx.new_space()?;
+    let mut buf = [0u8; 64];
+    let st = ctx.in_space(&c)?.sendrecv(next, 8, &stamp(me, 4320, 64), prev, ANY_TAG, &mut buf)?;
+    assert!(st.source == prev && buf[..] == stamp(prev, 4320, 64), "rank {me}: a new space after the splits");
     Ok(())
 }
 
@@ -862,12 +935,17 @@ fn job_on(ranks: u32, nodes: u32, scenario: &str, env: &[(&str, &str)]) -> i32 {
 }
 
 /// [`job_on`] with a CPU binding.
+/// How long one scenario's job may run.
+const JOB_TIMEOUT: Duration = Duration::from_secs(60);
+
 fn job_bound(ranks: u32, nodes: u32, bind: Bind, scenario: &str, env: &[(&str, &str)]) -> i32 {
     let exe = std::env::current_exe().expect("test executable");
     let mut opts = LaunchOptions::new(ranks, exe);
     opts.bind = bind;
     opts.args = vec![scenario.into()];
     opts.env = env.iter().map(|(k, v)| (k.into(), v.into())).collect();
+    // A scenario takes a few seconds at most: one that deadlocks fails instead of hanging CI.
+    opts.timeout = Some(JOB_TIMEOUT);
     if nodes > 1 {
         opts.nodes = Some(nodes_in_blocks(ranks, nodes.min(ranks)).expect("layout"));
     }
