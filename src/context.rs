@@ -305,10 +305,11 @@ impl Context {
         key: u32,
     ) -> Result<Vec<SplitEntry>> {
         let mine = SplitEntry { color, key, next: self.next_split };
-        let others = || job.iter().enumerate().filter(move |&(r, _)| r != me as usize).map(|(_, &j)| j);
         let mut sends = Vec::with_capacity(job.len());
-        for to in others() {
-            sends.push(self.isend_in(control, to, SPLIT_TAG, mine.encode().to_vec())?);
+        for (r, &to) in job.iter().enumerate() {
+            if r != me as usize {
+                sends.push(self.isend_in(control, to, SPLIT_TAG, mine.encode().to_vec())?);
+            }
         }
         let mut entries = Vec::with_capacity(job.len());
         // One byte more than an entry, so that a longer message is malformed, not truncated.
