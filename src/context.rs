@@ -293,6 +293,11 @@ impl Context {
         self.in_space(&Space::WORLD)?.split(color, key)
     }
 
+    /// Splits the whole job by node: [`InSpace::split_by_node`] in [`Space::WORLD`].
+    pub fn split_by_node(&mut self) -> Result<Space> {
+        self.in_space(&Space::WORLD)?.split_by_node()
+    }
+
     /// Sends this rank's split entry (`color`, `key` and the next free split context) to the
     /// other ranks of a space (their job ranks `job`, this one at `me`) in its `control`
     /// context, and receives theirs: every entry, by rank in the space.

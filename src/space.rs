@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::context::{Context, Request, BARRIER_CTX};
 use crate::scope::{scope_in, Scope};
 use polyrail_core::engine::{Source, Status, TagMatch};
+use polyrail_core::policy::topology::TopoClass;
 use polyrail_core::{Error, Rank, RegionMut, Result};
 
 /// A matching space: a message sent in one matches only receives and probes in the same one,
@@ -264,6 +265,22 @@ impl<'a> InSpace<'a> {
         let new_me = mine.iter().position(|&(_, r)| r == me).unwrap_or_default() as Rank;
         let members = Members::new(mine.iter().map(|&(_, r)| job[r as usize]).collect(), new_me, ctx - 1);
         Ok(Some(Space { ctx, members: Some(Arc::new(members)) }))
+    }
+
+    /// Splits the space by node (`MPI_Comm_split_type` with `MPI_COMM_TYPE_SHARED`): every rank
+    /// of it calls this and gets the space of its ranks on this rank's node (the same machine
+    /// and virtual node, `POLYRAIL_NODE`), in their order here. A collective call, as
+    /// [`InSpace::split`].
+    pub fn split_by_node(&mut self) -> Result<Space> {
+        let peers = &self.ctx.report().peers;
+        let on_my_node = |j: &Rank| peers.get(*j as usize).is_some_and(|p| p.class != TopoClass::RemoteNode);
+        let (me, first) = match self.members() {
+            None => (self.ctx.rank(), (0..self.ctx.size()).find(on_my_node)),
+            Some(m) => (m.me, m.job.iter().copied().find(on_my_node)),
+        };
+        // The same color on every rank of a node: its first job rank in the space.
+        let color = first.unwrap_or(me);
+        self.split(Some(color), me)?.ok_or_else(|| Error::InvalidArgument("a split with a color gave no space".into()))
     }
 
     /// The space's ranks (borrowed from the space, not from `self`).

@@ -783,6 +783,26 @@ fn split_spaces(ctx: &mut Context) -> polyrail::Result<()> {
     let got = ctx.recv(prev, 5, &mut buf)?;
     assert!(buf[..got.len] == stamp(prev, 4300, 8), "rank {me}: the world's message");
     ctx.wait(world)?;
+    // By node: each rank tells every other its virtual node; the node space holds exactly the
+    // ranks of this one, in job order.
+    let node = ctx.split_by_node()?;
+    let my_node = std::env::var("POLYRAIL_NODE").unwrap_or_default();
+    let told: Vec<_> = (0..n).filter(|&r| r != me).map(|r| ctx.isend(r, 10, my_node.clone().into_bytes())).collect();
+    let mut same = Vec::new();
+    for r in 0..n {
+        let mut theirs = [0u8; 16];
+        let len = if r == me { 0 } else { ctx.recv(r, 10, &mut theirs)?.len };
+        if r == me || theirs[..len] == *my_node.as_bytes() {
+            same.push(r);
+        }
+    }
+    for t in told {
+        ctx.wait(t?)?;
+    }
+    assert_eq!(node.job_ranks(), Some(&same[..]), "rank {me} on node '{my_node}': the node's space");
+    let mut on_node = ctx.in_space(&node)?;
+    assert_eq!(on_node.rank() as usize, same.iter().position(|&r| r == me).unwrap_or(usize::MAX));
+    on_node.barrier()?;
     let c = ctx.new_space()?;
     let mut buf = [0u8; 64];
     let st = ctx.in_space(&c)?.sendrecv(next, 8, &stamp(me, 4320, 64), prev, ANY_TAG, &mut buf)?;
