@@ -331,6 +331,11 @@ impl Context {
         Ok(entries)
     }
 
+    /// Tells the engine that only `members` (job ranks) send in matching context `ctx`.
+    pub(crate) fn note_members(&mut self, ctx: u16, members: &[Rank]) {
+        self.driver.engine.set_context_members(ctx, members);
+    }
+
     /// Gives matching contexts `ctx` and `ctx - 1` to the spaces of a split that every rank of
     /// its space agreed on; later splits take lower ones.
     pub(crate) fn take_split_contexts(&mut self, ctx: u16) -> Result<()> {
@@ -828,13 +833,13 @@ impl Context {
         self.driver.probing(|d| {
             d.wait_until(|e| {
                 found = check(e);
-                found.is_some() || probe_hopeless(e, from)
+                found.is_some() || probe_hopeless(e, from, space)
             })
         })?;
         found.ok_or_else(|| match from {
             Source::Rank(r) => self.driver.engine.peer_error(r).unwrap_or(Error::PeerFinished { rank: r }),
             Source::Any => Error::InvalidArgument(
-                "every other rank has finished or was lost: an ANY_SOURCE probe can never match".into(),
+                "every other rank that may send in the space has finished or was lost: an ANY_SOURCE probe can never match".into(),
             ),
         })
     }
@@ -945,10 +950,10 @@ impl Drop for Context {
     }
 }
 
-fn probe_hopeless(e: &polyrail_core::engine::Engine, from: Source) -> bool {
+fn probe_hopeless(e: &polyrail_core::engine::Engine, from: Source, ctx: u16) -> bool {
     match from {
         Source::Rank(r) => e.peer_error(r).is_some(),
-        Source::Any => (0..e.size()).filter(|&r| r != e.rank()).all(|r| e.peer_error(r).is_some()) && e.size() > 1,
+        Source::Any => e.all_others_gone_in(ctx),
     }
 }
 

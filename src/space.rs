@@ -264,6 +264,7 @@ impl<'a> InSpace<'a> {
         // This rank's own entry, at `me`, has its color.
         let new_me = mine.iter().position(|&(_, r)| r == me).unwrap_or_default() as Rank;
         let members = Members::new(mine.iter().map(|&(_, r)| job[r as usize]).collect(), new_me, ctx - 1);
+        self.ctx.note_members(ctx, &members.job);
         Ok(Some(Space { ctx, members: Some(Arc::new(members)) }))
     }
 

@@ -810,6 +810,27 @@ fn split_spaces(ctx: &mut Context) -> polyrail::Result<()> {
     Ok(())
 }
 
+/// A space whose other members finished: the job in pairs, the second of each pair finalizing at
+/// once, while the first waits in its pair with an ANY_SOURCE receive. The receive must end
+/// with an error (the partner finished, or every other member has) although the other pairs'
+/// ranks live on; before the engine knew a space's members it waited for every rank of the
+/// job, whose first ranks waited for it in turn.
+fn space_ends_scenario(ctx: &mut Context) -> polyrail::Result<()> {
+    let me = ctx.rank();
+    let pair = ctx.split(Some(me / 2), me)?.expect("a color was given");
+    let mut in_pair = ctx.in_space(&pair)?;
+    if in_pair.rank() == 1 || in_pair.size() == 1 {
+        return Ok(());
+    }
+    let mut buf = [0u8; 8];
+    match in_pair.recv(ANY_SOURCE, ANY_TAG, &mut buf) {
+        Err(Error::PeerFinished { rank }) => assert_eq!(rank, me + 1, "rank {me}: the partner finished"),
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("ANY_SOURCE"), "rank {me}: {m}"),
+        other => panic!("rank {me}: an ANY_SOURCE receive in a finished pair gave {other:?}"),
+    }
+    Ok(())
+}
+
 /// Receives each rank of [`cancel_race_scenario`] posts (and messages it sends).
 const RACE_RECEIVES: usize = 24;
 
@@ -939,13 +960,16 @@ fn rank_main(scenario: &str) {
         "orphans-keyed" => orphans_scenario(&mut ctx, true),
         "cancel-race" => cancel_race_scenario(&mut ctx),
         "spaces" => spaces_scenario(&mut ctx),
+        "space-ends" => space_ends_scenario(&mut ctx),
         other => panic!("unknown scenario {other}"),
     };
     if let Err(e) = r {
         eprintln!("rank {}: scenario {scenario} failed: {e}", ctx.rank());
         std::process::exit(1);
     }
-    ctx.barrier().expect("final barrier");
+    if scenario != "space-ends" {
+        ctx.barrier().expect("final barrier"); // not after ranks finished on purpose
+    }
     ctx.finalize().expect("finalize");
 }
 
@@ -1050,7 +1074,9 @@ fn main() {
     };
     for &ranks in &[2u32, 4, 8] {
         for (name, nodes, env) in CHANNELS {
-            for scenario in ["sizes", "order", "wildcard", "truncate", "registered", "heap", "cancel-race", "spaces"] {
+            for scenario in
+                ["sizes", "order", "wildcard", "truncate", "registered", "heap", "cancel-race", "spaces", "space-ends"]
+            {
                 if ranks == 8 && scenario == "order" && *name != "auto" {
                     continue; // the 8-rank order run over each forced channel adds little time-wise value
                 }

@@ -46,7 +46,7 @@ use crate::transport::{OpId, PeerAccess, Region, RegionMut, RemoteKey, Sink};
 use requests::{Dir, ExposeFor, Req, Requests, Withdrawal};
 use spare::SpareBuffers;
 use split_share::{SplitTuner, Trial};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use types::{op_id, split_op, OpKind};
 
@@ -256,6 +256,11 @@ pub struct Engine {
     actions: VecDeque<Action>,
     /// ANY_SOURCE receives, in post order.
     wild: VecDeque<ReqId>,
+    /// The ranks that may send in a context, where not every rank may
+    /// ([`Engine::set_context_members`]).
+    members_of: HashMap<u16, Box<[Rank]>>,
+    /// Peers that finished or were lost.
+    gone_peers: u32,
     post_counter: u64,
     arrival_counter: u64,
     skew: Option<SkewPolicy>,
@@ -329,6 +334,8 @@ impl Engine {
             reqs: Requests::default(),
             actions: VecDeque::new(),
             wild: VecDeque::new(),
+            members_of: HashMap::new(),
+            gone_peers: 0,
             post_counter: 0,
             arrival_counter: 0,
             skew: None,
@@ -887,9 +894,7 @@ impl Engine {
             if let Some(why) = self.peers.get(r as usize).and_then(|p| p.unreachable.clone()) {
                 return Err(Error::Unreachable { rank: r, why });
             }
-        } else if self.peers.iter().enumerate().all(|(i, p)| p.gone.is_some() && i as Rank != self.me)
-            && self.peers.len() > 1
-        {
+        } else if self.all_others_gone_in(ctx) && self.find_unexpected(src, tag, ctx).is_none() {
             return Err(self.all_gone_error());
         }
         let from = match src {
@@ -1311,6 +1316,7 @@ impl Engine {
         p.gone = Some(gone);
         p.rtrs.clear();
         p.withdrawals = 0;
+        self.gone_peers += 1;
         if let Some(parked) = self.parked.as_mut().filter(|q| q.from == peer && q.end.is_none()) {
             parked.end = Some(Unparked::Done(Err(why.duplicate())));
         }
@@ -1319,12 +1325,12 @@ impl Engine {
         for id in victims {
             self.fail(id, why.duplicate());
         }
-        let others_gone = self.peers.iter().enumerate().all(|(i, p)| p.gone.is_some() || i as Rank == self.me);
-        if gone == Gone::Lost || others_gone {
-            let wild: Vec<ReqId> = self.wild.iter().copied().collect();
-            for id in wild {
-                self.fail(id, why.duplicate());
-            }
+        // A loss may have taken any message on its way; a finish, only those of its rank.
+        let hopeless =
+            |e: &Engine, id: ReqId| gone == Gone::Lost || e.reqs.get(id).is_some_and(|r| e.all_others_gone_in(r.ctx));
+        let wild: Vec<ReqId> = self.wild.iter().copied().filter(|&id| hopeless(self, id)).collect();
+        for id in wild {
+            self.fail(id, why.duplicate());
         }
     }
 
@@ -1348,9 +1354,29 @@ impl Engine {
         }
     }
 
+    /// Declares that only `members` (job ranks, this one among them) send in matching context
+    /// `ctx` (a space over some of the ranks): an ANY_SOURCE receive in it is then refused, or
+    /// failed, once every other member has finished, not only once every other rank has.
+    pub fn set_context_members(&mut self, ctx: u16, members: &[Rank]) {
+        self.members_of.insert(ctx, members.into());
+    }
+
+    /// Whether every other rank that may send in `ctx` has finished or was lost (never when
+    /// there is no other).
+    pub fn all_others_gone_in(&self, ctx: u16) -> bool {
+        if self.gone_peers == 0 {
+            return false;
+        }
+        let gone = |r: Rank| r == self.me || self.peers.get(r as usize).is_none_or(|p| p.gone.is_some());
+        match self.members_of.get(&ctx) {
+            Some(members) => members.len() > 1 && members.iter().all(|&r| gone(r)),
+            None => self.peers.len() > 1 && (0..self.peers.len() as Rank).all(gone),
+        }
+    }
+
     fn all_gone_error(&self) -> Error {
         Error::InvalidArgument(
-            "every other rank has finished or was lost: an ANY_SOURCE receive can never match".into(),
+            "every other rank that may send in the space has finished or was lost: an ANY_SOURCE receive can never match".into(),
         )
     }
 

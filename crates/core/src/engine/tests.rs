@@ -2161,3 +2161,50 @@ fn a_receive_discarded_before_its_rtr_left_lends_nothing() {
     assert!(first.iter().all(|&x| x == 0), "the discarded receive's buffer was written");
     assert!(sim.exposed.iter().all(Vec::is_empty), "an exposure was left");
 }
+
+/// An ANY_SOURCE receive posted once every other rank has finished can never match: refused
+/// at once (unless a message they left matches it), as probes are.
+#[test]
+fn an_any_source_receive_after_every_peer_finished_is_refused() {
+    let mut sim = Sim::new(3, one_sided_route);
+    let mut left = vec![0u8; 8];
+    send(&mut sim, 1, 0, 4, b"left");
+    sim.settle();
+    sim.engines[0].handle_peer_lost(1, Error::PeerFinished { rank: 1 });
+    sim.engines[0].handle_peer_lost(2, Error::PeerFinished { rank: 2 });
+    let q = recv(&mut sim, 0, Source::Any, TagMatch::Any, &mut left);
+    assert_eq!(result(&mut sim, 0, q).unwrap().source, 1, "the message rank 1 left still matches");
+    // SAFETY: `left` outlives the call, which refuses the receive.
+    let refused = unsafe {
+        sim.engines[0].post_recv(Source::Any, TagMatch::Any, 0, RegionMut { ptr: left.as_mut_ptr(), len: left.len() })
+    };
+    assert!(matches!(refused, Err(Error::InvalidArgument(ref m)) if m.contains("ANY_SOURCE")), "{refused:?}");
+}
+
+/// In a context only some ranks send in, an ANY_SOURCE receive fails once those have finished,
+/// while other ranks live on; receives in other contexts wait on.
+#[test]
+fn an_any_source_receive_ends_with_the_members_of_its_context() {
+    const SPACE: u16 = 7;
+    let mut sim = Sim::new(3, one_sided_route);
+    sim.engines[0].set_context_members(SPACE, &[1, 0]);
+    let (mut a, mut b) = (vec![0u8; 8], vec![0u8; 8]);
+    // SAFETY: `a` and `b` outlive the requests, which fail or are withdrawn below.
+    let (in_space, in_world) = unsafe {
+        let e = &mut sim.engines[0];
+        let r = e.post_recv(Source::Any, TagMatch::Any, SPACE, RegionMut { ptr: a.as_mut_ptr(), len: a.len() });
+        let w = e.post_recv(Source::Any, TagMatch::Any, 0, RegionMut { ptr: b.as_mut_ptr(), len: b.len() });
+        (r.unwrap(), w.unwrap())
+    };
+    assert!(!sim.engines[0].all_others_gone_in(SPACE));
+    sim.engines[0].handle_peer_lost(1, Error::PeerFinished { rank: 1 });
+    assert!(sim.engines[0].all_others_gone_in(SPACE) && !sim.engines[0].all_others_gone_in(0));
+    assert!(matches!(result(&mut sim, 0, in_space), Err(Error::PeerFinished { rank: 1 })));
+    assert!(!sim.engines[0].is_done(in_world), "rank 2 may still send in context 0");
+    // SAFETY: as above.
+    let refused = unsafe {
+        sim.engines[0].post_recv(Source::Any, TagMatch::Any, SPACE, RegionMut { ptr: a.as_mut_ptr(), len: 8 })
+    };
+    assert!(refused.is_err(), "{refused:?}");
+    assert_eq!(sim.engines[0].cancel_unmatched_receives(), 1);
+}
