@@ -13,7 +13,7 @@
 # Then boots ONE guest with scripts/rxe-vm.sh (rxe0, GID index 1) and runs there:
 #   - the verbs integration tests (a missing device fails them: IB_TEST_REQUIRE_DEVICE=1),
 #   - POLYRAIL_IB_PROVIDER=verbs polyrail run -n 2 --nodes 2 JOBTEST SCENARIO, and the same with
-#     -n 4 --nodes 2, for each scenario (default: sizes order wildcard truncate flood registered cancel-race spaces). Ranks on
+#     -n 4 --nodes 2, for each scenario (default: sizes order wildcard truncate flood registered cancel-race spaces space-ends). Ranks on
 #     different virtual nodes talk over ib only, here over real verbs.
 # Prints one `ok` or `FAIL` line per step with its time in the guest (output of failed steps
 # follows their line) and exits non-zero when any step failed, 125 when the guest did not run.
@@ -42,7 +42,7 @@ while (($#)); do
     *) SCENARIOS+=("$1"); shift ;;
     esac
 done
-((${#SCENARIOS[@]})) || SCENARIOS=(sizes order wildcard truncate flood registered cancel-race spaces)
+((${#SCENARIOS[@]})) || SCENARIOS=(sizes order wildcard truncate flood registered cancel-race spaces space-ends)
 for s in "${SCENARIOS[@]}"; do
     [[ $s =~ ^[a-z-]+$ ]] || { echo "ib-vm-test: bad scenario name $s" >&2; exit 2; }
 done
