@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 /// Idle polls before a waiting process that cannot sleep starts yielding its core to others.
-const SPIN_BEFORE_YIELD: u32 = 2000;
+const SPIN_BEFORE_YIELD: u64 = 2000;
 /// How long an idle process polls before it sleeps with `POLYRAIL_WAIT=adaptive`. Waking a
 /// sleeper costs tens of microseconds, and on a virtual machine whose vCPU went idle, up to a
 /// millisecond: polling first keeps that cost off messages that follow each other closely.
@@ -28,7 +28,7 @@ const MAX_NAP: Duration = Duration::from_millis(2);
 /// for longer is blocked for real and naps.
 const SPIN_BEFORE_NAP: Duration = Duration::from_millis(10);
 /// Idle polls before a waiting process sleeps with `POLYRAIL_WAIT=block`.
-const SPIN_BEFORE_BLOCK: u32 = 64;
+const SPIN_BEFORE_BLOCK: u64 = 64;
 /// How often a waiting process checks that its peers are alive.
 const LIVENESS_PERIOD: Duration = Duration::from_millis(100);
 /// How long waits go on once the process manager has gone while live peers hold keys of this
@@ -460,7 +460,10 @@ impl Driver {
     /// the core where sleeping is not safe; checks liveness of peers periodically so that a
     /// lost peer ends the wait with an error.
     pub fn wait_until(&mut self, mut done: impl FnMut(&Engine) -> bool) -> Result<()> {
-        let mut idle = 0u32;
+        // 64 bits: it never overflows (a saturated 32-bit count, reached after 2^32 empty polls
+        // of a long spin, stuck at a value that is never a multiple of 256, which ended the
+        // liveness checks and the decision to sleep for the rest of the wait).
+        let mut idle = 0u64;
         // When the current idle stretch began (read every 256 idle polls, not per poll).
         let mut idle_since: Option<Instant> = None;
         // Whether this idle stretch slept already: then an empty poll goes straight back to
@@ -477,7 +480,7 @@ impl Driver {
                 // and would delay noticing an arrival. After a while, sleep until an arrival
                 // rings the doorbell, or nap when no polled channel can ring it; while sleeping
                 // is not safe (a send waits for credits), give the core away instead.
-                idle = idle.saturating_add(1);
+                idle += 1;
                 let may_sleep = slept
                     || match self.wait {
                         WaitMode::Spin => false,
