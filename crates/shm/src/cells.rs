@@ -153,6 +153,14 @@ impl SendCells {
         }
     }
 
+    /// Moves every cell in flight to `dest` to the free list: `dest` reads no more of them (it
+    /// exited, or broke the protocol and is lost to us).
+    pub(crate) fn release(&mut self, dest: u32) {
+        if let Some(q) = self.in_flight.get_mut(dest as usize) {
+            self.free.extend(q.drain(..).map(|(c, _)| c));
+        }
+    }
+
     /// Copies `payload` (at most `cell_size()` bytes) into the free cell that came back longest
     /// ago, in flight to `dest` from now on in the record at position `record` of our ring to
     /// it, and returns the cell's index; `Ok(None)` when every cell is in flight. When few cells

@@ -417,13 +417,18 @@ impl ShmTransport {
         }
     }
 
-    /// Takes back the send cells every destination has read (every cell was in flight).
+    /// Takes back the send cells every destination has read, and every cell of a destination
+    /// that exited or broke the protocol (every cell was in flight).
     #[cold]
     fn reclaim_cells(&mut self) {
         for &r in &self.active {
-            let Some(p) = self.peers[r as usize].as_mut().filter(|p| !p.failed) else { continue };
-            // A nonsense read position is reported by the next send to that peer.
-            if let Ok(read) = p.out.read_position() {
+            let Some(p) = self.peers[r as usize].as_mut() else { continue };
+            if p.failed || p.reported {
+                // It exited or is lost to us for a corrupt ring: it reads no more cells, and
+                // without this the cells it held would stay out of the pool for good.
+                self.cells.release(r);
+            } else if let Ok(read) = p.out.read_position() {
+                // A nonsense read position is reported by the next send to that peer.
                 self.cells.reclaim(r, read);
             }
         }

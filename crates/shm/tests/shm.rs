@@ -287,6 +287,38 @@ fn cell_exhaustion_would_block_until_cells_come_back() {
     assert!(matches!(a.try_send(1, &header(0, 4097), &too_big), Err(Error::Transport { .. })));
 }
 
+/// Cells in flight to a peer that is lost (here: its ring to us is corrupt) come back to the
+/// pool: sends to the others do not wait for it for ever.
+#[test]
+fn cells_held_by_a_lost_peer_come_back() {
+    let cfg = cfg(64, 4, 4096);
+    let job = job("lost-cells");
+    let mut t: Vec<ShmTransport> =
+        (0..3).map(|r| ShmTransport::new(&cfg, &job, r, 3).unwrap().with_host(HOST)).collect();
+    let addrs: Vec<_> = t.iter().map(|x| x.address()).collect();
+    for (r, x) in t.iter_mut().enumerate() {
+        for (q, addr) in addrs.iter().enumerate().filter(|&(q, _)| q != r) {
+            assert!(matches!(x.add_peer(&peer(q as u32), addr), Reach::Yes(_)));
+        }
+    }
+    t.iter_mut().for_each(|x| x.connected().unwrap());
+    let big = 3000;
+    for n in 0..4 {
+        assert_eq!(t[0].try_send(2, &header(n, big), &pattern(n, big)).unwrap(), Issued::Done);
+    }
+    assert_eq!(t[0].try_send(1, &header(0, big), &pattern(0, big)).unwrap(), Issued::WouldBlock);
+    // Rank 2 never reads them; its ring to rank 0 turns out corrupt.
+    assert_eq!(t[2].try_send(0, &header(0, 5), &pattern(0, 5)).unwrap(), Issued::Done);
+    t[2].corrupt_for_test(0, 0, &[0xef, 0xbe], false);
+    let mut sink = Collect::default();
+    t[0].progress(usize::MAX, &mut sink).unwrap();
+    assert!(matches!(&sink.lost[..], [(2, _)]), "{:?}", sink.lost);
+    assert_eq!(t[0].try_send(1, &header(0, big), &pattern(0, big)).unwrap(), Issued::Done);
+    let mut at_1 = Collect::default();
+    assert_eq!(t[1].progress(usize::MAX, &mut at_1).unwrap(), 1);
+    assert_eq!(at_1.msgs[0].2, pattern(0, big));
+}
+
 #[test]
 fn corrupt_record_is_a_protocol_error() {
     // Bytes 2..16 of a record (after the stamp): kind, reserved byte, compact header (10 bytes),
