@@ -209,7 +209,10 @@ impl Engine {
         }
         match target {
             FragTarget::Req(id) => {
-                let req = self.reqs.get_mut(id).expect("fragment target is live");
+                // Live: a receive that ends early redirects its fragments (`Engine::fail`).
+                let req = self.reqs.get_mut(id).ok_or_else(|| {
+                    Error::protocol(from, format!("fragment of message seq {} for an ended receive", hdr.seq))
+                })?;
                 // SAFETY: off + payload.len() <= len <= cap (checked at match time).
                 unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), req.ptr.add(off), payload.len()) };
                 req.received += payload.len();
@@ -324,6 +327,7 @@ impl Engine {
             req.split = split;
             req.peer_key = key.map(Box::new);
             req.peer_writes = split..len;
+            req.peer_writing = split < len;
             req.pending = (split > 0) as u32 + (split < len) as u32;
             if split > 0 {
                 self.start_own_copy(id);
@@ -373,7 +377,7 @@ impl Engine {
     /// Split rendezvous, receiver side: tell the sender where to write, then read the front.
     pub(super) fn send_cts(&mut self, id: ReqId, key: RemoteKey) {
         let req = self.reqs.get_mut(id).expect("live request");
-        req.cts_sent = true;
+        req.peer_writing = true;
         let mut cts = Header::new(PacketKind::Cts);
         (cts.sreq, cts.rreq, cts.offset, cts.len) = (req.peer_req, id.wire(), req.split as u64, req.len as u64);
         let (to, am) = (req.peer, am_of(&self.peers, req.peer));
@@ -406,6 +410,7 @@ impl Engine {
             let n = Self::push_chunks(&mut self.actions, am, from, data, buf, frag, id);
             // The FIN or CTS we waited for is this CTS; now wait for the packets to leave.
             req.pending = n;
+            req.fin_due = false;
             return Ok(());
         }
         let key = RemoteKey::new(payload).ok_or_else(|| Error::protocol(from, "CTS without a valid key"))?;
@@ -419,6 +424,7 @@ impl Engine {
         req.split = split;
         req.peer_key = Some(Box::new(key));
         req.pending = (split > 0) as u32 + (split < req.len) as u32;
+        req.fin_due = split > 0;
         if split < req.len {
             self.start_own_copy(id);
         } else if req.pending == 0 {
@@ -455,22 +461,31 @@ impl Engine {
     }
 
     fn on_fin(&mut self, from: Rank, hdr: Header) -> Result<()> {
+        let unexpected = || Error::protocol(from, "FIN for a request that does not wait for one");
         if hdr.sreq != 0 {
             let id = self.named_request(from, hdr.sreq, Dir::Send, "FIN")?;
-            if hdr.flags & Header::TRUNCATED != 0 {
+            let req = self.reqs.get_mut(id).expect("checked live");
+            let truncated = hdr.flags & Header::TRUNCATED != 0;
+            // A truncation answers our RTS, before any CTS (or RTR) named the receive.
+            if !req.fin_due || truncated && req.peer_req != 0 {
+                return Err(unexpected());
+            }
+            req.fin_due = false;
+            if truncated {
                 self.finish(id);
             } else {
                 self.count_down(id);
             }
-            Ok(())
         } else {
             let id = self.named_request(from, hdr.rreq, Dir::Recv, "FIN")?;
-            if let Some(req) = self.reqs.get_mut(id) {
-                req.cts_sent = false; // the sender is done with our key
+            let req = self.reqs.get_mut(id).expect("checked live");
+            if !req.peer_writing {
+                return Err(unexpected());
             }
+            req.peer_writing = false; // the sender is done with our key
             self.count_down(id);
-            Ok(())
         }
+        Ok(())
     }
 
     fn on_rtr(&mut self, from: Rank, hdr: Header, payload: &[u8]) -> Result<()> {
@@ -675,6 +690,10 @@ impl Engine {
 
     /// Receive `id` met an unexpected message.
     pub(super) fn match_unexpected(&mut self, id: ReqId, from: Rank, ux: Unexpected) {
+        // A sender that is gone finishes no message it left half-way (the rest of an eager
+        // one, a rendezvous): the receive that takes such a message ends with the sender's
+        // loss at once, instead of waiting for ever.
+        let gone = self.peer_error(from);
         let req = self.reqs.get_mut(id).expect("live request");
         req.matched = true;
         req.peer = from;
@@ -684,6 +703,9 @@ impl Engine {
             UxBody::Eager { data, received } => {
                 let target = if ux.len > req.cap {
                     let e = Error::Truncated { from, tag: ux.tag, len: ux.len, capacity: req.cap };
+                    self.fail(id, e);
+                    FragTarget::Discard
+                } else if let Some(e) = gone.filter(|_| received < ux.len) {
                     self.fail(id, e);
                     FragTarget::Discard
                 } else {
@@ -702,11 +724,14 @@ impl Engine {
                 }
                 self.spare.give_back(data);
             }
-            UxBody::Rts { hdr, key } => {
-                if let Err(e) = self.deliver_rts(id, from, hdr, key) {
-                    self.handle_peer_lost(from, e);
+            UxBody::Rts { hdr, key } => match gone {
+                Some(e) => self.fail(id, e),
+                None => {
+                    if let Err(e) = self.deliver_rts(id, from, hdr, key) {
+                        self.handle_peer_lost(from, e);
+                    }
                 }
-            }
+            },
         }
     }
 

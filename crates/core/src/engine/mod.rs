@@ -834,6 +834,7 @@ impl Engine {
             }
             Protocol::RndvStream => {
                 req.pending = 1; // the receiver's CTS
+                req.fin_due = true; // or its truncation FIN
                 let mut hdr = Header::new(PacketKind::Rts);
                 (hdr.flags, hdr.tag, hdr.ctx, hdr.seq, hdr.len, hdr.sreq) =
                     (Header::STREAM, tag, ctx, seq, buf.len as u64, id.wire());
@@ -848,6 +849,7 @@ impl Engine {
                     req.peer_key = Some(Box::new(rtr.key));
                     req.peer_req = rtr.rreq;
                     req.pending = 1 + (split > 0) as u32; // own put, then the receiver's FIN
+                    req.fin_due = split > 0;
                     if split > 0 {
                         req.expose_for = Some(ExposeFor::RtsAfterRtr);
                         self.actions.push_back(Action::Expose {
@@ -863,6 +865,7 @@ impl Engine {
                 _ => {
                     // Sender first: expose, then RTS; the receiver's FIN ends it.
                     req.pending = 1;
+                    req.fin_due = true;
                     req.expose_for = Some(ExposeFor::Rts);
                     self.actions.push_back(Action::Expose {
                         channel: data_ch,
@@ -1235,7 +1238,10 @@ impl Engine {
         }
         let key = match key {
             Ok(k) => k,
-            Err(e) => return self.fail(id, e),
+            Err(e) => {
+                req.expose_for = None; // nothing more comes for it: a discard may free it
+                return self.fail(id, e);
+            }
         };
         req.own_key = Some(Box::new(key));
         match req.expose_for.take() {
@@ -1288,7 +1294,7 @@ impl Engine {
             // with the error only at the sender's FIN (or its loss), so that nothing writes the
             // buffer once the receive has ended. Our FIN goes out as usual: we no longer read
             // the sender's buffer.
-            if !(req.dir == Dir::Recv && req.cts_sent && req.pending > 1) {
+            if !(req.dir == Dir::Recv && req.peer_writing && req.pending > 1) {
                 return self.fail(id, e);
             }
             req.deferred = Some(Box::new(e));

@@ -83,9 +83,12 @@ pub(super) struct Req {
     pub rtr_seq: u32,
     pub rtr_place: u32,
     pub rtr_sent: bool,
-    /// Receives: a CTS gave the sender `own_key` and it has not said (FIN) that it finished
-    /// writing its part of the buffer.
-    pub cts_sent: bool,
+    /// Receives: the sender holds `own_key` and writes its part of the buffer until its FIN
+    /// (after our CTS, or receiver first with a split below the length); a FIN is due.
+    pub peer_writing: bool,
+    /// Sends: the receiver reads (all of the message, or the front of a split) and then sends
+    /// its FIN, or answers our RTS with a truncation FIN; a FIN is due.
+    pub fin_due: bool,
     /// Receives: our own copy failed while the sender still wrote its part; the request ends
     /// with this error at the sender's FIN (see `Engine::handle_completion`).
     pub deferred: Option<Box<Error>>,
@@ -105,7 +108,7 @@ impl Req {
     /// A receive whose peer holds its key: an RTR that no matching send consumed yet, or a
     /// CTS whose FIN has not come.
     pub fn lends_key(&self) -> bool {
-        self.dir == Dir::Recv && self.own_key.is_some() && ((self.rtr_sent && !self.matched) || self.cts_sent)
+        self.dir == Dir::Recv && self.own_key.is_some() && ((self.rtr_sent && !self.matched) || self.peer_writing)
     }
 
     #[inline]
@@ -135,7 +138,8 @@ impl Req {
             rtr_seq: 0,
             rtr_place: 0,
             rtr_sent: false,
-            cts_sent: false,
+            peer_writing: false,
+            fin_due: false,
             deferred: None,
             withdrawal: Withdrawal::None,
             expose_for: None,

@@ -2046,12 +2046,17 @@ fn an_unreachable_peer_fails_sends_and_receives_at_once() {
 #[test]
 fn a_split_receive_whose_copy_fails_waits_for_the_senders_part() {
     let split = || route(100, &[(usize::MAX, Protocol::RndvSplit)]);
-    for recv_first in [true, false] {
+    // Receiver first with its RTR taken by the send (the sender writes the back through the
+    // RTR's key), both posted before anything moves (the RTS crosses the RTR), sender first.
+    for order in ["rtr first", "crossed", "sender first"] {
         let mut sim = Sim { ordered_puts: Some(Vec::new()), failing_gets: Some(1), ..Sim::new(2, split) };
         let data = pattern(3, 100_000);
         let mut out = vec![0u8; data.len()];
-        let (q, s) = if recv_first {
+        let (q, s) = if order != "sender first" {
             let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
+            if order == "rtr first" {
+                sim.settle();
+            }
             (q, send(&mut sim, 0, 1, 1, &data))
         } else {
             let s = send(&mut sim, 0, 1, 1, &data);
@@ -2060,7 +2065,7 @@ fn a_split_receive_whose_copy_fails_waits_for_the_senders_part() {
         sim.settle();
         let late = sim.ordered_puts.replace(Vec::new()).unwrap();
         assert_eq!(late.len(), 1, "the sender's put is in flight");
-        assert!(!sim.engines[1].is_done(q), "the receive ended while the sender still wrote its part");
+        assert!(!sim.engines[1].is_done(q), "{order}: the receive ended while the sender still wrote its part");
         for (rank, op) in late {
             sim.engines[rank as usize].handle_completion(op, Ok(()));
         }
@@ -2207,4 +2212,87 @@ fn an_any_source_receive_ends_with_the_members_of_its_context() {
     };
     assert!(refused.is_err(), "{refused:?}");
     assert_eq!(sim.engines[0].cancel_unmatched_receives(), 1);
+}
+
+/// A FIN only ends what waits for one: not an eager receive in the middle of its fragments
+/// (whose slot would then be freed under the next fragment), not a send twice, not a
+/// receiver-first send with a truncation. Each is the peer's protocol error; nothing panics.
+#[test]
+fn a_fin_nothing_waits_for_is_a_protocol_error() {
+    let mut sim = Sim::new(2, one_sided_route);
+    let mut out = vec![0u8; 9000];
+    let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
+    let mut first = Header::eager(0, 1, 0, 5000);
+    first.kind = PacketKind::Eager;
+    assert!(sim.engines[1].handle_message(0, &first, &[7; 100]).is_ok());
+    let mut fin = Header::new(PacketKind::Fin);
+    fin.rreq = q.wire();
+    assert!(matches!(sim.engines[1].handle_message(0, &fin, &[]), Err(Error::Protocol { peer: 0, .. })));
+    assert!(!sim.engines[1].is_done(q), "the bogus FIN ended nothing");
+    let mut frag = Header::eager(0, 1, 0, 5000);
+    (frag.kind, frag.offset) = (PacketKind::Frag, 100);
+    assert!(sim.engines[1].handle_message(0, &frag, &[8; 4900]).is_ok());
+    assert_eq!(result(&mut sim, 1, q).unwrap().len, 5000);
+    assert!(out[..100].iter().all(|&b| b == 7) && out[100..5000].iter().all(|&b| b == 8));
+    // A fragment for a receive that has ended (its slot freed) is refused, not a panic.
+    let mut late = Header::eager(0, 1, 1, 5000);
+    assert!(sim.engines[1].handle_message(0, &late, &[1; 100]).is_ok());
+    late.kind = PacketKind::Frag;
+    late.offset = 100;
+    assert!(sim.engines[1].handle_message(0, &late, &[1; 100]).is_ok(), "kept as unexpected");
+
+    // Sender first: the receiver's FIN ends the send once; a second one is refused.
+    let mut sim = Sim::new(2, one_sided_route);
+    let data = pattern(4, 3000);
+    let mut buf = vec![0u8; 3000];
+    let s = send(&mut sim, 0, 1, 1, &data);
+    sim.settle();
+    let r = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut buf);
+    sim.settle();
+    assert!(result(&mut sim, 1, r).is_ok() && sim.engines[0].is_done(s));
+    let mut fin = Header::new(PacketKind::Fin);
+    fin.sreq = s.wire();
+    assert!(sim.engines[0].handle_message(1, &fin, &[]).is_err(), "a second FIN");
+    assert!(result(&mut sim, 0, s).is_ok());
+
+    // Receiver first without a split: the receiver sends no FIN, and no truncation either.
+    let mut sim = Sim { ordered_puts: Some(Vec::new()), ..Sim::new(2, one_sided_route) };
+    let r = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut buf);
+    sim.settle();
+    let s = send(&mut sim, 0, 1, 1, &data);
+    sim.run_actions();
+    for flags in [0, Header::TRUNCATED] {
+        let mut fin = Header::new(PacketKind::Fin);
+        (fin.sreq, fin.flags) = (s.wire(), flags);
+        assert!(sim.engines[0].handle_message(1, &fin, &[]).is_err(), "flags {flags}");
+    }
+    assert!(!sim.engines[0].is_done(s), "the put is still in flight");
+    let late = sim.ordered_puts.replace(Vec::new()).unwrap();
+    for (rank, op) in late {
+        sim.engines[rank as usize].handle_completion(op, Ok(()));
+    }
+    sim.settle();
+    assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, r).is_ok());
+    assert_eq!(buf, data);
+}
+
+/// A message a lost sender left half-way (an eager one missing fragments, a rendezvous
+/// announcement) ends the receive that takes it with the sender's loss, at once.
+#[test]
+fn a_receive_taking_what_a_lost_peer_left_half_way_fails_at_once() {
+    let mut sim = Sim::new(2, one_sided_route);
+    let data = pattern(5, 3000);
+    let s = send(&mut sim, 0, 1, 2, &data); // an RTS
+    sim.settle();
+    let mut part = Header::eager(0, 1, 1, 5000);
+    part.kind = PacketKind::Eager;
+    assert!(sim.engines[1].handle_message(0, &part, &[3; 100]).is_ok());
+    sim.engines[1].handle_peer_lost(0, Error::PeerLost { rank: 0, why: "test".into() });
+    let (mut a, mut b) = (vec![0u8; 3000], vec![0u8; 5000]);
+    let rts = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(2), &mut a);
+    let eager = recv(&mut sim, 1, Source::Any, TagMatch::Tag(1), &mut b);
+    assert!(matches!(result(&mut sim, 1, rts), Err(Error::PeerLost { rank: 0, .. })));
+    assert!(matches!(result(&mut sim, 1, eager), Err(Error::PeerLost { rank: 0, .. })));
+    assert!(sim.engines[1].poll_action().is_none(), "no copy from the lost peer was started");
+    let _ = s;
 }
