@@ -10,7 +10,7 @@
 //! When a rank dies abnormally (killed by a signal, nonzero exit, or exit without PMI finalize
 //! after having opened a PMI session), the launcher says so in one line, gives the other ranks
 //! [`LaunchOptions::grace`] to notice and exit on their own, then kills them. A PMI abort kills the
-//! other ranks at once. SIGINT or SIGTERM to the launcher is forwarded as SIGTERM, followed by
+//! other ranks at once. SIGINT, SIGTERM or SIGHUP (unless started under `nohup`) to the launcher is forwarded as SIGTERM, followed by
 //! SIGKILL after the grace period (a second signal kills at once). At the end, shared-memory
 //! segments the job left in `/dev/shm` are removed.
 //!
@@ -150,7 +150,15 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
     let _signals = SignalGuard::install();
     let (server_ends, child_ends) = socket_pairs(opts.ranks)?;
     let server = PmiServer::start(&job, server_ends)?;
-    let (procs, output) = spawn_all(opts, &job, &child_ends)?;
+    let (procs, output) = match spawn_all(opts, &job, &child_ends) {
+        Ok(started) => started,
+        Err(e) => {
+            // The ranks started so far were killed; segments they made go with them.
+            server.stop();
+            remove_shm_segments(&job);
+            return Err(e);
+        }
+    };
     drop(child_ends);
     let mut run = Run::new(opts, procs, output, server, signal_notices());
     run.wait_all();
@@ -363,7 +371,7 @@ struct Run<'a> {
     /// The ranks' stdout and stderr.
     output: Output,
     server: PmiServer,
-    /// Readable after a SIGINT or SIGTERM (see [`signal_notices`]).
+    /// Readable after a SIGINT, SIGTERM or SIGHUP (see [`signal_notices`]).
     signal_notices: Option<&'static OwnedFd>,
     /// When surviving ranks get SIGKILL; set once the job is stopping.
     kill_at: Option<Instant>,
@@ -636,7 +644,7 @@ impl<'a> Run<'a> {
 
     fn exit_code(&self) -> i32 {
         let worst = self.procs.iter().filter_map(|p| p.code).max().unwrap_or(0);
-        let code = self.abort_code.unwrap_or(worst);
+        let code = self.abort_code.map_or(worst, polyrail_core::bootstrap::abort_status);
         self.stop_code.map_or(code, |s| code.max(s))
     }
 }
@@ -681,7 +689,7 @@ const EXIT_POLL: Duration = Duration::from_millis(10);
 /// ranks started holds their output pipes open.
 const OUTPUT_DRAIN: Duration = Duration::from_millis(200);
 
-/// The last SIGINT or SIGTERM the launcher received (0: none since last looked at).
+/// The last SIGINT, SIGTERM or SIGHUP the launcher received (0: none since last looked at).
 static RECEIVED: AtomicI32 = AtomicI32::new(0);
 /// Write end of the signal notice pipe (-1: none yet, or pipe2 failed).
 static SIGNAL_NOTICE: AtomicI32 = AtomicI32::new(-1);
@@ -730,7 +738,7 @@ fn drain(fd: &OwnedFd) {
     while unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
 }
 
-/// SIGINT and SIGTERM handlers for the duration of a launch; the previous ones come back on drop.
+/// SIGINT, SIGTERM and SIGHUP handlers (SIGHUP not when it was ignored: `nohup`) for the duration of a launch; the previous ones come back on drop.
 /// The handlers also write to the [`signal_notices`] pipe, which the launcher polls.
 struct SignalGuard {
     old: Vec<(i32, libc::sigaction)>,
@@ -741,7 +749,7 @@ impl SignalGuard {
         // Before the handlers: they find the pipe's write end in SIGNAL_NOTICE.
         signal_notices();
         let mut old = Vec::new();
-        for sig in [libc::SIGINT, libc::SIGTERM] {
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
             // SAFETY: sigaction is plain data; all zeroes is a valid starting point.
             let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
             act.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
@@ -751,6 +759,12 @@ impl SignalGuard {
             let mut prev: libc::sigaction = unsafe { std::mem::zeroed() };
             // SAFETY: see above.
             if unsafe { libc::sigaction(sig, &act, &mut prev) } == 0 {
+                if sig == libc::SIGHUP && prev.sa_sigaction == libc::SIG_IGN {
+                    // Started with `nohup`: a hangup is to leave the job running.
+                    // SAFETY: `prev` is the disposition sigaction just returned for SIGHUP.
+                    unsafe { libc::sigaction(sig, &prev, std::ptr::null_mut()) };
+                    continue;
+                }
                 old.push((sig, prev));
             }
         }

@@ -330,6 +330,22 @@ fn unsupported_commands_get_an_error_answer() {
     drop(srv);
 }
 
+/// A request whose answer could not be framed (an unsupported PMI-2 command named with
+/// 600000 bytes, repeated in the answer beyond PMI-2's 999999-byte limit) closes the connection:
+/// the rank is told at once instead of waiting for an answer for ever.
+#[test]
+fn an_answer_too_long_to_send_closes_the_connection() {
+    let (srv, mut socks) = server("job-long", 1);
+    let mut raw = socks.pop().unwrap();
+    let body = format!("cmd={};", "a".repeat(600_000));
+    raw.write_all(format!("{:<6}{body}", body.len()).as_bytes()).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut rest = Vec::new();
+    assert_eq!(raw.read_to_end(&mut rest).unwrap(), 0, "closed, not answered");
+    let evs = events_until(&srv, |e| e.iter().any(|e| matches!(e, ServerEvent::Lost { .. })));
+    assert!(evs.iter().any(|e| matches!(e, ServerEvent::Lost { rank: 0, .. })), "{evs:?}");
+}
+
 #[test]
 fn fullinit_checks_the_rank_and_accepts_right_padded_lengths() {
     let (srv, mut socks) = server("job-fullinit", 2);

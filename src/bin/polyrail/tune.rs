@@ -116,9 +116,11 @@ pub fn tune(output: &Path, quick: bool) -> anyhow::Result<i32> {
         }
     }
     let _ = std::fs::remove_file(&tmp);
+    // A size no run measured (a measurement job that wrote only part of its lines) is NaN:
+    // single copy is not taken to win there.
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
     };
     let mut table =
         String::from("size      eager: lat us  bw MB/s   single copy: lat us  bw MB/s   single copy wins\n");

@@ -89,7 +89,17 @@ impl Bootstrap for Singleton {
     }
     fn abort(&mut self, code: i32, msg: &str) {
         eprintln!("polyrail: abort({code}): {msg}");
-        std::process::exit(code);
+        std::process::exit(abort_status(code));
+    }
+}
+
+/// The exit status that carries abort code `code`: its low byte (what the system keeps), except
+/// that a nonzero code whose low byte is zero (256, -256...) becomes 1, so that an aborted job
+/// never exits as a success.
+pub fn abort_status(code: i32) -> i32 {
+    match code.rem_euclid(256) {
+        0 if code != 0 => 1,
+        status => status,
     }
 }
 
@@ -132,4 +142,16 @@ pub fn decode_hex(s: &str) -> Option<Vec<u8>> {
     }
     let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
     s.as_bytes().chunks(2).map(|p| Some(digit(p[0])? << 4 | digit(p[1])?)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::abort_status;
+
+    #[test]
+    fn an_abort_code_never_becomes_a_success() {
+        for (code, status) in [(0, 0), (1, 1), (255, 255), (256, 1), (257, 1), (-1, 255), (-256, 1), (512, 1)] {
+            assert_eq!(abort_status(code), status, "code {code}");
+        }
+    }
 }

@@ -139,7 +139,7 @@ pub(super) fn abort_and_exit(conn: &mut Conn, wire: Wire, msg: &Msg, rank: Rank,
     if conn.send(wire, msg).is_ok() {
         conn.wait_closed(ABORT_WAIT);
     }
-    std::process::exit(code)
+    std::process::exit(super::abort_status(code))
 }
 
 impl Bootstrap for Pmi1Client {

@@ -26,6 +26,9 @@ pub const KVSNAME_MAX: usize = 256;
 pub const KEYLEN_MAX: usize = 64;
 /// `vallen_max` announced to PMI-1 clients (as Hydra does; counts a terminating NUL).
 pub const VALLEN_MAX: usize = 1024;
+/// Answer bytes a rank may leave unread before the server drops it (a job's whole key space
+/// fits many times over: answers are at most one value each).
+const MAX_QUEUED_ANSWERS: usize = 16 << 20;
 
 /// What the server tells the launcher.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -299,7 +302,8 @@ impl State {
             (Wire::V2, "kvs-get") => self.get_v2(req, "kvs-get-response"),
             (Wire::V2, "info-getjobattr") => self.get_v2(req, "info-getjobattr-response"),
             (_, other) => {
-                say(&format!("rank {i} sent the unsupported PMI command `{other}`; answering with an error"));
+                let shown = preview(other.as_bytes());
+                say(&format!("rank {i} sent the unsupported PMI command {shown}; answering with an error"));
                 let name = if wire == Wire::V1 { format!("{other}_result") } else { format!("{other}-response") };
                 failure(wire, Msg::new(name), &format!("unsupported PMI command `{other}`"))
             }
@@ -313,8 +317,21 @@ impl State {
             reply = reply.with("thrid", t);
         }
         match reply.encode(wire) {
-            Ok(bytes) => self.peers[i].outbuf.extend_from_slice(&bytes),
-            Err(e) => say(&format!("cannot answer rank {i}: {e}")),
+            Ok(bytes) => self.queue(i, &bytes),
+            // Unanswered, the rank would wait for ever.
+            Err(e) => self.lose(i, format!("its answer cannot be sent: {e}")),
+        }
+    }
+
+    /// Queues encoded answer bytes to rank `i`; a rank that lets more than
+    /// [`MAX_QUEUED_ANSWERS`] bytes pile up (it sends requests without reading the answers) is
+    /// dropped rather than let the launcher's memory grow without bound.
+    fn queue(&mut self, i: usize, bytes: &[u8]) {
+        let out = &mut self.peers[i].outbuf;
+        out.extend_from_slice(bytes);
+        if out.len() > MAX_QUEUED_ANSWERS {
+            let n = out.len();
+            self.lose(i, format!("it does not read its answers ({n} bytes queued)"));
         }
     }
 
@@ -455,15 +472,15 @@ impl State {
     /// Answers every rank waiting in the barrier: success, or failure with `why`.
     fn release_fences(&mut self, why: Option<&str>) {
         self.waiting = 0;
-        for p in &mut self.peers {
-            let Some((wire, msg)) = p.fence.take() else { continue };
+        for i in 0..self.peers.len() {
+            let Some((wire, msg)) = self.peers[i].fence.take() else { continue };
             let reply = match why {
                 None => msg.with("rc", 0),
                 Some(w) => failure(wire, msg, &format!("the barrier cannot complete: {w}")),
             };
             match reply.encode(wire) {
-                Ok(bytes) => p.outbuf.extend_from_slice(&bytes),
-                Err(e) => say(&format!("cannot answer a barrier: {e}")),
+                Ok(bytes) => self.queue(i, &bytes),
+                Err(e) => self.lose(i, format!("its barrier answer cannot be sent: {e}")),
             }
         }
     }
