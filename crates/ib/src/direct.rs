@@ -148,6 +148,8 @@ struct Peer {
     finished: bool,
     /// Reported lost or finished to the engine.
     reported: bool,
+    /// Its ring held a malformed packet: nothing more is read from it.
+    malformed: bool,
 }
 
 impl Peer {
@@ -483,6 +485,15 @@ impl<P: Provider> DirectIb<P> {
         }
     }
 
+    /// `peer` wrote a malformed packet: it is lost, and nothing more is read from its ring (the
+    /// packets after a bad one cannot be told apart from it).
+    fn malformed(&mut self, peer: Rank, why: impl std::fmt::Display) {
+        if let Some(p) = self.peers.get_mut(peer as usize).and_then(Option::as_mut) {
+            p.malformed = true;
+        }
+        self.fail_peer(peer, format!("malformed ib packet from rank {peer}: {why}"));
+    }
+
     /// Delivers complete packets of `peer`'s ring, up to `budget`; returns how many.
     fn poll_ring(&mut self, peer: Rank, budget: usize, sink: &mut dyn Sink) -> usize {
         let (credits_max, block, max_payload) = (self.credits, self.block, self.max_payload());
@@ -490,7 +501,7 @@ impl<P: Provider> DirectIb<P> {
         let mut n = 0;
         while n < budget {
             let Some(p) = self.peers.get_mut(peer as usize).and_then(Option::as_mut) else { return n };
-            if p.finished {
+            if p.finished || p.malformed {
                 return n;
             }
             let at = ring + (p.received % credits_max as u64) as usize * block;
@@ -506,17 +517,16 @@ impl<P: Provider> DirectIb<P> {
                 let (len, credits) = match packet::decode_compact(imm, max_payload) {
                     Ok(v) => v,
                     Err(why) => {
-                        self.fail_peer(peer, format!("malformed ib packet from rank {peer}: {why}"));
+                        self.malformed(peer, why);
                         return n;
                     }
                 };
                 let Some(prev) = p.read_header else {
-                    let why = format!("malformed ib packet from rank {peer}: a compact packet before any framed one");
-                    self.fail_peer(peer, why);
+                    self.malformed(peer, "a compact packet before any framed one");
                     return n;
                 };
                 if let Err(why) = take_credits(p, credits, credits_max) {
-                    self.fail_peer(peer, format!("malformed ib packet from rank {peer}: {why}"));
+                    self.malformed(peer, why);
                     return n;
                 }
                 let hdr = prev.successor(len as u64);
@@ -541,8 +551,7 @@ impl<P: Provider> DirectIb<P> {
             // otherwise wait for the tail it points to, then read word 0 again and judge it.
             let len = (w0 & 0xffff_ffff) as usize;
             if len > max_payload {
-                let why = format!("malformed ib packet from rank {peer}: length {len} exceeds the block's payload capacity {max_payload}");
-                self.fail_peer(peer, why);
+                self.malformed(peer, format!("length {len} exceeds the block's payload capacity {max_payload}"));
                 return n;
             }
             let tail_at = at + packet::tail_offset(len);
@@ -556,21 +565,16 @@ impl<P: Provider> DirectIb<P> {
             let w = match packet::decode_word0(w0, max_payload) {
                 Ok(w) if w.len == len => w,
                 Ok(w) => {
-                    let why = format!(
-                        "malformed ib packet from rank {peer}: length {} read after its tail landed, {len} before",
-                        w.len
-                    );
-                    self.fail_peer(peer, why);
+                    self.malformed(peer, format!("length {} read after its tail landed, {len} before", w.len));
                     return n;
                 }
                 Err(why) => {
-                    let why = format!("malformed ib packet from rank {peer}: {why}");
-                    self.fail_peer(peer, why);
+                    self.malformed(peer, why);
                     return n;
                 }
             };
             if let Err(why) = take_credits(p, w.credits as usize, credits_max) {
-                self.fail_peer(peer, format!("malformed ib packet from rank {peer}: {why}"));
+                self.malformed(peer, why);
                 return n;
             }
             p.received += 1;
@@ -588,7 +592,7 @@ impl<P: Provider> DirectIb<P> {
                     let hdr = match Header::parse(wire) {
                         Ok(hdr) => hdr,
                         Err(why) => {
-                            self.fail_peer(peer, format!("malformed ib packet from rank {peer}: {why}"));
+                            self.malformed(peer, why);
                             return n;
                         }
                     };
@@ -935,11 +939,20 @@ impl<P: Provider> Transport for DirectIb<P> {
             _ => 0,
         };
         let ring_bytes = self.ring_bytes() as u64;
+        // The peer's address gives where its rings start: ours and our heartbeat word must be
+        // addresses, not an overflow.
+        let at = |n: u64, plus: u64| n.checked_mul(ring_bytes)?.checked_add(plus)?.checked_add(a.rings);
+        let heartbeat = (HEARTBEAT_BYTES as u64).checked_mul(self.rank as u64);
+        let (Some(remote_ring), Some(remote_heartbeat)) =
+            (at(self.rank as u64, 0), heartbeat.and_then(|h| at(self.size as u64, h)))
+        else {
+            return Reach::No(format!("its address places its rings at {:#x}, where ours would overflow", a.rings));
+        };
         self.peers[r as usize] = Some(Peer {
             qp,
-            remote_ring: a.rings + self.rank as u64 * ring_bytes,
+            remote_ring,
             remote_rkey: a.rings_rkey,
-            remote_heartbeat: a.rings + self.size as u64 * ring_bytes + (HEARTBEAT_BYTES as u64) * self.rank as u64,
+            remote_heartbeat,
             sent: 0,
             credits: self.credits,
             received: 0,
@@ -952,6 +965,7 @@ impl<P: Provider> Transport for DirectIb<P> {
             sending: false,
             heartbeat_pending: false,
             finished: false,
+            malformed: false,
             reported: false,
         });
         self.active.push(r);
@@ -1095,10 +1109,14 @@ impl<P: Provider> Transport for DirectIb<P> {
     /// Tells every peer this process is done (BYE), then waits (bounded) until every write in
     /// flight left: a process that exits tears its queue pairs down with it.
     fn finalize(&mut self) {
-        for i in 0..self.active.len() {
-            let r = self.active[i];
-            let _ = self.send_packet(r, Kind::Bye, None, &[]);
-        }
+        // A BYE that finds no free staging block (many peers, completions not polled yet) is
+        // sent again once completions free one: without it the peer takes our exit for a loss.
+        let mut unsent = self.active.clone();
+        let mut send_byes = |t: &mut Self| {
+            unsent.retain(|&r| matches!(t.send_packet(r, Kind::Bye, None, &[]), Ok(Issued::WouldBlock)));
+            !unsent.is_empty()
+        };
+        let mut byes_left = send_byes(self);
         struct Ignore;
         impl Sink for Ignore {
             fn message(&mut self, _: Rank, _: &Header, _: &[u8]) {}
@@ -1106,9 +1124,13 @@ impl<P: Provider> Transport for DirectIb<P> {
             fn peer_lost(&mut self, _: Rank, _: Error) {}
         }
         let start = Instant::now();
-        while self.peers.iter().flatten().any(|p| p.outstanding > 0) && start.elapsed() < FINALIZE_DRAIN {
+        while (byes_left || self.peers.iter().flatten().any(|p| p.outstanding > 0)) && start.elapsed() < FINALIZE_DRAIN
+        {
             if self.poll_completions(&mut Ignore) == 0 {
                 std::thread::yield_now();
+            }
+            if byes_left {
+                byes_left = send_byes(self);
             }
         }
     }

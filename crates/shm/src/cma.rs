@@ -302,12 +302,14 @@ impl CmaTransport {
 
     /// Unmaps least recently used peer files (never the newest) while over the limits.
     fn evict(&mut self) {
-        let newest = self.peer_files.len().saturating_sub(1);
         loop {
             let bytes: usize = self.peer_files.iter().map(|m| m.map.len()).sum();
             if self.peer_files.len() <= MAX_PEER_FILES && bytes <= MAX_PEER_FILE_BYTES {
                 return;
             }
+            // Among all but the last (the newest, in use now, kept even when it alone is over
+            // the limit): the list shrinks with each removal.
+            let newest = self.peer_files.len() - 1;
             let oldest = (0..newest).min_by_key(|&i| self.peer_files[i].last_use);
             let Some(i) = oldest else { return };
             // `remove`, not `swap_remove`: the newest stays last.
