@@ -444,7 +444,15 @@ impl Context {
         // Ranks here are job ranks: the space's members do not come along.
         crate::scope::scope_in(self, &Space { ctx: space, members: None }, |s| {
             let received = s.irecv(from, recv_tag, recv_buf)?;
-            let sent = s.isend(to, send_tag, send_buf)?;
+            let sent = match s.isend(to, send_tag, send_buf) {
+                Ok(sent) => sent,
+                Err(e) => {
+                    // Not left for the scope's end to wait for: its message may never come.
+                    // One that matched already is waited for there, and ends.
+                    let _ = s.cancel(received);
+                    return Err(e);
+                }
+            };
             // Both are waited for, then the receive's error (if any) comes first.
             let (status, sent) = (s.wait(received), s.wait(sent));
             let status = status?;
@@ -890,7 +898,10 @@ impl Context {
             // SAFETY: an empty buffer; nothing can be read or written through it.
             let s = unsafe { self.driver.engine.post_send(to, round, ctx, region(&[]))? };
             self.driver.drain();
-            self.recv_in(ctx, Source::Rank(from), TagMatch::Tag(round), &mut [])?;
+            if let Err(e) = self.recv_in(ctx, Source::Rank(from), TagMatch::Tag(round), &mut []) {
+                self.driver.abandon(s); // its slot is not left behind
+                return Err(e);
+            }
             self.driver.wait(s)?;
             dist *= 2;
             round += 1;
@@ -918,8 +929,8 @@ impl Context {
         let deadline = std::time::Instant::now() + FINALIZE_WAIT;
         let waited = self.driver.wait_until(|e| e.running_requests() == 0 || std::time::Instant::now() > deadline);
         // Receives whose senders did not answer their withdrawal in time (or when waiting
-        // failed) keep their buffers out of use.
-        self.driver.engine.abandon_withdrawals();
+        // failed), or still hold their keys, keep their buffers out of use.
+        self.driver.engine.abandon_lent_receives();
         let exposed = self.driver.engine.take_all_peer_may_write();
         if !exposed.is_empty() {
             let bufs =

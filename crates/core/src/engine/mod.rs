@@ -1083,17 +1083,29 @@ impl Engine {
         ids.len()
     }
 
-    /// Fails the receives whose withdrawal is still unanswered (their peer may yet write their
-    /// buffers: [`Engine::take_peer_may_write`] says so). Returns how many. For a process that
-    /// can wait no longer.
-    pub fn abandon_withdrawals(&mut self) -> usize {
+    /// Fails the receives whose withdrawal is still unanswered and the running ones whose key
+    /// a live peer holds (a matched receive whose sender writes its part): those peers may yet
+    /// write their buffers, which [`Engine::take_peer_may_write`] then names. Returns how many.
+    /// For a process that can wait no longer.
+    pub fn abandon_lent_receives(&mut self) -> usize {
         let ids: Vec<ReqId> = self
             .reqs
             .ids()
-            .filter(|&id| self.reqs.get(id).is_some_and(|r| r.withdrawal == Withdrawal::Asked && r.result.is_none()))
+            .filter(|&id| {
+                self.reqs.get(id).is_some_and(|r| {
+                    r.result.is_none()
+                        && (r.withdrawal == Withdrawal::Asked || r.lends_key() && self.peer_alive(r.peer))
+                })
+            })
             .collect();
         for &id in &ids {
-            self.fail(id, Error::InvalidArgument("receive cancelled: its sender did not answer the withdrawal".into()));
+            let asked = self.reqs.get(id).is_some_and(|r| r.withdrawal == Withdrawal::Asked);
+            let why = if asked {
+                "receive cancelled: its sender did not answer the withdrawal"
+            } else {
+                "receive abandoned while its sender still held its buffer's key"
+            };
+            self.fail(id, Error::InvalidArgument(why.into()));
         }
         ids.len()
     }

@@ -409,7 +409,7 @@ fn a_withdrawn_receive_whose_key_went_out_stays_out_of_use() {
     let a = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(5), &mut announced);
     sim.run_actions();
     assert_eq!(sim.engines[1].cancel_unmatched_receives(), 1);
-    assert_eq!(sim.engines[1].abandon_withdrawals(), 1);
+    assert_eq!(sim.engines[1].abandon_lent_receives(), 1);
     assert_eq!(sim.engines[1].take_all_peer_may_write(), vec![a]);
     assert!(result(&mut sim, 1, a).is_err());
     sim.settle(); // the late answer changes nothing
