@@ -444,9 +444,11 @@ impl Driver {
         }
         // A live peer holding a receive's key may still write into its buffer: give it time to
         // finish (its FIN ends the receive) or to die of the same cause, rather than hand the
-        // buffer back under its write.
+        // buffer back under its write. Likewise our own reads in flight (an RDMA read the
+        // adapter is still placing), which complete or fail shortly.
         let gone_at = *self.manager_gone_at.get_or_insert_with(Instant::now);
-        if done(&self.engine) || (self.engine.lends_keys_to_live_peers() && gone_at.elapsed() < KEYS_SETTLE) {
+        let writers = self.engine.lends_keys_to_live_peers() || self.engine.copies_in_flight();
+        if done(&self.engine) || (writers && gone_at.elapsed() < KEYS_SETTLE) {
             return Ok(());
         }
         Err(Error::Bootstrap(
@@ -722,12 +724,24 @@ impl Driver {
             }
             _ => false,
         };
+        // A read dropped here never runs: the engine is told, so that it does not count it in
+        // flight (`Engine::copies_in_flight`).
+        let mut dropped_reads = Vec::new();
         for q in &mut self.blocked {
             let had = !q.is_empty();
-            q.retain(|a| !mine(a));
+            q.retain(|a| match a {
+                Action::Get { op, .. } if mine(a) => {
+                    dropped_reads.push(*op);
+                    false
+                }
+                _ => !mine(a),
+            });
             if had && q.is_empty() {
                 self.blocked_peers -= 1;
             }
+        }
+        for op in dropped_reads {
+            self.engine.handle_completion(op, Err(Error::InvalidArgument("read abandoned before it ran".into())));
         }
         self.engine.discard(req);
     }

@@ -49,6 +49,9 @@ pub struct JobReport {
     pub peers: Vec<PeerReport>,
 }
 
+/// The most ranks a job may have (per-rank state is made for each at start).
+const MAX_RANKS: u32 = 1 << 20;
+
 /// A started job: bootstrap, driver and what was learned.
 pub(crate) struct Job {
     pub bootstrap: Box<dyn Bootstrap>,
@@ -152,6 +155,13 @@ impl Job {
             None => bootstrap::from_env(&config)?,
         };
         let (rank, size) = (boot.rank(), boot.size());
+        if size > MAX_RANKS {
+            // Per-rank state is made for every rank: a broken process manager's size would
+            // exhaust memory before anything else could fail.
+            return Err(Error::Bootstrap(format!(
+                "the process manager gives the job {size} ranks; polyrail runs jobs of at most {MAX_RANKS}"
+            )));
+        }
         let job_id = boot.job_id().to_owned();
         let topology = Topology::detect();
         let binding = current_binding();

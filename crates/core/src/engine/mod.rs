@@ -669,6 +669,12 @@ impl Engine {
             .any(|id| self.reqs.get(id).is_some_and(|r| r.result.is_none() && r.lends_key() && self.peer_alive(r.peer)))
     }
 
+    /// Whether a one-sided read into a receive's buffer is still in flight (a channel may still
+    /// write there, also for a request that failed or was discarded).
+    pub fn copies_in_flight(&self) -> bool {
+        self.reqs.ids().any(|id| self.reqs.get(id).is_some_and(|r| r.copying))
+    }
+
     fn peer_alive(&self, peer: Rank) -> bool {
         self.peers.get(peer as usize).is_some_and(|p| p.gone.is_none())
     }
@@ -1186,7 +1192,7 @@ impl Engine {
     pub fn discard(&mut self, req: ReqId) {
         self.touched();
         self.zombies.retain(|&z| match self.reqs.get(z) {
-            Some(r) if r.result.is_none() || r.expose_for.is_some() => true,
+            Some(r) if r.result.is_none() || r.expose_for.is_some() || r.copying => true,
             _ => {
                 self.reqs.free(z);
                 false
@@ -1208,8 +1214,9 @@ impl Engine {
         if self.reqs.get(req).is_some_and(|r| r.result.is_none()) {
             self.fail(req, Error::InvalidArgument("request discarded".into()));
         }
-        if self.reqs.get(req).is_some_and(|r| r.expose_for.is_some()) {
-            // Its exposure is on its way: kept until it lands and is ended (`exposed`).
+        if self.reqs.get(req).is_some_and(|r| r.expose_for.is_some() || r.copying) {
+            // Its exposure is on its way (kept until it lands and is ended, `exposed`), or its
+            // read is (kept until it completes, so that `copies_in_flight` sees it).
             self.zombies.push(req);
             return;
         }
@@ -1297,6 +1304,7 @@ impl Engine {
         self.touched();
         let Some((id, OpKind::Copy)) = split_op(op) else { return };
         let Some(req) = self.reqs.get_mut(id) else { return };
+        req.copying = false;
         if req.result.is_some() || req.copied {
             return;
         }
@@ -1496,8 +1504,11 @@ impl Engine {
         // SAFETY: range lies within the request's buffer, valid while the request lives.
         let ptr = unsafe { req.ptr.add(range.start) };
         let len = range.len();
-        let (channel, peer, offset) = (req.channel, req.peer, range.start);
-        self.actions.push_back(match req.dir {
+        let (channel, peer, offset, dir) = (req.channel, req.peer, range.start, req.dir);
+        if dir == Dir::Recv {
+            self.reqs.get_mut(id).expect("live request").copying = true;
+        }
+        self.actions.push_back(match dir {
             Dir::Recv => Action::Get { channel, peer, key, offset, into: RegionMut { ptr, len }, op },
             Dir::Send => Action::Put { channel, peer, from: Region { ptr, len }, key, offset, op },
         });

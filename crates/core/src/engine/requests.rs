@@ -73,6 +73,9 @@ pub(super) struct Req {
     pub peer_writes: Range<usize>,
     /// Our one-sided copy was reported done (an ordered put may be reported twice).
     pub copied: bool,
+    /// Receives: our one-sided read into the buffer was issued and has not completed (also
+    /// after the request failed: the channel may still be writing the buffer).
+    pub copying: bool,
     /// Key of the peer's buffer.
     pub peer_key: Option<Box<RemoteKey>>,
     /// The peer's request id (wire form), once known.
@@ -139,6 +142,7 @@ impl Req {
             rtr_place: 0,
             rtr_sent: false,
             peer_writing: false,
+            copying: false,
             fin_due: false,
             deferred: None,
             withdrawal: Withdrawal::None,
