@@ -338,3 +338,17 @@ fn many_ranks_under_a_low_open_file_limit() {
     let limits = String::from_utf8_lossy(&out.stdout);
     assert_eq!(limits.lines().filter(|l| *l == "256").count(), 100, "{limits}");
 }
+
+/// A `POLYRAIL_*` value that is not text is an error naming the variable, not the default as if
+/// it were unset.
+#[test]
+fn a_value_that_is_not_text_is_refused() {
+    use std::os::unix::ffi::OsStrExt;
+    let out = Command::new(env!("CARGO_BIN_EXE_polyrail"))
+        .arg("info")
+        .env("POLYRAIL_EAGER_LIMIT", std::ffi::OsStr::from_bytes(b"\xff"))
+        .output()
+        .expect("polyrail info");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("POLYRAIL_EAGER_LIMIT") && err.contains("UTF-8"), "{err}");
+}

@@ -150,7 +150,7 @@ pub fn latency(c: &Common, fresh: bool) -> anyhow::Result<()> {
     let Run { mut ctx, sizes, mut sbuf, mut rbuf } = start(c, bench)?;
     header(&ctx, c, bench, "Latency (us)");
     for &size in &sizes {
-        let (iters, warmup) = iterations(c, size, (10000, 1000), (1000, 100));
+        let (iters, warmup) = iterations(c, size, (10000, 100), (1000, 10));
         ctx.barrier()?;
         let mut t0 = Instant::now();
         match ctx.rank() {

@@ -508,7 +508,24 @@ pub const VARIABLES: &[(&str, &str)] = &[
 impl Config {
     /// Reads the process environment.
     pub fn from_env() -> Result<Config> {
-        Self::from_vars(std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))))
+        let mut vars = Vec::new();
+        for (k, v) in std::env::vars_os() {
+            let Ok(k) = k.into_string() else { continue };
+            match v.into_string() {
+                Ok(v) => vars.push((k, v)),
+                // A value that is not text cannot be what any variable accepts: an error,
+                // rather than the default as if it were not set.
+                Err(v) if k.starts_with("POLYRAIL_") => {
+                    return Err(Error::Config {
+                        var: k,
+                        value: v.to_string_lossy().into_owned(),
+                        accepted: "a value in UTF-8 text".into(),
+                    })
+                }
+                Err(_) => {}
+            }
+        }
+        Self::from_vars(vars)
     }
 
     /// Reads `(name, value)` pairs; names not starting with `POLYRAIL_` are ignored.

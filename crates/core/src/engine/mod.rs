@@ -820,6 +820,11 @@ impl Engine {
         if protocol.is_one_sided() && (lagging || (!cells_slow && (stream || placed == Some(true)))) {
             (protocol, data_ch) = (Protocol::Eager, am);
         }
+        // No setting sends more eagerly than a receiver takes (POLYRAIL_ROUTE, POLYRAIL_SKEW,
+        // a CMA threshold or an apart size beyond it): such a message is streamed instead.
+        if protocol == Protocol::Eager && buf.len as u64 > MAX_EAGER_LEN {
+            (protocol, data_ch) = (Protocol::RndvStream, am);
+        }
         let seq = peer.next_send_seq;
         peer.next_send_seq = seq.wrapping_add(1);
         peer.history[seq as usize % SEND_HISTORY] = (tag, ctx);

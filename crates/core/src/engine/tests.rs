@@ -2296,3 +2296,24 @@ fn a_receive_taking_what_a_lost_peer_left_half_way_fails_at_once() {
     assert!(sim.engines[1].poll_action().is_none(), "no copy from the lost peer was started");
     let _ = s;
 }
+
+/// A message beyond the largest eager one a receiver takes is streamed, whatever the route says
+/// (here: eager for every size).
+#[test]
+fn a_message_too_large_for_eager_is_streamed_whatever_the_route() {
+    let mut sim = Sim::new(2, || route(64 << 10, &[(usize::MAX, Protocol::Eager)]));
+    let big = vec![0u8; MAX_EAGER_LEN as usize + 1]; // zero pages: never touched here
+    let s = send(&mut sim, 0, 1, 1, &big);
+    match sim.engines[0].poll_action() {
+        Some(Action::Send { hdr, .. }) => {
+            assert_eq!((hdr.kind, hdr.flags & Header::STREAM), (PacketKind::Rts, Header::STREAM))
+        }
+        other => panic!("expected the RTS of a stream, got {other:?}"),
+    }
+    let small = send(&mut sim, 0, 1, 1, &big[..MAX_EAGER_LEN as usize]);
+    match sim.engines[0].poll_action() {
+        Some(Action::Send { hdr, .. }) => assert_eq!(hdr.kind, PacketKind::Eager),
+        other => panic!("expected an eager packet, got {other:?}"),
+    }
+    let _ = (s, small);
+}
