@@ -124,10 +124,10 @@ impl Default for LaunchOptions {
 
 /// Runs the job to completion and returns its exit code.
 ///
-/// The code is the abort code if a rank aborted the job first; otherwise the worst rank's:
+/// The code is the abort code (as `abort_status` makes it an exit status) if a rank aborted the job first; otherwise the worst rank's:
 /// 128 + signal for a rank killed by a signal (other than the launcher's own), else the largest
-/// exit code, an exit without PMI finalize counting as at least 1. A job stopped by SIGINT or
-/// SIGTERM returns at least 128 + that signal, one stopped by its timeout at least
+/// exit code, an exit without PMI finalize counting as at least 1. A job stopped by SIGINT,
+/// SIGTERM or SIGHUP returns at least 128 + that signal, one stopped by its timeout at least
 /// [`TIMEOUT_CODE`].
 ///
 /// Raises the calling process's soft limit on open files to its hard limit (the ranks get the

@@ -129,8 +129,8 @@ pub struct Header {
     pub kind: PacketKind,
     /// Flags ([`Header::ANY_TAG`], [`Header::STREAM`], [`Header::TRUNCATED`], [`Header::ANSWER`]).
     pub flags: u8,
-    /// Matching context: 0 = the world's messages, 1 = the barrier's, from 2 the spaces the
-    /// facade makes.
+    /// Matching context: 0 = the world's messages, 1 = the barrier's, the others the spaces the
+    /// facade makes (`new_space` counting up from 2, splits down from 65535).
     pub ctx: u16,
     /// The message tag.
     pub tag: u32,

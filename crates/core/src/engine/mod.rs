@@ -1099,18 +1099,16 @@ impl Engine {
     /// write their buffers, which [`Engine::take_peer_may_write`] then names. Returns how many.
     /// For a process that can wait no longer.
     pub fn abandon_lent_receives(&mut self) -> usize {
-        let ids: Vec<ReqId> = self
+        let ids: Vec<(ReqId, bool)> = self
             .reqs
             .ids()
-            .filter(|&id| {
-                self.reqs.get(id).is_some_and(|r| {
-                    r.result.is_none()
-                        && (r.withdrawal == Withdrawal::Asked || r.lends_key() && self.peer_alive(r.peer))
-                })
+            .filter_map(|id| {
+                let r = self.reqs.get(id).filter(|r| r.result.is_none())?;
+                let asked = r.withdrawal == Withdrawal::Asked;
+                (asked || r.lends_key() && self.peer_alive(r.peer)).then_some((id, asked))
             })
             .collect();
-        for &id in &ids {
-            let asked = self.reqs.get(id).is_some_and(|r| r.withdrawal == Withdrawal::Asked);
+        for &(id, asked) in &ids {
             let why = if asked {
                 "receive cancelled: its sender did not answer the withdrawal"
             } else {
@@ -1197,7 +1195,7 @@ impl Engine {
     pub fn discard(&mut self, req: ReqId) {
         self.touched();
         self.zombies.retain(|&z| match self.reqs.get(z) {
-            Some(r) if r.result.is_none() || r.expose_for.is_some() || r.copying => true,
+            Some(r) if r.result.is_none() || r.channel_busy() => true,
             _ => {
                 self.reqs.free(z);
                 false
@@ -1219,7 +1217,7 @@ impl Engine {
         if self.reqs.get(req).is_some_and(|r| r.result.is_none()) {
             self.fail(req, Error::InvalidArgument("request discarded".into()));
         }
-        if self.reqs.get(req).is_some_and(|r| r.expose_for.is_some() || r.copying) {
+        if self.reqs.get(req).is_some_and(Req::channel_busy) {
             // Its exposure is on its way (kept until it lands and is ended, `exposed`), or its
             // read is (kept until it completes, so that `copies_in_flight` sees it).
             self.zombies.push(req);

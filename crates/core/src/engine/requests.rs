@@ -108,6 +108,12 @@ pub(super) struct Req {
 unsafe impl Send for Req {}
 
 impl Req {
+    /// Whether a channel still acts on it: its exposure is on its way (`expose_for`) or its
+    /// read into the buffer is in flight (`copying`). Such a request is kept when discarded.
+    pub fn channel_busy(&self) -> bool {
+        self.expose_for.is_some() || self.copying
+    }
+
     /// A receive whose peer holds its key: an RTR that no matching send consumed yet, or a
     /// CTS whose FIN has not come.
     pub fn lends_key(&self) -> bool {
