@@ -7,6 +7,12 @@
 //! that lines of ranks writing at once do not mix (the `output` module); only rank 0 reads
 //! stdin.
 //!
+//! Every rank leads a process group of its own (rank 0 not while its stdin is a terminal: it
+//! must stay in the terminal's foreground group to read it), so that the launcher's signals
+//! reach the processes a rank started too (a rank that is `sh -c prog`); once every rank has
+//! exited, what is left in their groups is killed (the launcher says which), and the ranks are
+//! reaped only then, so that no other process can take the id of a group it still signals.
+//!
 //! When a rank dies abnormally (killed by a signal, nonzero exit, or exit without PMI finalize
 //! after having opened a PMI session), the launcher says so in one line, gives the other ranks
 //! [`LaunchOptions::grace`] to notice and exit on their own, then kills them. A PMI abort kills the
@@ -33,7 +39,6 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use polyrail_core::bootstrap::server::{PmiServer, ServerEvent};
-use polyrail_core::bootstrap::wire::eprint_line;
 use polyrail_core::{Error, Rank, Result};
 
 use output::Output;
@@ -156,16 +161,23 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
             // The ranks started so far were killed; segments they made go with them.
             server.stop();
             remove_shm_segments(&job);
+            output::flush(|| RECEIVED.load(Ordering::Relaxed) != 0);
             return Err(e);
         }
     };
     drop(child_ends);
     let mut run = Run::new(opts, procs, output, server, signal_notices());
     run.wait_all();
+    run.release();
     run.output.finish(Instant::now() + OUTPUT_DRAIN);
     let code = run.exit_code();
     run.server.stop();
     remove_shm_segments(&job);
+    // What is still queued for the launcher's stdout and stderr goes out; a job stopped from
+    // outside (a signal, its timeout) waits for a reader that does not read for a moment only,
+    // and a signal now ends the wait.
+    let give_up_at = run.stop_code.map(|_| Instant::now() + OUTPUT_DRAIN);
+    output::flush(|| RECEIVED.load(Ordering::Relaxed) != 0 || give_up_at.is_some_and(|t| Instant::now() >= t));
     Ok(code)
 }
 
@@ -230,6 +242,29 @@ struct Proc {
     code: Option<i32>,
     /// Readable once it exited (a pidfd; `None` on kernels without them, before Linux 5.3).
     exit_notice: Option<OwnedFd>,
+    /// It leads a process group of its own, which the processes it starts join: the launcher's
+    /// signals go to the whole group, and what is left of it when the job ends is killed.
+    own_group: bool,
+}
+
+impl Proc {
+    /// The target of `kill(2)` for this rank: its process group, or itself.
+    fn kill_target(&self) -> libc::pid_t {
+        let pid = self.child.id() as libc::pid_t;
+        if self.own_group {
+            -pid
+        } else {
+            pid
+        }
+    }
+
+    /// Kills the rank and what is left of its group, and reaps it.
+    fn kill_and_reap(&mut self) {
+        // SAFETY: kill has no memory-safety preconditions; the rank is not reaped yet, so its
+        // pid (and the id of its group) names nothing else.
+        unsafe { libc::kill(self.kill_target(), libc::SIGKILL) };
+        let _ = self.child.wait();
+    }
 }
 
 fn spawn_all(opts: &LaunchOptions, job: &str, child_ends: &[UnixStream]) -> Result<(Vec<Proc>, Output)> {
@@ -239,9 +274,14 @@ fn spawn_all(opts: &LaunchOptions, job: &str, child_ends: &[UnixStream]) -> Resu
     };
     let mut procs: Vec<Proc> = Vec::with_capacity(child_ends.len());
     let mut output = Output::new(opts.label);
+    // SAFETY: isatty only looks at the descriptor.
+    let stdin_is_terminal = unsafe { libc::isatty(libc::STDIN_FILENO) } == 1;
     for (r, end) in child_ends.iter().enumerate() {
         let cpu = (!cpus.is_empty()).then(|| cpus[r % cpus.len()]);
-        match spawn_rank(opts, job, r as Rank, end, cpu, true) {
+        // Rank 0 reading the terminal must stay in the terminal's foreground group, the
+        // launcher's (in a group of its own, its read would stop it with SIGTTIN).
+        let own_group = !(r == 0 && stdin_is_terminal);
+        match spawn_rank(opts, job, r as Rank, end, cpu, true, own_group) {
             Ok(mut child) => {
                 output.add(r, &mut child);
                 procs.push(Proc {
@@ -253,12 +293,12 @@ fn spawn_all(opts: &LaunchOptions, job: &str, child_ends: &[UnixStream]) -> Resu
                     aborted: false,
                     signalled_by_us: false,
                     code: None,
+                    own_group,
                 })
             }
             Err(e) => {
                 for p in &mut procs {
-                    let _ = p.child.kill();
-                    let _ = p.child.wait();
+                    p.kill_and_reap();
                 }
                 let prog = opts.program.to_string_lossy();
                 return Err(Error::io(format!("cannot start `{prog}` as rank {r}"), e));
@@ -266,6 +306,57 @@ fn spawn_all(opts: &LaunchOptions, job: &str, child_ends: &[UnixStream]) -> Resu
         }
     }
     Ok((procs, output))
+}
+
+/// The exit status of `pid`, our child, if it has exited, leaving it unreaped.
+fn exit_status(pid: u32) -> std::io::Result<Option<ExitStatus>> {
+    // SAFETY: siginfo_t is plain data; zeroed, its pid reads 0 when no child changed state.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    loop {
+        let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
+        // SAFETY: waitid writes `info` only; `pid` is our child.
+        if unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, flags) } == 0 {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+    // SAFETY: waitid filled in the SIGCHLD fields of `info`, or left them zero.
+    let (who, status) = unsafe { (info.si_pid(), info.si_status()) };
+    let raw = match info.si_code {
+        _ if who == 0 => return Ok(None),
+        libc::CLD_EXITED => (status & 0xff) << 8,
+        libc::CLD_KILLED => status,
+        libc::CLD_DUMPED => status | 0x80,
+        _ => return Ok(None),
+    };
+    Ok(Some(ExitStatus::from_raw(raw)))
+}
+
+/// The live processes (pid, group) in process groups `groups` other than the groups' leaders,
+/// from `/proc` (none if it cannot be read).
+fn processes_in_groups(groups: &[libc::pid_t]) -> Vec<(libc::pid_t, libc::pid_t)> {
+    if groups.is_empty() {
+        return Vec::new();
+    }
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut found = Vec::new();
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<libc::pid_t>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // After the command in parentheses (which may hold anything): state, ppid, pgrp.
+        let Some((_, fields)) = stat.rsplit_once(')') else { continue };
+        let mut fields = fields.split_whitespace();
+        let dead = matches!(fields.next(), Some("Z" | "X"));
+        let Some(group) = fields.nth(1).and_then(|g| g.parse().ok()) else { continue };
+        if !dead && groups.contains(&group) && pid != group {
+            found.push((pid, group));
+        }
+    }
+    found.sort_unstable();
+    found
 }
 
 /// A descriptor that polls readable once process `pid`, our child, exited: a pidfd (close-on-exec
@@ -285,6 +376,7 @@ fn spawn_rank(
     end: &UnixStream,
     cpu: Option<usize>,
     pipe_output: bool,
+    own_group: bool,
 ) -> std::io::Result<Child> {
     let fd = end.as_raw_fd();
     let mut cmd = Command::new(&opts.program);
@@ -305,6 +397,10 @@ fn spawn_rank(
     }
     if pipe_output {
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    }
+    if own_group {
+        // Set in the child before exec: the group exists once `spawn` returns.
+        cmd.process_group(0);
     }
     let set = cpu.map(cpu_set_of);
     let limit = INHERITED_FILE_LIMIT.get().copied();
@@ -423,7 +519,7 @@ impl<'a> Run<'a> {
 
     fn wait_all(&mut self) {
         while self.running() > 0 {
-            let mut exited = self.reap();
+            let mut exited = self.newly_exited();
             while let Some(ev) = self.server.try_event() {
                 self.on_event(ev);
             }
@@ -478,17 +574,19 @@ impl<'a> Run<'a> {
     }
 
     /// Collects the ranks that exited since the last call.
-    fn reap(&mut self) -> Vec<usize> {
-        (0..self.procs.len()).filter(|&r| self.try_reap(r)).collect()
+    fn newly_exited(&mut self) -> Vec<usize> {
+        (0..self.procs.len()).filter(|&r| self.check_exit(r)).collect()
     }
 
-    /// Whether rank `r` has just been found exited.
-    fn try_reap(&mut self, r: usize) -> bool {
+    /// Whether rank `r` has just been found exited. It is left unreaped (until
+    /// [`Run::release`]), so that neither its pid nor the id of its group can be taken by
+    /// another process while the launcher may still signal them.
+    fn check_exit(&mut self, r: usize) -> bool {
         let p = &mut self.procs[r];
         if p.status.is_some() {
             return false;
         }
-        match p.child.try_wait() {
+        match exit_status(p.child.id()) {
             Ok(Some(st)) => p.status = Some(st),
             Ok(None) => return false,
             Err(e) => {
@@ -497,6 +595,26 @@ impl<'a> Run<'a> {
             }
         }
         true
+    }
+
+    /// Once every rank has exited: kills the processes the ranks left running in their groups
+    /// (saying which), and reaps the ranks.
+    fn release(&mut self) {
+        let groups: Vec<libc::pid_t> =
+            self.procs.iter().filter(|p| p.own_group).map(|p| p.child.id() as libc::pid_t).collect();
+        let left: Vec<String> = processes_in_groups(&groups)
+            .into_iter()
+            .filter_map(|(pid, group)| {
+                let r = self.procs.iter().position(|p| p.own_group && p.child.id() as libc::pid_t == group)?;
+                Some(format!("{pid} (from rank {r})"))
+            })
+            .collect();
+        if !left.is_empty() {
+            say(&format!("killing what the ranks left running: pid {}", left.join(", ")));
+        }
+        for p in &mut self.procs {
+            p.kill_and_reap();
+        }
     }
 
     /// Before the first failure is announced: gives ranks whose PMI connection already broke up
@@ -518,7 +636,7 @@ impl<'a> Run<'a> {
         while !left.is_empty() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
             left.retain(|&r| {
-                let done = self.try_reap(r);
+                let done = self.check_exit(r);
                 if done {
                     exited.push(r);
                 }
@@ -637,8 +755,8 @@ impl<'a> Run<'a> {
             }
             p.signalled_by_us = true;
             // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child,
-            // so it cannot have been reused.
-            unsafe { libc::kill(p.child.id() as libc::pid_t, sig) };
+            // so neither it nor its group's id can have been reused.
+            unsafe { libc::kill(p.kill_target(), sig) };
         }
     }
 
@@ -649,9 +767,9 @@ impl<'a> Run<'a> {
     }
 }
 
-/// Tells the user something, on one line of stderr.
+/// Tells the user something, on one line of stderr (after what the ranks wrote there before).
 fn say(msg: &str) {
-    eprint_line(&format!("polyrail run: {msg}"));
+    output::say_line(&format!("polyrail run: {msg}"));
 }
 
 /// `SIGKILL`, `SIGSEGV`... for the signals a job meets; `SIG<n>` otherwise.
@@ -831,7 +949,7 @@ pub fn spawn_peers(opts: &LaunchOptions) -> Result<EmbeddedJob> {
     for (i, end) in child_ends.iter().enumerate() {
         let r = i + 1;
         let cpu = (!cpus.is_empty()).then(|| cpus[r % cpus.len()]);
-        match spawn_rank(opts, &job, r as Rank, end, cpu, false) {
+        match spawn_rank(opts, &job, r as Rank, end, cpu, false, false) {
             Ok(c) => children.push(c),
             Err(e) => {
                 for c in &mut children {
@@ -876,5 +994,7 @@ impl Drop for EmbeddedJob {
             s.stop();
         }
         remove_shm_segments(&self.job);
+        let give_up_at = Instant::now() + OUTPUT_DRAIN;
+        output::flush(|| Instant::now() >= give_up_at);
     }
 }

@@ -352,3 +352,83 @@ fn a_value_that_is_not_text_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("POLYRAIL_EAGER_LIMIT") && err.contains("UTF-8"), "{err}");
 }
+
+/// Waits up to `limit` for `child` to exit; kills it (and fails) if it does not.
+fn wait_at_most(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
+    let t = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("polyrail run still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A launcher whose stdout nobody reads (a full pipe) still stops its job at the timeout and
+/// exits: it wrote the ranks' output from its main loop, blocked in that write, and then
+/// neither the timeout nor a signal acted.
+#[test]
+fn a_reader_that_does_not_read_does_not_stop_the_timeout() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    let t = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_polyrail"))
+        .args(["run", "-n", "2", "--bind", "none", "--timeout", "1", "--", "sh", "-c", "yes"])
+        .stdout(writer)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let status = wait_at_most(&mut child, Duration::from_secs(15));
+    assert_eq!(status.code(), Some(polyrail::launch::TIMEOUT_CODE));
+    assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
+    drop(reader);
+}
+
+/// Whether process `pid` has ended (gone, or a zombie its new parent has not reaped yet).
+fn has_ended(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+    }
+}
+
+/// Processes a rank starts (a rank that is a shell running a program) end with the job: when
+/// the job is stopped (they get its SIGTERM) and when the ranks exit leaving them behind (they
+/// are killed, and the launcher says so). Before, both kinds ran on after the job.
+#[test]
+fn processes_the_ranks_start_end_with_the_job() {
+    let jobs: [(&[&str], &str); 2] = [
+        (&["--timeout", "1", "sh", "-c", "sleep 300 & echo $!; wait"], ""),
+        (&["sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"], "killing what the ranks left running"),
+    ];
+    for (args, said) in jobs {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_polyrail"))
+            .args(["run", "-n", "2", "--bind", "none"])
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_at_most(&mut child, Duration::from_secs(15));
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let pids: Vec<u32> = stdout.lines().map(|l| l.parse().expect(l)).collect();
+        assert_eq!(pids.len(), 2, "{stdout}");
+        let t = Instant::now();
+        while !pids.iter().all(|&p| has_ended(p)) && t.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for p in pids {
+            assert!(has_ended(p), "process {p} of {args:?} outlived the job; stderr: {stderr}");
+            assert!(stderr.contains(said), "{stderr}");
+            if !said.is_empty() {
+                assert!(stderr.contains(&format!("{p} (from rank ")), "{stderr}");
+            }
+        }
+    }
+}

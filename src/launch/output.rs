@@ -7,10 +7,18 @@
 //! A line still without its end after [`PARTIAL_WAIT`] (a prompt, progress dots) goes out as
 //! it is, and so does one longer than [`MAX_PENDING`]. With labels, every line starts with
 //! `[rank] `, as Hydra's `-prepend-rank` does.
+//!
+//! The launcher's own stdout and stderr are written by a thread each (a [`Sink`]), never by the
+//! launcher's main loop: a reader that does not keep up (a full pipe, a stopped pager) blocks
+//! that thread only, and the job's timeout, signals and rank exits still act. While
+//! [`MAX_QUEUED`] bytes wait for a stream, the ranks' pipes to it are not read, so that a rank
+//! writing on blocks in its own write, as it would writing to the reader itself. The launcher's
+//! own messages ([`say_line`]) take the same way, after what the ranks wrote before them.
 
-use std::io::Write;
+use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::process::Child;
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 /// How long the start of a line waits for its end before it is written as it is.
@@ -21,11 +29,171 @@ const MAX_PENDING: usize = 64 << 10;
 /// the launcher from the other ranks' output and its own events.
 const READ_PER_PUMP: usize = 256 << 10;
 
+/// Bytes waiting for one of the launcher's streams above which the ranks' pipes to it are not
+/// read (see the module documentation).
+const MAX_QUEUED: usize = 1 << 20;
+/// How often a launcher whose streams are backed up looks again whether they drained.
+const BACKED_UP_POLL: Duration = Duration::from_millis(10);
+
 /// The launcher's own stream a rank's stream goes to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Target {
     Stdout,
     Stderr,
+}
+
+/// One of the launcher's own streams with the bytes waiting for it and the thread that writes
+/// them (see the module documentation).
+struct Sink {
+    to: Target,
+    queue: Mutex<Queue>,
+    /// Signalled when bytes are queued (the writer thread waits on it).
+    queued: Condvar,
+    /// Signalled when bytes were written (or dropped after a failed write).
+    written: Condvar,
+    /// Whether the writer thread runs (`false`: it could not be started, and bytes are written
+    /// where they are queued).
+    thread: OnceLock<bool>,
+}
+
+/// What waits for a [`Sink`].
+struct Queue {
+    chunks: VecDeque<Vec<u8>>,
+    /// Bytes queued or being written.
+    bytes: usize,
+    /// A write failed (a closed pipe): later bytes are dropped.
+    broken: bool,
+}
+
+static SINKS: [Sink; 2] = [Sink::new(Target::Stdout), Sink::new(Target::Stderr)];
+
+impl Target {
+    fn fd(self) -> libc::c_int {
+        match self {
+            Target::Stdout => libc::STDOUT_FILENO,
+            Target::Stderr => libc::STDERR_FILENO,
+        }
+    }
+
+    /// Its sink, with the writer thread started on first use.
+    fn sink(self) -> &'static Sink {
+        let sink = &SINKS[self as usize];
+        sink.thread.get_or_init(|| {
+            let name = format!("polyrail-run-{}", ["stdout", "stderr"][self as usize]);
+            std::thread::Builder::new().name(name).spawn(move || sink.write_on()).is_ok()
+        });
+        sink
+    }
+}
+
+impl Sink {
+    const fn new(to: Target) -> Sink {
+        Sink {
+            to,
+            queue: Mutex::new(Queue { chunks: VecDeque::new(), bytes: 0, broken: false }),
+            queued: Condvar::new(),
+            written: Condvar::new(),
+            thread: OnceLock::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        // A panic while the lock was held leaves a queue that is still consistent.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `bytes`; `false` when the stream is gone.
+    fn push(&self, bytes: Vec<u8>) -> bool {
+        if self.thread.get() == Some(&false) {
+            return write_all(self.to.fd(), &bytes);
+        }
+        let mut q = self.lock();
+        if q.broken {
+            return false;
+        }
+        q.bytes += bytes.len();
+        q.chunks.push_back(bytes);
+        self.queued.notify_one();
+        true
+    }
+
+    fn backed_up(&self) -> bool {
+        self.lock().bytes >= MAX_QUEUED
+    }
+
+    /// Waits until everything queued is written, or until `until`; whether it was.
+    fn wait_written(&self, until: Instant) -> bool {
+        let mut q = self.lock();
+        while q.bytes > 0 {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            q = self.written.wait_timeout(q, left).unwrap_or_else(PoisonError::into_inner).0;
+        }
+        true
+    }
+
+    /// The writer thread: runs for the rest of the process.
+    fn write_on(&self) {
+        loop {
+            let chunk = {
+                let mut q = self.lock();
+                loop {
+                    if let Some(c) = q.chunks.pop_front() {
+                        break c;
+                    }
+                    q = self.queued.wait(q).unwrap_or_else(PoisonError::into_inner);
+                }
+            };
+            let ok = write_all(self.to.fd(), &chunk);
+            let mut q = self.lock();
+            q.bytes -= chunk.len();
+            if !ok {
+                q.broken = true;
+                q.bytes = 0;
+                q.chunks.clear();
+            }
+            self.written.notify_all();
+        }
+    }
+}
+
+/// Writes all of `bytes` to descriptor `fd` (the launcher's stdout or stderr, shared with
+/// nothing that buffers: the launcher writes there only through its sinks); whether it could.
+fn write_all(fd: libc::c_int, mut bytes: &[u8]) -> bool {
+    while !bytes.is_empty() {
+        // SAFETY: `bytes` is readable for its length; a bad descriptor is an error, not UB.
+        let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+        if n < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return false;
+        }
+        bytes = &bytes[n as usize..];
+    }
+    true
+}
+
+/// Queues one line of the launcher's own for its stderr, after what the ranks wrote there.
+pub fn say_line(line: &str) {
+    let mut bytes = Vec::with_capacity(line.len() + 1);
+    bytes.extend_from_slice(line.as_bytes());
+    bytes.push(b'\n');
+    Target::Stderr.sink().push(bytes);
+}
+
+/// Waits until what was queued for the launcher's stdout and stderr is written, or until
+/// `give_up` says to stop waiting (asked every [`BACKED_UP_POLL`]).
+pub fn flush(give_up: impl Fn() -> bool) {
+    for sink in &SINKS {
+        while !sink.wait_written(Instant::now() + BACKED_UP_POLL) {
+            if give_up() {
+                return;
+            }
+        }
+    }
 }
 
 /// One rank's stdout or stderr.
@@ -74,32 +242,39 @@ impl Output {
         !self.streams.is_empty()
     }
 
-    /// Adds a `poll` entry for every open pipe to `fds`.
+    /// Adds a `poll` entry for every open pipe whose stream is not backed up to `fds`.
     pub fn poll_fds(&self, fds: &mut Vec<libc::pollfd>) {
-        fds.extend(self.streams.iter().map(|s| libc::pollfd {
+        fds.extend(self.streams.iter().filter(|s| !s.to.sink().backed_up()).map(|s| libc::pollfd {
             fd: s.fd.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         }));
     }
 
-    /// When the oldest unfinished line is due to go out as it is.
+    /// When the oldest unfinished line is due to go out as it is, or when to look again whether
+    /// a backed-up stream drained.
     pub fn deadline(&self) -> Option<Instant> {
-        self.streams.iter().filter_map(|s| s.since).min().map(|t| t + PARTIAL_WAIT)
+        let partial = self.streams.iter().filter_map(|s| s.since).min().map(|t| t + PARTIAL_WAIT);
+        let backed_up = self.streams.iter().any(|s| s.to.sink().backed_up());
+        let recheck = backed_up.then(|| Instant::now() + BACKED_UP_POLL);
+        partial.into_iter().chain(recheck).min()
     }
 
-    /// Reads what every pipe has, writes the whole lines (and lines that waited long enough for
-    /// their end), and closes the pipes at their end.
+    /// Reads what every pipe whose stream is not backed up has, writes the whole lines (and
+    /// lines that waited long enough for their end), and closes the pipes at their end.
     pub fn pump(&mut self) {
         let label = self.label;
-        self.streams.retain_mut(|s| s.pump(label));
+        self.streams.retain_mut(|s| s.to.sink().backed_up() || s.pump(label));
     }
 
     /// Waits until every pipe reached its end, or until `deadline` (a rank's child may hold a
-    /// pipe open after the rank exited); then writes what is left.
+    /// pipe open after the rank exited); then writes what is left. Once the ranks are gone their
+    /// pipes hold what they wrote last and no more, so streams are read here also while backed
+    /// up ([`flush`] then waits for the launcher's streams).
     pub fn finish(&mut self, deadline: Instant) {
+        let label = self.label;
         loop {
-            self.pump();
+            self.streams.retain_mut(|s| s.pump(label));
             let now = Instant::now();
             if !self.is_open() || now >= deadline {
                 break;
@@ -111,7 +286,6 @@ impl Output {
             // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` pollfd structs.
             unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
         }
-        let label = self.label;
         for s in &mut self.streams {
             let rest = std::mem::take(&mut s.pending);
             s.write(&rest, label);
@@ -194,21 +368,8 @@ impl Stream {
         if bytes.is_empty() {
             return true;
         }
-        let labelled;
-        let bytes = if label {
-            labelled = self.labelled(bytes);
-            &labelled[..]
-        } else {
-            bytes
-        };
-        let written = match self.to {
-            Target::Stdout => {
-                let mut out = std::io::stdout().lock();
-                out.write_all(bytes).and_then(|()| out.flush())
-            }
-            Target::Stderr => std::io::stderr().lock().write_all(bytes),
-        };
-        written.is_ok()
+        let bytes = if label { self.labelled(bytes) } else { bytes.to_vec() };
+        self.to.sink().push(bytes)
     }
 
     /// `bytes` with `[rank] ` at the start of every line.

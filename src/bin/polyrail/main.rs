@@ -25,6 +25,8 @@ enum Cmd {
     /// Output of every rank is forwarded a whole line at a time, so that lines of ranks writing
     /// at once do not mix; the exit status is the worst rank's (128+signal for a killed rank).
     /// When a rank dies, the others get a grace period to report it, then the job is killed.
+    /// Processes a rank starts belong to the job: they get its signals, and those left running
+    /// when the ranks have exited are killed.
     Run {
         /// Number of processes.
         #[arg(short = 'n', long = "np", default_value_t = 1)]
