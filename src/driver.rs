@@ -817,7 +817,15 @@ mod tests {
                 vec![RouteEntry { upto: usize::MAX, protocol: Protocol::Eager, channel: am, reason: String::new() }];
             engine.set_route(
                 peer,
-                PeerRoute { am, frag: 1024, entries, stream_eager: None, placement: None, mapped: None },
+                PeerRoute {
+                    am,
+                    frag: 1024,
+                    entries,
+                    stream_eager: None,
+                    placement: None,
+                    mapped: None,
+                    as_written: false,
+                },
             );
         }
         let driver = Driver::new(engine, vec![cheap, syscall], reaching, WaitMode::Spin, PollPolicy::All);

@@ -252,6 +252,12 @@ fn format_report(ctx: &Context) -> String {
                 if let Some(n) = &route.placement {
                     let _ = writeln!(s, "  {}", n.describe());
                 }
+                if route.as_written {
+                    let _ = writeln!(
+                        s,
+                        "  as written by POLYRAIL_ROUTE: no placement, stream, registered-memory or skew rule changes it"
+                    );
+                }
                 if let Some(m) = &route.mapped {
                     let ch = channel_name(m.channel);
                     let _ = writeln!(

@@ -808,7 +808,7 @@ impl Engine {
         }
         // Skew feedback: a single-copy send would wait for the lagging receiver; an eager one
         // completes at once. In a stream, eager sends let both processes copy at once.
-        let lagging = peer.peer_lags && skew.is_some_and(|k| buf.len <= k.eager_up_to);
+        let lagging = peer.peer_lags && !route.as_written && skew.is_some_and(|k| buf.len <= k.eager_up_to);
         let stream = streaming && mapped.is_none() && route.stream_eager.as_ref().is_some_and(|r| buf.len <= r.upto);
         // While copies into the cells run slowly, a stream does not send sizes from the apart
         // rule's eagerly (single copy does not slow; see `Transport::copies_slow`). A lagging

@@ -60,7 +60,7 @@ fn route(frag: usize, protocols: &[(usize, Protocol)]) -> PeerRoute {
             reason: String::new(),
         })
         .collect();
-    PeerRoute { am: AM, frag, entries, stream_eager: None, placement: None, mapped: None }
+    PeerRoute { am: AM, frag, entries, stream_eager: None, placement: None, mapped: None, as_written: false }
 }
 
 /// Eager below 1k (fragments of 100 bytes), get up to 4k, split above.
@@ -1548,6 +1548,32 @@ fn skew_feedback_sends_eagerly_while_the_receiver_lags() {
     let kinds: Vec<PacketKind> = (0..4).map(|_| one(&mut sim, false)).collect();
     assert!(!sim.engines[0].peer_lags(1), "the receiver reported that it caught up");
     assert_eq!(kinds.last(), Some(&PacketKind::Rts));
+    assert_eq!(out, data);
+}
+
+/// A route a `POLYRAIL_ROUTE` rule wrote is taken as written: a lagging receiver does not turn
+/// its single copy eager (it did, so `polyrail tune`'s single-copy runs could measure eager).
+#[test]
+fn skew_feedback_leaves_a_written_route_alone() {
+    let mut sim = Sim::new(2, || PeerRoute { as_written: true, ..one_sided_route() });
+    let policy = crate::config::SkewPolicy { limit: 0, window: 3, eager_up_to: 4096 };
+    for e in &mut sim.engines {
+        e.set_skew_policy(Some(policy));
+    }
+    let data = pattern(9, 2000);
+    let mut out = vec![0u8; 2000];
+    for _ in 0..6 {
+        let before = sim.wires[1].len();
+        let s = send(&mut sim, 0, 1, 3, &data);
+        sim.run_actions();
+        assert_eq!(sim.wires[1][before].hdr.kind, PacketKind::Rts);
+        sim.settle();
+        let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(3), &mut out);
+        sim.settle();
+        assert_eq!(result(&mut sim, 1, q).unwrap().len, 2000);
+        assert!(result(&mut sim, 0, s).is_ok());
+    }
+    assert!(sim.engines[0].peer_lags(1), "the receiver lagged, and said so");
     assert_eq!(out, data);
 }
 

@@ -117,6 +117,10 @@ pub struct PeerRoute {
     /// [`crate::TransportAttr::mapped_from`]): one-sided from a smaller size, never eager in a
     /// stream.
     pub mapped: Option<MappedRule>,
+    /// A `POLYRAIL_ROUTE` rule applies to the peer: every send takes its entry as written. No
+    /// rule above and no skew feedback (`POLYRAIL_SKEW`) changes its protocol; only a message
+    /// larger than any eager message a receiver takes is streamed instead.
+    pub as_written: bool,
 }
 
 /// How messages from registered memory with a memory file go (the sender's memory: the
@@ -470,11 +474,14 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
         }
         keep
     });
-    let mut route = PeerRoute { am: am.id, frag, entries, stream_eager, placement, mapped };
+    let mut route = PeerRoute { am: am.id, frag, entries, stream_eager, placement, mapped, as_written: false };
     for rule in cfg.routes.iter().filter(|r| r.class.is_none_or(|c| c == class)) {
         match apply_rule(&mut route, rule, candidates) {
-            // A route the user wrote is taken as written: no placement rule changes it.
-            Ok(()) => route.placement = None,
+            // A route the user wrote is taken as written: no rule of the engine changes it.
+            Ok(()) => {
+                (route.stream_eager, route.placement, route.mapped) = (None, None, None);
+                route.as_written = true;
+            }
             Err(why) if class != TopoClass::SameProcess => {
                 tracing::warn!("POLYRAIL_ROUTE rule for {}: {why}; rule ignored for this peer", rule.channel);
             }
@@ -734,12 +741,21 @@ mod tests {
         cfg.set("POLYRAIL_APART_SINGLE_COPY", "32k").unwrap();
         cfg.set("POLYRAIL_NEAR_EAGER", "off").unwrap();
         assert_eq!(rule(&cfg), None, "both parts off");
-        // A POLYRAIL_ROUTE rule for the peer's class: the route is taken as written.
+        // A POLYRAIL_ROUTE rule for the peer's class: the route is taken as written, by every
+        // rule (stream-eager and mapped memory too).
         let mut cfg = Config::default();
+        cfg.set("POLYRAIL_STREAM_EAGER", "auto").unwrap();
         cfg.set("POLYRAIL_ROUTE", "shared-l3:1k-64k:cma/get").unwrap();
         assert_eq!(rule(&cfg), None);
+        let mut mapped_cma = cma.clone();
+        mapped_cma.mapped_from = Some(4096);
+        let c2 = [Candidate { id: 1, attr: &shm }, Candidate { id: 2, attr: &mapped_cma }];
+        let r = build_route(TopoClass::SharedL3, &c2, &cfg).unwrap();
+        assert!(r.as_written && r.stream_eager.is_none() && r.mapped.is_none(), "{r:?}");
         cfg.set("POLYRAIL_ROUTE", "socket:1k-64k:cma/get").unwrap();
         assert!(rule(&cfg).is_some(), "a rule for another class changes nothing here");
+        let r = build_route(TopoClass::SharedL3, &c2, &cfg).unwrap();
+        assert!(!r.as_written && r.stream_eager.is_some() && r.mapped.is_some(), "{r:?}");
         // Only the shared-memory channel can time a line from the peer.
         let ib = attr(TransportKind::Ib, Caps::AM | Caps::GET | Caps::PUT, 8192);
         let c = [Candidate { id: 1, attr: &ib }, Candidate { id: 2, attr: &cma }];
