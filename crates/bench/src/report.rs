@@ -190,6 +190,7 @@ fn tables(md: &mut String, m: &Medians, cacheline: Option<f64>, level: &str) {
         head += " polyrail / best peer | polyrail / floor | registered / best peer | registered / floor | heap / best peer | heap / floor |";
         rule += "---:|---:|---:|---:|---:|---:|";
         let _ = writeln!(md, "{head}\n{rule}");
+        let mut partial = false;
         for size in sizes(m, metric) {
             let mut row = format!("| {} |", polyrail::format_size(size));
             for (tool, mode, _) in SERIES {
@@ -214,16 +215,34 @@ fn tables(md: &mut String, m: &Medians, cacheline: Option<f64>, level: &str) {
             } else {
                 get(m, "floor", "memcpy", "GBps", size).map(|g| g * 1e3)
             };
+            let some_missing = peers.len() < PEERS.len();
             for mode in ["auto", "registered", "heap"] {
                 let ours = get(m, "polyrail", mode, metric, size);
-                let ratio = |to: Option<f64>| fmt(ours.zip(to).map(|(a, b)| a / b), 2);
-                row += &format!(" {} | {} |", ratio(best), ratio(floor));
+                let to_floor = fmt(ours.zip(floor).map(|(a, b)| a / b), 2);
+                row += &format!(" {} | {to_floor} |", ratio_to_best(ours, best, some_missing, &mut partial));
             }
             let _ = writeln!(md, "{row}");
         }
         let _ = writeln!(md);
+        if partial {
+            let _ = writeln!(md, "{PARTIAL_NOTE}\n");
+        }
     }
 }
+
+/// `ours / best` with two decimals, marked with [`PARTIAL_MARK`] (and `partial` set) when
+/// `some_missing`: a peer had no result, so `best` is the best of the others only.
+fn ratio_to_best(ours: Option<f64>, best: Option<f64>, some_missing: bool, partial: &mut bool) -> String {
+    let Some((a, b)) = ours.zip(best) else { return "-".into() };
+    *partial |= some_missing;
+    format!("{:.2}{}", a / b, if some_missing { PARTIAL_MARK } else { "" })
+}
+
+/// Marks a ratio to the best of only some of the peers.
+const PARTIAL_MARK: &str = "*";
+/// What [`PARTIAL_MARK`] means, under a table that has it.
+const PARTIAL_NOTE: &str =
+    "\\* Best of the peers measured at that size only: a `-` in a peer's column is a size it has no result for.";
 
 /// Mode of the rows of the latency with fresh data (`polyrail-bench latency --fresh`, and
 /// `mpi_pp.c` writing its message before each send).
@@ -251,19 +270,23 @@ fn fresh(md: &mut String, m: &Medians) {
         head += &format!(" {label} |");
     }
     let _ = writeln!(md, "{head} polyrail / best peer | polyrail same buffer |\n|---:|---:|---:|---:|---:|---:|");
+    let mut partial = false;
     for size in sizes {
         let ours = get(m, "polyrail", FRESH, "lat_us", size);
         let peers: Vec<Option<f64>> = FRESH_PEERS.iter().map(|(t, _)| get(m, t, FRESH, "lat_us", size)).collect();
         let best = peers.iter().flatten().copied().reduce(f64::min);
+        let to_best = ratio_to_best(ours, best, peers.iter().any(Option::is_none), &mut partial);
         let mut row = format!("| {} | {} |", polyrail::format_size(size), fmt(ours, lat_digits(ours)));
         for v in peers {
             row += &format!(" {} |", fmt(v, lat_digits(v)));
         }
         let same = get(m, "polyrail", "auto", "lat_us", size);
-        let _ =
-            writeln!(md, "{row} {} | {} |", fmt(ours.zip(best).map(|(a, b)| a / b), 2), fmt(same, lat_digits(same)));
+        let _ = writeln!(md, "{row} {to_best} | {} |", fmt(same, lat_digits(same)));
     }
     let _ = writeln!(md);
+    if partial {
+        let _ = writeln!(md, "{PARTIAL_NOTE}\n");
+    }
 }
 
 /// Tool name of the paired block's rows (`scripts/compare-peers.sh`: floor, each tool's 8 B
@@ -448,8 +471,38 @@ mod tests {
         let mut md = String::new();
         fresh(&mut md, &m);
         assert!(md.contains("| 16k | 2.00 | 5.00 | 4.00 | 0.50 | 3.00 |"), "{md}");
+        assert!(!md.contains(PARTIAL_NOTE), "{md}");
         let mut none = String::new();
-        fresh(&mut none, &m.into_iter().filter(|(k, _)| k.1 != FRESH).collect());
+        fresh(&mut none, &m.clone().into_iter().filter(|(k, _)| k.1 != FRESH).collect());
         assert!(none.is_empty(), "{none}");
+        // Without MPICH's result the ratio is to Open MPI alone, and says so.
+        let mut partial = String::new();
+        fresh(&mut partial, &m.into_iter().filter(|(k, _)| k.0 != "mpich").collect());
+        assert!(partial.contains("| 16k | 2.00 | 5.00 | - | 0.40* | 3.00 |"), "{partial}");
+        assert!(partial.contains(PARTIAL_NOTE), "{partial}");
+    }
+
+    /// A size some peer has no result for marks the ratio to the best peer, with a note under
+    /// the table; with every peer there, neither.
+    #[test]
+    fn a_missing_peer_is_flagged() {
+        let key = |tool: &str, mode: &str, size| (tool.to_string(), mode.to_string(), "lat_us".to_string(), size);
+        let m: Medians = [
+            (key("polyrail", "auto", 8), 0.2),
+            (key("ompi", "default", 8), 0.4),
+            (key("ucx", "default", 8), 0.5),
+            (key("mpich", "default", 8), 0.8),
+            (key("polyrail", "auto", 64), 0.3),
+            (key("ucx", "default", 64), 0.6),
+        ]
+        .into_iter()
+        .collect();
+        let mut md = String::new();
+        tables(&mut md, &m, None, "###");
+        let row =
+            |size: &str| md.lines().find(|l| l.starts_with(&format!("| {size} |"))).unwrap_or_default().to_owned();
+        assert!(row("8").contains("| 0.50 |"), "{md}");
+        assert!(row("64").contains("| 0.50* |"), "{md}");
+        assert_eq!(md.matches(PARTIAL_NOTE).count(), 1, "{md}");
     }
 }
