@@ -6,7 +6,10 @@ use std::fmt;
 pub type Rank = u32;
 
 /// Everything that can go wrong in polyrail, with enough detail to name the fix.
-#[derive(Debug, thiserror::Error)]
+///
+/// Its `Debug` is its message (as `Display`), so that a `main` returning [`Result`] prints
+/// what went wrong in words rather than the fields of a variant.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A `POLYRAIL_*` variable (or a command-line value) is unknown or has a bad value.
@@ -88,6 +91,12 @@ pub enum Error {
     },
 }
 
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
 impl Error {
     /// Builds an [`Error::Io`] from the last OS error.
     pub fn last_os(context: impl fmt::Display) -> Self {
@@ -162,5 +171,14 @@ mod tests {
         let line = error_chain(&io);
         assert_eq!(line.matches("os error 24").count(), 1, "{line}");
         assert!(line.starts_with("creating the PMI socket of rank 3: "), "{line}");
+    }
+
+    /// `main` returning a polyrail `Result` prints `Error: ` and the error's `Debug`: the
+    /// message, not the variant's fields.
+    #[test]
+    fn debug_is_the_message() {
+        let e = Error::config("POLYRAIL_LOG", "loud", "error, warn, info, debug or trace");
+        assert_eq!(format!("{e:?}"), "POLYRAIL_LOG=\"loud\" is not accepted: error, warn, info, debug or trace");
+        assert_eq!(format!("{e:?}"), e.to_string());
     }
 }
