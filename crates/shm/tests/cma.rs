@@ -266,3 +266,55 @@ fn registered_memory_files_are_mapped_by_peers() {
     child.send("bye");
     assert!(child.wait().success());
 }
+
+/// Peers' memory files stay mapped up to 16 of them and 1 GiB together: the least recently
+/// used go first, never the one the copy at hand uses (kept even when it alone is over the
+/// limit), and every copy reads the file its key names.
+#[test]
+fn peer_files_are_unmapped_least_recently_used_first() {
+    let mut c = CmaTransport::new().with_host(HOST);
+    assert!(matches!(c.add_peer(&peer(0), &c.address()), Reach::Yes(_)) && c.maps_registered(0));
+    let mapped = |c: &CmaTransport| {
+        let d = c.describe();
+        let at = d.find(" memory files of peers mapped").expect("a count of mapped files");
+        d[..at].rsplit(|ch: char| !ch.is_ascii_digit()).next().unwrap().parse::<usize>().unwrap()
+    };
+    // Files are sparse: only the pages a test writes or reads take memory.
+    let register = |c: &mut CmaTransport, len: usize, fill: u8| {
+        let mem = AnonMemory::shared(len, "a test").unwrap();
+        // SAFETY: the first 4096 bytes of `mem` are ours (len >= 4096) and used by nothing else.
+        unsafe { mem.ptr().write_bytes(fill, 4096) };
+        c.register_memory(Region { ptr: mem.ptr(), len }, mem.file()).unwrap();
+        let key = c.expose(Region { ptr: mem.ptr(), len }, PeerAccess::Write).unwrap();
+        (mem, key)
+    };
+    let read = |c: &mut CmaTransport, key: &RemoteKey| {
+        let mut got = [0u8; 8];
+        c.get(0, key, 100, RegionMut { ptr: got.as_mut_ptr(), len: 8 }, 0).unwrap();
+        got[0]
+    };
+    let small: Vec<_> = (0..18u8).map(|i| register(&mut c, 4096, i + 1)).collect();
+    for (i, (_, key)) in small.iter().enumerate() {
+        assert_eq!(read(&mut c, key), i as u8 + 1);
+        assert_eq!(mapped(&c), (i + 1).min(16));
+    }
+    // The first file, used again, is mapped again in place of the least recently used.
+    assert_eq!(read(&mut c, &small[0].1), 1);
+    assert_eq!(mapped(&c), 16);
+    // Two files of 520 MiB (a mapping here is pre-faulted, so they take memory): the second
+    // takes the mappings over 1 GiB, and every older file goes.
+    let big: Vec<_> = (0..2u8).map(|i| register(&mut c, 520 << 20, 100 + i)).collect();
+    assert_eq!(read(&mut c, &big[0].1), 100);
+    assert_eq!(mapped(&c), 16);
+    assert_eq!(read(&mut c, &big[1].1), 101);
+    assert_eq!(mapped(&c), 1, "{}", c.describe());
+    for (mem, _) in big {
+        c.unregister_memory(Region { ptr: mem.ptr(), len: mem.len() });
+    }
+    // One file over the limit alone stays mapped while it is used.
+    let huge = register(&mut c, 1100 << 20, 200);
+    assert_eq!(read(&mut c, &huge.1), 200);
+    assert_eq!(mapped(&c), 1);
+    assert_eq!(read(&mut c, &small[17].1), 18);
+    assert_eq!(mapped(&c), 1, "the huge file goes once another is used");
+}
