@@ -334,7 +334,7 @@ fn map_peer_file(pid: u32, file: &FileRef) -> std::result::Result<Mapping, Strin
         return Err(format!("{path} is not a memory file sealed against shrinking"));
     }
     let fd = OwnedFd::from(f);
-    Mapping::map(&fd, meta.len() as usize).map_err(|e| format!("mapping {path}: {e}"))
+    Mapping::map_lazily(&fd, meta.len() as usize).map_err(|e| format!("mapping {path}: {e}"))
 }
 
 /// Moves `len` bytes between `local` and `remote` in process `pid`, looping over partial
