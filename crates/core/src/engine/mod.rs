@@ -1354,9 +1354,13 @@ impl Engine {
         for id in victims {
             self.fail(id, why.duplicate());
         }
-        // A loss may have taken any message on its way; a finish, only those of its rank.
-        let hopeless =
-            |e: &Engine, id: ReqId| gone == Gone::Lost || e.reqs.get(id).is_some_and(|r| e.all_others_gone_in(r.ctx));
+        // A loss may have taken any message of the peer on its way, in a context it sends in;
+        // a finish, none (a wildcard ends only once no other sender is left).
+        let hopeless = |e: &Engine, id: ReqId| {
+            e.reqs
+                .get(id)
+                .is_some_and(|r| (gone == Gone::Lost && e.may_send_in(peer, r.ctx)) || e.all_others_gone_in(r.ctx))
+        };
         let wild: Vec<ReqId> = self.wild.iter().copied().filter(|&id| hopeless(self, id)).collect();
         for id in wild {
             self.fail(id, why.duplicate());
@@ -1388,6 +1392,11 @@ impl Engine {
     /// failed, once every other member has finished, not only once every other rank has.
     pub fn set_context_members(&mut self, ctx: u16, members: &[Rank]) {
         self.members_of.insert(ctx, members.into());
+    }
+
+    /// Whether `peer` may send in context `ctx` (every rank may, but in a space over some).
+    fn may_send_in(&self, peer: Rank, ctx: u16) -> bool {
+        self.members_of.get(&ctx).is_none_or(|members| members.contains(&peer))
     }
 
     /// Whether every other rank that may send in `ctx` has finished or was lost (never when

@@ -2240,6 +2240,34 @@ fn an_any_source_receive_ends_with_the_members_of_its_context() {
     assert_eq!(sim.engines[0].cancel_unmatched_receives(), 1);
 }
 
+/// A lost rank fails the ANY_SOURCE receives of the contexts it may send in (its message may
+/// have been lost with it), not those of a space it is no member of.
+#[test]
+fn a_loss_fails_the_any_source_receives_only_where_the_lost_rank_sends() {
+    const SPACE: u16 = 7;
+    let mut sim = Sim::new(3, one_sided_route);
+    sim.engines[0].set_context_members(SPACE, &[1, 0]);
+    let (mut a, mut b) = (vec![0u8; 8], vec![0u8; 8]);
+    // SAFETY: `a` and `b` outlive the requests, which end below.
+    let (in_space, in_world) = unsafe {
+        let e = &mut sim.engines[0];
+        let r = e.post_recv(Source::Any, TagMatch::Any, SPACE, RegionMut { ptr: a.as_mut_ptr(), len: a.len() });
+        let w = e.post_recv(Source::Any, TagMatch::Any, 0, RegionMut { ptr: b.as_mut_ptr(), len: b.len() });
+        (r.unwrap(), w.unwrap())
+    };
+    let lost = || Error::PeerLost { rank: 2, why: "killed".into() };
+    sim.engines[0].handle_peer_lost(2, lost());
+    assert!(matches!(result(&mut sim, 0, in_world), Err(Error::PeerLost { rank: 2, .. })));
+    assert!(!sim.engines[0].is_done(in_space), "rank 2 sends nothing in the space");
+    let data = b"in space";
+    // SAFETY: `data` outlives the request, which ends in `settle`.
+    let s = unsafe { sim.engines[1].post_send(0, 4, SPACE, Region { ptr: data.as_ptr(), len: data.len() }) }.unwrap();
+    sim.settle();
+    assert_eq!(result(&mut sim, 0, in_space).unwrap().source, 1);
+    assert!(result(&mut sim, 1, s).is_ok());
+    assert_eq!(&a, b"in space");
+}
+
 /// A FIN only ends what waits for one: not an eager receive in the middle of its fragments
 /// (whose slot would then be freed under the next fragment), not a send twice, not a
 /// receiver-first send with a truncation. Each is the peer's protocol error; nothing panics.
