@@ -169,7 +169,6 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
     let mut run = Run::new(opts, procs, output, server, signal_notices());
     run.wait_all();
     run.release();
-    run.output.finish(Instant::now() + OUTPUT_DRAIN);
     let code = run.exit_code();
     run.server.stop();
     remove_shm_segments(&job);
@@ -245,6 +244,9 @@ struct Proc {
     /// It leads a process group of its own, which the processes it starts join: the launcher's
     /// signals go to the whole group, and what is left of it when the job ends is killed.
     own_group: bool,
+    /// It can no longer be waited for (`waitid` failed): someone else reaped it, so neither
+    /// its pid nor its group's id is ours to signal.
+    unwaitable: bool,
 }
 
 impl Proc {
@@ -260,6 +262,9 @@ impl Proc {
 
     /// Kills the rank and what is left of its group, and reaps it.
     fn kill_and_reap(&mut self) {
+        if self.unwaitable {
+            return;
+        }
         // SAFETY: kill has no memory-safety preconditions; the rank is not reaped yet, so its
         // pid (and the id of its group) names nothing else.
         unsafe { libc::kill(self.kill_target(), libc::SIGKILL) };
@@ -294,6 +299,7 @@ fn spawn_all(opts: &LaunchOptions, job: &str, child_ends: &[UnixStream]) -> Resu
                     signalled_by_us: false,
                     code: None,
                     own_group,
+                    unwaitable: false,
                 })
             }
             Err(e) => {
@@ -526,8 +532,10 @@ impl<'a> Run<'a> {
             if !self.failed && !exited.is_empty() {
                 self.settle_lost(&mut exited);
             }
-            // What the ranks wrote before they exited goes out before the launcher says so.
+            // What the ranks wrote before they exited goes out before the launcher says so
+            // (their pipes are read also while the launcher's streams are backed up).
             self.output.pump();
+            self.output.pump_ranks(&exited);
             // Ranks that lost their PMI connection first are announced first: the others
             // usually exit because of them.
             exited.sort_by_key(|&r| (self.lost.iter().position(|&l| l == r).unwrap_or(usize::MAX), r));
@@ -592,13 +600,14 @@ impl<'a> Run<'a> {
             Err(e) => {
                 say(&format!("cannot wait for rank {r} (pid {}): {e}; counting it as failed", p.child.id()));
                 p.status = Some(ExitStatus::from_raw(1 << 8));
+                p.unwaitable = true;
             }
         }
         true
     }
 
-    /// Once every rank has exited: kills the processes the ranks left running in their groups
-    /// (saying which), and reaps the ranks.
+    /// Once every rank has exited: kills the processes the ranks left running in their groups,
+    /// reaps the ranks, forwards what is left in their pipes, and then says what it killed.
     fn release(&mut self) {
         let groups: Vec<libc::pid_t> =
             self.procs.iter().filter(|p| p.own_group).map(|p| p.child.id() as libc::pid_t).collect();
@@ -609,11 +618,12 @@ impl<'a> Run<'a> {
                 Some(format!("{pid} (from rank {r})"))
             })
             .collect();
-        if !left.is_empty() {
-            say(&format!("killing what the ranks left running: pid {}", left.join(", ")));
-        }
         for p in &mut self.procs {
             p.kill_and_reap();
+        }
+        self.output.finish(Instant::now() + OUTPUT_DRAIN);
+        if !left.is_empty() {
+            say(&format!("killed what the ranks left running: pid {}", left.join(", ")));
         }
     }
 
@@ -856,7 +866,8 @@ fn drain(fd: &OwnedFd) {
     while unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
 }
 
-/// SIGINT, SIGTERM and SIGHUP handlers (SIGHUP not when it was ignored: `nohup`) for the duration of a launch; the previous ones come back on drop.
+/// SIGINT, SIGTERM and SIGHUP handlers (SIGHUP not when it was ignored: `nohup`), and SIGCHLD
+/// not ignored, for the duration of a launch; the previous dispositions come back on drop.
 /// The handlers also write to the [`signal_notices`] pipe, which the launcher polls.
 struct SignalGuard {
     old: Vec<(i32, libc::sigaction)>,
@@ -884,6 +895,22 @@ impl SignalGuard {
                     continue;
                 }
                 old.push((sig, prev));
+            }
+        }
+        // An ignored SIGCHLD (or SA_NOCLDWAIT), inherited from whatever started the launcher,
+        // makes the kernel reap the ranks as they exit: their statuses would be lost, and the
+        // ids of their groups free for reuse while the launcher may still signal them.
+        // SAFETY: sigaction is plain data; a null new action only reads the current one.
+        let mut prev: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: see above.
+        let read = unsafe { libc::sigaction(libc::SIGCHLD, std::ptr::null(), &mut prev) } == 0;
+        if read && (prev.sa_sigaction == libc::SIG_IGN || prev.sa_flags & libc::SA_NOCLDWAIT != 0) {
+            // SAFETY: all zeroes with SIG_DFL is the default disposition.
+            let mut dfl: libc::sigaction = unsafe { std::mem::zeroed() };
+            dfl.sa_sigaction = libc::SIG_DFL;
+            // SAFETY: a valid action for SIGCHLD.
+            if unsafe { libc::sigaction(libc::SIGCHLD, &dfl, std::ptr::null_mut()) } == 0 {
+                old.push((libc::SIGCHLD, prev));
             }
         }
         SignalGuard { old }

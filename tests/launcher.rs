@@ -369,22 +369,37 @@ fn wait_at_most(child: &mut std::process::Child, limit: Duration) -> std::proces
     }
 }
 
+/// CPU time (clock ticks) the main thread of process `pid` has used.
+fn main_thread_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    // utime and stime: fields 14 and 15 of stat, 12 and 13 after the command.
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
 /// A launcher whose stdout nobody reads (a full pipe) still stops its job at the timeout and
 /// exits: it wrote the ranks' output from its main loop, blocked in that write, and then
-/// neither the timeout nor a signal acted.
+/// neither the timeout nor a signal acted. Meanwhile it sleeps: a backed-up unfinished line
+/// (one rank writes no line ends) made its poll spin.
 #[test]
 fn a_reader_that_does_not_read_does_not_stop_the_timeout() {
     let (reader, writer) = std::io::pipe().unwrap();
     let t = Instant::now();
+    let script = "if [ $PMI_RANK = 0 ]; then yes; else while :; do printf xxxxxxxxxxxxxxxx; done; fi";
     let mut child = Command::new(env!("CARGO_BIN_EXE_polyrail"))
-        .args(["run", "-n", "2", "--bind", "none", "--timeout", "1", "--", "sh", "-c", "yes"])
+        .args(["run", "-n", "2", "--bind", "none", "--timeout", "2", "--", "sh", "-c", script])
         .stdout(writer)
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let before = main_thread_ticks(child.id());
+    std::thread::sleep(Duration::from_secs(1));
+    let used = main_thread_ticks(child.id()) - before;
     let status = wait_at_most(&mut child, Duration::from_secs(15));
     assert_eq!(status.code(), Some(polyrail::launch::TIMEOUT_CODE));
-    assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(6), "took {:?}", t.elapsed());
+    assert!(used < 30, "the launcher's main thread used {used} ticks of a second while its output was backed up");
     drop(reader);
 }
 
@@ -403,7 +418,7 @@ fn has_ended(pid: u32) -> bool {
 fn processes_the_ranks_start_end_with_the_job() {
     let jobs: [(&[&str], &str); 2] = [
         (&["--timeout", "1", "sh", "-c", "sleep 300 & echo $!; wait"], ""),
-        (&["sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"], "killing what the ranks left running"),
+        (&["sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"], "killed what the ranks left running"),
     ];
     for (args, said) in jobs {
         let mut child = Command::new(env!("CARGO_BIN_EXE_polyrail"))

@@ -42,10 +42,9 @@ enum Target {
     Stderr,
 }
 
-/// One of the launcher's own streams with the bytes waiting for it and the thread that writes
-/// them (see the module documentation).
+/// A writer thread with the bytes waiting for it: one per stream of the launcher's own, or one
+/// for both when they are one file (see [`Target::sink`]).
 struct Sink {
-    to: Target,
     queue: Mutex<Queue>,
     /// Signalled when bytes are queued (the writer thread waits on it).
     queued: Condvar,
@@ -58,14 +57,14 @@ struct Sink {
 
 /// What waits for a [`Sink`].
 struct Queue {
-    chunks: VecDeque<Vec<u8>>,
+    chunks: VecDeque<(Target, Vec<u8>)>,
     /// Bytes queued or being written.
     bytes: usize,
     /// A write failed (a closed pipe): later bytes are dropped.
     broken: bool,
 }
 
-static SINKS: [Sink; 2] = [Sink::new(Target::Stdout), Sink::new(Target::Stderr)];
+static SINKS: [Sink; 2] = [Sink::new(), Sink::new()];
 
 impl Target {
     fn fd(self) -> libc::c_int {
@@ -75,21 +74,48 @@ impl Target {
         }
     }
 
-    /// Its sink, with the writer thread started on first use.
+    /// Its sink, with the writer thread started on first use. Where stdout and stderr are one
+    /// file (a terminal, `>log 2>&1`) they share one, so that lines come out in the order they
+    /// were queued: a message of the launcher does not overtake a rank's earlier output.
     fn sink(self) -> &'static Sink {
-        let sink = &SINKS[self as usize];
+        static ONE_FILE: OnceLock<bool> = OnceLock::new();
+        let i = match self {
+            Target::Stderr if !*ONE_FILE.get_or_init(stdout_is_stderr) => 1,
+            _ => 0,
+        };
+        let sink = &SINKS[i];
         sink.thread.get_or_init(|| {
-            let name = format!("polyrail-run-{}", ["stdout", "stderr"][self as usize]);
+            let name = format!("polyrail-run-out{i}");
             std::thread::Builder::new().name(name).spawn(move || sink.write_on()).is_ok()
         });
         sink
     }
+
+    /// Queues `bytes` for this stream; `false` when it is gone.
+    fn push(self, bytes: Vec<u8>) -> bool {
+        self.sink().push(self, bytes)
+    }
+
+    /// Whether so much waits for this stream that the ranks' pipes to it are not read.
+    fn backed_up(self) -> bool {
+        self.sink().backed_up()
+    }
+}
+
+/// Whether the launcher's stdout and stderr are the same file.
+fn stdout_is_stderr() -> bool {
+    // SAFETY: stat is plain data; fstat writes it and only looks at the descriptor.
+    unsafe {
+        let (mut out, mut err): (libc::stat, libc::stat) = (std::mem::zeroed(), std::mem::zeroed());
+        libc::fstat(libc::STDOUT_FILENO, &mut out) == 0
+            && libc::fstat(libc::STDERR_FILENO, &mut err) == 0
+            && (out.st_dev, out.st_ino) == (err.st_dev, err.st_ino)
+    }
 }
 
 impl Sink {
-    const fn new(to: Target) -> Sink {
+    const fn new() -> Sink {
         Sink {
-            to,
             queue: Mutex::new(Queue { chunks: VecDeque::new(), bytes: 0, broken: false }),
             queued: Condvar::new(),
             written: Condvar::new(),
@@ -102,17 +128,17 @@ impl Sink {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues `bytes`; `false` when the stream is gone.
-    fn push(&self, bytes: Vec<u8>) -> bool {
+    /// Queues `bytes` for `to`; `false` when the stream is gone.
+    fn push(&self, to: Target, bytes: Vec<u8>) -> bool {
         if self.thread.get() == Some(&false) {
-            return write_all(self.to.fd(), &bytes);
+            return write_all(to.fd(), &bytes);
         }
         let mut q = self.lock();
         if q.broken {
             return false;
         }
         q.bytes += bytes.len();
-        q.chunks.push_back(bytes);
+        q.chunks.push_back((to, bytes));
         self.queued.notify_one();
         true
     }
@@ -137,7 +163,7 @@ impl Sink {
     /// The writer thread: runs for the rest of the process.
     fn write_on(&self) {
         loop {
-            let chunk = {
+            let (to, chunk) = {
                 let mut q = self.lock();
                 loop {
                     if let Some(c) = q.chunks.pop_front() {
@@ -146,7 +172,7 @@ impl Sink {
                     q = self.queued.wait(q).unwrap_or_else(PoisonError::into_inner);
                 }
             };
-            let ok = write_all(self.to.fd(), &chunk);
+            let ok = write_all(to.fd(), &chunk);
             let mut q = self.lock();
             q.bytes -= chunk.len();
             if !ok {
@@ -160,16 +186,24 @@ impl Sink {
 }
 
 /// Writes all of `bytes` to descriptor `fd` (the launcher's stdout or stderr, shared with
-/// nothing that buffers: the launcher writes there only through its sinks); whether it could.
+/// nothing that buffers: the launcher writes there only through its sinks), waiting while a
+/// non-blocking one is full; whether it could.
 fn write_all(fd: libc::c_int, mut bytes: &[u8]) -> bool {
     while !bytes.is_empty() {
         // SAFETY: `bytes` is readable for its length; a bad descriptor is an error, not UB.
         let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
         if n < 0 {
-            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-                continue;
+            match std::io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINTR) => {}
+                Some(libc::EAGAIN) => {
+                    // Inherited with O_NONBLOCK (which is the file's, not ours to change).
+                    let mut p = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+                    // SAFETY: `p` is one valid pollfd.
+                    unsafe { libc::poll(&mut p, 1, -1) };
+                }
+                _ => return false,
             }
-            return false;
+            continue;
         }
         bytes = &bytes[n as usize..];
     }
@@ -181,7 +215,7 @@ pub fn say_line(line: &str) {
     let mut bytes = Vec::with_capacity(line.len() + 1);
     bytes.extend_from_slice(line.as_bytes());
     bytes.push(b'\n');
-    Target::Stderr.sink().push(bytes);
+    Target::Stderr.push(bytes);
 }
 
 /// Waits until what was queued for the launcher's stdout and stderr is written, or until
@@ -244,7 +278,7 @@ impl Output {
 
     /// Adds a `poll` entry for every open pipe whose stream is not backed up to `fds`.
     pub fn poll_fds(&self, fds: &mut Vec<libc::pollfd>) {
-        fds.extend(self.streams.iter().filter(|s| !s.to.sink().backed_up()).map(|s| libc::pollfd {
+        fds.extend(self.streams.iter().filter(|s| !s.to.backed_up()).map(|s| libc::pollfd {
             fd: s.fd.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
@@ -254,8 +288,11 @@ impl Output {
     /// When the oldest unfinished line is due to go out as it is, or when to look again whether
     /// a backed-up stream drained.
     pub fn deadline(&self) -> Option<Instant> {
-        let partial = self.streams.iter().filter_map(|s| s.since).min().map(|t| t + PARTIAL_WAIT);
-        let backed_up = self.streams.iter().any(|s| s.to.sink().backed_up());
+        // A backed-up stream's unfinished line waits with the stream (`pump` skips it): its
+        // overdue time would make the launcher's poll spin.
+        let backed_up = self.streams.iter().any(|s| s.to.backed_up());
+        let partial =
+            self.streams.iter().filter(|s| !s.to.backed_up()).filter_map(|s| s.since).min().map(|t| t + PARTIAL_WAIT);
         let recheck = backed_up.then(|| Instant::now() + BACKED_UP_POLL);
         partial.into_iter().chain(recheck).min()
     }
@@ -264,7 +301,15 @@ impl Output {
     /// lines that waited long enough for their end), and closes the pipes at their end.
     pub fn pump(&mut self) {
         let label = self.label;
-        self.streams.retain_mut(|s| s.to.sink().backed_up() || s.pump(label));
+        self.streams.retain_mut(|s| s.to.backed_up() || s.pump(label));
+    }
+
+    /// Reads the pipes of `ranks`, ranks that exited, also while backed up (they hold what the
+    /// ranks wrote last and little more), so that their last lines go out before the launcher
+    /// says why they ended.
+    pub fn pump_ranks(&mut self, ranks: &[usize]) {
+        let label = self.label;
+        self.streams.retain_mut(|s| !ranks.contains(&s.rank) || s.pump(label));
     }
 
     /// Waits until every pipe reached its end, or until `deadline` (a rank's child may hold a
@@ -369,7 +414,7 @@ impl Stream {
             return true;
         }
         let bytes = if label { self.labelled(bytes) } else { bytes.to_vec() };
-        self.to.sink().push(bytes)
+        self.to.push(bytes)
     }
 
     /// `bytes` with `[rank] ` at the start of every line.
