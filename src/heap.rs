@@ -6,7 +6,7 @@ use crate::driver::Driver;
 use polyrail_core::{Region, SharedFile};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::os::fd::IntoRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// Page size assumed for alignment (x86-64 and aarch64 Linux with 4 KiB pages; larger pages
@@ -35,8 +35,12 @@ const WORTH_REGISTERING: usize = 8 * 1024;
 /// Costs and limits: an allocation takes five system calls (`memfd_create`, `ftruncate`,
 /// `fcntl`, `fstat`, `mmap`) and holds a file descriptor until freed. At most 256 allocations
 /// live in memory files at once; the others come from the system allocator, as do allocations
-/// aligned beyond a page and all of them while [`MappedHeap::set_enabled`] has it off. Pages
-/// come from shared memory (tmpfs), without transparent huge pages. Each process keeps up to 16
+/// aligned beyond a page and all of them while [`MappedHeap::set_enabled`] has it off, where
+/// the kernel refuses memory files (it is then turned off) and where it does not overcommit
+/// memory (`vm.overcommit_memory=2`: a file's pages are committed only when touched, so an
+/// allocation there could succeed and fault later). Pages
+/// come from shared memory (tmpfs), without transparent huge pages. A freed block stays
+/// registered with the channels (for `ib`, its pages pinned) until the context's next message. Each process keeps up to 16
 /// of its peers' files mapped (1 GiB) until it sees them closed, so freed blocks may hold
 /// memory for a while. A child made by `fork` without `exec` shares these allocations with its parent
 /// instead of getting copies: do not install it in programs that fork and go on running the
@@ -122,13 +126,33 @@ impl Default for MappedHeap {
 }
 
 /// Maps a new block of at least `size` bytes; `None` when the table is full or a system call
-/// fails (the caller then uses the system allocator).
+/// fails (the caller then uses the system allocator). The caller's `errno` survives: an
+/// allocation must not change what a C call before it reported.
 fn map_block(size: usize) -> Option<*mut u8> {
-    if COUNT.load(Ordering::Relaxed) >= BLOCKS {
+    // SAFETY: this thread's errno, read and put back.
+    let errno = unsafe { *libc::__errno_location() };
+    let block = try_map_block(size);
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+    block
+}
+
+/// [`map_block`] without keeping `errno`.
+fn try_map_block(size: usize) -> Option<*mut u8> {
+    if COUNT.load(Ordering::Relaxed) >= BLOCKS || strict_overcommit() {
         return None;
     }
     let len = size.div_ceil(PAGE) * PAGE;
-    let (fd, inode) = polyrail_core::memory_file(len).ok()?;
+    let (fd, inode) = match polyrail_core::memory_file(len) {
+        Ok(file) => file,
+        Err((_, e)) => {
+            // Refused for good (no memfd_create, or a seccomp profile): stop asking.
+            if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) {
+                ENABLED.store(false, Ordering::Relaxed);
+            }
+            return None;
+        }
+    };
     let fd = fd.into_raw_fd();
     // SAFETY: a fresh shared mapping of our own descriptor, `len` bytes long (sized and sealed
     // by memory_file); the result is checked.
@@ -153,6 +177,34 @@ fn map_block(size: usize) -> Option<*mut u8> {
     COUNT.store(b.count, Ordering::Release);
     MADE.store(id, Ordering::Release);
     Some(ptr.cast())
+}
+
+/// Whether the kernel refuses to overcommit memory (`vm.overcommit_memory=2`, read once): a
+/// memory file's pages are committed only when touched, so there an allocation the system
+/// allocator would have refused would succeed as a block, and the process would get SIGBUS
+/// at a page the kernel cannot give. Blocks are then not made.
+fn strict_overcommit() -> bool {
+    // 0: not read yet, 1: no, 2: yes.
+    static STRICT: AtomicU8 = AtomicU8::new(0);
+    match STRICT.load(Ordering::Relaxed) {
+        0 => {
+            let mut mode = [0u8; 1];
+            // SAFETY: a NUL-terminated path; `mode` is writable for its length; the descriptor
+            // is closed once. No allocation (this runs inside the allocator).
+            let read = unsafe {
+                let fd = libc::open(c"/proc/sys/vm/overcommit_memory".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+                let n = if fd >= 0 { libc::read(fd, mode.as_mut_ptr().cast(), 1) } else { -1 };
+                if fd >= 0 {
+                    libc::close(fd);
+                }
+                n == 1
+            };
+            let strict = read && mode[0] == b'2';
+            STRICT.store(if strict { 2 } else { 1 }, Ordering::Relaxed);
+            strict
+        }
+        v => v == 2,
+    }
 }
 
 /// Frees the block at `ptr` if there is one; false when `ptr` is not a block's start.

@@ -87,4 +87,23 @@ fn large_allocations_are_memory_files_and_keep_their_contents() {
     assert!(many.iter().enumerate().all(|(i, v)| v.iter().all(|&b| b == i as u8)));
     drop(many);
     assert_eq!((MappedHeap::blocks(), open_memory_files()), (0, files));
+
+    // An allocation whose memory file cannot be made (no descriptor left) comes from the system
+    // allocator and leaves errno as the caller's last C call set it.
+    // SAFETY: dup and close of our own descriptors; getrlimit/setrlimit with valid structs;
+    // errno is this thread's. Nothing else in this process opens files meanwhile (one test).
+    unsafe {
+        let lowest_free = libc::dup(0);
+        libc::close(lowest_free);
+        let mut files = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut files), 0);
+        let tight = libc::rlimit { rlim_cur: lowest_free as libc::rlim_t, rlim_max: files.rlim_max };
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &tight), 0);
+        *libc::__errno_location() = libc::EINTR;
+        let fallback = vec![5u8; 1 << 20];
+        let errno = *libc::__errno_location();
+        libc::setrlimit(libc::RLIMIT_NOFILE, &files);
+        assert_eq!((MappedHeap::blocks(), errno), (0, libc::EINTR));
+        assert!(fallback.iter().all(|&b| b == 5));
+    }
 }
