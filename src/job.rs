@@ -94,11 +94,20 @@ fn put_long(boot: &mut dyn Bootstrap, key: &str, value: &str) -> Result<()> {
     Ok(())
 }
 
+/// Most pieces a [`put_long`] value may have: 64 MiB of pieces of at least 16 bytes.
+const MAX_CHUNKS: usize = (64 << 20) / 16;
+
 /// Reads a value written by [`put_long`].
 fn get_long(boot: &mut dyn Bootstrap, key: &str) -> Result<String> {
     let v = boot.get(key)?;
     let Some(n) = v.strip_prefix("chunks:") else { return Ok(v) };
-    let n: usize = n.parse().map_err(|_| Error::Bootstrap(format!("malformed chunk count under {key}: {v:?}")))?;
+    // At most what a value of the largest address could need (a count from a faulty process
+    // manager must not make billions of requests).
+    let n: usize = n
+        .parse()
+        .ok()
+        .filter(|&n| n <= MAX_CHUNKS)
+        .ok_or_else(|| Error::Bootstrap(format!("malformed chunk count under {key}: {v:?}")))?;
     let mut out = String::new();
     for i in 0..n {
         out.push_str(&boot.get(&format!("{key}.{i}"))?);
@@ -170,7 +179,8 @@ impl Job {
         let (mut channels, channel_reports) = start_channels(&config, &job_id, rank, size);
 
         // Publish who we are and every channel's address; one fence makes them visible.
-        boot.put(&format!("pi{rank}"), &info_value(&me))?;
+        // Also the description may be long: the CPU list of an unbound rank on a large node.
+        put_long(boot.as_mut(), &format!("pi{rank}"), &info_value(&me))?;
         for ch in &channels {
             put_long(boot.as_mut(), &format!("pa{rank}.{}", ch.attr().kind), &encode_hex(&ch.address()))?;
         }
@@ -185,7 +195,8 @@ impl Job {
         // Ranks on this machine, this one included.
         let mut same_host = 0;
         for r in 0..size {
-            let info = if r == rank { me.clone() } else { parse_info(r, &boot.get(&format!("pi{r}"))?)? };
+            let info =
+                if r == rank { me.clone() } else { parse_info(r, &get_long(boot.as_mut(), &format!("pi{r}"))?)? };
             same_host += usize::from(info.host == me.host);
             let class = if r == rank {
                 TopoClass::SameProcess
@@ -397,5 +408,12 @@ mod tests {
         put_long(&mut b, "pa0.shm", "abcd").unwrap();
         assert_eq!(get_long(&mut b, "pa0.ib").unwrap(), long);
         assert_eq!(get_long(&mut b, "pa0.shm").unwrap(), "abcd");
+        // A process description too: an unbound rank's CPU list on a large node.
+        let me = PeerInfo { rank: 0, pid: 42, host: "node-17".into(), node: 0, cpus: (0..256).collect() };
+        put_long(&mut b, "pi0", &info_value(&me)).unwrap();
+        assert_eq!(parse_info(0, &get_long(&mut b, "pi0").unwrap()).unwrap().cpus, me.cpus);
+        // A chunk count beyond any value is refused, not asked for piece by piece.
+        b.put("pa1.ib", "chunks:99999999").unwrap();
+        assert!(get_long(&mut b, "pa1.ib").unwrap_err().to_string().contains("malformed chunk count"));
     }
 }

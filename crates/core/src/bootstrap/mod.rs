@@ -115,7 +115,9 @@ pub fn from_env(cfg: &Config) -> Result<Box<dyn Bootstrap>> {
     // Relaxed: only the flag itself is at stake; a race of two first calls has one winner.
     if JOINED.swap(true, Ordering::Relaxed) {
         return Err(Error::Bootstrap(
-            "this process has joined its job already: one Context per process (as MPI_Init is called once)".into(),
+            "this process has joined its job already, or tried to (a failed attempt used up the process manager's \
+             connection): one Context per process, as MPI_Init is called once"
+                .into(),
         ));
     }
     Ok(match cfg.pmi {

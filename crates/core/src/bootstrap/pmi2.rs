@@ -23,9 +23,11 @@ use super::wire::{self, check_token, env_u32, Conn, Msg, Wire};
 use super::Bootstrap;
 use crate::error::{Error, Rank, Result};
 
-/// Longest key PMI-2 carries (`PMI2_MAX_KEYLEN`).
+/// PMI-2's key buffer size (`PMI2_MAX_KEYLEN`), the terminating NUL of MPICH's buffers
+/// counted: keys hold one byte less.
 pub const PMI2_MAX_KEYLEN: usize = 64;
-/// Longest value PMI-2 carries (`PMI2_MAX_VALLEN`).
+/// PMI-2's value buffer size (`PMI2_MAX_VALLEN`), the terminating NUL counted: values hold one
+/// byte less (Hydra's server keeps 1023 characters of a longer one and still answers success).
 pub const PMI2_MAX_VALLEN: usize = 1024;
 
 /// A PMI-2 session with the process manager.
@@ -113,12 +115,12 @@ impl Bootstrap for Pmi2Client {
         &self.jobid
     }
     fn max_value_len(&self) -> usize {
-        PMI2_MAX_VALLEN
+        PMI2_MAX_VALLEN - 1
     }
     fn put(&mut self, key: &str, value: &str) -> Result<()> {
         self.live("put")?;
-        check_token(&format!("PMI key {key:?}"), key, PMI2_MAX_KEYLEN)?;
-        check_token(&format!("the value of PMI key {key:?}"), value, PMI2_MAX_VALLEN)?;
+        check_token(&format!("PMI key {key:?}"), key, PMI2_MAX_KEYLEN - 1)?;
+        check_token(&format!("the value of PMI key {key:?}"), value, PMI2_MAX_VALLEN - 1)?;
         let msg = Msg::new("kvs-put").with("key", key).with("value", value);
         self.conn.call(Wire::V2, &msg, "kvs-put-response", &format!("PMI-2 kvs-put of key {key:?}"))?;
         Ok(())
@@ -130,7 +132,7 @@ impl Bootstrap for Pmi2Client {
     }
     fn get(&mut self, key: &str) -> Result<String> {
         self.live("get")?;
-        check_token(&format!("PMI key {key:?}"), key, PMI2_MAX_KEYLEN)?;
+        check_token(&format!("PMI key {key:?}"), key, PMI2_MAX_KEYLEN - 1)?;
         let msg = Msg::new("kvs-get").with("srcid", -1).with("key", key);
         let reply = self.conn.call(Wire::V2, &msg, "kvs-get-response", &format!("PMI-2 kvs-get of key {key:?}"))?;
         match reply.require("found")? {

@@ -543,7 +543,10 @@ impl Conn {
 /// Reads a rank or size from the environment (`PMI_RANK`, `PMI_SIZE`, `PMI_ID`).
 pub(crate) fn env_u32(var: &str) -> Result<Option<u32>> {
     match std::env::var(var) {
-        Err(_) => Ok(None),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => {
+            Err(bad(format!("{var}={v:?} is not a non-negative integer; the launcher set a bad value")))
+        }
         Ok(v) => v
             .trim()
             .parse()
