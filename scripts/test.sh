@@ -47,6 +47,13 @@ grep -q "POLYRAIL_TRANSPORTS" /tmp/polyrail-badenv.txt
 echo "examples ok"
 
 echo "== benchmarks, quick mode"
+# Every channel's messages checked byte by byte (--validate), then the measurements as run.
+for t in auto shm cma ib; do
+    timeout 300 target/release/polyrail-bench latency --quick --validate --transport "$t" --sizes 0,8,4k,64k,1m
+    timeout 300 target/release/polyrail-bench bw --quick --validate --transport "$t" --sizes 8,64k,1m
+done
+timeout 300 target/release/polyrail-bench bw --quick --validate --registered --sizes 64k,4m
+timeout 300 target/release/polyrail-bench latency --quick --validate --heap --sizes 64k,4m
 timeout 300 target/release/polyrail-bench latency --quick --sizes 0,8,4k,64k,1m
 timeout 300 target/release/polyrail-bench bw --quick --sizes 4k,1m
 timeout 300 target/release/polyrail-bench latency --quick --transport shm --sizes 8,1m

@@ -45,6 +45,10 @@ pub struct Common {
     /// first use.
     #[arg(long)]
     pub heap: bool,
+    /// Write a pattern of its round into every message and check every received one (as
+    /// osu_latency -c does; `latency` and `bw` only). The writing and checking are timed too.
+    #[arg(long)]
+    pub validate: bool,
     /// Print nothing (with --csv: for runs driven by `compare`).
     #[arg(long, hide = true)]
     pub quiet: bool,
@@ -63,6 +67,8 @@ pub enum CommonOption {
     Iters,
     /// `--quick`
     Quick,
+    /// `--validate`
+    Validate,
 }
 
 impl CommonOption {
@@ -74,6 +80,7 @@ impl CommonOption {
             CommonOption::Sizes => c.sizes != DEFAULT_SIZES,
             CommonOption::Iters => c.iters.is_some(),
             CommonOption::Quick => c.quick,
+            CommonOption::Validate => c.validate,
         }
     }
 
@@ -85,6 +92,7 @@ impl CommonOption {
             CommonOption::Sizes => "--sizes",
             CommonOption::Iters => "--iters",
             CommonOption::Quick => "--quick",
+            CommonOption::Validate => "--validate",
         }
     }
 }
@@ -164,6 +172,7 @@ mod tests {
             csv: None,
             registered: false,
             heap: false,
+            validate: false,
             quiet: false,
         }
     }

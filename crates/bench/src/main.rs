@@ -154,15 +154,21 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         // A bad variable is reported once, here, rather than by every rank of every job.
         polyrail::Config::from_env()?;
     }
-    use polyrail_bench::CommonOption::{Iters, Quick, Ranks, Sizes, Transport};
+    use polyrail_bench::CommonOption::{Iters, Quick, Ranks, Sizes, Transport, Validate};
+    let checks_nothing = "it checks no data (latency and bw do, with --validate)";
     match &cli.cmd {
         Cmd::Skew { common, .. } => {
-            common.refuse("skew", &[Iters, Quick], "it sends --messages per size, --repeats times")?
+            common.refuse("skew", &[Iters, Quick], "it sends --messages per size, --repeats times")?;
+            common.refuse("skew", &[Validate], checks_nothing)?
         }
         Cmd::Overlap { common, .. } => {
-            common.refuse("overlap", &[Iters], "it times 20 transfers per size (2 with --quick)")?
+            common.refuse("overlap", &[Iters], "it times 20 transfers per size (2 with --quick)")?;
+            common.refuse("overlap", &[Validate], checks_nothing)?
         }
+        Cmd::Bibw(common) => common.refuse("bibw", &[Validate], checks_nothing)?,
+        Cmd::MbwMr(common) => common.refuse("mbw-mr", &[Validate], checks_nothing)?,
         Cmd::Discovery { common, pattern, .. } => {
+            common.refuse("discovery", &[Validate], checks_nothing)?;
             let mut unused = vec![Transport, Ranks, Sizes];
             if *pattern == experiments::DiscoveryPattern::Burst {
                 unused.push(Iters);

@@ -69,6 +69,9 @@ pub(crate) fn iterations(c: &Common, size: usize, small: (u32, u32), large: (u32
 pub(crate) fn header(ctx: &Context, c: &Common, what: &str, unit: &str) {
     if ctx.rank() == 0 && !c.quiet {
         println!("# polyrail-bench {what}: transport {}, {} ranks", c.transport, ctx.size());
+        if c.validate {
+            println!("# --validate: every message written and checked (timed too)");
+        }
         println!("# Size {unit:>24}");
     }
 }
@@ -142,6 +145,31 @@ pub(crate) fn start(c: &Common, what: &str) -> anyhow::Result<Run> {
     Ok(Run { ctx, sizes, sbuf, rbuf })
 }
 
+/// Byte `j` of a message of round `round` with `--validate`: every byte differs from the
+/// same byte of the rounds before and after, so a message not (or only partly) written is seen.
+fn round_byte(round: u32, j: usize) -> u8 {
+    (j as u32).wrapping_mul(31).wrapping_add(round.wrapping_mul(7)) as u8
+}
+
+/// Writes round `round`'s pattern into `buf` (`--validate`).
+fn write_round(buf: &mut [u8], round: u32) {
+    for (j, b) in buf.iter_mut().enumerate() {
+        *b = round_byte(round, j);
+    }
+}
+
+/// Checks that `buf` holds round `round`'s pattern (`--validate`).
+fn check_round(buf: &[u8], round: u32) -> anyhow::Result<()> {
+    match buf.iter().enumerate().find(|&(j, &b)| b != round_byte(round, j)) {
+        Some((j, &b)) => bail!(
+            "--validate: message {round} of {} bytes differs at byte {j}: {b:#04x}, expected {:#04x}",
+            buf.len(),
+            round_byte(round, j)
+        ),
+        None => Ok(()),
+    }
+}
+
 /// osu_latency between ranks 0 and 1 (other ranks wait at the barrier); with `fresh`, each
 /// side writes every byte of its message before each send (the round's number), and the CSV
 /// rows say `latency_fresh`.
@@ -159,11 +187,16 @@ pub fn latency(c: &Common, fresh: bool) -> anyhow::Result<()> {
                     if i == warmup {
                         t0 = Instant::now();
                     }
-                    if fresh {
+                    if c.validate {
+                        write_round(&mut sbuf[..size], 2 * i);
+                    } else if fresh {
                         sbuf[..size].fill(i as u8);
                     }
                     ctx.send(1, 1, &sbuf[..size])?;
                     ctx.recv(1, 1, &mut rbuf[..size])?;
+                    if c.validate {
+                        check_round(&rbuf[..size], 2 * i + 1)?;
+                    }
                 }
                 let us = t0.elapsed().as_secs_f64() * 1e6 / (2.0 * iters as f64);
                 if !c.quiet {
@@ -174,7 +207,10 @@ pub fn latency(c: &Common, fresh: bool) -> anyhow::Result<()> {
             1 => {
                 for i in 0..iters + warmup {
                     ctx.recv(0, 1, &mut rbuf[..size])?;
-                    if fresh {
+                    if c.validate {
+                        check_round(&rbuf[..size], 2 * i)?;
+                        write_round(&mut sbuf[..size], 2 * i + 1);
+                    } else if fresh {
                         sbuf[..size].fill(i as u8);
                     }
                     ctx.send(0, 1, &sbuf[..size])?;
@@ -225,7 +261,7 @@ pub fn window(
 /// osu_bw between ranks 0 and 1: windows of 64 sends, one 4-byte acknowledgement. As in OSU,
 /// every send of a window reads the same buffer and every receive writes the same buffer.
 pub fn bandwidth(c: &Common) -> anyhow::Result<()> {
-    let Run { mut ctx, sizes, sbuf, mut rbuf } = start(c, "bw")?;
+    let Run { mut ctx, sizes, mut sbuf, mut rbuf } = start(c, "bw")?;
     header(&ctx, c, "bw", "Bandwidth (MB/s)");
     for &size in &sizes {
         let (iters, warmup) = iterations(c, size, (100, 10), (20, 2));
@@ -238,11 +274,18 @@ pub fn bandwidth(c: &Common) -> anyhow::Result<()> {
             }
             match ctx.rank() {
                 0 => {
+                    if c.validate {
+                        write_round(&mut sbuf[..size], i);
+                    }
                     window(&mut ctx, 1, Some(&sbuf), None, size)?;
                     ctx.recv(1, 101, &mut ack)?;
                 }
                 1 => {
                     window(&mut ctx, 0, None, Some(&mut rbuf), size)?;
+                    if c.validate {
+                        // Every receive of the window wrote the whole buffer with this round.
+                        check_round(&rbuf[..size], i)?;
+                    }
                     ctx.send(0, 101, &ack)?;
                 }
                 _ => {}
@@ -259,4 +302,25 @@ pub fn bandwidth(c: &Common) -> anyhow::Result<()> {
     ctx.barrier()?;
     ctx.finalize()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--validate` sees a message of the round before or after, at every byte, and one
+    /// written only in part.
+    #[test]
+    fn validation_sees_stale_and_partly_written_messages() {
+        let mut b = vec![0u8; 4096];
+        write_round(&mut b, 41);
+        assert!(check_round(&b, 41).is_ok());
+        assert!((0..4096).all(|j| round_byte(40, j) != b[j] && round_byte(42, j) != b[j]));
+        let mut half = b.clone();
+        write_round(&mut half[..2048], 42);
+        let e = check_round(&half, 42).unwrap_err().to_string();
+        assert!(e.contains("message 42 of 4096 bytes differs at byte 2048"), "{e}");
+        b[4095] ^= 1;
+        assert!(check_round(&b, 41).unwrap_err().to_string().contains("byte 4095"));
+    }
 }
