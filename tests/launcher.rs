@@ -138,12 +138,17 @@ fn binding_puts_each_rank_on_one_cpu() {
         let mut o = sh(2, &script);
         o.bind = bind;
         assert_eq!(run(&o).0, 0);
-        for r in 0..2 {
-            let cpus = allowed_cpus(&std::fs::read_to_string(dir.join(format!("status.{r}"))).unwrap());
+        let of = |r: usize| allowed_cpus(&std::fs::read_to_string(dir.join(format!("status.{r}"))).unwrap());
+        let cpus = [of(0), of(1)];
+        for (r, cpus) in cpus.iter().enumerate() {
             match bind {
                 Bind::Core => assert!(cpus.parse::<usize>().is_ok(), "rank {r} bound to {cpus:?}"),
-                Bind::None => assert_eq!(cpus, mine, "rank {r}"),
+                Bind::None => assert_eq!(cpus, &mine, "rank {r}"),
             }
+        }
+        // Two CPUs or more: the ranks get different ones (round robin over the allowed CPUs).
+        if bind == Bind::Core && mine.contains([',', '-']) {
+            assert_ne!(cpus[0], cpus[1], "both ranks on one CPU");
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
