@@ -358,6 +358,26 @@ fn a_value_that_is_not_text_is_refused() {
     assert!(!out.status.success() && err.contains("POLYRAIL_EAGER_LIMIT") && err.contains("UTF-8"), "{err}");
 }
 
+/// POLYRAIL_PMI_TIMEOUT: a rank waiting in a fence for one that stalls fails after the timeout,
+/// naming it, and the launcher then stops the job (without it, the fence waits for the
+/// stalled rank, as long as the launcher lets it live).
+#[test]
+fn a_pmi_timeout_ends_a_fence_that_waits_for_a_stalled_rank() {
+    let probe = probe();
+    let t = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_polyrail"))
+        .args(["run", "-n", "2", "--bind", "none", "--grace", "0.2"])
+        .arg(probe)
+        .arg("stall")
+        .env("POLYRAIL_PMI_TIMEOUT", "0.5")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("pmi_probe rank 0 of 2") && stderr.contains("POLYRAIL_PMI_TIMEOUT"), "{stderr}");
+    assert!(t.elapsed() < Duration::from_secs(3), "took {:?}: {stderr}", t.elapsed());
+}
+
 /// Waits up to `limit` for `child` to exit; kills it (and fails) if it does not.
 fn wait_at_most(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
     let t = Instant::now();

@@ -8,9 +8,10 @@
 //! ```
 //!
 //! Optional argument: `die` makes rank 1 exit with code 3 without finalizing, `kill` makes rank
-//! 1 kill itself with SIGKILL, `abort` makes rank 1 abort the job with code 4 (all right after
-//! opening its PMI session, so that the others wait in the first fence). On any failure a rank
-//! prints the error and exits with code 1.
+//! 1 kill itself with SIGKILL, `abort` makes rank 1 abort the job with code 4, `stall` makes
+//! rank 1 sleep 5 s before going on (all right after opening its PMI session, so that the
+//! others wait in the first fence). On any failure a rank prints the error and exits with
+//! code 1.
 
 use polyrail_core::bootstrap::wire::eprint_line;
 use polyrail_core::bootstrap::{self, Bootstrap};
@@ -18,8 +19,10 @@ use polyrail_core::Config;
 
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_default();
-    if !matches!(mode.as_str(), "" | "die" | "kill" | "abort") {
-        eprint_line(&format!("pmi_probe: unknown argument {mode:?} (expected nothing, `die`, `kill` or `abort`)"));
+    if !matches!(mode.as_str(), "" | "die" | "kill" | "abort" | "stall") {
+        eprint_line(&format!(
+            "pmi_probe: unknown argument {mode:?} (expected nothing, `die`, `kill`, `abort` or `stall`)"
+        ));
         std::process::exit(2);
     }
     let mut pmi = match Config::from_env().and_then(|cfg| bootstrap::from_env(&cfg)) {
@@ -44,6 +47,7 @@ fn misbehave(mode: &str, pmi: &mut dyn Bootstrap) {
     match mode {
         "abort" => pmi.abort(4, "pmi_probe was asked to abort"),
         "die" => std::process::exit(3),
+        "stall" => std::thread::sleep(std::time::Duration::from_secs(5)),
         "kill" => {
             // SAFETY: kill has no memory-safety preconditions; this process signals itself.
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };

@@ -409,6 +409,12 @@ pub struct Config {
     pub log: LogLevel,
     /// `POLYRAIL_PMI`: `1` (default) or `2`.
     pub pmi: PmiVersion,
+    /// `POLYRAIL_PMI_TIMEOUT`: seconds an answer of the process manager may take (a fence
+    /// waits for every rank) before `Context::init` or `finalize` fails, or `off` (the
+    /// default: as long as the process manager keeps the connection). For launchers that let
+    /// the other ranks run on when one dies before a fence (Slurm without
+    /// `--kill-on-bad-exit`), which would leave them waiting until the job's time limit.
+    pub pmi_timeout: Option<std::time::Duration>,
     /// `POLYRAIL_SKEW`: skew feedback (Chai §6.3.2), `LIMIT:WINDOW:SIZE` or `off`. When WINDOW
     /// messages of one sender in a row arrive to find more than LIMIT of its messages waiting
     /// unexpected (no receive posted; the first it sent after our last send to it, which may
@@ -450,6 +456,7 @@ impl Default for Config {
             shm_cells: 128,
             log: LogLevel::Warn,
             pmi: PmiVersion::Pmi1,
+            pmi_timeout: None,
             wait: WaitMode::Adaptive,
             skew: Some(SkewPolicy { limit: 0, window: 8, eager_up_to: 64 << 10 }),
             poll: PollPolicy::Dynamic(8),
@@ -489,6 +496,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("POLYRAIL_SHM_CELLS", "send cells per process (default 128)"),
     ("POLYRAIL_LOG", "log level: error, warn, info, debug, trace"),
     ("POLYRAIL_PMI", "PMI protocol spoken to the launcher: 1 or 2"),
+    ("POLYRAIL_PMI_TIMEOUT", "seconds an answer of the launcher may take (a fence waits for every rank), or off (default)"),
     ("POLYRAIL_WAIT", "how to wait for arrivals: spin, block or adaptive (default)"),
     ("POLYRAIL_SKEW", "skew feedback LIMIT:WINDOW:SIZE (default 0:8:64k) or off"),
     ("POLYRAIL_POLL", "polling priority between channels: all, static:R or dynamic:H (default dynamic:8)"),
@@ -692,6 +700,15 @@ impl Config {
                     }
                     Some(SkewPolicy { limit, window, eager_up_to })
                 }
+            }
+            "POLYRAIL_PMI_TIMEOUT" => {
+                let accepted = "`off` or a number of seconds above 0 and at most a year, such as 600 or 2.5";
+                self.pmi_timeout = if value == "off" {
+                    None
+                } else {
+                    let secs = value.parse::<f64>().ok().filter(|s| *s > 0.0 && *s <= 365.0 * 86400.0);
+                    Some(std::time::Duration::from_secs_f64(secs.ok_or_else(|| bad(accepted))?))
+                };
             }
             "POLYRAIL_WAIT" => {
                 self.wait = match value {
@@ -917,6 +934,19 @@ mod tests {
     #[test]
     fn defaults_without_variables() {
         assert_eq!(cfg(&[("PATH", "/bin")]).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn pmi_timeout() {
+        assert_eq!(cfg(&[]).unwrap().pmi_timeout, None);
+        let t = |v: &str| cfg(&[("POLYRAIL_PMI_TIMEOUT", v)]).map(|c| c.pmi_timeout);
+        assert_eq!(t("600").unwrap(), Some(std::time::Duration::from_secs(600)));
+        assert_eq!(t("2.5").unwrap(), Some(std::time::Duration::from_millis(2500)));
+        assert_eq!(t("off").unwrap(), None);
+        for bad in ["0", "-3", "soon", "NaN", "inf", "1e30"] {
+            let e = t(bad).unwrap_err().to_string();
+            assert!(e.contains("POLYRAIL_PMI_TIMEOUT") && e.contains("seconds"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -121,8 +121,8 @@ pub fn from_env(cfg: &Config) -> Result<Box<dyn Bootstrap>> {
         ));
     }
     Ok(match cfg.pmi {
-        PmiVersion::Pmi1 => Box::new(Pmi1Client::from_env()?),
-        PmiVersion::Pmi2 => Box::new(Pmi2Client::from_env()?),
+        PmiVersion::Pmi1 => Box::new(Pmi1Client::from_env_with_timeout(cfg.pmi_timeout)?),
+        PmiVersion::Pmi2 => Box::new(Pmi2Client::from_env_with_timeout(cfg.pmi_timeout)?),
     })
 }
 

@@ -51,8 +51,15 @@ impl Pmi1Client {
     /// `PMI_SIZE` or, when only `PMI_ID` is set (Hydra's `-pmi-port` mode), from the `initack`
     /// handshake; then opens the PMI-1 session. Call once per process.
     pub fn from_env() -> Result<Self> {
+        Self::from_env_with_timeout(None)
+    }
+
+    /// [`Pmi1Client::from_env`] whose every wait for an answer fails after `timeout`
+    /// (`POLYRAIL_PMI_TIMEOUT`).
+    pub fn from_env_with_timeout(timeout: Option<std::time::Duration>) -> Result<Self> {
         let (rank, size, id) = (env_u32("PMI_RANK")?, env_u32("PMI_SIZE")?, env_u32("PMI_ID")?);
         let mut conn = Conn::from_env()?;
+        conn.set_timeout(timeout)?;
         let (rank, size) = match (rank.zip(size), id) {
             (Some(rank_size), _) => rank_size,
             (None, Some(id)) => initack(&mut conn, id)?,

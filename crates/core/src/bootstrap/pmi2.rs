@@ -53,6 +53,12 @@ impl Pmi2Client {
     /// Connects through `PMI_FD` or `PMI_PORT`, with the rank from `PMI_RANK` (or `PMI_ID`) and
     /// the job from `PMI_JOBID` if set, and opens the PMI-2 session. Call once per process.
     pub fn from_env() -> Result<Self> {
+        Self::from_env_with_timeout(None)
+    }
+
+    /// [`Pmi2Client::from_env`] whose every wait for an answer fails after `timeout`
+    /// (`POLYRAIL_PMI_TIMEOUT`).
+    pub fn from_env_with_timeout(timeout: Option<std::time::Duration>) -> Result<Self> {
         let rank = match env_u32("PMI_RANK")? {
             Some(r) => r,
             None => env_u32("PMI_ID")?.ok_or_else(|| {
@@ -64,7 +70,9 @@ impl Pmi2Client {
             })?,
         };
         let jobid = std::env::var("PMI_JOBID").ok();
-        Self::open(Conn::from_env()?, rank, jobid.as_deref())
+        let mut conn = Conn::from_env()?;
+        conn.set_timeout(timeout)?;
+        Self::open(conn, rank, jobid.as_deref())
     }
 
     /// Opens a PMI-2 session over an already connected socket, as rank `rank` (what `PMI_RANK`

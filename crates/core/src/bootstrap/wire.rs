@@ -366,10 +366,14 @@ fn closed() -> Error {
 }
 
 fn read_error(e: std::io::Error) -> Error {
-    if e.kind() == std::io::ErrorKind::UnexpectedEof {
-        closed()
-    } else {
-        bad(format!("reading from the PMI process manager failed ({e})"))
+    match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => closed(),
+        // The read timeout of POLYRAIL_PMI_TIMEOUT.
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => bad(
+            "no answer from the process manager within POLYRAIL_PMI_TIMEOUT; a fence waits for every rank: did one \
+             die or stall before it, under a launcher that lets the others run on?",
+        ),
+        _ => bad(format!("reading from the PMI process manager failed ({e})")),
     }
 }
 
@@ -433,6 +437,16 @@ impl Conn {
             Stream::Unix(s) => s.try_clone().ok().map(Into::into),
             Stream::Tcp(s) => s.try_clone().ok().map(Into::into),
         }
+    }
+
+    /// Makes reads fail after `timeout` without an answer (`None`: wait as long as the
+    /// connection lasts).
+    pub(crate) fn set_timeout(&mut self, timeout: Option<std::time::Duration>) -> Result<()> {
+        let set = match self.io.get_ref() {
+            Stream::Unix(s) => s.set_read_timeout(timeout),
+            Stream::Tcp(s) => s.set_read_timeout(timeout),
+        };
+        set.map_err(|e| bad(format!("setting the PMI read timeout (POLYRAIL_PMI_TIMEOUT) failed ({e})")))
     }
 
     /// Wraps a connected Unix socket.
