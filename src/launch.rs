@@ -17,7 +17,8 @@
 //! after having opened a PMI session), the launcher says so in one line, gives the other ranks
 //! [`LaunchOptions::grace`] to notice and exit on their own, then kills them. A PMI abort kills the
 //! other ranks at once. SIGINT, SIGTERM or SIGHUP (unless started under `nohup`) to the launcher is forwarded as SIGTERM, followed by
-//! SIGKILL after the grace period (a second signal kills at once). At the end, shared-memory
+//! SIGKILL after the grace period (a second signal kills at once). SIGTSTP (Ctrl-Z) stops the
+//! ranks and then the launcher; continued, it continues them. At the end, shared-memory
 //! segments the job left in `/dev/shm` are removed.
 //!
 //! Between events the launcher sleeps in `poll(2)` on descriptors that something happening makes
@@ -34,7 +35,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -473,7 +474,7 @@ struct Run<'a> {
     /// The ranks' stdout and stderr.
     output: Output,
     server: PmiServer,
-    /// Readable after a SIGINT, SIGTERM or SIGHUP (see [`signal_notices`]).
+    /// Readable after a SIGINT, SIGTERM, SIGHUP or SIGTSTP (see [`signal_notices`]).
     signal_notices: Option<&'static OwnedFd>,
     /// When surviving ranks get SIGKILL; set once the job is stopping.
     kill_at: Option<Instant>,
@@ -542,6 +543,7 @@ impl<'a> Run<'a> {
             for r in exited {
                 self.on_exit(r);
             }
+            self.check_suspend();
             self.check_signal();
             self.check_deadline();
             if self.kill_at.is_some_and(|t| Instant::now() >= t) && !self.killed && self.running() > 0 {
@@ -703,6 +705,21 @@ impl<'a> Run<'a> {
         }
     }
 
+    /// Ctrl-Z (SIGTSTP): the ranks, in process groups of their own, do not get the terminal's
+    /// signal. Stops them, then the launcher itself; once continued (the shell's `fg` or
+    /// `bg`), continues them.
+    fn check_suspend(&mut self) {
+        if !SUSPEND.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        let all: Vec<usize> = (0..self.procs.len()).collect();
+        self.signal(&all, libc::SIGSTOP);
+        // SAFETY: raise has no memory-safety preconditions; it returns once the launcher is
+        // continued.
+        unsafe { libc::raise(libc::SIGSTOP) };
+        self.signal(&all, libc::SIGCONT);
+    }
+
     fn check_signal(&mut self) {
         let sig = RECEIVED.swap(0, Ordering::Relaxed);
         if sig == 0 {
@@ -763,7 +780,8 @@ impl<'a> Run<'a> {
             if p.status.is_some() {
                 continue;
             }
-            p.signalled_by_us = true;
+            // Stopping and continuing is no blame for how it ends.
+            p.signalled_by_us |= !matches!(sig, libc::SIGSTOP | libc::SIGCONT);
             // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child,
             // so neither it nor its group's id can have been reused.
             unsafe { libc::kill(p.kill_target(), sig) };
@@ -819,6 +837,8 @@ const OUTPUT_DRAIN: Duration = Duration::from_millis(200);
 
 /// The last SIGINT, SIGTERM or SIGHUP the launcher received (0: none since last looked at).
 static RECEIVED: AtomicI32 = AtomicI32::new(0);
+/// A SIGTSTP (Ctrl-Z) the launcher has not acted on yet.
+static SUSPEND: AtomicBool = AtomicBool::new(false);
 /// Write end of the signal notice pipe (-1: none yet, or pipe2 failed).
 static SIGNAL_NOTICE: AtomicI32 = AtomicI32::new(-1);
 
@@ -844,9 +864,13 @@ fn signal_notices() -> Option<&'static OwnedFd> {
 }
 
 extern "C" fn on_signal(sig: libc::c_int) {
-    // Relaxed: the launcher reads the flag on every wake-up, the one this write causes or,
+    // Relaxed: the launcher reads the flags on every wake-up, the one this write causes or,
     // at worst, the next one.
-    RECEIVED.store(sig, Ordering::Relaxed);
+    if sig == libc::SIGTSTP {
+        SUSPEND.store(true, Ordering::Relaxed);
+    } else {
+        RECEIVED.store(sig, Ordering::Relaxed);
+    }
     let fd = SIGNAL_NOTICE.load(Ordering::Relaxed);
     if fd >= 0 {
         // SAFETY: errno access and write(2) are async-signal-safe; the byte is a local; errno
@@ -866,8 +890,9 @@ fn drain(fd: &OwnedFd) {
     while unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
 }
 
-/// SIGINT, SIGTERM and SIGHUP handlers (SIGHUP not when it was ignored: `nohup`), and SIGCHLD
-/// not ignored, for the duration of a launch; the previous dispositions come back on drop.
+/// SIGINT, SIGTERM, SIGHUP and SIGTSTP handlers (SIGHUP and SIGTSTP not when they were
+/// ignored: `nohup`, no job control), and SIGCHLD not ignored, for the duration of a launch;
+/// the previous dispositions come back on drop.
 /// The handlers also write to the [`signal_notices`] pipe, which the launcher polls.
 struct SignalGuard {
     old: Vec<(i32, libc::sigaction)>,
@@ -878,7 +903,7 @@ impl SignalGuard {
         // Before the handlers: they find the pipe's write end in SIGNAL_NOTICE.
         signal_notices();
         let mut old = Vec::new();
-        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGTSTP] {
             // SAFETY: sigaction is plain data; all zeroes is a valid starting point.
             let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
             act.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
@@ -888,9 +913,10 @@ impl SignalGuard {
             let mut prev: libc::sigaction = unsafe { std::mem::zeroed() };
             // SAFETY: see above.
             if unsafe { libc::sigaction(sig, &act, &mut prev) } == 0 {
-                if sig == libc::SIGHUP && prev.sa_sigaction == libc::SIG_IGN {
-                    // Started with `nohup`: a hangup is to leave the job running.
-                    // SAFETY: `prev` is the disposition sigaction just returned for SIGHUP.
+                if matches!(sig, libc::SIGHUP | libc::SIGTSTP) && prev.sa_sigaction == libc::SIG_IGN {
+                    // Started with `nohup` (a hangup is to leave the job running), or where
+                    // job control is off: left ignored.
+                    // SAFETY: `prev` is the disposition sigaction just returned for `sig`.
                     unsafe { libc::sigaction(sig, &prev, std::ptr::null_mut()) };
                     continue;
                 }

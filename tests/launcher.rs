@@ -378,6 +378,56 @@ fn a_pmi_timeout_ends_a_fence_that_waits_for_a_stalled_rank() {
     assert!(t.elapsed() < Duration::from_secs(3), "took {:?}: {stderr}", t.elapsed());
 }
 
+/// The state letter of process `pid` (`R`, `S`, `T` stopped, `Z`...), if it exists.
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// The pids of the children of process `pid`.
+fn children_of(pid: u32) -> Vec<u32> {
+    let path = format!("/proc/{pid}/task/{pid}/children");
+    std::fs::read_to_string(path).unwrap_or_default().split_whitespace().filter_map(|p| p.parse().ok()).collect()
+}
+
+/// Waits up to a second for every one of `pids` to be in `state` (`T`) or not (`!T`).
+fn wait_for_states(pids: &[u32], stopped: bool) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(1) {
+        if pids.iter().all(|&p| (process_state(p) == Some('T')) == stopped) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+/// Ctrl-Z (SIGTSTP to the launcher) stops the ranks, which sit in process groups of their own
+/// where the terminal's signal does not reach them, and then the launcher; SIGCONT continues
+/// the launcher and it the ranks; the job then ends as usual.
+#[test]
+fn ctrl_z_stops_and_continues_the_ranks() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_polyrail"))
+        .args(["run", "-n", "2", "--bind", "none", "--", "sleep", "2"])
+        .spawn()
+        .unwrap();
+    let launcher = child.id();
+    let t = Instant::now();
+    let mut ranks = Vec::new();
+    while ranks.len() < 2 && t.elapsed() < Duration::from_secs(5) {
+        ranks = children_of(launcher);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(ranks.len(), 2, "ranks of the launcher: {ranks:?}");
+    // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
+    unsafe { libc::kill(launcher as libc::pid_t, libc::SIGTSTP) };
+    assert!(wait_for_states(&ranks, true) && wait_for_states(&[launcher], true), "not all stopped");
+    // SAFETY: as above.
+    unsafe { libc::kill(launcher as libc::pid_t, libc::SIGCONT) };
+    assert!(wait_for_states(&ranks, false) && wait_for_states(&[launcher], false), "not all continued");
+    assert!(wait_at_most(&mut child, Duration::from_secs(10)).success());
+}
+
 /// Waits up to `limit` for `child` to exit; kills it (and fails) if it does not.
 fn wait_at_most(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
     let t = Instant::now();
