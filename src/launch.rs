@@ -17,8 +17,9 @@
 //! after having opened a PMI session), the launcher says so in one line, gives the other ranks
 //! [`LaunchOptions::grace`] to notice and exit on their own, then kills them. A PMI abort kills the
 //! other ranks at once. SIGINT, SIGTERM or SIGHUP (unless started under `nohup`) to the launcher is forwarded as SIGTERM, followed by
-//! SIGKILL after the grace period (a second signal kills at once). SIGTSTP (Ctrl-Z) stops the
-//! ranks and then the launcher; continued, it continues them. At the end, shared-memory
+//! SIGKILL after the grace period (a second signal kills at once); so is SIGQUIT. SIGTSTP
+//! (Ctrl-Z) stops the ranks and then the launcher; continued, it continues them (the time
+//! stopped does not count against `--timeout`). At the end, shared-memory
 //! segments the job left in `/dev/shm` are removed.
 //!
 //! Between events the launcher sleeps in `poll(2)` on descriptors that something happening makes
@@ -171,6 +172,11 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
     run.wait_all();
     run.release();
     let code = run.exit_code();
+    while let Some(ev) = run.server.try_event() {
+        if let ServerEvent::Notice(line) = ev {
+            output::say_line(&line); // of the server's last moments
+        }
+    }
     run.server.stop();
     remove_shm_segments(&job);
     // What is still queued for the launcher's stdout and stderr goes out; a job stopped from
@@ -245,9 +251,9 @@ struct Proc {
     /// It leads a process group of its own, which the processes it starts join: the launcher's
     /// signals go to the whole group, and what is left of it when the job ends is killed.
     own_group: bool,
-    /// It can no longer be waited for (`waitid` failed): someone else reaped it, so neither
-    /// its pid nor its group's id is ours to signal.
-    unwaitable: bool,
+    /// It was reaped (at the end, or by someone else when `waitid` failed): neither its pid
+    /// nor its group's id is ours to signal any more.
+    reaped: bool,
 }
 
 impl Proc {
@@ -263,13 +269,14 @@ impl Proc {
 
     /// Kills the rank and what is left of its group, and reaps it.
     fn kill_and_reap(&mut self) {
-        if self.unwaitable {
+        if self.reaped {
             return;
         }
         // SAFETY: kill has no memory-safety preconditions; the rank is not reaped yet, so its
         // pid (and the id of its group) names nothing else.
         unsafe { libc::kill(self.kill_target(), libc::SIGKILL) };
         let _ = self.child.wait();
+        self.reaped = true;
     }
 }
 
@@ -300,7 +307,7 @@ fn spawn_all(opts: &LaunchOptions, job: &str, child_ends: &[UnixStream]) -> Resu
                     signalled_by_us: false,
                     code: None,
                     own_group,
-                    unwaitable: false,
+                    reaped: false,
                 })
             }
             Err(e) => {
@@ -602,7 +609,7 @@ impl<'a> Run<'a> {
             Err(e) => {
                 say(&format!("cannot wait for rank {r} (pid {}): {e}; counting it as failed", p.child.id()));
                 p.status = Some(ExitStatus::from_raw(1 << 8));
-                p.unwaitable = true;
+                p.reaped = true;
             }
         }
         true
@@ -613,7 +620,15 @@ impl<'a> Run<'a> {
     fn release(&mut self) {
         let groups: Vec<libc::pid_t> =
             self.procs.iter().filter(|p| p.own_group).map(|p| p.child.id() as libc::pid_t).collect();
-        let left: Vec<String> = processes_in_groups(&groups)
+        // Processes that got the job's SIGTERM with their rank may still be on their way out:
+        // they get a moment before they count as left running.
+        let mut left = processes_in_groups(&groups);
+        let waited = Instant::now();
+        while !left.is_empty() && waited.elapsed() < LEFTOVER_WAIT {
+            std::thread::sleep(Duration::from_millis(5));
+            left = processes_in_groups(&groups);
+        }
+        let left: Vec<String> = left
             .into_iter()
             .filter_map(|(pid, group)| {
                 let r = self.procs.iter().position(|p| p.own_group && p.child.id() as libc::pid_t == group)?;
@@ -664,6 +679,7 @@ impl<'a> Run<'a> {
             ServerEvent::Aborted { rank, code, message } => self.on_abort(rank as usize, code, &message),
             // The rank's exit, which follows, is what counts.
             ServerEvent::Lost { rank, .. } => self.lost.push(rank as usize),
+            ServerEvent::Notice(line) => output::say_line(&line),
         }
     }
 
@@ -708,16 +724,33 @@ impl<'a> Run<'a> {
     /// Ctrl-Z (SIGTSTP): the ranks, in process groups of their own, do not get the terminal's
     /// signal. Stops them, then the launcher itself; once continued (the shell's `fg` or
     /// `bg`), continues them.
+    /// The time the job spent stopped does not count against its timeout or grace period.
     fn check_suspend(&mut self) {
         if !SUSPEND.swap(false, Ordering::Relaxed) {
             return;
         }
+        let stopped_at = Instant::now();
         let all: Vec<usize> = (0..self.procs.len()).collect();
-        self.signal(&all, libc::SIGSTOP);
-        // SAFETY: raise has no memory-safety preconditions; it returns once the launcher is
-        // continued.
-        unsafe { libc::raise(libc::SIGSTOP) };
+        self.signal(&all, libc::SIGTSTP);
+        // The launcher stops as it would have without its handler (not at all in an orphaned
+        // process group, where the kernel discards the signal: then it continues the ranks at
+        // once rather than stop for good).
+        // SAFETY: sigaction is plain data; SIG_DFL with no flags is the default disposition,
+        // and `ours` gets back the handler this guard installed. raise has no preconditions.
+        unsafe {
+            let mut dfl: libc::sigaction = std::mem::zeroed();
+            dfl.sa_sigaction = libc::SIG_DFL;
+            let mut ours: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGTSTP, &dfl, &mut ours) == 0 {
+                libc::raise(libc::SIGTSTP);
+                libc::sigaction(libc::SIGTSTP, &ours, std::ptr::null_mut());
+            }
+        }
         self.signal(&all, libc::SIGCONT);
+        let stopped = stopped_at.elapsed();
+        for t in [&mut self.deadline, &mut self.kill_at].into_iter().flatten() {
+            *t += stopped;
+        }
     }
 
     fn check_signal(&mut self) {
@@ -773,15 +806,17 @@ impl<'a> Run<'a> {
         self.killed = true;
     }
 
-    /// Sends `sig` to those of `ranks` that have not been reaped.
+    /// Sends `sig` to those of `ranks` not reaped yet, with their groups: an exited rank's
+    /// group still holds what it left running (and the rank, unreaped, keeps the group's id
+    /// ours).
     fn signal(&mut self, ranks: &[usize], sig: i32) {
         for &r in ranks {
             let p = &mut self.procs[r];
-            if p.status.is_some() {
+            if p.reaped || (p.status.is_some() && !p.own_group) {
                 continue;
             }
             // Stopping and continuing is no blame for how it ends.
-            p.signalled_by_us |= !matches!(sig, libc::SIGSTOP | libc::SIGCONT);
+            p.signalled_by_us |= p.status.is_none() && !matches!(sig, libc::SIGTSTP | libc::SIGCONT);
             // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child,
             // so neither it nor its group's id can have been reused.
             unsafe { libc::kill(p.kill_target(), sig) };
@@ -831,6 +866,9 @@ const IDLE_WAKE: Duration = Duration::from_secs(1);
 /// Sleep of a waiting launcher while a running rank has no exit descriptor (no pidfds): its
 /// exit is seen by polling.
 const EXIT_POLL: Duration = Duration::from_millis(10);
+/// How long processes left in the ranks' groups at the end may take to exit before they are
+/// killed and named (those the job's SIGTERM reached are on their way out).
+const LEFTOVER_WAIT: Duration = Duration::from_millis(100);
 /// How long the launcher forwards output after the last rank exited, while a process the
 /// ranks started holds their output pipes open.
 const OUTPUT_DRAIN: Duration = Duration::from_millis(200);
@@ -890,7 +928,7 @@ fn drain(fd: &OwnedFd) {
     while unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
 }
 
-/// SIGINT, SIGTERM, SIGHUP and SIGTSTP handlers (SIGHUP and SIGTSTP not when they were
+/// SIGINT, SIGQUIT, SIGTERM, SIGHUP and SIGTSTP handlers (SIGHUP and SIGTSTP not when they were
 /// ignored: `nohup`, no job control), and SIGCHLD not ignored, for the duration of a launch;
 /// the previous dispositions come back on drop.
 /// The handlers also write to the [`signal_notices`] pipe, which the launcher polls.
@@ -903,7 +941,7 @@ impl SignalGuard {
         // Before the handlers: they find the pipe's write end in SIGNAL_NOTICE.
         signal_notices();
         let mut old = Vec::new();
-        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGTSTP] {
+        for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP, libc::SIGTSTP] {
             // SAFETY: sigaction is plain data; all zeroes is a valid starting point.
             let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
             act.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;

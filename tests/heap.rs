@@ -90,10 +90,11 @@ fn large_allocations_are_memory_files_and_keep_their_contents() {
 
     // An allocation whose memory file cannot be made (no descriptor left) comes from the system
     // allocator and leaves errno as the caller's last C call set it.
-    // SAFETY: dup and close of our own descriptors; getrlimit/setrlimit with valid structs;
+    // SAFETY: open and close of our own descriptor; getrlimit/setrlimit with valid structs;
     // errno is this thread's. Nothing else in this process opens files meanwhile (one test).
     unsafe {
-        let lowest_free = libc::dup(0);
+        let lowest_free = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY);
+        assert!(lowest_free >= 0);
         libc::close(lowest_free);
         let mut files = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut files), 0);

@@ -290,11 +290,17 @@ impl Output {
     pub fn deadline(&self) -> Option<Instant> {
         // A backed-up stream's unfinished line waits with the stream (`pump` skips it): its
         // overdue time would make the launcher's poll spin.
-        let backed_up = self.streams.iter().any(|s| s.to.backed_up());
-        let partial =
-            self.streams.iter().filter(|s| !s.to.backed_up()).filter_map(|s| s.since).min().map(|t| t + PARTIAL_WAIT);
-        let recheck = backed_up.then(|| Instant::now() + BACKED_UP_POLL);
-        partial.into_iter().chain(recheck).min()
+        let mut any_backed_up = false;
+        let mut partial: Option<Instant> = None;
+        for s in &self.streams {
+            if s.to.backed_up() {
+                any_backed_up = true;
+            } else if let Some(t) = s.since {
+                partial = Some(partial.map_or(t, |p| p.min(t)));
+            }
+        }
+        let recheck = any_backed_up.then(|| Instant::now() + BACKED_UP_POLL);
+        partial.map(|t| t + PARTIAL_WAIT).into_iter().chain(recheck).min()
     }
 
     /// Reads what every pipe whose stream is not backed up has, writes the whole lines (and

@@ -45,9 +45,10 @@ pub struct Common {
     /// first use.
     #[arg(long)]
     pub heap: bool,
-    /// Write a pattern of its round into every message and check every received one (as
-    /// osu_latency -c does; `latency` and `bw` only). The writing and checking are timed too.
-    #[arg(long)]
+    /// Write a pattern of its round into every message and check what arrives (as osu_latency
+    /// -c does; `latency` and `bw` only: every message, and for `bw` the receive buffer after
+    /// each window). The writing and checking are timed too, so no `--csv` with it.
+    #[arg(long, conflicts_with = "csv")]
     pub validate: bool,
     /// Print nothing (with --csv: for runs driven by `compare`).
     #[arg(long, hide = true)]

@@ -702,11 +702,11 @@ impl Config {
                 }
             }
             "POLYRAIL_PMI_TIMEOUT" => {
-                let accepted = "`off` or a number of seconds above 0 and at most a year, such as 600 or 2.5";
+                let accepted = "`off` or a number of seconds from 0.001 to a year, such as 600 or 2.5";
                 self.pmi_timeout = if value == "off" {
                     None
                 } else {
-                    let secs = value.parse::<f64>().ok().filter(|s| *s > 0.0 && *s <= 365.0 * 86400.0);
+                    let secs = value.parse::<f64>().ok().filter(|s| (0.001..=365.0 * 86400.0).contains(s));
                     Some(std::time::Duration::from_secs_f64(secs.ok_or_else(|| bad(accepted))?))
                 };
             }
@@ -943,7 +943,7 @@ mod tests {
         assert_eq!(t("600").unwrap(), Some(std::time::Duration::from_secs(600)));
         assert_eq!(t("2.5").unwrap(), Some(std::time::Duration::from_millis(2500)));
         assert_eq!(t("off").unwrap(), None);
-        for bad in ["0", "-3", "soon", "NaN", "inf", "1e30"] {
+        for bad in ["0", "-3", "1e-10", "soon", "NaN", "inf", "1e30"] {
             let e = t(bad).unwrap_err().to_string();
             assert!(e.contains("POLYRAIL_PMI_TIMEOUT") && e.contains("seconds"), "{bad}: {e}");
         }

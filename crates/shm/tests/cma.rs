@@ -301,8 +301,7 @@ fn peer_files_are_unmapped_least_recently_used_first() {
     // The first file, used again, is mapped again in place of the least recently used.
     assert_eq!(read(&mut c, &small[0].1), 1);
     assert_eq!(mapped(&c), 16);
-    // Two files of 520 MiB (a mapping here is pre-faulted, so they take memory): the second
-    // takes the mappings over 1 GiB, and every older file goes.
+    // Two files of 520 MiB: the second takes the mappings over 1 GiB, and every older file goes.
     let big: Vec<_> = (0..2u8).map(|i| register(&mut c, 520 << 20, 100 + i)).collect();
     assert_eq!(read(&mut c, &big[0].1), 100);
     assert_eq!(mapped(&c), 16);

@@ -53,6 +53,10 @@ pub enum ServerEvent {
         /// What happened, as a phrase (`closed its PMI connection without finalize`).
         why: String,
     },
+    /// A line for the user (a malformed or unsupported message, a failure of the server):
+    /// the launcher prints it with its own messages, so that the server thread never blocks
+    /// on the launcher's stderr.
+    Notice(String),
 }
 
 /// A running PMI server for one job; stops when dropped.
@@ -130,7 +134,7 @@ impl PmiServer {
         drop(self.wake.take());
         if let Some(t) = self.thread.take() {
             if t.join().is_err() {
-                say("the server thread panicked");
+                eprint_line("polyrail PMI server: the server thread panicked");
             }
         }
     }
@@ -194,6 +198,11 @@ impl State {
         self.peers.len()
     }
 
+    /// Tells the user something, through the launcher ([`ServerEvent::Notice`]).
+    fn say(&self, msg: &str) {
+        self.emit(ServerEvent::Notice(format!("polyrail PMI server: {msg}")));
+    }
+
     fn emit(&self, ev: ServerEvent) {
         // The launcher may have stopped listening; nothing to do then.
         let _ = self.events.send(ev);
@@ -222,7 +231,7 @@ impl State {
                 if e.kind() == std::io::ErrorKind::Interrupted {
                     continue;
                 }
-                say(&format!("poll failed ({e}); the PMI server stops"));
+                self.say(&format!("poll failed ({e}); the PMI server stops"));
                 return;
             }
             if fds[0].revents != 0 {
@@ -271,7 +280,7 @@ impl State {
                 Ok(Some((wire, msg))) => self.handle(i, wire, &msg),
                 Ok(None) => return,
                 Err(e) => {
-                    say(&format!("rank {i} sent a malformed PMI message ({e}); closing its PMI connection"));
+                    self.say(&format!("rank {i} sent a malformed PMI message ({e}); closing its PMI connection"));
                     self.lose(i, format!("sent a malformed PMI message ({e})"));
                     return;
                 }
@@ -303,7 +312,7 @@ impl State {
             (Wire::V2, "info-getjobattr") => self.get_v2(req, "info-getjobattr-response"),
             (_, other) => {
                 let shown = preview(other.as_bytes());
-                say(&format!("rank {i} sent the unsupported PMI command {shown}; answering with an error"));
+                self.say(&format!("rank {i} sent the unsupported PMI command {shown}; answering with an error"));
                 let name = if wire == Wire::V1 { format!("{other}_result") } else { format!("{other}-response") };
                 failure(wire, Msg::new(name), &format!("unsupported PMI command `{other}`"))
             }
@@ -552,11 +561,6 @@ impl State {
             }
         }
     }
-}
-
-/// Tells the user something, on one line of stderr.
-fn say(msg: &str) {
-    eprint_line(&format!("polyrail PMI server: {msg}"));
 }
 
 /// `msg` turned into a failure answer: `rc=-1` and the reason (`msg=` in PMI-1, `errmsg=` in PMI-2).

@@ -539,10 +539,7 @@ impl Conn {
 
     /// Waits up to `timeout` for the process manager to close the connection (after an abort).
     pub(crate) fn wait_closed(&mut self, timeout: std::time::Duration) {
-        let _ = match self.io.get_ref() {
-            Stream::Unix(s) => s.set_read_timeout(Some(timeout)),
-            Stream::Tcp(s) => s.set_read_timeout(Some(timeout)),
-        };
+        let _ = self.set_timeout(Some(timeout));
         let deadline = std::time::Instant::now() + timeout;
         let mut sink = [0u8; 256];
         while std::time::Instant::now() < deadline {
