@@ -2,6 +2,7 @@
 //! one-liners for exit codes, environment, binding and cleanup.
 
 use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -409,8 +410,12 @@ fn wait_for_states(pids: &[u32], stopped: bool) -> bool {
 /// the time stopped does not count against).
 #[test]
 fn ctrl_z_stops_and_continues_the_ranks() {
+    // A process group of its own, whose parent (this test) is in another group of the same
+    // session, as a shell's job is: the kernel discards SIGTSTP in an orphaned group (as this
+    // test's own may be, under CI), and the launcher would then rightly not stop.
     let mut child = Command::new(env!("CARGO_BIN_EXE_polyrail"))
         .args(["run", "-n", "2", "--bind", "none", "--timeout", "3", "--", "sleep", "30"])
+        .process_group(0)
         .spawn()
         .unwrap();
     let launcher = child.id();

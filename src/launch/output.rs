@@ -8,8 +8,8 @@
 //! it is, and so does one longer than [`MAX_PENDING`]. With labels, every line starts with
 //! `[rank] `, as Hydra's `-prepend-rank` does.
 //!
-//! The launcher's own stdout and stderr are written by a thread each (a [`Sink`]), never by the
-//! launcher's main loop: a reader that does not keep up (a full pipe, a stopped pager) blocks
+//! The launcher's own stdout and stderr are written by a thread each, or one for both where
+//! they are one file (a [`Sink`]), never by the launcher's main loop: a reader that does not keep up (a full pipe, a stopped pager) blocks
 //! that thread only, and the job's timeout, signals and rank exits still act. While
 //! [`MAX_QUEUED`] bytes wait for a stream, the ranks' pipes to it are not read, so that a rank
 //! writing on blocks in its own write, as it would writing to the reader itself. The launcher's
