@@ -273,7 +273,10 @@ impl Context {
     }
 
     /// This context's point-to-point calls in `space`: `ctx.in_space(&s)?.send(1, 7, b"x")`.
-    /// A space this context did not make is an [`Error::InvalidArgument`].
+    /// A space this context cannot have made (its matching context is not among those this
+    /// context gave out, or a split space does not hold this rank) is an
+    /// [`Error::InvalidArgument`]; a space of another `Context` of this process whose number
+    /// is among them is not told apart.
     pub fn in_space<'a>(&'a mut self, space: &'a Space) -> Result<InSpace<'a>> {
         let made = match &space.members {
             None => {

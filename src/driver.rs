@@ -327,7 +327,8 @@ impl Driver {
                 continue;
             }
             if self.engine.peer_error(peer as Rank).is_some() {
-                self.blocked[peer].clear();
+                self.drop_blocked(peer, |_| true, "read dropped before it ran: its peer is gone");
+                continue;
             }
             while let Some(a) = self.blocked[peer].pop_front() {
                 if let Some(a) = self.attempt(a) {
@@ -724,26 +725,34 @@ impl Driver {
             }
             _ => false,
         };
-        // A read dropped here never runs: the engine is told, so that it does not count it in
-        // flight (`Engine::copies_in_flight`).
-        let mut dropped_reads = Vec::new();
-        for q in &mut self.blocked {
-            let had = !q.is_empty();
-            q.retain(|a| match a {
-                Action::Get { op, .. } if mine(a) => {
-                    dropped_reads.push(*op);
-                    false
-                }
-                _ => !mine(a),
-            });
-            if had && q.is_empty() {
-                self.blocked_peers -= 1;
-            }
-        }
-        for op in dropped_reads {
-            self.engine.handle_completion(op, Err(Error::InvalidArgument("read abandoned before it ran".into())));
+        for peer in 0..self.blocked.len() {
+            self.drop_blocked(peer, mine, "read abandoned before it ran");
         }
         self.engine.discard(req);
+    }
+
+    /// Drops the blocked actions to `peer` that `pick` chooses. A read among them never runs:
+    /// the engine is told (with `why`), so that it does not count it in flight
+    /// (`Engine::copies_in_flight`).
+    fn drop_blocked(&mut self, peer: usize, pick: impl Fn(&Action) -> bool, why: &str) {
+        let q = &mut self.blocked[peer];
+        if q.is_empty() {
+            return;
+        }
+        let mut dropped_reads = Vec::new();
+        q.retain(|a| match a {
+            Action::Get { op, .. } if pick(a) => {
+                dropped_reads.push(*op);
+                false
+            }
+            _ => !pick(a),
+        });
+        if q.is_empty() {
+            self.blocked_peers -= 1;
+        }
+        for op in dropped_reads {
+            self.engine.handle_completion(op, Err(Error::InvalidArgument(why.into())));
+        }
     }
 }
 

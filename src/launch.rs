@@ -16,7 +16,8 @@
 //! When a rank dies abnormally (killed by a signal, nonzero exit, or exit without PMI finalize
 //! after having opened a PMI session), the launcher says so in one line, gives the other ranks
 //! [`LaunchOptions::grace`] to notice and exit on their own, then kills them. A PMI abort kills the
-//! other ranks at once. SIGINT, SIGTERM or SIGHUP (unless started under `nohup`) to the launcher is forwarded as SIGTERM, followed by
+//! other ranks at once. SIGINT, SIGQUIT, SIGTERM or SIGHUP (SIGHUP not under `nohup`) to the
+//! launcher is forwarded as SIGTERM, followed by
 //! SIGKILL after the grace period (a second signal kills at once); so is SIGQUIT. SIGTSTP
 //! (Ctrl-Z) stops the ranks and then the launcher; continued, it continues them (the time
 //! stopped does not count against `--timeout`). At the end, shared-memory
@@ -134,7 +135,7 @@ impl Default for LaunchOptions {
 /// The code is the abort code (as `abort_status` makes it an exit status) if a rank aborted the job first; otherwise the worst rank's:
 /// 128 + signal for a rank killed by a signal (other than the launcher's own), else the largest
 /// exit code, an exit without PMI finalize counting as at least 1. A job stopped by SIGINT,
-/// SIGTERM or SIGHUP returns at least 128 + that signal, one stopped by its timeout at least
+/// SIGQUIT, SIGTERM or SIGHUP returns at least 128 + that signal, one stopped by its timeout at least
 /// [`TIMEOUT_CODE`].
 ///
 /// Raises the calling process's soft limit on open files to its hard limit (the ranks get the
@@ -172,11 +173,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
     run.wait_all();
     run.release();
     let code = run.exit_code();
-    while let Some(ev) = run.server.try_event() {
-        if let ServerEvent::Notice(line) = ev {
-            output::say_line(&line); // of the server's last moments
-        }
-    }
+    print_notices(&run.server); // of the server's last moments
     run.server.stop();
     remove_shm_segments(&job);
     // What is still queued for the launcher's stdout and stderr goes out; a job stopped from
@@ -287,8 +284,7 @@ fn spawn_all(opts: &LaunchOptions, job: &str, child_ends: &[UnixStream]) -> Resu
     };
     let mut procs: Vec<Proc> = Vec::with_capacity(child_ends.len());
     let mut output = Output::new(opts.label);
-    // SAFETY: isatty only looks at the descriptor.
-    let stdin_is_terminal = unsafe { libc::isatty(libc::STDIN_FILENO) } == 1;
+    let stdin_is_terminal = std::io::IsTerminal::is_terminal(&std::io::stdin());
     for (r, end) in child_ends.iter().enumerate() {
         let cpu = (!cpus.is_empty()).then(|| cpus[r % cpus.len()]);
         // Rank 0 reading the terminal must stay in the terminal's foreground group, the
@@ -481,7 +477,7 @@ struct Run<'a> {
     /// The ranks' stdout and stderr.
     output: Output,
     server: PmiServer,
-    /// Readable after a SIGINT, SIGTERM, SIGHUP or SIGTSTP (see [`signal_notices`]).
+    /// Readable after a SIGINT, SIGQUIT, SIGTERM, SIGHUP or SIGTSTP (see [`signal_notices`]).
     signal_notices: Option<&'static OwnedFd>,
     /// When surviving ranks get SIGKILL; set once the job is stopping.
     kill_at: Option<Instant>,
@@ -542,8 +538,7 @@ impl<'a> Run<'a> {
             }
             // What the ranks wrote before they exited goes out before the launcher says so
             // (their pipes are read also while the launcher's streams are backed up).
-            self.output.pump();
-            self.output.pump_ranks(&exited);
+            self.output.pump(&exited);
             // Ranks that lost their PMI connection first are announced first: the others
             // usually exit because of them.
             exited.sort_by_key(|&r| (self.lost.iter().position(|&l| l == r).unwrap_or(usize::MAX), r));
@@ -830,6 +825,16 @@ impl<'a> Run<'a> {
     }
 }
 
+/// Prints the notices `server` has queued, taking its other events too (for a launch, those
+/// that came after the last rank; for an embedded job, events nobody reads).
+fn print_notices(server: &PmiServer) {
+    while let Some(ev) = server.try_event() {
+        if let ServerEvent::Notice(line) = ev {
+            output::say_line(&line);
+        }
+    }
+}
+
 /// Tells the user something, on one line of stderr (after what the ranks wrote there before).
 fn say(msg: &str) {
     output::say_line(&format!("polyrail run: {msg}"));
@@ -873,7 +878,8 @@ const LEFTOVER_WAIT: Duration = Duration::from_millis(100);
 /// ranks started holds their output pipes open.
 const OUTPUT_DRAIN: Duration = Duration::from_millis(200);
 
-/// The last SIGINT, SIGTERM or SIGHUP the launcher received (0: none since last looked at).
+/// The last SIGINT, SIGQUIT, SIGTERM or SIGHUP the launcher received (0: none since last
+/// looked at).
 static RECEIVED: AtomicI32 = AtomicI32::new(0);
 /// A SIGTSTP (Ctrl-Z) the launcher has not acted on yet.
 static SUSPEND: AtomicBool = AtomicBool::new(false);
@@ -1082,6 +1088,7 @@ impl Drop for EmbeddedJob {
             let _ = c.wait();
         }
         if let Some(s) = self.server.take() {
+            print_notices(&s);
             s.stop();
         }
         remove_shm_segments(&self.job);

@@ -48,16 +48,14 @@ pub(crate) struct Members {
     by_job: Vec<(Rank, Rank)>,
     /// This process's rank in the space.
     me: Rank,
-    /// Matching context of the space's barrier and splits.
-    control: u16,
 }
 
 impl Members {
     /// The members of a space: `job` by space rank, with this process at `me`.
-    fn new(job: Vec<Rank>, me: Rank, control: u16) -> Members {
+    fn new(job: Vec<Rank>, me: Rank) -> Members {
         let mut by_job: Vec<(Rank, Rank)> = job.iter().zip(0..).map(|(&j, i)| (j, i)).collect();
         by_job.sort_unstable();
-        Members { job, by_job, me, control }
+        Members { job, by_job, me }
     }
 
     /// The job rank of this process, as the space knows it.
@@ -223,7 +221,7 @@ impl<'a> InSpace<'a> {
     pub fn barrier(&mut self) -> Result<()> {
         match self.members() {
             None => self.ctx.barrier(),
-            Some(m) => self.ctx.barrier_over(m.control, m.me, &m.job),
+            Some(m) => self.ctx.barrier_over(self.control(), m.me, &m.job),
         }
     }
 
@@ -251,7 +249,7 @@ impl<'a> InSpace<'a> {
                 whole_job = (0..self.ctx.size()).collect();
                 (BARRIER_CTX, &whole_job[..], self.ctx.rank())
             }
-            Some(m) => (m.control, &m.job[..], m.me),
+            Some(m) => (self.control(), &m.job[..], m.me),
         };
         let entries = self.ctx.exchange_split(control, me, job, color, key)?;
         // Every rank of the space now knows every entry, so all reach the same contexts.
@@ -263,7 +261,7 @@ impl<'a> InSpace<'a> {
         mine.sort_unstable();
         // This rank's own entry, at `me`, has its color.
         let new_me = mine.iter().position(|&(_, r)| r == me).unwrap_or_default() as Rank;
-        let members = Members::new(mine.iter().map(|&(_, r)| job[r as usize]).collect(), new_me, ctx - 1);
+        let members = Members::new(mine.iter().map(|&(_, r)| job[r as usize]).collect(), new_me);
         self.ctx.note_members(ctx, &members.job);
         Ok(Some(Space { ctx, members: Some(Arc::new(members)) }))
     }
@@ -282,6 +280,12 @@ impl<'a> InSpace<'a> {
         // The same color on every rank of a node: its first job rank in the space.
         let color = first.unwrap_or(me);
         self.split(Some(color), me)?.ok_or_else(|| Error::InvalidArgument("a split with a color gave no space".into()))
+    }
+
+    /// Matching context of the barrier and splits of a split space: the one below its own
+    /// (a split takes both).
+    fn control(&self) -> u16 {
+        self.space.ctx - 1
     }
 
     /// The space's ranks (borrowed from the space, not from `self`).
@@ -367,7 +371,7 @@ mod tests {
 
     #[test]
     fn members_translate_ranks_both_ways() {
-        let m = Members::new(vec![6, 2, 9], 1, 40);
+        let m = Members::new(vec![6, 2, 9], 1);
         assert_eq!(m.job_rank(2).unwrap(), 9);
         assert!(matches!(m.job_rank(3), Err(Error::InvalidArgument(_))));
         assert_eq!(m.source(Source::Rank(0)).unwrap(), Source::Rank(6));

@@ -1025,10 +1025,10 @@ fn job_on(ranks: u32, nodes: u32, scenario: &str, env: &[(&str, &str)]) -> i32 {
     job_bound(ranks, nodes, Bind::Core, scenario, env)
 }
 
-/// [`job_on`] with a CPU binding.
 /// How long one scenario's job may run.
 const JOB_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// [`job_on`] with a CPU binding.
 fn job_bound(ranks: u32, nodes: u32, bind: Bind, scenario: &str, env: &[(&str, &str)]) -> i32 {
     let exe = std::env::current_exe().expect("test executable");
     let mut opts = LaunchOptions::new(ranks, exe);

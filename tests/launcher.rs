@@ -382,8 +382,28 @@ fn a_pmi_timeout_ends_a_fence_that_waits_for_a_stalled_rank() {
 
 /// The state letter of process `pid` (`R`, `S`, `T` stopped, `Z`...), if it exists.
 fn process_state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
+    stat_fields(&format!("/proc/{pid}/stat"))?.first()?.chars().next()
+}
+
+/// The fields of a `/proc` stat file after the command in parentheses (which may hold anything):
+/// state, ppid, pgrp... (field 3 of stat is the first).
+fn stat_fields(path: &str) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    Some(stat.rsplit_once(')')?.1.split_whitespace().map(str::to_owned).collect())
+}
+
+/// Whether `done()` holds within `limit`, asked every 10 ms.
+fn holds_within(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let t = Instant::now();
+    loop {
+        if done() {
+            return true;
+        }
+        if t.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// The pids of the children of process `pid`.
@@ -394,14 +414,7 @@ fn children_of(pid: u32) -> Vec<u32> {
 
 /// Waits up to 5 s for every one of `pids` to be stopped (state `T`), or none.
 fn wait_for_states(pids: &[u32], stopped: bool) -> bool {
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(5) {
-        if pids.iter().all(|&p| (process_state(p) == Some('T')) == stopped) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    false
+    holds_within(Duration::from_secs(5), || pids.iter().all(|&p| (process_state(p) == Some('T')) == stopped))
 }
 
 /// Ctrl-Z (SIGTSTP to the launcher) stops the ranks, which sit in process groups of their own
@@ -419,12 +432,11 @@ fn ctrl_z_stops_and_continues_the_ranks() {
         .spawn()
         .unwrap();
     let launcher = child.id();
-    let t = Instant::now();
     let mut ranks = Vec::new();
-    while ranks.len() < 2 && t.elapsed() < Duration::from_secs(5) {
+    holds_within(Duration::from_secs(5), || {
         ranks = children_of(launcher);
-        std::thread::sleep(Duration::from_millis(10));
-    }
+        ranks.len() == 2
+    });
     assert_eq!(ranks.len(), 2, "ranks of the launcher: {ranks:?}");
     // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
     unsafe { libc::kill(launcher as libc::pid_t, libc::SIGTSTP) };
@@ -457,8 +469,7 @@ fn wait_at_most(child: &mut std::process::Child, limit: Duration) -> std::proces
 
 /// CPU time (clock ticks) the main thread of process `pid` has used.
 fn main_thread_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/stat")).unwrap();
-    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let fields = stat_fields(&format!("/proc/{pid}/task/{pid}/stat")).expect("the launcher's main thread");
     // utime and stime: fields 14 and 15 of stat, 12 and 13 after the command.
     fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
@@ -491,10 +502,7 @@ fn a_reader_that_does_not_read_does_not_stop_the_timeout() {
 
 /// Whether process `pid` has ended (gone, or a zombie its new parent has not reaped yet).
 fn has_ended(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
-    }
+    process_state(pid).is_none_or(|s| matches!(s, 'Z' | 'X'))
 }
 
 /// Processes a rank starts (a rank that is a shell running a program) end with the job: when
@@ -523,10 +531,7 @@ fn processes_the_ranks_start_end_with_the_job() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let pids: Vec<u32> = stdout.lines().map(|l| l.parse().expect(l)).collect();
         assert_eq!(pids.len(), 2, "{stdout}");
-        let t = Instant::now();
-        while !pids.iter().all(|&p| has_ended(p)) && t.elapsed() < Duration::from_secs(2) {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        holds_within(Duration::from_secs(2), || pids.iter().all(|&p| has_ended(p)));
         for p in pids {
             assert!(has_ended(p), "process {p} of {args:?} outlived the job; stderr: {stderr}");
             if said.is_empty() {

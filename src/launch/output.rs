@@ -9,7 +9,8 @@
 //! `[rank] `, as Hydra's `-prepend-rank` does.
 //!
 //! The launcher's own stdout and stderr are written by a thread each, or one for both where
-//! they are one file (a [`Sink`]), never by the launcher's main loop: a reader that does not keep up (a full pipe, a stopped pager) blocks
+//! they are one file (a [`Sink`]), not by the launcher's main loop (unless the thread could
+//! not be started): a reader that does not keep up (a full pipe, a stopped pager) blocks
 //! that thread only, and the job's timeout, signals and rank exits still act. While
 //! [`MAX_QUEUED`] bytes wait for a stream, the ranks' pipes to it are not read, so that a rank
 //! writing on blocks in its own write, as it would writing to the reader itself. The launcher's
@@ -100,6 +101,12 @@ impl Target {
     fn backed_up(self) -> bool {
         self.sink().backed_up()
     }
+}
+
+/// Whether so much waits for each of the launcher's streams (by [`Target`]) that the ranks'
+/// pipes to it are not read: looked at once per pass over the pipes.
+fn backed_up() -> [bool; 2] {
+    [Target::Stdout.backed_up(), Target::Stderr.backed_up()]
 }
 
 /// Whether the launcher's stdout and stderr are the same file.
@@ -278,7 +285,8 @@ impl Output {
 
     /// Adds a `poll` entry for every open pipe whose stream is not backed up to `fds`.
     pub fn poll_fds(&self, fds: &mut Vec<libc::pollfd>) {
-        fds.extend(self.streams.iter().filter(|s| !s.to.backed_up()).map(|s| libc::pollfd {
+        let backed_up = backed_up();
+        fds.extend(self.streams.iter().filter(|s| !backed_up[s.to as usize]).map(|s| libc::pollfd {
             fd: s.fd.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
@@ -290,10 +298,11 @@ impl Output {
     pub fn deadline(&self) -> Option<Instant> {
         // A backed-up stream's unfinished line waits with the stream (`pump` skips it): its
         // overdue time would make the launcher's poll spin.
+        let backed_up = backed_up();
         let mut any_backed_up = false;
         let mut partial: Option<Instant> = None;
         for s in &self.streams {
-            if s.to.backed_up() {
+            if backed_up[s.to as usize] {
                 any_backed_up = true;
             } else if let Some(t) = s.since {
                 partial = Some(partial.map_or(t, |p| p.min(t)));
@@ -304,18 +313,19 @@ impl Output {
     }
 
     /// Reads what every pipe whose stream is not backed up has, writes the whole lines (and
-    /// lines that waited long enough for their end), and closes the pipes at their end.
-    pub fn pump(&mut self) {
-        let label = self.label;
-        self.streams.retain_mut(|s| s.to.backed_up() || s.pump(label));
-    }
-
-    /// Reads the pipes of `ranks`, ranks that exited, also while backed up (they hold what the
+    /// lines that waited long enough for their end), and closes the pipes at their end. The
+    /// pipes of `exited`, ranks that exited, are read also while backed up (they hold what the
     /// ranks wrote last and little more), so that their last lines go out before the launcher
     /// says why they ended.
-    pub fn pump_ranks(&mut self, ranks: &[usize]) {
+    pub fn pump(&mut self, exited: &[usize]) {
+        let backed_up = backed_up();
+        self.pump_where(|s| !backed_up[s.to as usize] || exited.contains(&s.rank));
+    }
+
+    /// [`Output::pump`] for the pipes `pick` chooses.
+    fn pump_where(&mut self, pick: impl Fn(&Stream) -> bool) {
         let label = self.label;
-        self.streams.retain_mut(|s| !ranks.contains(&s.rank) || s.pump(label));
+        self.streams.retain_mut(|s| !pick(s) || s.pump(label));
     }
 
     /// Waits until every pipe reached its end, or until `deadline` (a rank's child may hold a
@@ -323,9 +333,8 @@ impl Output {
     /// pipes hold what they wrote last and no more, so streams are read here also while backed
     /// up ([`flush`] then waits for the launcher's streams).
     pub fn finish(&mut self, deadline: Instant) {
-        let label = self.label;
         loop {
-            self.streams.retain_mut(|s| s.pump(label));
+            self.pump_where(|_| true);
             let now = Instant::now();
             if !self.is_open() || now >= deadline {
                 break;
@@ -337,9 +346,10 @@ impl Output {
             // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` pollfd structs.
             unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
         }
+        let label = self.label;
         for s in &mut self.streams {
             let rest = std::mem::take(&mut s.pending);
-            s.write(&rest, label);
+            s.write(rest, label);
         }
         self.streams.clear();
     }
@@ -374,12 +384,12 @@ impl Stream {
         };
         if !open {
             let rest = std::mem::take(&mut self.pending);
-            self.write(&rest, label);
+            self.write(rest, label);
             return false;
         }
         if self.since.is_some_and(|t| t.elapsed() >= PARTIAL_WAIT) {
             let rest = std::mem::take(&mut self.pending);
-            if !self.write(&rest, label) {
+            if !self.write(rest, label) {
                 return false;
             }
         }
@@ -396,30 +406,28 @@ impl Stream {
             self.pending.extend_from_slice(bytes);
             if self.pending.len() >= MAX_PENDING {
                 let rest = std::mem::take(&mut self.pending);
-                return self.write(&rest, label);
+                return self.write(rest, label);
             }
             return true;
         };
         let (lines, rest) = bytes.split_at(last_nl + 1);
         let mut out = std::mem::take(&mut self.pending);
         out.extend_from_slice(lines);
-        let ok = self.write(&out, label);
-        out.clear();
-        out.extend_from_slice(rest);
-        self.since = (!out.is_empty()).then(Instant::now);
-        self.pending = out;
+        let ok = self.write(out, label);
+        self.since = (!rest.is_empty()).then(Instant::now);
+        self.pending = rest.to_vec();
         ok
     }
 
     /// Writes `bytes` to the launcher's stream in one call, labelled; clears the wait of the
     /// pending line. `false` when the launcher's stream is gone (a closed pipe): then the rank's
     /// own writes should fail, as they would have without the launcher between.
-    fn write(&mut self, bytes: &[u8], label: bool) -> bool {
+    fn write(&mut self, bytes: Vec<u8>, label: bool) -> bool {
         self.since = None;
         if bytes.is_empty() {
             return true;
         }
-        let bytes = if label { self.labelled(bytes) } else { bytes.to_vec() };
+        let bytes = if label { self.labelled(&bytes) } else { bytes };
         self.to.push(bytes)
     }
 

@@ -224,18 +224,26 @@ fn tables(md: &mut String, m: &Medians, cacheline: Option<f64>, level: &str) {
             let _ = writeln!(md, "{row}");
         }
         let _ = writeln!(md);
-        if partial {
-            let _ = writeln!(md, "{PARTIAL_NOTE}\n");
-        }
+        partial_note(md, partial);
     }
 }
 
 /// `ours / best` with two decimals, marked with [`PARTIAL_MARK`] (and `partial` set) when
 /// `some_missing`: a peer had no result, so `best` is the best of the others only.
 fn ratio_to_best(ours: Option<f64>, best: Option<f64>, some_missing: bool, partial: &mut bool) -> String {
-    let Some((a, b)) = ours.zip(best) else { return "-".into() };
-    *partial |= some_missing;
-    format!("{:.2}{}", a / b, if some_missing { PARTIAL_MARK } else { "" })
+    let ratio = fmt(ours.zip(best).map(|(a, b)| a / b), 2);
+    if ratio == "-" || !some_missing {
+        return ratio;
+    }
+    *partial = true;
+    ratio + PARTIAL_MARK
+}
+
+/// The note on [`PARTIAL_MARK`] under a table, if a ratio in it has the mark.
+fn partial_note(md: &mut String, partial: bool) {
+    if partial {
+        let _ = writeln!(md, "{PARTIAL_NOTE}\n");
+    }
 }
 
 /// Marks a ratio to the best of only some of the peers.
@@ -284,9 +292,7 @@ fn fresh(md: &mut String, m: &Medians) {
         let _ = writeln!(md, "{row} {to_best} | {} |", fmt(same, lat_digits(same)));
     }
     let _ = writeln!(md);
-    if partial {
-        let _ = writeln!(md, "{PARTIAL_NOTE}\n");
-    }
+    partial_note(md, partial);
 }
 
 /// Tool name of the paired block's rows (`scripts/compare-peers.sh`: floor, each tool's 8 B

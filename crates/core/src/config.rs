@@ -524,11 +524,7 @@ impl Config {
                 // A value that is not text cannot be what any variable accepts: an error,
                 // rather than the default as if it were not set.
                 Err(v) if k.starts_with("POLYRAIL_") => {
-                    return Err(Error::Config {
-                        var: k,
-                        value: v.to_string_lossy().into_owned(),
-                        accepted: "a value in UTF-8 text".into(),
-                    })
+                    return Err(Error::config(k, v.to_string_lossy(), "a value in UTF-8 text"))
                 }
                 Err(_) => {}
             }

@@ -226,8 +226,9 @@ impl Mapping {
     }
 
     /// Maps `len` bytes of `fd` shared, read-write, faulting pages in as they are used: for
-    /// files of any size of which a message uses a part (pre-faulting a peer's 1 GiB memory
-    /// file took 0.5 s here, and allocated every page the peer had never touched).
+    /// files of any size of which a message uses a part (pre-faulting a sparse 1 GiB memory
+    /// file took 0.52 s here, and allocated every page the peer had never touched:
+    /// `docs/benchmarks/lazy-mapping-ab.txt`).
     pub(crate) fn map_lazily(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
         Mapping::map_with(fd, len, 0)
     }

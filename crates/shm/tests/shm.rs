@@ -22,15 +22,24 @@ fn stream_cfg() -> Config {
 
 /// Ranks 0 and 1 of a fresh job, connected to each other.
 fn pair(cfg: &Config) -> (ShmTransport, ShmTransport) {
-    let job = job("pair");
-    let mut a = ShmTransport::new(cfg, &job, 0, 2).unwrap().with_host(HOST);
-    let mut b = ShmTransport::new(cfg, &job, 1, 2).unwrap().with_host(HOST);
-    let (aa, ba) = (a.address(), b.address());
-    assert!(matches!(a.add_peer(&peer(1), &ba), Reach::Yes(_)));
-    assert!(matches!(b.add_peer(&peer(0), &aa), Reach::Yes(_)));
-    a.connected().unwrap();
-    b.connected().unwrap();
-    (a, b)
+    let mut m = mesh(cfg, "pair", 2);
+    let b = m.pop().unwrap();
+    (m.pop().unwrap(), b)
+}
+
+/// The `n` ranks of a fresh job named after `tag`, each connected to every other.
+fn mesh(cfg: &Config, tag: &str, n: u32) -> Vec<ShmTransport> {
+    let job = job(tag);
+    let mut t: Vec<ShmTransport> =
+        (0..n).map(|r| ShmTransport::new(cfg, &job, r, n).unwrap().with_host(HOST)).collect();
+    let addrs: Vec<_> = t.iter().map(|x| x.address()).collect();
+    for (r, x) in t.iter_mut().enumerate() {
+        for (q, addr) in addrs.iter().enumerate().filter(|&(q, _)| q != r) {
+            assert!(matches!(x.add_peer(&peer(q as u32), addr), Reach::Yes(_)));
+        }
+    }
+    t.iter_mut().for_each(|x| x.connected().unwrap());
+    t
 }
 
 /// Every size from 0 to 1100 (across the inline limit), then up to 20000 in steps (cells), then
@@ -291,17 +300,7 @@ fn cell_exhaustion_would_block_until_cells_come_back() {
 /// pool: sends to the others do not wait for it for ever.
 #[test]
 fn cells_held_by_a_lost_peer_come_back() {
-    let cfg = cfg(64, 4, 4096);
-    let job = job("lost-cells");
-    let mut t: Vec<ShmTransport> =
-        (0..3).map(|r| ShmTransport::new(&cfg, &job, r, 3).unwrap().with_host(HOST)).collect();
-    let addrs: Vec<_> = t.iter().map(|x| x.address()).collect();
-    for (r, x) in t.iter_mut().enumerate() {
-        for (q, addr) in addrs.iter().enumerate().filter(|&(q, _)| q != r) {
-            assert!(matches!(x.add_peer(&peer(q as u32), addr), Reach::Yes(_)));
-        }
-    }
-    t.iter_mut().for_each(|x| x.connected().unwrap());
+    let mut t = mesh(&cfg(64, 4, 4096), "lost-cells", 3);
     let big = 3000;
     for n in 0..4 {
         assert_eq!(t[0].try_send(2, &header(n, big), &pattern(n, big)).unwrap(), Issued::Done);

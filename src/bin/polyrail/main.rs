@@ -26,7 +26,8 @@ enum Cmd {
     /// at once do not mix; the exit status is the worst rank's (128+signal for a killed rank).
     /// When a rank dies, the others get a grace period to report it, then the job is killed.
     /// Processes a rank starts belong to the job: they get its signals, and those left running
-    /// when the ranks have exited are killed.
+    /// when the ranks have exited are killed (not those of rank 0 while it reads a terminal,
+    /// which stays in the terminal's process group).
     Run {
         /// Number of processes.
         #[arg(short = 'n', long = "np", default_value_t = 1)]

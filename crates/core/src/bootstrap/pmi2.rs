@@ -29,6 +29,8 @@ pub const PMI2_MAX_KEYLEN: usize = 64;
 /// PMI-2's value buffer size (`PMI2_MAX_VALLEN`), the terminating NUL counted: values hold one
 /// byte less (Hydra's server keeps 1023 characters of a longer one and still answers success).
 pub const PMI2_MAX_VALLEN: usize = 1024;
+/// Longest key this client sends (see [`PMI2_MAX_KEYLEN`]).
+const KEY_LIMIT: usize = PMI2_MAX_KEYLEN - 1;
 
 /// A PMI-2 session with the process manager.
 pub struct Pmi2Client {
@@ -127,8 +129,8 @@ impl Bootstrap for Pmi2Client {
     }
     fn put(&mut self, key: &str, value: &str) -> Result<()> {
         self.live("put")?;
-        check_token(&format!("PMI key {key:?}"), key, PMI2_MAX_KEYLEN - 1)?;
-        check_token(&format!("the value of PMI key {key:?}"), value, PMI2_MAX_VALLEN - 1)?;
+        check_token(&format!("PMI key {key:?}"), key, KEY_LIMIT)?;
+        check_token(&format!("the value of PMI key {key:?}"), value, self.max_value_len())?;
         let msg = Msg::new("kvs-put").with("key", key).with("value", value);
         self.conn.call(Wire::V2, &msg, "kvs-put-response", &format!("PMI-2 kvs-put of key {key:?}"))?;
         Ok(())
@@ -140,7 +142,7 @@ impl Bootstrap for Pmi2Client {
     }
     fn get(&mut self, key: &str) -> Result<String> {
         self.live("get")?;
-        check_token(&format!("PMI key {key:?}"), key, PMI2_MAX_KEYLEN - 1)?;
+        check_token(&format!("PMI key {key:?}"), key, KEY_LIMIT)?;
         let msg = Msg::new("kvs-get").with("srcid", -1).with("key", key);
         let reply = self.conn.call(Wire::V2, &msg, "kvs-get-response", &format!("PMI-2 kvs-get of key {key:?}"))?;
         match reply.require("found")? {

@@ -26,8 +26,9 @@ pub const KVSNAME_MAX: usize = 256;
 pub const KEYLEN_MAX: usize = 64;
 /// `vallen_max` announced to PMI-1 clients (as Hydra does; counts a terminating NUL).
 pub const VALLEN_MAX: usize = 1024;
-/// Answer bytes a rank may leave unread before the server drops it (a job's whole key space
-/// fits many times over: answers are at most one value each).
+/// Answer bytes a rank may leave unread before the server drops it. A client that follows
+/// the protocol has one request in flight, so its unread answers are one value or one
+/// failure message at most; only one that sends without reading gets near this.
 const MAX_QUEUED_ANSWERS: usize = 16 << 20;
 
 /// What the server tells the launcher.
@@ -325,10 +326,15 @@ impl State {
         if let (Wire::V2, Some(t)) = (wire, req.get("thrid")) {
             reply = reply.with("thrid", t);
         }
+        self.send(i, wire, &reply, "answer");
+    }
+
+    /// Encodes `reply` (`what`: the kind of answer, for the error) and queues it to rank `i`;
+    /// one that cannot be encoded loses the rank, which would wait for it for ever.
+    fn send(&mut self, i: usize, wire: Wire, reply: &Msg, what: &str) {
         match reply.encode(wire) {
             Ok(bytes) => self.queue(i, &bytes),
-            // Unanswered, the rank would wait for ever.
-            Err(e) => self.lose(i, format!("its answer cannot be sent: {e}")),
+            Err(e) => self.lose(i, format!("its {what} cannot be sent: {e}")),
         }
     }
 
@@ -487,10 +493,7 @@ impl State {
                 None => msg.with("rc", 0),
                 Some(w) => failure(wire, msg, &format!("the barrier cannot complete: {w}")),
             };
-            match reply.encode(wire) {
-                Ok(bytes) => self.queue(i, &bytes),
-                Err(e) => self.lose(i, format!("its barrier answer cannot be sent: {e}")),
-            }
+            self.send(i, wire, &reply, "barrier answer");
         }
     }
 

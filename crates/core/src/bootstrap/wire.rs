@@ -553,17 +553,11 @@ impl Conn {
 
 /// Reads a rank or size from the environment (`PMI_RANK`, `PMI_SIZE`, `PMI_ID`).
 pub(crate) fn env_u32(var: &str) -> Result<Option<u32>> {
-    match std::env::var(var) {
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(v)) => {
-            Err(bad(format!("{var}={v:?} is not a non-negative integer; the launcher set a bad value")))
-        }
-        Ok(v) => v
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| bad(format!("{var}={v:?} is not a non-negative integer; the launcher set a bad value"))),
-    }
+    let Some(v) = std::env::var_os(var) else { return Ok(None) };
+    v.to_str()
+        .and_then(|t| t.trim().parse().ok())
+        .map(Some)
+        .ok_or_else(|| bad(format!("{var}={v:?} is not a non-negative integer; the launcher set a bad value")))
 }
 
 /// Writes `line` and a newline to stderr in one `write`, so that the lines of the ranks and of

@@ -664,9 +664,7 @@ impl Engine {
     /// write into that receive's buffer): ending the receive now, e.g. because the process
     /// manager has gone, would hand back a buffer that peer can still write.
     pub fn lends_keys_to_live_peers(&self) -> bool {
-        self.reqs
-            .ids()
-            .any(|id| self.reqs.get(id).is_some_and(|r| r.result.is_none() && r.lends_key() && self.peer_alive(r.peer)))
+        self.reqs.ids().any(|id| self.reqs.get(id).is_some_and(|r| r.result.is_none() && self.lent_to_live_peer(r)))
     }
 
     /// Whether a one-sided read into a receive's buffer is still in flight (a channel may still
@@ -677,6 +675,12 @@ impl Engine {
 
     fn peer_alive(&self, peer: Rank) -> bool {
         self.peers.get(peer as usize).is_some_and(|p| p.gone.is_none())
+    }
+
+    /// Whether `r` gave its buffer's key to a peer that is still alive (which may yet write
+    /// there).
+    fn lent_to_live_peer(&self, r: &Req) -> bool {
+        r.lends_key() && self.peer_alive(r.peer)
     }
 
     /// Requests still running.
@@ -897,10 +901,11 @@ impl Engine {
     /// taken (or the request failed).
     pub unsafe fn post_recv(&mut self, src: Source, tag: TagMatch, ctx: u16, buf: RegionMut) -> Result<ReqId> {
         self.touched();
+        let found = self.find_unexpected(src, tag, ctx);
         if let Source::Rank(r) = src {
             // A peer that finished may have left messages behind: those still match.
             if let Err(e) = self.usable_peer(r) {
-                if self.find_unexpected(src, tag, ctx).is_none() {
+                if found.is_none() {
                     return Err(e);
                 }
             }
@@ -908,14 +913,13 @@ impl Engine {
             if let Some(why) = self.peers.get(r as usize).and_then(|p| p.unreachable.clone()) {
                 return Err(Error::Unreachable { rank: r, why });
             }
-        } else if self.all_others_gone_in(ctx) && self.find_unexpected(src, tag, ctx).is_none() {
+        } else if found.is_none() && self.all_others_gone_in(ctx) {
             return Err(self.all_gone_error());
         }
         let from = match src {
             Source::Rank(r) => r,
             Source::Any => self.me,
         };
-        let found = self.find_unexpected(src, tag, ctx);
         let (id, req) = self.reqs.insert(Dir::Recv, from, tag, ctx, buf.ptr, buf.len);
         if found.is_none() {
             req.order = self.post_counter;
@@ -1095,7 +1099,7 @@ impl Engine {
     }
 
     /// Fails the receives whose withdrawal is still unanswered and the running ones whose key
-    /// a live peer holds (a matched receive whose sender writes its part): those peers may yet
+    /// a live peer holds (an RTR or a CTS gave it to the sender): those peers may yet
     /// write their buffers, which [`Engine::take_peer_may_write`] then names. Returns how many.
     /// For a process that can wait no longer.
     pub fn abandon_lent_receives(&mut self) -> usize {
@@ -1105,7 +1109,7 @@ impl Engine {
             .filter_map(|id| {
                 let r = self.reqs.get(id).filter(|r| r.result.is_none())?;
                 let asked = r.withdrawal == Withdrawal::Asked;
-                (asked || r.lends_key() && self.peer_alive(r.peer)).then_some((id, asked))
+                (asked || self.lent_to_live_peer(r)).then_some((id, asked))
             })
             .collect();
         for &(id, asked) in &ids {
@@ -1405,10 +1409,16 @@ impl Engine {
         if self.gone_peers == 0 {
             return false;
         }
-        let gone = |r: Rank| r == self.me || self.peers.get(r as usize).is_none_or(|p| p.gone.is_some());
         match self.members_of.get(&ctx) {
-            Some(members) => members.len() > 1 && members.iter().all(|&r| gone(r)),
-            None => self.peers.len() > 1 && (0..self.peers.len() as Rank).all(gone),
+            Some(members) => {
+                let gone = |r: Rank| r == self.me || self.peers.get(r as usize).is_none_or(|p| p.gone.is_some());
+                members.len() > 1 && members.iter().all(|&r| gone(r))
+            }
+            // Every rank may send: the count says it.
+            None => {
+                let me_gone = self.peers.get(self.me as usize).is_some_and(|p| p.gone.is_some());
+                self.peers.len() > 1 && self.gone_peers as usize - usize::from(me_gone) == self.peers.len() - 1
+            }
         }
     }
 

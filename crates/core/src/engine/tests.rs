@@ -293,13 +293,23 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 }
 
 fn send(sim: &mut Sim, from: Rank, to: Rank, tag: u32, buf: &[u8]) -> ReqId {
+    send_in(sim, from, to, tag, 0, buf)
+}
+
+/// [`send`] in matching context `ctx`.
+fn send_in(sim: &mut Sim, from: Rank, to: Rank, tag: u32, ctx: u16, buf: &[u8]) -> ReqId {
     // SAFETY: tests keep `buf` alive until settle() finished the request.
-    unsafe { sim.engines[from as usize].post_send(to, tag, 0, Region { ptr: buf.as_ptr(), len: buf.len() }) }.unwrap()
+    unsafe { sim.engines[from as usize].post_send(to, tag, ctx, Region { ptr: buf.as_ptr(), len: buf.len() }) }.unwrap()
 }
 
 fn recv(sim: &mut Sim, me: Rank, src: Source, tag: TagMatch, buf: &mut [u8]) -> ReqId {
+    recv_in(sim, me, src, tag, 0, buf)
+}
+
+/// [`recv`] in matching context `ctx`.
+fn recv_in(sim: &mut Sim, me: Rank, src: Source, tag: TagMatch, ctx: u16, buf: &mut [u8]) -> ReqId {
     // SAFETY: as for send.
-    unsafe { sim.engines[me as usize].post_recv(src, tag, 0, RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() }) }
+    unsafe { sim.engines[me as usize].post_recv(src, tag, ctx, RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() }) }
         .unwrap()
 }
 
@@ -2214,21 +2224,25 @@ fn an_any_source_receive_after_every_peer_finished_is_refused() {
     assert!(matches!(refused, Err(Error::InvalidArgument(ref m)) if m.contains("ANY_SOURCE")), "{refused:?}");
 }
 
+/// Matching context of the space of [`wildcards_in_a_space`].
+const SPACE: u16 = 7;
+
+/// Three ranks; rank 0 knows that only it and rank 1 send in context [`SPACE`], and has an
+/// ANY_SOURCE receive posted there (into `a`) and one in context 0 (into `b`).
+fn wildcards_in_a_space(a: &mut [u8], b: &mut [u8]) -> (Sim, ReqId, ReqId) {
+    let mut sim = Sim::new(3, one_sided_route);
+    sim.engines[0].set_context_members(SPACE, &[1, 0]);
+    let in_space = recv_in(&mut sim, 0, Source::Any, TagMatch::Any, SPACE, a);
+    let in_world = recv_in(&mut sim, 0, Source::Any, TagMatch::Any, 0, b);
+    (sim, in_space, in_world)
+}
+
 /// In a context only some ranks send in, an ANY_SOURCE receive fails once those have finished,
 /// while other ranks live on; receives in other contexts wait on.
 #[test]
 fn an_any_source_receive_ends_with_the_members_of_its_context() {
-    const SPACE: u16 = 7;
-    let mut sim = Sim::new(3, one_sided_route);
-    sim.engines[0].set_context_members(SPACE, &[1, 0]);
     let (mut a, mut b) = (vec![0u8; 8], vec![0u8; 8]);
-    // SAFETY: `a` and `b` outlive the requests, which fail or are withdrawn below.
-    let (in_space, in_world) = unsafe {
-        let e = &mut sim.engines[0];
-        let r = e.post_recv(Source::Any, TagMatch::Any, SPACE, RegionMut { ptr: a.as_mut_ptr(), len: a.len() });
-        let w = e.post_recv(Source::Any, TagMatch::Any, 0, RegionMut { ptr: b.as_mut_ptr(), len: b.len() });
-        (r.unwrap(), w.unwrap())
-    };
+    let (mut sim, in_space, in_world) = wildcards_in_a_space(&mut a, &mut b);
     assert!(!sim.engines[0].all_others_gone_in(SPACE));
     sim.engines[0].handle_peer_lost(1, Error::PeerFinished { rank: 1 });
     assert!(sim.engines[0].all_others_gone_in(SPACE) && !sim.engines[0].all_others_gone_in(0));
@@ -2246,24 +2260,13 @@ fn an_any_source_receive_ends_with_the_members_of_its_context() {
 /// have been lost with it), not those of a space it is no member of.
 #[test]
 fn a_loss_fails_the_any_source_receives_only_where_the_lost_rank_sends() {
-    const SPACE: u16 = 7;
-    let mut sim = Sim::new(3, one_sided_route);
-    sim.engines[0].set_context_members(SPACE, &[1, 0]);
     let (mut a, mut b) = (vec![0u8; 8], vec![0u8; 8]);
-    // SAFETY: `a` and `b` outlive the requests, which end below.
-    let (in_space, in_world) = unsafe {
-        let e = &mut sim.engines[0];
-        let r = e.post_recv(Source::Any, TagMatch::Any, SPACE, RegionMut { ptr: a.as_mut_ptr(), len: a.len() });
-        let w = e.post_recv(Source::Any, TagMatch::Any, 0, RegionMut { ptr: b.as_mut_ptr(), len: b.len() });
-        (r.unwrap(), w.unwrap())
-    };
+    let (mut sim, in_space, in_world) = wildcards_in_a_space(&mut a, &mut b);
     let lost = || Error::PeerLost { rank: 2, why: "killed".into() };
     sim.engines[0].handle_peer_lost(2, lost());
     assert!(matches!(result(&mut sim, 0, in_world), Err(Error::PeerLost { rank: 2, .. })));
     assert!(!sim.engines[0].is_done(in_space), "rank 2 sends nothing in the space");
-    let data = b"in space";
-    // SAFETY: `data` outlives the request, which ends in `settle`.
-    let s = unsafe { sim.engines[1].post_send(0, 4, SPACE, Region { ptr: data.as_ptr(), len: data.len() }) }.unwrap();
+    let s = send_in(&mut sim, 1, 0, 4, SPACE, b"in space");
     sim.settle();
     assert_eq!(result(&mut sim, 0, in_space).unwrap().source, 1);
     assert!(result(&mut sim, 1, s).is_ok());
@@ -2290,7 +2293,8 @@ fn a_fin_nothing_waits_for_is_a_protocol_error() {
     assert!(sim.engines[1].handle_message(0, &frag, &[8; 4900]).is_ok());
     assert_eq!(result(&mut sim, 1, q).unwrap().len, 5000);
     assert!(out[..100].iter().all(|&b| b == 7) && out[100..5000].iter().all(|&b| b == 8));
-    // A fragment for a receive that has ended (its slot freed) is refused, not a panic.
+    // A new message after it (sequence 1), first packet and fragment, is kept as unexpected:
+    // its fragment finds that message, not the ended receive's freed slot.
     let mut late = Header::eager(0, 1, 1, 5000);
     assert!(sim.engines[1].handle_message(0, &late, &[1; 100]).is_ok());
     late.kind = PacketKind::Frag;

@@ -509,7 +509,7 @@ fn apply_rule(route: &mut PeerRoute, rule: &RouteRule, candidates: &[Candidate<'
     // A rendezvous of 0 bytes has nothing to copy: empty messages stay eager.
     let lo = if protocol == Protocol::Eager { rule.lo } else { rule.lo.max(1) };
     if lo > rule.hi {
-        // Nothing to route: not a rule that takes the peer's route out of the placement rule.
+        // Nothing to route: not a rule that makes the peer's route one taken as written.
         return Err("its range holds only empty messages, which a rendezvous does not carry".into());
     }
     let range = |e: usize| if e == usize::MAX { "max".to_string() } else { format_size(e) };
