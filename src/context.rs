@@ -380,6 +380,10 @@ impl Context {
 
     /// Receives into `buf` a message from `from` (a rank or [`Source::Any`]) whose tag matches
     /// `tag` (a tag or [`TagMatch::Any`]). A longer message is an [`Error::Truncated`].
+    ///
+    /// Should the wait give up (the process manager died) while a live peer holds `buf`'s key
+    /// (it may be writing there through cma, which cannot be revoked), the process stops with a
+    /// message saying so rather than hand `buf` back under that write.
     pub fn recv(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>, buf: &mut [u8]) -> Result<Status> {
         self.recv_in(USER_CTX, from.into(), tag.into(), buf)
     }
@@ -410,8 +414,7 @@ impl Context {
         };
         let status = self.driver.wait(id);
         if self.driver.engine.take_peer_may_write(id) {
-            // A borrowed buffer cannot be kept: the warning is all that can be done.
-            self.quarantine(1, Vec::new());
+            self.stop_for_lent_buffer();
         }
         status
     }
@@ -559,10 +562,11 @@ impl Context {
     /// # Safety
     /// The memory must stay valid, and not be read or written by anyone else, until the request
     /// was waited for. (Benchmarks that let several receives write one buffer, as OSU's do, get
-    /// unspecified contents in it, nothing worse.) A receive that fails, or whose withdrawal
-    /// at finalize its peer does not answer in time, after it announced its buffer to a peer
-    /// that is still running (a warning says so) may yet be written by that peer: such memory must never be reused. Buffers of
-    /// [`Context::irecv`] are kept out of use in that case by polyrail itself.
+    /// unspecified contents in it, nothing worse.) Should its wait give up while a live peer
+    /// holds the buffer's key, the process stops, as in [`Context::recv`]. A receive left
+    /// unwaited whose withdrawal at finalize its peer does not answer in time may yet be
+    /// written by that peer (a warning says so): that memory must never be reused. Buffers of
+    /// [`Context::irecv`] are kept out of use in both cases by polyrail itself.
     #[inline]
     pub unsafe fn irecv_raw(
         &mut self,
@@ -623,12 +627,34 @@ impl Context {
     }
 
     fn take_buf(&mut self, id: ReqId) -> Vec<u8> {
-        let buf = self.owned.get_mut(req_index(id)).and_then(Option::take).unwrap_or_default();
+        let buf = self.owned.get_mut(req_index(id)).and_then(Option::take);
         if self.driver.engine.take_peer_may_write(id) {
-            self.quarantine(1, vec![buf]);
+            match buf {
+                Some(buf) => self.quarantine(1, vec![buf]),
+                None => self.stop_for_lent_buffer(),
+            }
             return Vec::new();
         }
-        buf
+        buf.unwrap_or_default()
+    }
+
+    /// Ends the process: a receive into a buffer the caller keeps (borrowed, or raw) failed
+    /// while a live peer held the buffer's key, and waiting for that peer gave up (the process
+    /// manager died and the peer did not finish within the driver's 10 s). Returning would hand
+    /// the caller memory the peer may still write (a cma write cannot be revoked); unlike an
+    /// owned buffer, it cannot be kept out of use, so the process stops instead.
+    #[cold]
+    fn stop_for_lent_buffer(&self) -> ! {
+        let why = format!(
+            "rank {}: a failed receive had given its buffer's key to a peer that is still alive \
+             and may yet write there; the buffer is the caller's and cannot be kept out of use, \
+             so the process stops rather than hand it back",
+            self.rank()
+        );
+        // Logged at error level, which every POLYRAIL_LOG setting shows; not `eprintln!`, which
+        // panics when stderr is gone (as it is when the launcher died).
+        tracing::error!("{why}");
+        std::process::abort()
     }
 
     /// Leaks `bufs`, the owned buffers of `receives` receives that failed after their keys went

@@ -69,8 +69,8 @@ impl Context {
     /// Runs `f` with a [`Scope`] whose non-blocking operations borrow their buffers instead of
     /// owning them; returns when `f` has returned and every request started in the scope has
     /// ended (those `f` did not wait for are waited for here, their results dropped; also when
-    /// `f` panics). A receive whose buffer a live peer may still write after it failed gets the
-    /// same warning as a failed [`Context::recv`].
+    /// `f` panics). Should a receive's wait give up while a live peer may still write its
+    /// buffer, the process stops, as in [`Context::recv`].
     ///
     /// ```no_run
     /// # fn main() -> polyrail::Result<()> {
