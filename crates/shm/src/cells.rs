@@ -235,7 +235,7 @@ unsafe fn copy_streaming(dst: *mut u8, src: &[u8]) {
         // SAFETY: the rest of `src` (under a line) to the rest of `dst`, both in bounds.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().add(whole), dst.add(whole), src.len() - whole) };
         // Non-temporal stores are not ordered with later stores: the fence makes them visible
-        // before the cell's state and the Release stamp of the record that names the cell.
+        // before the Release stamp of the record that names the cell.
         // SAFETY: SFENCE has no operands and cannot fault.
         unsafe { _mm_sfence() };
     }

@@ -21,7 +21,8 @@
 //! ```text
 //! offset   0  line 0   read: AtomicU64 — records the consumer has finished with;
 //!                      body_read: AtomicU64 (offset 8) — body slots likewise; both written by
-//!                      the consumer only, in batches; read by the producer only when full
+//!                      the consumer only, in batches; read by the producer when the ring
+//!                      or its cells run short, when reclaiming cells, and to time a line
 //! offset  64  line 1   shared_sample: AtomicU64 — the producer's latest line-transfer time
 //!                      (`count << 32 | ns`, see `Producer::share_sample`), written by the
 //!                      producer only, rarely; the rest padding (the adjacent-line prefetcher

@@ -3,11 +3,14 @@
 //! # Segment layout
 //!
 //! ```text
-//! offset 0        SegmentInfo (64 bytes, written once by the owner before its address is published)
+//! offset 0        SegmentInfo (64 bytes, written by the owner right after creating the file;
+//!                 its nonce is in the published address too)
 //! offset 64       finalized: AtomicU32 on its own line (owner stores 1 with Release in finalize)
 //! offset 128      sleeping: AtomicU32 on its own line (owner: 1 while it sleeps on its doorbell;
 //!                 read by senders after every message when waiting may block)
 //! offset 192      doorbell: AtomicU32 futex word on its own line (senders add 1 and wake)
+//! offset 256      sleep_barrier: AtomicU32 on its own line (1 when the owner passes the global
+//!                 barrier while going to sleep, so its senders need no fence of their own)
 //! offset 4096     ring r for r in 0..size: the owner's outgoing ring to rank r
 //!                 (ring_stride = Geometry::bytes rounded up to 128 bytes; see `ring.rs`)
 //! cells_offset    send cell c for c in 0..cells (page aligned):
@@ -35,8 +38,9 @@ use crate::sys;
 /// Magic number at the start of every segment: `b"PRLSHM01"`.
 const MAGIC: u64 = u64::from_le_bytes(*b"PRLSHM01");
 /// Layout version; bump on any change of the segment or slot layout (3: 128-byte records, the
-/// sleep-barrier flag; 4: the producer's shared line-transfer sample in each ring).
-pub(crate) const VERSION: u32 = 4;
+/// sleep-barrier flag; 4: the producer's shared line-transfer sample in each ring; 5: a nonce in
+/// the header and the address, the owner's pid namespace).
+pub(crate) const VERSION: u32 = 5;
 /// Bytes before the first ring.
 const HEADER_BYTES: usize = 4096;
 /// Offset of the `finalized` flag.
@@ -64,6 +68,13 @@ struct SegmentInfo {
     cell_size: u32,
     owner_pid: u32,
     total_len: u64,
+    /// Random, also in the published address: a peer that opens the name finds out whether it
+    /// is the segment that was published (another job of the same id, in another pid namespace
+    /// sharing /dev/shm, may have replaced it).
+    nonce: u64,
+    /// The owner's pid namespace (`/proc/self/ns/pid`'s inode; 0 unknown): only in its own
+    /// namespace does `owner_pid` name the owner.
+    pid_ns: u64,
 }
 
 /// Sizes and offsets of a segment. Every process of a job computes the same one from the same
@@ -133,11 +144,13 @@ pub(crate) struct SegAddress {
     pub rank: u32,
     /// The owner's layout.
     pub layout: SegLayout,
+    /// The segment's nonce (see `SegmentInfo`).
+    pub nonce: u64,
 }
 
 impl SegAddress {
     /// `"PRSH"`, version u32, name length u16 + name, rank, size, slots, max_msg_slots, cells,
-    /// cell_size (u32 each), total length (u64); little endian.
+    /// cell_size (u32 each), total length and nonce (u64 each); little endian.
     pub(crate) fn encode(&self) -> Vec<u8> {
         let l = &self.layout;
         let mut out = Vec::with_capacity(64 + self.name.len());
@@ -149,6 +162,7 @@ impl SegAddress {
             out.extend_from_slice(&v.to_le_bytes());
         }
         out.extend_from_slice(&(l.total_len as u64).to_le_bytes());
+        out.extend_from_slice(&self.nonce.to_le_bytes());
         out
     }
 
@@ -166,7 +180,7 @@ impl SegAddress {
         let name = std::str::from_utf8(r.take(name_len)?).map_err(|_| "segment name is not UTF-8")?.to_string();
         let (rank, size, slots, max_msg_slots, cells, cell_size) =
             (r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
-        let total_len = r.u64()?;
+        let (total_len, nonce) = (r.u64()?, r.u64()?);
         if !r.0.is_empty() {
             return Err(format!("{} trailing bytes", r.0.len()));
         }
@@ -181,7 +195,7 @@ impl SegAddress {
         if layout.total_len as u64 != total_len {
             return Err(format!("segment length {total_len} does not match its layout ({} bytes)", layout.total_len));
         }
-        Ok(SegAddress { name, rank, layout })
+        Ok(SegAddress { name, rank, layout, nonce })
     }
 }
 
@@ -327,6 +341,8 @@ pub(crate) struct OwnSegment {
     pub map: Mapping,
     /// The shared-memory name.
     pub name: String,
+    /// Its nonce, to publish with its address.
+    pub nonce: u64,
     unlinked: bool,
 }
 
@@ -352,24 +368,12 @@ impl OwnSegment {
                 continue;
             }
             let hint = if err.raw_os_error() == Some(libc::EEXIST) {
-                " (a live process of a job with the same id owns it)"
+                " (a job with the same id owns it: its process is alive, or it was made less than a minute ago)"
             } else {
                 ""
             };
             return Err(Error::io(format!("{}{hint}", what()), err));
         };
-        let mapped = allocate(&fd, len)
-            .map_err(|e| Error::io(format!("{}: is /dev/shm large enough? (df -h /dev/shm)", what()), e))
-            .and_then(|()| Mapping::map(&fd, len).map_err(|e| Error::io(format!("{}: mmap", what()), e)));
-        let map = match mapped {
-            Ok(map) => map,
-            Err(e) => {
-                // SAFETY: a valid C string; the name is ours (created above with O_EXCL).
-                unsafe { libc::shm_unlink(cname.as_ptr()) };
-                return Err(e);
-            }
-        };
-        let seg = OwnSegment { map, name: name.to_string(), unlinked: false };
         let info = SegmentInfo {
             magic: MAGIC,
             version: VERSION,
@@ -381,11 +385,36 @@ impl OwnSegment {
             cell_size: layout.cell_size,
             owner_pid: std::process::id(),
             total_len: len as u64,
+            nonce: sys::random_u64(),
+            pid_ns: sys::pid_namespace(),
         };
-        // SAFETY: the mapping is `len >= HEADER_BYTES` bytes, page aligned, and not yet visible to
-        // any peer (its address is published after this returns).
-        unsafe { std::ptr::write(seg.map.base().as_ptr().cast::<SegmentInfo>(), info) };
-        Ok(seg)
+        // The header first, before the long part (allocating every page): a process killed
+        // meanwhile leaves a file that names its owner, which `remove_stale` can then remove.
+        // SAFETY: SegmentInfo is repr(C) integers without padding, so all its bytes are
+        // initialized; `fd` is open for writing.
+        let wrote = unsafe {
+            libc::pwrite(fd.as_raw_fd(), (&info as *const SegmentInfo).cast(), std::mem::size_of::<SegmentInfo>(), 0)
+        };
+        let mapped = if wrote == std::mem::size_of::<SegmentInfo>() as isize {
+            Ok(())
+        } else {
+            Err(Error::io(format!("{}: writing its header", what()), io::Error::last_os_error()))
+        };
+        let mapped = mapped
+            .and_then(|()| {
+                allocate(&fd, len)
+                    .map_err(|e| Error::io(format!("{}: is /dev/shm large enough? (df -h /dev/shm)", what()), e))
+            })
+            .and_then(|()| Mapping::map(&fd, len).map_err(|e| Error::io(format!("{}: mmap", what()), e)));
+        let map = match mapped {
+            Ok(map) => map,
+            Err(e) => {
+                // SAFETY: a valid C string; the name is ours (created above with O_EXCL).
+                unsafe { libc::shm_unlink(cname.as_ptr()) };
+                return Err(e);
+            }
+        };
+        Ok(OwnSegment { map, name: name.to_string(), nonce: info.nonce, unlinked: false })
     }
 
     /// Removes the name from `/dev/shm` (mappings stay valid). Idempotent.
@@ -393,15 +422,16 @@ impl OwnSegment {
         if self.unlinked {
             return Ok(());
         }
-        self.unlinked = true;
         let cname = CString::new(self.name.as_str()).map_err(|_| Error::InvalidArgument(self.name.clone()))?;
         // SAFETY: a valid C string.
         if unsafe { libc::shm_unlink(cname.as_ptr()) } != 0 {
             let err = io::Error::last_os_error();
             if err.raw_os_error() != Some(libc::ENOENT) {
+                // Not marked unlinked: the drop tries again.
                 return Err(Error::io(format!("unlinking {}", path_of(&self.name)), err));
             }
         }
+        self.unlinked = true;
         Ok(())
     }
 }
@@ -438,47 +468,53 @@ fn allocate(fd: &OwnedFd, len: usize) -> io::Result<()> {
 }
 
 /// A segment's name lives in /dev/shm only while its job starts (it is unlinked once every
-/// local rank has attached), so one older than this whose owner is gone was left by a job
-/// killed while it started. The age also spares a starting job whose owner this process cannot
-/// see (another pid namespace sharing /dev/shm).
+/// local rank has attached), so one older than this was left by a job killed while it started.
+/// The age spares a starting job whose owner this process cannot see (another pid namespace
+/// sharing /dev/shm), whose pid may name nothing, or another process, here.
 const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Removes this user's polyrail segments (`/dev/shm/polyrail-<uid>-*`) that are older than
-/// [`STALE_AFTER`] and whose owner process is gone: what a job killed with SIGKILL while it
+/// Removes this user's polyrail segments (`/dev/shm/polyrail-<uid>-*`) that are stale (see
+/// `remove_stale`): what a job killed with SIGKILL while it
 /// started leaves when nothing cleans up after it (`polyrail run` removes its job's segments,
 /// but `kill -9` of `mpiexec` and its ranks leaves them). Returns how many it removed.
 pub(crate) fn sweep_stale(uid: u32) -> usize {
     let prefix = format!("polyrail-{uid}-");
     let Ok(dir) = std::fs::read_dir("/dev/shm") else { return 0 };
-    let old = |e: &std::fs::DirEntry| {
-        e.metadata().and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().is_ok_and(|age| age >= STALE_AFTER))
-    };
     dir.flatten()
-        .filter(|e| e.file_name().to_str().is_some_and(|n| n.starts_with(&prefix)) && old(e))
+        .filter(|e| e.file_name().to_str().is_some_and(|n| n.starts_with(&prefix)))
         .filter_map(|e| CString::new(format!("/{}", e.file_name().to_str()?)).ok())
         .filter(remove_stale)
         .count()
 }
 
 /// Unlinks `name` if it is a polyrail segment whose owner process is gone (left by a killed job:
-/// found under the name a new segment needs, or by [`sweep_stale`]). Returns whether it did.
+/// found under the name a new segment needs, or by [`sweep_stale`]): an owner of this pid
+/// namespace that is not alive, or one of another namespace (or of an unknown one) whose
+/// segment is older than [`STALE_AFTER`]. Returns whether it did.
 fn remove_stale(name: &CString) -> bool {
+    use std::os::unix::fs::FileExt;
     // SAFETY: a valid C string; read-only open.
     let fd = unsafe { libc::shm_open(name.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC, 0) };
     if fd < 0 {
         return false;
     }
     // SAFETY: just opened, owned here.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
     let mut info = [0u8; std::mem::size_of::<SegmentInfo>()];
-    // SAFETY: `info` is valid for writes of its length.
-    let n = unsafe { libc::pread(fd.as_raw_fd(), info.as_mut_ptr().cast(), info.len(), 0) };
-    if n != info.len() as isize {
+    if file.read_exact_at(&mut info, 0).is_err() {
         return false;
     }
     // SAFETY: SegmentInfo is plain integers; any bytes are a valid value.
     let info: SegmentInfo = unsafe { std::ptr::read_unaligned(info.as_ptr().cast()) };
     if info.magic != MAGIC || sys::pid_alive(info.owner_pid) {
+        return false;
+    }
+    let ours = info.pid_ns != 0 && info.pid_ns == sys::pid_namespace();
+    let old = || {
+        let modified = file.metadata().and_then(|m| m.modified());
+        modified.is_ok_and(|t| t.elapsed().is_ok_and(|age| age >= STALE_AFTER))
+    };
+    if !ours && !old() {
         return false;
     }
     tracing::warn!(pid = info.owner_pid, "removing stale shared-memory segment {:?} of an exited process", name);
@@ -531,7 +567,15 @@ pub(crate) fn open_peer(addr: &SegAddress, expect_rank: u32) -> std::result::Res
         cell_size: l.cell_size,
         owner_pid: info.owner_pid,
         total_len: len as u64,
+        nonce: addr.nonce,
+        pid_ns: info.pid_ns,
     };
+    if info.nonce != addr.nonce {
+        return Err(format!(
+            "{path} is not the segment rank {} published (another job's under the same name?)",
+            addr.rank
+        ));
+    }
     if info != expected {
         return Err(format!("{path}: header {info:?} does not match the address {expected:?}"));
     }
@@ -557,15 +601,16 @@ mod tests {
     /// An address of a 64-slot ring whose message size field (`max_msg_slots`) says `max`.
     fn address_with_max(max: u32) -> Vec<u8> {
         let layout = SegLayout::new(2, Geometry::new(64, 16), 128, 16 << 10).unwrap();
-        let mut bytes = SegAddress { name: "/n".into(), rank: 1, layout }.encode();
+        let mut bytes = SegAddress { name: "/n".into(), rank: 1, layout, nonce: 7 }.encode();
         // magic, version, name length and name, rank, size, slots: then max_msg_slots.
         let at = 4 + 4 + 2 + 2 + 4 + 4 + 4;
         bytes[at..at + 4].copy_from_slice(&max.to_le_bytes());
         bytes
     }
 
-    /// Writes `/dev/shm/<name>` with a segment header naming `owner`, last modified `age` ago.
-    fn fake_segment(name: &str, owner: u32, age: std::time::Duration) {
+    /// Writes `/dev/shm/<name>` with a segment header naming `owner` of pid namespace `pid_ns`,
+    /// last modified `age` ago.
+    fn fake_segment(name: &str, owner: u32, pid_ns: u64, age: std::time::Duration) {
         let info = SegmentInfo {
             magic: MAGIC,
             version: VERSION,
@@ -577,9 +622,11 @@ mod tests {
             cell_size: 16 << 10,
             owner_pid: owner,
             total_len: std::mem::size_of::<SegmentInfo>() as u64,
+            nonce: 0,
+            pid_ns,
         };
-        // SAFETY: SegmentInfo is repr(C) integers without padding (u64, eight u32, u64): every
-        // byte of it is initialized.
+        // SAFETY: SegmentInfo is repr(C) integers without padding (u64, eight u32, three u64):
+        // every byte of it is initialized.
         let bytes = unsafe {
             std::slice::from_raw_parts((&info as *const SegmentInfo).cast::<u8>(), std::mem::size_of::<SegmentInfo>())
         };
@@ -589,8 +636,9 @@ mod tests {
         file.set_modified(std::time::SystemTime::now() - age).unwrap();
     }
 
-    /// Only segments both old and of a dead owner are swept: a young one may belong to a job
-    /// starting now, and a live owner's is in use.
+    /// Only segments of a dead owner are swept, and of those, one of another (or an unknown) pid
+    /// namespace only once it is old: a young one may belong to a job starting now whose owner
+    /// this process cannot see. A live owner's is in use.
     #[test]
     fn stale_segments_of_dead_owners_are_swept() {
         let uid = sys::uid();
@@ -598,21 +646,42 @@ mod tests {
         let dead = child.id();
         child.wait().unwrap();
         let minutes = std::time::Duration::from_secs(120);
+        let (young, ns) = (std::time::Duration::ZERO, sys::pid_namespace());
+        assert_ne!(ns, 0, "/proc/self/ns/pid");
         let cases = [
-            ("old-dead", dead, minutes, true),
-            ("young-dead", dead, std::time::Duration::ZERO, false),
-            ("old-live", std::process::id(), minutes, false),
+            ("old-dead-unknown-ns", dead, 0, minutes, true),
+            ("young-dead-unknown-ns", dead, 0, young, false),
+            ("young-dead-other-ns", dead, ns + 1, young, false),
+            ("old-dead-other-ns", dead, ns + 1, minutes, true),
+            ("young-dead-our-ns", dead, ns, young, true),
+            ("old-live-our-ns", std::process::id(), ns, minutes, false),
         ];
         let name = |what: &str| format!("polyrail-{uid}-sweeptest{}-{what}", std::process::id());
-        for (what, owner, age, _) in cases {
-            fake_segment(&name(what), owner, age);
+        for (what, owner, pid_ns, age, _) in cases {
+            fake_segment(&name(what), owner, pid_ns, age);
         }
-        assert!(sweep_stale(uid) >= 1);
-        for (what, _, _, swept) in cases {
+        assert!(sweep_stale(uid) >= 3);
+        for (what, _, _, _, swept) in cases {
             let path = format!("/dev/shm/{}", name(what));
             assert_eq!(!std::path::Path::new(&path).exists(), swept, "{what}");
             let _ = std::fs::remove_file(path);
         }
+    }
+
+    /// A peer whose address names a segment that is no longer the one published (another job
+    /// of the same id replaced it) is refused, not mapped.
+    #[test]
+    fn a_replaced_segment_is_refused() {
+        let layout = SegLayout::new(2, Geometry::new(64, 16), 4, 4096).unwrap();
+        let name = format!("/polyrail-{}-noncetest{}-1", sys::uid(), std::process::id());
+        let seg = OwnSegment::create(&name, 1, &layout).unwrap();
+        let addr = SegAddress { name: name.clone(), rank: 1, layout, nonce: seg.nonce };
+        let decoded = SegAddress::decode(&addr.encode()).unwrap();
+        assert_eq!(decoded, addr);
+        assert_eq!(open_peer(&decoded, 1).unwrap().1, std::process::id());
+        let other = SegAddress { nonce: seg.nonce ^ 1, ..addr };
+        let err = open_peer(&other, 1).unwrap_err();
+        assert!(err.contains("is not the segment rank 1 published"), "{err}");
     }
 
     #[test]

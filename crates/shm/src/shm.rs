@@ -4,7 +4,8 @@
 //! Each process creates one segment (see `segment.rs` for its layout) holding its outgoing ring
 //! to every rank and its send-cell pool. A peer maps it read-write: it reads the records, body
 //! slots and cells addressed to it, and writes back only its ring's read positions (which also
-//! give the cells back).
+//! give the cells back); as a sender it also rings the owner's doorbell (an atomic add and a
+//! futex wake) and reads the owner's `sleeping` flag.
 //! Once every process has mapped every segment (`connected`), the names are unlinked, so nothing
 //! is left in `/dev/shm` even if the job is killed later.
 
@@ -491,7 +492,7 @@ impl Transport for ShmTransport {
     }
 
     fn address(&self) -> Address {
-        SegAddress { name: self.seg.name.clone(), rank: self.rank, layout: self.layout }.encode()
+        SegAddress { name: self.seg.name.clone(), rank: self.rank, layout: self.layout, nonce: self.seg.nonce }.encode()
     }
 
     fn add_peer(&mut self, peer: &PeerInfo, address: &[u8]) -> Reach {
