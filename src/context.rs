@@ -382,8 +382,9 @@ impl Context {
     /// `tag` (a tag or [`TagMatch::Any`]). A longer message is an [`Error::Truncated`].
     ///
     /// Should the wait give up (the process manager died) while a live peer holds `buf`'s key
-    /// (it may be writing there through cma, which cannot be revoked), the process stops with a
-    /// message saying so rather than hand `buf` back under that write.
+    /// (it may be writing there through cma, which cannot be revoked), or the peer holding it
+    /// break the protocol (it may still run), the process stops with a message saying so
+    /// rather than hand `buf` back under that write.
     pub fn recv(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>, buf: &mut [u8]) -> Result<Status> {
         self.recv_in(USER_CTX, from.into(), tag.into(), buf)
     }
@@ -639,16 +640,17 @@ impl Context {
     }
 
     /// Ends the process: a receive into a buffer the caller keeps (borrowed, or raw) failed
-    /// while a live peer held the buffer's key, and waiting for that peer gave up (the process
-    /// manager died and the peer did not finish within the driver's 10 s). Returning would hand
+    /// while a peer that may still run held the buffer's key: waiting for that peer gave up
+    /// (the process manager died and the peer did not finish within the driver's 10 s), or the
+    /// peer was lost for breaking the protocol. Returning would hand
     /// the caller memory the peer may still write (a cma write cannot be revoked); unlike an
     /// owned buffer, it cannot be kept out of use, so the process stops instead.
     #[cold]
     fn stop_for_lent_buffer(&self) -> ! {
         let why = format!(
-            "rank {}: a failed receive had given its buffer's key to a peer that is still alive \
-             and may yet write there; the buffer is the caller's and cannot be kept out of use, \
-             so the process stops rather than hand it back",
+            "rank {}: a failed receive had given its buffer's key to a peer that may still run \
+             (alive, or lost for breaking the protocol) and may yet write there; the buffer is the \
+             caller's and cannot be kept out of use, so the process stops rather than hand it back",
             self.rank()
         );
         // Logged at error level, which every POLYRAIL_LOG setting shows; not `eprintln!`, which

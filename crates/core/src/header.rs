@@ -153,7 +153,9 @@ impl Header {
     pub const ANY_TAG: u8 = 1;
     /// RTS/CTS flag: the data streams through active messages (no one-sided copy).
     pub const STREAM: u8 = 2;
-    /// FIN flag: the receiver could not take the message (truncation); the send still ends.
+    /// FIN flag: to a sender, the receiver could not take the message (truncation), and the
+    /// send still ends; to a receiver, the sender could not write its part, and the receive
+    /// fails.
     pub const TRUNCATED: u8 = 4;
     /// Withdrawn flag: this answers the receive's own [`PacketKind::Withdraw`] (without it, the
     /// RTR was dropped because another receive of the same receiver was withdrawn).

@@ -102,36 +102,48 @@ impl Engine {
             if len > req.cap {
                 let e = Error::Truncated { from, tag: hdr.tag, len, capacity: req.cap };
                 self.fail(id, e);
-                self.track_fragments(from, hdr.seq, len, payload.len(), FragTarget::Discard);
-                return Ok(());
+                return self.track_fragments(from, hdr.seq, len, payload.len(), FragTarget::Discard);
             }
             // SAFETY: payload.len() <= len <= cap; the poster guaranteed the buffer.
             unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), req.ptr, payload.len()) };
             req.received = payload.len();
             if req.received == len {
                 finish_req(req, &mut self.actions);
-            } else {
-                self.track_fragments(from, hdr.seq, len, payload.len(), FragTarget::Req(id));
+                return Ok(());
             }
-            return Ok(());
+            return self.track_fragments(from, hdr.seq, len, payload.len(), FragTarget::Req(id));
+        }
+        let received = payload.len();
+        if received < len {
+            // Before buffering: it may be refused.
+            self.track_fragments(from, hdr.seq, len, received, FragTarget::Unexpected)?;
         }
         let Some(mut data) = self.spare.take(len) else {
             return Err(Error::protocol(from, format!("cannot buffer an unexpected {len}-byte message")));
         };
+        // Filled as its fragments come (in order), not zeroed up front: a header alone commits
+        // no memory, whatever length it claims (the reservation is address space until used).
         data.extend_from_slice(payload);
-        data.resize(len, 0);
-        let received = payload.len();
         self.push_unexpected(from, &hdr, UxBody::Eager { data, received });
-        if received < len {
-            self.track_fragments(from, hdr.seq, len, received, FragTarget::Unexpected);
-        }
         Ok(())
     }
 
-    fn track_fragments(&mut self, from: Rank, seq: u32, len: usize, received: usize, target: FragTarget) {
-        if received < len {
-            self.peers[from as usize].incoming.push(Incoming { seq, len, received, target });
+    /// Expects the fragments of message `seq` after its first `received` bytes. Sequence ids
+    /// wrap after 2^32 messages: a message whose seq is that of one still waiting for
+    /// fragments is refused, so that fragments always name one message.
+    fn track_fragments(&mut self, from: Rank, seq: u32, len: usize, received: usize, target: FragTarget) -> Result<()> {
+        if received == len {
+            return Ok(());
         }
+        let incoming = &mut self.peers[from as usize].incoming;
+        if incoming.iter().any(|inc| inc.seq == seq) {
+            return Err(Error::protocol(
+                from,
+                format!("message seq {seq} began while one of that seq still waits for fragments"),
+            ));
+        }
+        incoming.push(Incoming { seq, len, received, target });
+        Ok(())
     }
 
     fn push_unexpected(&mut self, from: Rank, hdr: &Header, body: UxBody) {
@@ -221,11 +233,20 @@ impl Engine {
                 }
             }
             FragTarget::Unexpected => {
-                let ux = p.unexpected.iter_mut().find(|u| u.seq == hdr.seq).expect("unexpected message tracked");
-                if let UxBody::Eager { data, received } = &mut ux.body {
-                    data[off..off + payload.len()].copy_from_slice(payload);
-                    *received += payload.len();
-                }
+                // The one unexpected message of this seq still short of its length (an older,
+                // whole one may share the seq after 2^32 messages; `track_fragments` keeps
+                // the incomplete ones unique).
+                let ux = p
+                    .unexpected
+                    .iter_mut()
+                    .find(|u| u.seq == hdr.seq && matches!(u.body, UxBody::Eager { received, .. } if received < u.len));
+                let Some(UxBody::Eager { data, received }) = ux.map(|u| &mut u.body) else {
+                    return Err(Error::protocol(from, format!("fragment of message seq {} lost its message", hdr.seq)));
+                };
+                // Fragments come in order (offset checked above): each extends the data.
+                debug_assert_eq!(data.len(), off);
+                data.extend_from_slice(payload);
+                *received += payload.len();
             }
             FragTarget::Discard => {}
         }
@@ -248,7 +269,8 @@ impl Engine {
         if hdr.rreq != 0 {
             // Receiver first: the sender used our RTR; that receive must be the one matching.
             let named = ReqId::from_wire(hdr.rreq);
-            if matched.is_none() || matched != named {
+            let sent_rtr = matched.and_then(|id| self.reqs.get(id)).is_some_and(|r| r.rtr_sent && r.own_key.is_some());
+            if matched.is_none() || matched != named || !sent_rtr {
                 return Err(Error::protocol(from, "RTS answers a ready-to-receive that is not the matching receive"));
             }
         }
@@ -402,6 +424,12 @@ impl Engine {
         if req.protocol == Protocol::Eager || req.peer_req != 0 {
             return Err(Error::protocol(from, "CTS for a send that does not wait for one"));
         }
+        // `peer_req != 0` is what marks a send that took its CTS (above, and for a truncation
+        // FIN): a CTS naming no receive would leave it unmarked, and a second CTS or a FIN could
+        // then end or restart the send while its data still leaves from the buffer.
+        if ReqId::from_wire(hdr.rreq).is_none() {
+            return Err(Error::protocol(from, "CTS names no receive"));
+        }
         req.peer_req = hdr.rreq;
         if hdr.flags & Header::STREAM != 0 {
             let mut data = Header::new(PacketKind::Data);
@@ -483,6 +511,14 @@ impl Engine {
                 return Err(unexpected());
             }
             req.peer_writing = false; // the sender is done with our key
+            if hdr.flags & Header::TRUNCATED != 0 && req.deferred.is_none() {
+                // Its write of its part failed: the receive fails once our own part is done.
+                let (start, end) = (req.split, req.len);
+                req.deferred = Some(Box::new(Error::Transport {
+                    kind: "peer",
+                    what: format!("rank {from} could not write bytes {start}..{end} of its message into this receive"),
+                }));
+            }
             self.count_down(id);
         }
         Ok(())

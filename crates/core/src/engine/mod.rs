@@ -606,9 +606,11 @@ impl Engine {
 
     // ---- getters ------------------------------------------------------------------------
 
-    /// Whether the request finished (successfully or not).
+    /// Whether the request finished (successfully or not). A receive that failed while its
+    /// own read into the buffer was in flight (an RDMA read the adapter may still place)
+    /// finishes when that read completes.
     pub fn is_done(&self, req: ReqId) -> bool {
-        self.reqs.get(req).is_none_or(|r| r.result.is_some())
+        self.reqs.get(req).is_none_or(|r| r.result.is_some() && !r.copying)
     }
 
     /// Takes the result of a finished request and forgets it; `None` while it runs.
@@ -619,8 +621,9 @@ impl Engine {
 
     /// Whether a peer may still write into the buffer of `req`, a request that ended (its
     /// result taken or discarded): a receive that failed, or was discarded, while a peer that
-    /// is still alive held its buffer's key (an RTR no matching send consumed yet, or a CTS;
-    /// for a discarded one, until the peer answers its withdrawal). That peer may yet
+    /// is still alive (or was lost for breaking the protocol, and may still run) held its
+    /// buffer's key (an RTR no matching send consumed yet, or a CTS; for a discarded one,
+    /// until the peer answers its withdrawal). That peer may yet
     /// write there (a cma exposure cannot be revoked), so the memory must never be reused.
     /// Answers once per request.
     #[inline]
@@ -1316,25 +1319,26 @@ impl Engine {
             return;
         }
         req.copied = true;
+        // Tell the peer our part is done, also when it failed (the peer would otherwise wait
+        // for ever): the receiver's FIN releases the sender's buffer (we no longer read it);
+        // the sender's completes the receiver's buffer, or, flagged TRUNCATED after a failed
+        // write, fails the receive (its buffer lacks our part).
+        let mut hdr = Header::new(PacketKind::Fin);
+        match req.dir {
+            Dir::Send => (hdr.rreq, hdr.flags) = (req.peer_req, if result.is_err() { Header::TRUNCATED } else { 0 }),
+            Dir::Recv => hdr.sreq = req.peer_req,
+        }
+        let (to, am) = (req.peer, am_of(&self.peers, req.peer));
+        self.actions.push_back(Action::Send { channel: am, to, hdr, payload: Payload::Empty, op: None });
         if let Err(e) = result {
             // A receive whose sender still writes its part through our key (split): it ends
             // with the error only at the sender's FIN (or its loss), so that nothing writes the
-            // buffer once the receive has ended. Our FIN goes out as usual: we no longer read
-            // the sender's buffer.
+            // buffer once the receive has ended.
             if !(req.dir == Dir::Recv && req.peer_writing && req.pending > 1) {
                 return self.fail(id, e);
             }
             req.deferred = Some(Box::new(e));
         }
-        // Tell the peer our part is done: the receiver releases the sender's buffer, the
-        // sender completes the receiver's buffer.
-        let mut hdr = Header::new(PacketKind::Fin);
-        match req.dir {
-            Dir::Send => hdr.rreq = req.peer_req,
-            Dir::Recv => hdr.sreq = req.peer_req,
-        }
-        let (to, am) = (req.peer, am_of(&self.peers, req.peer));
-        self.actions.push_back(Action::Send { channel: am, to, hdr, payload: Payload::Empty, op: None });
         self.count_down(id);
     }
 
@@ -1353,10 +1357,18 @@ impl Engine {
         if let Some(parked) = self.parked.as_mut().filter(|q| q.from == peer && q.end.is_none()) {
             parked.end = Some(Unparked::Done(Err(why.duplicate())));
         }
+        // A peer lost for breaking the protocol may still be running, and may yet write
+        // through the keys it holds (a cma exposure cannot be revoked): its receives are
+        // named by `take_peer_may_write` as for a live peer. One that exited or finished cannot.
+        let faulty = matches!(why, Error::Protocol { .. });
         let victims: Vec<ReqId> =
             self.reqs.ids().filter(|&id| self.reqs.get(id).is_some_and(|r| r.needs(peer))).collect();
         for id in victims {
+            let lent = faulty && self.reqs.get(id).is_some_and(|r| r.result.is_none() && r.lends_key());
             self.fail(id, why.duplicate());
+            if lent {
+                self.peer_may_write.push(id);
+            }
         }
         // A loss may have taken any message of the peer on its way, in a context it sends in;
         // a finish, none (a wildcard ends only once no other sender is left).

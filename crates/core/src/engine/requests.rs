@@ -252,11 +252,12 @@ impl Requests {
     }
 
     /// Takes the result of a finished request and forgets the request, in one lookup; `None`
-    /// (and nothing changes) while it runs or when `id` is stale.
+    /// (and nothing changes) while it runs, while its read into the buffer is in flight, or
+    /// when `id` is stale.
     #[inline]
     pub fn take_result(&mut self, id: ReqId) -> Option<std::result::Result<Status, Box<Error>>> {
         let s = self.slots.get_mut(id.index()).filter(|s| s.gen == id.gen())?;
-        let result = s.req.as_mut()?.result.take()?;
+        let result = s.req.as_mut().filter(|r| !r.copying)?.result.take()?;
         s.req = None;
         self.free.push(id.index() as u32);
         self.live -= 1;

@@ -43,6 +43,8 @@ struct Sim {
     held_at_get: Vec<(Rank, usize)>,
     /// A rank whose gets fail (copy nothing, complete with an error).
     failing_gets: Option<Rank>,
+    /// A rank whose puts fail likewise.
+    failing_puts: Option<Rank>,
     /// Receives whose withdrawal was asked for (`CancelRecv::Asked`), by rank: watched after
     /// each delivery to it; those withdrawn go to `withdrawn` with the ordered packets that rank
     /// had received then.
@@ -114,6 +116,7 @@ impl Sim {
             ordered_puts: None,
             held_at_get: Vec::new(),
             failing_gets: None,
+            failing_puts: None,
             asked: Vec::new(),
             withdrawn: Vec::new(),
         }
@@ -213,6 +216,10 @@ impl Sim {
                 e.handle_completion(op, Ok(()));
             }
             Action::Put { from, key, offset, op, .. } => {
+                if self.failing_puts == Some(me) {
+                    let refused = Error::Transport { kind: "sim", what: "put refused".into() };
+                    return e.handle_completion(op, Err(refused));
+                }
                 let (addr, len) = decode_key(&key);
                 assert!(offset + from.len <= len, "put out of the exposed region");
                 // SAFETY: as for Get.
@@ -1867,7 +1874,10 @@ proptest! {
         // a peer names.
         let mut ids: Vec<u32> = vec![0];
         let e = &mut sim.engines[1];
-        let drain = |e: &mut Engine, ids: &mut Vec<u32>| -> std::result::Result<(), TestCaseError> {
+        // Puts stay in flight until the packets are all in (as a channel's write may): a send
+        // must not end while its put still reads the buffer.
+        let mut puts: Vec<OpId> = Vec::new();
+        let drain = |e: &mut Engine, ids: &mut Vec<u32>, puts: &mut Vec<OpId>| -> std::result::Result<(), TestCaseError> {
             while let Some(a) = e.poll_action() {
                 match a {
                     Action::Send { op, payload, hdr, .. } => {
@@ -1890,13 +1900,17 @@ proptest! {
                     }
                     Action::Put { from, op, .. } => {
                         prop_assert!(within(from.ptr as usize, from.len), "a put of {} bytes from outside the buffers", from.len);
-                        e.handle_completion(op, Ok(()));
+                        puts.push(op);
                     }
                 }
             }
+            for &op in puts.iter() {
+                let id = Engine::op_request(op).expect("a request's op");
+                prop_assert!(!e.is_done(id), "a send ended while its put still read the buffer");
+            }
             Ok(())
         };
-        drain(e, &mut ids)?;
+        drain(e, &mut ids, &mut puts)?;
         let mut next_seq = 0u32; // the peer's ordered packets the rank took
         for p in &packets {
             let mut hdr = p.hdr;
@@ -1913,8 +1927,12 @@ proptest! {
                 Ok(()) => next_seq += u32::from(hdr.kind.is_ordered() && hdr.seq == next_seq),
                 Err(err) => prop_assert!(matches!(err, Error::Protocol { peer: 0, .. }), "{:?}: {}", hdr, err),
             }
-            drain(e, &mut ids)?;
+            drain(e, &mut ids, &mut puts)?;
         }
+        for op in std::mem::take(&mut puts) {
+            e.handle_completion(op, Ok(()));
+        }
+        drain(e, &mut ids, &mut puts)?;
         for id in reqs {
             if e.is_done(id) {
                 prop_assert!(e.take_result(id).is_some());
@@ -2376,4 +2394,146 @@ fn a_message_too_large_for_eager_is_streamed_whatever_the_route() {
         other => panic!("expected an eager packet, got {other:?}"),
     }
     let _ = (s, small);
+}
+
+/// A one-sided copy that fails still tells the peer its side is over: a receiver whose pull
+/// failed sends its FIN (the sender's buffer is free, its send ends), and a sender whose put
+/// failed sends a FIN flagged TRUNCATED, which fails the receive. Before, the peer waited for
+/// ever.
+#[test]
+fn a_failed_copy_still_ends_the_peers_side() {
+    // The receiver pulls the whole message (sender first), and its get fails.
+    let mut sim = Sim { failing_gets: Some(1), ..Sim::new(2, one_sided_route) };
+    let data = pattern(5, 2000);
+    let mut out = vec![0u8; data.len()];
+    let s = send(&mut sim, 0, 1, 1, &data);
+    sim.settle();
+    let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
+    sim.settle();
+    assert!(matches!(result(&mut sim, 1, q), Err(Error::Transport { kind: "sim", .. })));
+    assert!(result(&mut sim, 0, s).is_ok(), "the send ends: its receiver no longer reads it");
+    // The sender puts the whole message through the receive's RTR (receiver first), and its
+    // put fails.
+    let mut sim = Sim { failing_puts: Some(0), ..Sim::new(2, one_sided_route) };
+    let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
+    sim.settle();
+    let s = send(&mut sim, 0, 1, 1, &data);
+    sim.settle();
+    assert!(matches!(result(&mut sim, 0, s), Err(Error::Transport { kind: "sim", .. })));
+    let got = result(&mut sim, 1, q);
+    assert!(
+        matches!(&got, Err(Error::Transport { kind: "peer", what }) if what.contains("rank 0 could not write")),
+        "{got:?}"
+    );
+    assert!(!sim.engines[1].take_peer_may_write(q), "the sender said it is done with the key");
+}
+
+/// A CTS that names no receive (request id 0) is refused: it would leave the send looking as
+/// if no CTS had come, so that a second CTS or a truncation FIN could end the send (or send
+/// its data again) while its first data still leaves from the buffer.
+#[test]
+fn a_cts_naming_no_receive_is_refused() {
+    let mut sim = Sim::new(2, stream_route);
+    let data = pattern(6, 5000);
+    let s = send(&mut sim, 0, 1, 1, &data);
+    sim.run_actions();
+    let rts = sim.wires[1].pop_front().expect("the RTS");
+    assert_eq!(rts.hdr.kind, PacketKind::Rts);
+    let mut cts = Header::new(PacketKind::Cts);
+    (cts.flags, cts.sreq, cts.rreq) = (Header::STREAM, rts.hdr.sreq, 0);
+    assert!(matches!(sim.engines[0].handle_message(1, &cts, &[]), Err(Error::Protocol { peer: 1, .. })));
+    assert_eq!(sim.engines[0].reqs.get(s).map(|r| r.peer_req), Some(0), "the send took no CTS");
+}
+
+/// An RTS answering a ready-to-receive must name a receive that sent one: an ANY_SOURCE
+/// receive (which never does) named by a receiver-first RTS is a protocol error, not a read
+/// with the sender's key on a channel the receive never chose.
+#[test]
+fn a_receiver_first_rts_for_a_receive_without_rtr_is_refused() {
+    let mut sim = Sim::new(2, one_sided_route);
+    let mut out = vec![0u8; 2000];
+    let q = recv(&mut sim, 1, Source::Any, TagMatch::Tag(1), &mut out);
+    sim.settle();
+    let mut rts = Header::new(PacketKind::Rts);
+    (rts.tag, rts.seq, rts.len, rts.sreq, rts.rreq) = (1, 0, 2000, 1, q.wire());
+    let key = RemoteKey::new(&[0u8; 16]).unwrap();
+    assert!(matches!(sim.engines[1].handle_message(0, &rts, key.as_bytes()), Err(Error::Protocol { peer: 0, .. })));
+}
+
+/// Sequence ids wrap after 2^32 messages: a message that begins with the seq of one still
+/// waiting for its fragments is refused (its fragments could not be told apart), and the
+/// fragments of an unexpected message go to it even when an older, whole message that waits
+/// unreceived has the same seq.
+#[test]
+fn wrapped_sequence_ids_keep_fragments_with_their_message() {
+    let eager = |seq: u32, tag: u32, len: u64| Header::eager(0, tag, seq, len);
+    // An old whole message of seq 7, unreceived; then, 2^32 messages later, seq 7 again in
+    // fragments.
+    let mut sim = Sim::new(2, one_sided_route);
+    let e = &mut sim.engines[1];
+    e.peers[0].expected_seq = 7;
+    e.handle_message(0, &eager(7, 1, 5), b"whole").unwrap();
+    e.peers[0].expected_seq = 7;
+    let long = pattern(9, 300);
+    e.handle_message(0, &eager(7, 2, 300), &long[..100]).unwrap();
+    let mut frag = Header::new(PacketKind::Frag);
+    (frag.seq, frag.offset) = (7, 100);
+    e.handle_message(0, &frag, &long[100..]).unwrap();
+    let (mut a, mut b) = (vec![0u8; 5], vec![0u8; 300]);
+    let qa = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut a);
+    let qb = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(2), &mut b);
+    assert_eq!(result(&mut sim, 1, qa).unwrap().len, 5);
+    assert_eq!(result(&mut sim, 1, qb).unwrap().len, 300);
+    assert_eq!((&a[..], &b[..]), (&b"whole"[..], &long[..]));
+    // A message of seq 3 still short of its fragments, then seq 3 again.
+    let mut sim = Sim::new(2, one_sided_route);
+    let e = &mut sim.engines[1];
+    e.peers[0].expected_seq = 3;
+    e.handle_message(0, &eager(3, 1, 1000), &[1; 10]).unwrap();
+    e.peers[0].expected_seq = 3;
+    assert!(matches!(e.handle_message(0, &eager(3, 2, 10), &[2; 1]), Err(Error::Protocol { peer: 0, .. })));
+}
+
+/// A peer lost for breaking the protocol may still run and write through the keys it holds:
+/// a receive whose RTR it took is named by `take_peer_may_write`; not so when the peer exited.
+#[test]
+fn a_peer_lost_for_garbage_may_still_write_its_keys() {
+    for (why, may_write) in
+        [(Error::protocol(0, "garbage"), true), (Error::PeerLost { rank: 0, why: "exited".into() }, false)]
+    {
+        let mut sim = Sim::new(2, one_sided_route);
+        let mut out = vec![0u8; 2000];
+        let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
+        sim.settle();
+        assert!(sim.engines[1].lends_keys_to_live_peers(), "the RTR gave rank 0 the key");
+        sim.engines[1].handle_peer_lost(0, why);
+        assert!(result(&mut sim, 1, q).is_err());
+        assert_eq!(sim.engines[1].take_peer_may_write(q), may_write);
+    }
+}
+
+/// A receive that fails (its peer lost) while its own read is in flight ends only when the
+/// read completes: an adapter may still place an RDMA read into the buffer until then.
+#[test]
+fn a_failed_receive_waits_for_its_read_in_flight() {
+    let mut sim = Sim::new(2, one_sided_route);
+    let data = pattern(8, 2000);
+    let mut out = vec![0u8; data.len()];
+    let _s = send(&mut sim, 0, 1, 1, &data);
+    sim.settle();
+    let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
+    let mut read = None;
+    while let Some(a) = sim.engines[1].poll_action() {
+        match a {
+            Action::Get { op, .. } => read = Some(op),
+            a => sim.execute(1, a),
+        }
+    }
+    let read = read.expect("the receive pulls the message");
+    sim.engines[1].handle_peer_lost(0, Error::PeerLost { rank: 0, why: "killed".into() });
+    assert!(!sim.engines[1].is_done(q), "failed with its read in flight");
+    assert!(sim.engines[1].take_result(q).is_none());
+    assert_eq!(sim.engines[1].running_requests(), 1);
+    sim.engines[1].handle_completion(read, Err(Error::Transport { kind: "sim", what: "flushed".into() }));
+    assert!(matches!(result(&mut sim, 1, q), Err(Error::PeerLost { rank: 0, .. })));
 }
