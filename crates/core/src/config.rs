@@ -547,11 +547,13 @@ impl Config {
             }
             c.set(k, v)?;
         }
-        if c.ib.sync_limit > c.ib.credits {
+        // At or above the credits, the one block a SYNC takes would make its receiver SYNC
+        // back at once: two idle processes would trade SYNCs for ever.
+        if c.ib.sync_limit >= c.ib.credits {
             return Err(Error::config(
                 "POLYRAIL_IB_SYNC_LIMIT",
                 c.ib.sync_limit.to_string(),
-                format!("at most POLYRAIL_IB_CREDITS ({})", c.ib.credits),
+                format!("below POLYRAIL_IB_CREDITS ({})", c.ib.credits),
             ));
         }
         Ok(c)
@@ -1110,7 +1112,10 @@ mod tests {
             assert!(e.contains(var) && e.contains(bad), "{var}={bad}: {e}");
         }
         let e = cfg(&[("POLYRAIL_IB_CREDITS", "8"), ("POLYRAIL_IB_SYNC_LIMIT", "9")]).unwrap_err().to_string();
-        assert!(e.contains("POLYRAIL_IB_SYNC_LIMIT") && e.contains("at most POLYRAIL_IB_CREDITS"), "{e}");
+        assert!(e.contains("POLYRAIL_IB_SYNC_LIMIT") && e.contains("below POLYRAIL_IB_CREDITS"), "{e}");
+        // Equal: a SYNC's own block would make its receiver SYNC back, for ever.
+        let e = cfg(&[("POLYRAIL_IB_CREDITS", "8"), ("POLYRAIL_IB_SYNC_LIMIT", "8")]).unwrap_err().to_string();
+        assert!(e.contains("below POLYRAIL_IB_CREDITS (8)"), "{e}");
         let e = cfg(&[("POLYRAIL_FROBNICATE", "1")]).unwrap_err().to_string();
         assert!(e.contains("POLYRAIL_FROBNICATE") && e.contains("POLYRAIL_TRANSPORTS"), "{e}");
     }

@@ -231,7 +231,7 @@ pub struct DirectIb<P: Provider> {
     /// completion queue is empty and `progress` does not poll it.
     in_flight: usize,
     /// Peers that failed and must be reported at the next `progress`.
-    lost: Vec<(Rank, String)>,
+    lost: Vec<(Rank, Error)>,
 }
 
 impl<P: Provider> std::fmt::Debug for DirectIb<P> {
@@ -431,10 +431,11 @@ impl<P: Provider> DirectIb<P> {
                 }
                 // The queue pair failed: its sends say why, or the heartbeat finds it.
                 (WcStatus::Flushed, _) => {}
-                (WcStatus::Success, None) => {
-                    self.fail_peer(peer, "an ib receive completed without immediate data (DirectIB sends none)".into())
-                }
-                (status, _) => self.fail_peer(peer, format!("ib receive completion error: {status}")),
+                (WcStatus::Success, None) => self.fail_peer(
+                    peer,
+                    Error::protocol(peer, "an ib receive completed without immediate data (DirectIB sends none)"),
+                ),
+                (status, _) => self.fail_peer(peer, lost(peer, format!("ib receive completion error: {status}"))),
             }
             return;
         }
@@ -471,12 +472,12 @@ impl<P: Provider> DirectIb<P> {
             }
         }
         if c.status != WcStatus::Success && c.status != WcStatus::Flushed {
-            self.fail_peer(peer, format!("ib work completion error: {}", c.status));
+            self.fail_peer(peer, lost(peer, format!("ib work completion error: {}", c.status)));
         }
     }
 
     /// Marks `peer` failed; it is reported to the engine once.
-    fn fail_peer(&mut self, peer: Rank, why: String) {
+    fn fail_peer(&mut self, peer: Rank, why: Error) {
         if let Some(p) = self.peers.get_mut(peer as usize).and_then(Option::as_mut) {
             if !p.reported {
                 p.reported = true;
@@ -491,7 +492,8 @@ impl<P: Provider> DirectIb<P> {
         if let Some(p) = self.peers.get_mut(peer as usize).and_then(Option::as_mut) {
             p.malformed = true;
         }
-        self.fail_peer(peer, format!("malformed ib packet from rank {peer}: {why}"));
+        // A protocol error, not a loss: the peer may still run (and hold keys of ours).
+        self.fail_peer(peer, Error::protocol(peer, format!("malformed ib packet: {why}")));
     }
 
     /// Delivers complete packets of `peer`'s ring, up to `budget`; returns how many.
@@ -536,7 +538,7 @@ impl<P: Provider> DirectIb<P> {
                 // Its receive goes back before the block's credit (with a later packet of ours),
                 // so the peer always finds one posted.
                 if let Err(e) = self.provider.post_recv(p.qp, wr_id(WrKind::Recv, peer, 0)) {
-                    self.fail_peer(peer, format!("ib receive for rank {peer} not posted: {e}"));
+                    self.fail_peer(peer, lost(peer, format!("ib receive for rank {peer} not posted: {e}")));
                 }
                 // SAFETY: the block's data landed (its receive completed), and the sender does
                 // not write the block again before we return its credit, after this call.
@@ -836,12 +838,11 @@ impl<P: Provider> DirectIb<P> {
     /// failed since (a credit return, a heartbeat) must not make them lost.
     fn report_lost(&mut self, sink: &mut dyn Sink) {
         for (peer, why) in std::mem::take(&mut self.lost) {
-            self.poll_ring(peer, usize::MAX, sink);
+            // What the peer wrote before (a ring holds at most `credits` blocks: a peer that
+            // ignores credits cannot keep this loop going).
+            self.poll_ring(peer, self.credits, sink);
             let finished = self.peers.get(peer as usize).and_then(Option::as_ref).is_some_and(|p| p.finished);
-            sink.peer_lost(
-                peer,
-                if finished { Error::PeerFinished { rank: peer } } else { Error::PeerLost { rank: peer, why } },
-            );
+            sink.peer_lost(peer, if finished { Error::PeerFinished { rank: peer } } else { why });
         }
     }
 }
@@ -1162,6 +1163,11 @@ impl<P: Provider> Transport for DirectIb<P> {
 
 /// Adds the `credits` a packet of the peer returns to `p`; `Err` when that is more than the
 /// blocks written to it and not returned yet.
+/// `peer` lost (its process gone or unreachable) for `why`.
+fn lost(peer: Rank, why: String) -> Error {
+    Error::PeerLost { rank: peer, why }
+}
+
 fn take_credits(p: &mut Peer, credits: usize, credits_max: usize) -> std::result::Result<(), String> {
     if p.credits + credits > credits_max {
         return Err(format!("returns {credits} credits, only {} outstanding", credits_max - p.credits));

@@ -59,7 +59,8 @@ pub struct MemoryRegion {
 impl MemoryRegion {
     /// Whether `[addr, addr + len)` lies inside the region.
     pub fn contains(&self, addr: u64, len: usize) -> bool {
-        addr >= self.addr && addr.checked_add(len as u64).is_some_and(|end| end <= self.addr + self.len as u64)
+        let region_end = self.addr.checked_add(self.len as u64);
+        addr >= self.addr && addr.checked_add(len as u64).zip(region_end).is_some_and(|(end, limit)| end <= limit)
     }
 }
 

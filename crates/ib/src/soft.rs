@@ -289,10 +289,12 @@ impl SoftProvider {
                     // The immediate, then the stamp that makes the slot complete (two steps: the
                     // target sees the stamp only after the immediate).
                     Some(imm) => {
-                        let slot = rq.slots + 8 * (recvs_used % rq.capacity);
+                        // The peer's table gives `slots`: wrapping arithmetic, so that a forged
+                        // one makes the kernel copy fail (EFAULT) rather than an overflow panic.
+                        let slot = rq.slots.wrapping_add(8 * (recvs_used % rq.capacity));
                         let stamp = stamp(recvs_used);
                         copy_range(remote.pid, &imm as *const u32 as u64, slot, 4, true)?;
-                        copy_range(remote.pid, &stamp as *const u32 as u64, slot + 4, 4, true)
+                        copy_range(remote.pid, &stamp as *const u32 as u64, slot.wrapping_add(4), 4, true)
                     }
                     None => Ok(()),
                 }
