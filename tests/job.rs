@@ -15,8 +15,8 @@ use polyrail::{Cancel, Context, Error, MappedHeap, Source, Space, TagMatch, Tran
 static HEAP: MappedHeap = MappedHeap::new();
 use std::time::{Duration, Instant};
 
-/// Sizes across every threshold of the default routes (inline slots, cells, eager limit,
-/// single-copy and split thresholds), 0 B to 8 MiB.
+/// Sizes across every threshold of the default routes (payload in the record, in body slots,
+/// cells, eager limit, single-copy and split thresholds), 0 B to 8 MiB.
 const SIZES: &[usize] = &[
     0,
     1,
@@ -28,6 +28,11 @@ const SIZES: &[usize] = &[
     63,
     64,
     100,
+    112,
+    113,
+    255,
+    256,
+    257,
     1000,
     1023,
     1024,

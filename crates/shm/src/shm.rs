@@ -26,10 +26,13 @@ use crate::ring::{Body, Consumer, Geometry, Producer, RECORD, RECORD_INLINE, SLO
 use crate::segment::{self, Mapping, OwnSegment, SegAddress, SegLayout};
 use crate::sys::{self, ProcessWatch};
 
-/// Body slots an inline message may take by default: 16 * 64 = 1024 payload bytes (clamped to a
-/// quarter of the ring, which the default ring of 64 slots allows). Above that, a send cell is as
-/// fast and keeps the ring free for others.
-pub(crate) const DEFAULT_INLINE_SLOTS: u32 = 16;
+/// Body slots an inline message may take by default: 4 * 64 = 256 payload bytes (clamped to a
+/// quarter of the ring). Above that a send cell is faster: on the Intel Xeon host, alternating
+/// runs with bodies of up to 1024 bytes (16 slots) and up to 256, one way 512 B 0.31-0.59 µs
+/// (two modes from run to run) against 0.34-0.39, 1 KiB 0.58-1.12 against 0.49-0.54, osu_bw
+/// 512 B 2.0-2.6 against 3.2-4.8 GB/s, 1 KiB 1.3-2.6 against 2.8-5.8; up to 256 bytes the body
+/// is faster one way (192-256 B 0.23-0.32 µs against 0.32-0.34 through cells).
+pub(crate) const DEFAULT_INLINE_SLOTS: u32 = 4;
 
 /// Model default of an active message's latency (ns): about twice the cache-line transfer
 /// measured between two cores (see `examples/ring_pingpong.rs`).

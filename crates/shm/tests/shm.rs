@@ -47,8 +47,8 @@ fn mesh(cfg: &Config, tag: &str, n: u32) -> Vec<ShmTransport> {
 fn sizes() -> Vec<usize> {
     let mut v: Vec<usize> = (0..=1100).collect();
     v.extend((1100..=20000).step_by(97));
-    v.extend([20000, 0, 48, 49, 64, 65, 112, 113, 1023, 1024, 1025]);
-    v.extend((0..2000).map(|i| [8, 100, 1024, 1025, 5000][i % 5]));
+    v.extend([20000, 0, 48, 49, 64, 65, 112, 113, 255, 256, 257, 1023, 1024, 1025]);
+    v.extend((0..2000).map(|i| [8, 100, 256, 257, 1024, 1025, 5000][i % 7]));
     v
 }
 
@@ -134,7 +134,7 @@ fn attributes_and_description() {
     assert!(attr.caps.contains(Caps::AM));
     assert_eq!(attr.max_eager, 16 << 10);
     assert_eq!(attr.max_inline, a.inline_limit());
-    assert_eq!(a.inline_limit(), 1024);
+    assert_eq!(a.inline_limit(), 256);
     let d = a.describe();
     assert!(d.contains("64 records") && d.contains("128 cells") && d.contains("1 peers"), "{d}");
 }
