@@ -705,7 +705,13 @@ impl Context {
             CancelRecv::NotCancelled => false,
             CancelRecv::Asked => {
                 self.driver.drain();
-                self.driver.wait_until(|e| e.cancel_outcome(id).is_some())?;
+                if let Err(e) = self.driver.wait_until(|e| e.cancel_outcome(id).is_some()) {
+                    // As a failed wait: the receive is given up, and a buffer a peer may still
+                    // write is kept out of use (or, the caller's, stops the process).
+                    self.driver.abandon(id);
+                    drop(self.take_buf(id));
+                    return Err(e);
+                }
                 let withdrawn = self.driver.engine.cancel_outcome(id) == Some(true);
                 if withdrawn {
                     self.driver.engine.discard(id);

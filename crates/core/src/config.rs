@@ -376,8 +376,8 @@ pub struct Config {
     /// `POLYRAIL_APART_SINGLE_COPY`: while a cache line the peer wrote reaches this process
     /// slowly (beyond 100 ns: the two cores share no cache), messages from this size go by single copy and
     /// smaller ones eagerly through send cells, on either side of the single-copy threshold (the
-    /// shm channel fills cells with non-temporal stores then, so that the receiver's reads do not
-    /// take each line back from the sender's cache). Measured as for `POLYRAIL_NEAR_EAGER`. It
+    /// shm channel fills cells with non-temporal stores then, above 1 KiB, so that the
+    /// receiver's reads do not take each line back from the sender's cache). Measured as for `POLYRAIL_NEAR_EAGER`. It
     /// applies near too while shm times its fills of send cells at under half their usual rate
     /// (the host slows line transfers between the cores at times: cells then stream at a third
     /// of their rate, single copy does not slow).

@@ -496,12 +496,17 @@ impl<P: Provider> DirectIb<P> {
         self.fail_peer(peer, Error::protocol(peer, format!("malformed ib packet: {why}")));
     }
 
-    /// Delivers complete packets of `peer`'s ring, up to `budget`; returns how many.
+    /// Delivers complete packets of `peer`'s ring, up to `budget`; returns how many. Takes at
+    /// most `credits` blocks (SYNCs included) per call: no more can land before this call
+    /// returns their credits, so a peer that ignores its credits cannot keep it looping.
     fn poll_ring(&mut self, peer: Rank, budget: usize, sink: &mut dyn Sink) -> usize {
         let (credits_max, block, max_payload) = (self.credits, self.block, self.max_payload());
         let ring = self.rings.ptr() as usize + peer as usize * self.ring_bytes();
         let mut n = 0;
-        while n < budget {
+        for _ in 0..credits_max {
+            if n >= budget {
+                break;
+            }
             let Some(p) = self.peers.get_mut(peer as usize).and_then(Option::as_mut) else { return n };
             if p.finished || p.malformed {
                 return n;
@@ -838,9 +843,8 @@ impl<P: Provider> DirectIb<P> {
     /// failed since (a credit return, a heartbeat) must not make them lost.
     fn report_lost(&mut self, sink: &mut dyn Sink) {
         for (peer, why) in std::mem::take(&mut self.lost) {
-            // What the peer wrote before (a ring holds at most `credits` blocks: a peer that
-            // ignores credits cannot keep this loop going).
-            self.poll_ring(peer, self.credits, sink);
+            // What the peer wrote before.
+            self.poll_ring(peer, usize::MAX, sink);
             let finished = self.peers.get(peer as usize).and_then(Option::as_ref).is_some_and(|p| p.finished);
             sink.peer_lost(peer, if finished { Error::PeerFinished { rank: peer } } else { why });
         }
@@ -1161,13 +1165,13 @@ impl<P: Provider> Transport for DirectIb<P> {
     }
 }
 
-/// Adds the `credits` a packet of the peer returns to `p`; `Err` when that is more than the
-/// blocks written to it and not returned yet.
 /// `peer` lost (its process gone or unreachable) for `why`.
 fn lost(peer: Rank, why: String) -> Error {
     Error::PeerLost { rank: peer, why }
 }
 
+/// Adds the `credits` a packet of the peer returns to `p`; `Err` when that is more than the
+/// blocks written to it and not returned yet.
 fn take_credits(p: &mut Peer, credits: usize, credits_max: usize) -> std::result::Result<(), String> {
     if p.credits + credits > credits_max {
         return Err(format!("returns {credits} credits, only {} outstanding", credits_max - p.credits));

@@ -3,7 +3,7 @@
 //! - [`ShmTransport`] (`shm`): active messages through shared memory. One single-producer
 //!   single-consumer ring per ordered pair, in the sender's segment: a 128-byte record per
 //!   message (the header, compact for whole eager messages, and payloads up to 112 bytes) and
-//!   64-byte body slots for payloads up to about 1 KiB; larger ones go in send cells of the
+//!   64-byte body slots for payloads up to 256 bytes; larger ones go in send cells of the
 //!   sender's pool that the record names (Chai 2009, §3.2). Arrivals are handed to the sink
 //!   borrowed from the ring or the cell: the only copies are the sender's copy in and the
 //!   receiver's copy out.

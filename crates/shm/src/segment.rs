@@ -647,7 +647,11 @@ mod tests {
         child.wait().unwrap();
         let minutes = std::time::Duration::from_secs(120);
         let (young, ns) = (std::time::Duration::ZERO, sys::pid_namespace());
-        assert_ne!(ns, 0, "/proc/self/ns/pid");
+        if ns == 0 {
+            // No /proc/self/ns/pid here: every owner's namespace is unknown (the age rule).
+            eprintln!("skipped: this process's pid namespace is unknown");
+            return;
+        }
         let cases = [
             ("old-dead-unknown-ns", dead, 0, minutes, true),
             ("young-dead-unknown-ns", dead, 0, young, false),

@@ -68,7 +68,7 @@ struct Peer {
     fenceless: bool,
     /// Where the peer's core sits ([`Placement`] from the latest nine line-transfer samples,
     /// [`LineSamples`], as the engine's verdict, or `POLYRAIL_PLACEMENT`; `Middle`
-    /// until measured). Apart, send cells are filled with non-temporal stores
+    /// until measured). Apart, send cells are filled with non-temporal stores above 1 KiB
     /// ([`SendCells::fill`]) and the consumer prefetches more ([`Consumer::set_slow_lines`]).
     placement: Placement,
     /// `POLYRAIL_PLACEMENT` gave the placement: samples do not change it.

@@ -266,8 +266,8 @@ pub struct Engine {
     skew: Option<SkewPolicy>,
     /// Cache of [`Engine::awaited_channels`]; `None` after anything that may change it.
     awaited: Option<ChannelSet>,
-    /// Receives that failed after their buffer's key went to a peer that is still alive: see
-    /// [`Engine::take_peer_may_write`].
+    /// Receives that failed after their buffer's key went to a peer that may still run (alive,
+    /// or lost for breaking the protocol): see [`Engine::take_peer_may_write`].
     peer_may_write: Vec<ReqId>,
     /// Discarded requests kept until their withdrawal ends (posted, writing nothing) or their
     /// exposure lands and is ended ([`Engine::discard`]); freed after that.
@@ -1213,7 +1213,8 @@ impl Engine {
             let r = self.reqs.get_mut(req).expect("checked above");
             if r.lends_key() {
                 // The sender may be writing already (its RTS and FIN follow): the receive ends
-                // as usual, in a buffer the caller is told never to reuse.
+                // as usual, in a buffer `take_peer_may_write` names (kept out of use, or the
+                // caller's: the process stops).
                 self.peer_may_write.push(req);
             } else {
                 (r.ptr, r.cap) = (std::ptr::NonNull::dangling().as_ptr(), 0);
@@ -1331,10 +1332,16 @@ impl Engine {
         let (to, am) = (req.peer, am_of(&self.peers, req.peer));
         self.actions.push_back(Action::Send { channel: am, to, hdr, payload: Payload::Empty, op: None });
         if let Err(e) = result {
-            // A receive whose sender still writes its part through our key (split): it ends
-            // with the error only at the sender's FIN (or its loss), so that nothing writes the
-            // buffer once the receive has ended.
-            if !(req.dir == Dir::Recv && req.peer_writing && req.pending > 1) {
+            // While the peer still works on the buffer through our key, the request ends with
+            // the error only at the peer's FIN (or its loss): a receive whose sender still
+            // writes its part (split), so that nothing writes the buffer once the receive has
+            // ended; a send whose receiver still reads its part, so that the exposure stays
+            // until then (and the receiver's FIN still finds the send).
+            let peer_busy = match req.dir {
+                Dir::Recv => req.peer_writing && req.pending > 1,
+                Dir::Send => req.fin_due,
+            };
+            if !peer_busy {
                 return self.fail(id, e);
             }
             req.deferred = Some(Box::new(e));

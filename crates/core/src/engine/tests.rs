@@ -2426,6 +2426,22 @@ fn a_failed_copy_still_ends_the_peers_side() {
         "{got:?}"
     );
     assert!(!sim.engines[1].take_peer_may_write(q), "the sender said it is done with the key");
+    // Split, receiver first: the sender's put of the back fails while the receiver still reads
+    // the front through the send's key; the send ends (with the error) only at the
+    // receiver's FIN, which it still takes (a FIN naming an ended send would be a protocol
+    // error, and the sim refuses those).
+    let split = || route(100, &[(usize::MAX, Protocol::RndvSplit)]);
+    let mut sim = Sim { failing_puts: Some(0), ..Sim::new(2, split) };
+    let data = pattern(7, 100_000);
+    let mut out = vec![0u8; data.len()];
+    let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
+    sim.settle();
+    let s = send(&mut sim, 0, 1, 1, &data);
+    sim.run_actions();
+    assert!(!sim.engines[0].is_done(s), "the receiver still reads the front");
+    sim.settle();
+    assert!(matches!(result(&mut sim, 0, s), Err(Error::Transport { kind: "sim", .. })));
+    assert!(matches!(result(&mut sim, 1, q), Err(Error::Transport { kind: "peer", .. })));
 }
 
 /// A CTS that names no receive (request id 0) is refused: it would leave the send looking as
