@@ -642,9 +642,9 @@ impl Context {
     /// Ends the process: a receive into a buffer the caller keeps (borrowed, or raw) failed
     /// while a peer that may still run held the buffer's key: waiting for that peer gave up
     /// (the process manager died and the peer did not finish within the driver's 10 s), or the
-    /// peer was lost for breaking the protocol. Returning would hand
-    /// the caller memory the peer may still write (a cma write cannot be revoked); unlike an
-    /// owned buffer, it cannot be kept out of use, so the process stops instead.
+    /// peer was lost for breaking the protocol. Returning would hand the caller memory the peer
+    /// may still write (a cma write cannot be revoked); unlike an owned buffer, it cannot be
+    /// kept out of use, so the process stops instead.
     #[cold]
     fn stop_for_lent_buffer(&self) -> ! {
         let why = format!(

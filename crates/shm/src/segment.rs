@@ -77,6 +77,9 @@ struct SegmentInfo {
     pid_ns: u64,
 }
 
+// The header ends where the `finalized` flag's line begins.
+const _: () = assert!(std::mem::size_of::<SegmentInfo>() <= FINALIZED_AT);
+
 /// Sizes and offsets of a segment. Every process of a job computes the same one from the same
 /// configuration; peers with another layout are refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -395,12 +398,12 @@ impl OwnSegment {
         let wrote = unsafe {
             libc::pwrite(fd.as_raw_fd(), (&info as *const SegmentInfo).cast(), std::mem::size_of::<SegmentInfo>(), 0)
         };
-        let mapped = if wrote == std::mem::size_of::<SegmentInfo>() as isize {
+        let header = if wrote == std::mem::size_of::<SegmentInfo>() as isize {
             Ok(())
         } else {
             Err(Error::io(format!("{}: writing its header", what()), io::Error::last_os_error()))
         };
-        let mapped = mapped
+        let mapped = header
             .and_then(|()| {
                 allocate(&fd, len)
                     .map_err(|e| Error::io(format!("{}: is /dev/shm large enough? (df -h /dev/shm)", what()), e))
@@ -474,9 +477,9 @@ fn allocate(fd: &OwnedFd, len: usize) -> io::Result<()> {
 const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Removes this user's polyrail segments (`/dev/shm/polyrail-<uid>-*`) that are stale (see
-/// `remove_stale`): what a job killed with SIGKILL while it
-/// started leaves when nothing cleans up after it (`polyrail run` removes its job's segments,
-/// but `kill -9` of `mpiexec` and its ranks leaves them). Returns how many it removed.
+/// `remove_stale`): what a job killed with SIGKILL while it started leaves when nothing cleans
+/// up after it (`polyrail run` removes its job's segments, but `kill -9` of `mpiexec` and its
+/// ranks leaves them). Returns how many it removed.
 pub(crate) fn sweep_stale(uid: u32) -> usize {
     let prefix = format!("polyrail-{uid}-");
     let Ok(dir) = std::fs::read_dir("/dev/shm") else { return 0 };

@@ -653,7 +653,7 @@ impl Transport for ShmTransport {
     fn describe(&self) -> String {
         let l = &self.layout;
         format!(
-            "{} records of {RECORD} B and as many body slots of {SLOT} B per ring, inline up to {} B ({RECORD_INLINE} B in the record), {} cells x {} B ({} in flight), segment {} B, {} peers mapped, {} of them apart ({}; cells to them filled with non-temporal stores), {} with cell fills measured slow lately, {}{}",
+            "{} records of {RECORD} B and as many body slots of {SLOT} B per ring, inline up to {} B ({RECORD_INLINE} B in the record), {} cells x {} B ({} in flight), segment {} B, {} peers mapped, {} of them apart ({}; cells to them filled with non-temporal stores above 1 KiB), {} with cell fills measured slow lately, {}{}",
             l.geo.slots,
             l.geo.inline_max(),
             l.cells,
