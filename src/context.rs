@@ -696,7 +696,9 @@ impl Context {
     /// data can be written straight into it), and so may one posted before it: then the
     /// sender is asked to drop the key, and this waits for its answer (a round trip, or the
     /// peer's loss). A message that matches the receive meanwhile wins: `NotCancelled`, and
-    /// the receive finishes with it.
+    /// the receive finishes with it. Should that wait fail, the receive is given up as after a
+    /// failed [`Context::wait`] (a buffer the peer may still write is kept out of use, or, for
+    /// a raw one, the process stops).
     pub fn cancel(&mut self, req: Request) -> Result<Cancel> {
         req.check_made_by(self.mark)?;
         let RequestState::Engine(id, ..) = req.state else { return Ok(Cancel::NotCancelled(req)) };

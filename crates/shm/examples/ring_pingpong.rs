@@ -5,7 +5,8 @@
 //! ```
 //! Prints, per payload size, the median one-way latency (half a round trip) over batches of
 //! round trips. `PINGPONG_INLINE_SLOTS=n` sets the slots an inline message may take (both
-//! processes inherit it), to compare inline slots with send cells at a given size.
+//! processes inherit it; default 4, the library's), to compare inline slots with send cells at
+//! a given size.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -81,7 +82,7 @@ fn eager_header(len: usize) -> Header {
 fn main() {
     let sizes: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().expect("size in bytes")).collect();
     let sizes = if sizes.is_empty() { vec![8] } else { sizes };
-    let inline_slots: u32 = std::env::var("PINGPONG_INLINE_SLOTS").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
+    let inline_slots: u32 = std::env::var("PINGPONG_INLINE_SLOTS").ok().and_then(|v| v.parse().ok()).unwrap_or(4);
     let cfg = Config::default();
     let job = format!("pingpong{}", std::env::var("PINGPONG_JOB").unwrap_or_else(|_| std::process::id().to_string()));
     let rank: Rank = if std::env::var(ROLE).is_ok() { 1 } else { 0 };

@@ -1314,9 +1314,22 @@ impl Engine {
     pub fn handle_completion(&mut self, op: OpId, result: Result<()>) {
         self.touched();
         let Some((id, OpKind::Copy)) = split_op(op) else { return };
+        let peer_alive = self.reqs.get(id).is_some_and(|r| self.peer_alive(r.peer));
         let Some(req) = self.reqs.get_mut(id) else { return };
         req.copying = false;
-        if req.result.is_some() || req.copied {
+        if req.copied {
+            return;
+        }
+        if req.result.is_some() {
+            // A receive that ended (failed, or was discarded) while its read ran: the sender
+            // still waits for our FIN to release its buffer, which we no longer read.
+            if req.dir == Dir::Recv && peer_alive {
+                req.copied = true;
+                let mut hdr = Header::new(PacketKind::Fin);
+                hdr.sreq = req.peer_req;
+                let (to, am) = (req.peer, am_of(&self.peers, req.peer));
+                self.actions.push_back(Action::Send { channel: am, to, hdr, payload: Payload::Empty, op: None });
+            }
             return;
         }
         req.copied = true;

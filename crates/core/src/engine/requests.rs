@@ -92,8 +92,10 @@ pub(super) struct Req {
     /// Sends: the receiver reads (all of the message, or the front of a split) and then sends
     /// its FIN, or answers our RTS with a truncation FIN; a FIN is due.
     pub fin_due: bool,
-    /// Receives: our own copy failed while the sender still wrote its part; the request ends
-    /// with this error at the sender's FIN (see `Engine::handle_completion`).
+    /// An error to end with once the peer is done with our key: a receive whose own copy
+    /// failed while the sender still wrote its part, or whose sender's FIN said its write
+    /// failed; a send whose put failed while the receiver still read its part (see
+    /// `Engine::handle_completion`).
     pub deferred: Option<Box<Error>>,
     /// Receives: whether it is being withdrawn through its sender.
     pub withdrawal: Withdrawal,

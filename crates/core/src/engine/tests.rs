@@ -2553,3 +2553,28 @@ fn a_failed_receive_waits_for_its_read_in_flight() {
     sim.engines[1].handle_completion(read, Err(Error::Transport { kind: "sim", what: "flushed".into() }));
     assert!(matches!(result(&mut sim, 1, q), Err(Error::PeerLost { rank: 0, .. })));
 }
+
+/// A receive discarded while its read runs still sends its FIN when the read completes: the
+/// sender waits for it to release its buffer (before, the send waited until the peer ended).
+#[test]
+fn a_receive_discarded_during_its_read_still_frees_the_sender() {
+    let mut sim = Sim::new(2, one_sided_route);
+    let data = pattern(9, 2000);
+    let mut out = vec![0u8; data.len()];
+    let s = send(&mut sim, 0, 1, 1, &data);
+    sim.settle();
+    let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
+    let mut read = None;
+    while let Some(a) = sim.engines[1].poll_action() {
+        match a {
+            Action::Get { op, .. } => read = Some(op),
+            a => sim.execute(1, a),
+        }
+    }
+    let read = read.expect("the receive pulls the message");
+    sim.engines[1].discard(q);
+    sim.engines[1].handle_completion(read, Ok(()));
+    sim.settle();
+    assert!(result(&mut sim, 0, s).is_ok(), "the send ended at the FIN");
+    assert_eq!(sim.engines[1].running_requests(), 0, "the discarded receive ended");
+}
