@@ -377,10 +377,10 @@ pub struct Config {
     /// slowly (beyond 100 ns: the two cores share no cache), messages from this size go by single copy and
     /// smaller ones eagerly through send cells, on either side of the single-copy threshold (the
     /// shm channel fills cells with non-temporal stores then, above 1 KiB, so that the
-    /// receiver's reads do not take each line back from the sender's cache). Measured as for `POLYRAIL_NEAR_EAGER`. It
-    /// applies near too while shm times its fills of send cells at under half their usual rate
-    /// (the host slows line transfers between the cores at times: cells then stream at a third
-    /// of their rate, single copy does not slow).
+    /// receiver's reads do not take each line back from the sender's cache). Measured as for
+    /// `POLYRAIL_NEAR_EAGER`. It applies near too while shm times its fills of send cells at
+    /// under half their usual rate (the host slows line transfers between the cores at times:
+    /// cells then stream at a third of their rate, single copy does not slow).
     /// `auto` (default): from 64k (on the AMD EPYC host of `docs/benchmarks.md`, apart: 32 KiB
     /// one way 3.4-3.8 µs through cells against 5.2-6.0 by single copy, streamed 13-14.5 against
     /// 8.2 GB/s; at 128 KiB single copy streams faster); `off`; or the smallest such message.

@@ -19,6 +19,7 @@ mod error;
 mod header;
 mod memory;
 pub mod policy;
+mod random;
 mod size;
 mod transport;
 
@@ -26,6 +27,7 @@ pub use config::Config;
 pub use error::{error_chain, Error, Rank, Result};
 pub use header::{Envelope, Header, PacketKind};
 pub use memory::{memory_file, AnonMemory, SharedFile};
+pub use random::random_u64;
 pub use size::{format_size, parse_size};
 pub use transport::{
     Address, Caps, Cost, Issued, OpId, PeerAccess, PeerInfo, Reach, Region, RegionMut, RemoteKey, Sink, Transport,

@@ -189,8 +189,7 @@ impl SoftProvider {
         // SAFETY: PR_SET_PTRACER takes an integer argument and only changes who may attach.
         unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0) };
         let pid = std::process::id();
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-        let nonce = t.rotate_left(17) ^ (pid as u64) << 40 ^ 0x9e37_79b9_7f4a_7c15;
+        let nonce = polyrail_core::random_u64();
         // SAFETY: every field of Table is an integer or an atomic integer, for which all-zero
         // bytes are a valid value (free entries); the pointer comes from the global allocator
         // with Table's layout, as Box::from_raw requires.

@@ -388,7 +388,7 @@ impl OwnSegment {
             cell_size: layout.cell_size,
             owner_pid: std::process::id(),
             total_len: len as u64,
-            nonce: sys::random_u64(),
+            nonce: polyrail_core::random_u64(),
             pid_ns: sys::pid_namespace(),
         };
         // The header first, before the long part (allocating every page): a process killed

@@ -30,19 +30,6 @@ pub(crate) fn uid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-/// 64 random bits (`getrandom`; where it fails, the clock mixed with the process id, which
-/// still differs between two processes making one at once).
-pub(crate) fn random_u64() -> u64 {
-    let mut v = 0u64;
-    // SAFETY: `v` is valid for writes of 8 bytes; getrandom writes at most that many.
-    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
-    if n == 8 {
-        return v;
-    }
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-    t ^ (u64::from(std::process::id()) << 32).rotate_left(17)
-}
-
 /// This process's pid namespace: the inode of `/proc/self/ns/pid` (0 when it cannot be read).
 pub(crate) fn pid_namespace() -> u64 {
     use std::os::unix::fs::MetadataExt;

@@ -85,8 +85,11 @@ fn placement_rule(p: &Peer) -> Option<&PlacementRule> {
 enum Gone {
     /// Finalized and exited.
     Finished,
-    /// Crashed, killed or sent garbage.
+    /// Crashed, killed or unreachable.
     Lost,
+    /// Sent bytes that break the protocol: it may still run, and write through the keys it
+    /// holds (a cma exposure cannot be revoked).
+    Faulty,
 }
 
 /// A receive-first hint from a peer: its receive buffer, waiting for a matching send.
@@ -654,7 +657,7 @@ impl Engine {
     pub fn peer_error(&self, peer: Rank) -> Option<Error> {
         match self.peers.get(peer as usize)?.gone? {
             Gone::Finished => Some(Error::PeerFinished { rank: peer }),
-            Gone::Lost => Some(Error::PeerLost { rank: peer, why: "reported lost earlier".into() }),
+            Gone::Lost | Gone::Faulty => Some(Error::PeerLost { rank: peer, why: "reported lost earlier".into() }),
         }
     }
 
@@ -678,6 +681,12 @@ impl Engine {
 
     fn peer_alive(&self, peer: Rank) -> bool {
         self.peers.get(peer as usize).is_some_and(|p| p.gone.is_none())
+    }
+
+    /// Whether `peer` may still write through keys it holds: alive, or lost for breaking the
+    /// protocol (it may still run).
+    fn may_still_write(&self, peer: Rank) -> bool {
+        self.peers.get(peer as usize).is_some_and(|p| matches!(p.gone, None | Some(Gone::Faulty)))
     }
 
     /// Whether `r` gave its buffer's key to a peer that is still alive (which may yet write
@@ -1314,7 +1323,6 @@ impl Engine {
     pub fn handle_completion(&mut self, op: OpId, result: Result<()>) {
         self.touched();
         let Some((id, OpKind::Copy)) = split_op(op) else { return };
-        let peer_alive = self.reqs.get(id).is_some_and(|r| self.peer_alive(r.peer));
         let Some(req) = self.reqs.get_mut(id) else { return };
         req.copying = false;
         if req.copied {
@@ -1323,6 +1331,7 @@ impl Engine {
         if req.result.is_some() {
             // A receive that ended (failed, or was discarded) while its read ran: the sender
             // still waits for our FIN to release its buffer, which we no longer read.
+            let peer_alive = self.peers.get(req.peer as usize).is_some_and(|p| p.gone.is_none());
             if req.dir == Dir::Recv && peer_alive {
                 req.copied = true;
                 let mut hdr = Header::new(PacketKind::Fin);
@@ -1369,7 +1378,11 @@ impl Engine {
         if p.gone.is_some() {
             return;
         }
-        let gone = if matches!(why, Error::PeerFinished { .. }) { Gone::Finished } else { Gone::Lost };
+        let gone = match why {
+            Error::PeerFinished { .. } => Gone::Finished,
+            Error::Protocol { .. } => Gone::Faulty,
+            _ => Gone::Lost,
+        };
         p.gone = Some(gone);
         p.rtrs.clear();
         p.withdrawals = 0;
@@ -1377,25 +1390,17 @@ impl Engine {
         if let Some(parked) = self.parked.as_mut().filter(|q| q.from == peer && q.end.is_none()) {
             parked.end = Some(Unparked::Done(Err(why.duplicate())));
         }
-        // A peer lost for breaking the protocol may still be running, and may yet write
-        // through the keys it holds (a cma exposure cannot be revoked): its receives are
-        // named by `take_peer_may_write` as for a live peer. One that exited or finished cannot.
-        let faulty = matches!(why, Error::Protocol { .. });
         let victims: Vec<ReqId> =
             self.reqs.ids().filter(|&id| self.reqs.get(id).is_some_and(|r| r.needs(peer))).collect();
         for id in victims {
-            let lent = faulty && self.reqs.get(id).is_some_and(|r| r.result.is_none() && r.lends_key());
             self.fail(id, why.duplicate());
-            if lent {
-                self.peer_may_write.push(id);
-            }
         }
         // A loss may have taken any message of the peer on its way, in a context it sends in;
         // a finish, none (a wildcard ends only once no other sender is left).
         let hopeless = |e: &Engine, id: ReqId| {
             e.reqs
                 .get(id)
-                .is_some_and(|r| (gone == Gone::Lost && e.may_send_in(peer, r.ctx)) || e.all_others_gone_in(r.ctx))
+                .is_some_and(|r| (gone != Gone::Finished && e.may_send_in(peer, r.ctx)) || e.all_others_gone_in(r.ctx))
         };
         let wild: Vec<ReqId> = self.wild.iter().copied().filter(|&id| hopeless(self, id)).collect();
         for id in wild {
@@ -1418,7 +1423,7 @@ impl Engine {
         let p = &mut self.peers[r as usize];
         match p.gone {
             Some(Gone::Finished) => Err(Error::PeerFinished { rank: r }),
-            Some(Gone::Lost) => Err(Error::PeerLost { rank: r, why: "reported lost earlier".into() }),
+            Some(Gone::Lost | Gone::Faulty) => Err(Error::PeerLost { rank: r, why: "reported lost earlier".into() }),
             None => Ok(p),
         }
     }
@@ -1605,7 +1610,7 @@ impl Engine {
         }
         req.result = Some(Err(Box::new(e)));
         let (dir, peer, matched, key_out) = (req.dir, req.peer, req.matched, req.lends_key());
-        if key_out && self.peer_alive(peer) {
+        if key_out && self.may_still_write(peer) {
             self.peer_may_write.push(id);
         }
         if dir == Dir::Recv && !matched {

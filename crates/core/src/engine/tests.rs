@@ -2528,16 +2528,13 @@ fn a_peer_lost_for_garbage_may_still_write_its_keys() {
     }
 }
 
-/// A receive that fails (its peer lost) while its own read is in flight ends only when the
-/// read completes: an adapter may still place an RDMA read into the buffer until then.
-#[test]
-fn a_failed_receive_waits_for_its_read_in_flight() {
-    let mut sim = Sim::new(2, one_sided_route);
-    let data = pattern(8, 2000);
-    let mut out = vec![0u8; data.len()];
-    let _s = send(&mut sim, 0, 1, 1, &data);
+/// Sends `data` from rank 0 to a receive of rank 1 into `out` posted after it, so that the
+/// receive pulls the message; runs rank 1's actions but holds back its read. Returns the send,
+/// the receive and the read's op.
+fn pull_held(sim: &mut Sim, data: &[u8], out: &mut [u8]) -> (ReqId, ReqId, OpId) {
+    let s = send(sim, 0, 1, 1, data);
     sim.settle();
-    let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
+    let q = recv(sim, 1, Source::Rank(0), TagMatch::Tag(1), out);
     let mut read = None;
     while let Some(a) = sim.engines[1].poll_action() {
         match a {
@@ -2545,7 +2542,17 @@ fn a_failed_receive_waits_for_its_read_in_flight() {
             a => sim.execute(1, a),
         }
     }
-    let read = read.expect("the receive pulls the message");
+    (s, q, read.expect("the receive pulls the message"))
+}
+
+/// A receive that fails (its peer lost) while its own read is in flight ends only when the
+/// read completes: an adapter may still place an RDMA read into the buffer until then.
+#[test]
+fn a_failed_receive_waits_for_its_read_in_flight() {
+    let mut sim = Sim::new(2, one_sided_route);
+    let data = pattern(8, 2000);
+    let mut out = vec![0u8; data.len()];
+    let (_s, q, read) = pull_held(&mut sim, &data, &mut out);
     sim.engines[1].handle_peer_lost(0, Error::PeerLost { rank: 0, why: "killed".into() });
     assert!(!sim.engines[1].is_done(q), "failed with its read in flight");
     assert!(sim.engines[1].take_result(q).is_none());
@@ -2561,17 +2568,7 @@ fn a_receive_discarded_during_its_read_still_frees_the_sender() {
     let mut sim = Sim::new(2, one_sided_route);
     let data = pattern(9, 2000);
     let mut out = vec![0u8; data.len()];
-    let s = send(&mut sim, 0, 1, 1, &data);
-    sim.settle();
-    let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
-    let mut read = None;
-    while let Some(a) = sim.engines[1].poll_action() {
-        match a {
-            Action::Get { op, .. } => read = Some(op),
-            a => sim.execute(1, a),
-        }
-    }
-    let read = read.expect("the receive pulls the message");
+    let (s, q, read) = pull_held(&mut sim, &data, &mut out);
     sim.engines[1].discard(q);
     sim.engines[1].handle_completion(read, Ok(()));
     sim.settle();
