@@ -323,9 +323,7 @@ impl Engine {
         if len > req.cap {
             let e = Error::Truncated { from, tag: hdr.tag, len, capacity: req.cap };
             self.fail(id, e);
-            let mut fin = Header::new(PacketKind::Fin);
-            (fin.flags, fin.sreq) = (Header::TRUNCATED, hdr.sreq);
-            self.actions.push_back(Action::Send { channel: am, to: from, hdr: fin, payload: Payload::Empty, op: None });
+            self.release_sender(id);
             return Ok(());
         }
         let one_sided = route_entry.filter(|(p, _)| p.is_one_sided());

@@ -859,14 +859,7 @@ impl Engine {
                     req.finish_ok();
                 }
             }
-            Protocol::RndvStream => {
-                req.pending = 1; // the receiver's CTS
-                req.fin_due = true; // or its truncation FIN
-                let mut hdr = Header::new(PacketKind::Rts);
-                (hdr.flags, hdr.tag, hdr.ctx, hdr.seq, hdr.len, hdr.sreq) =
-                    (Header::STREAM, tag, ctx, seq, buf.len as u64, id.wire());
-                self.actions.push_back(Action::Send { channel: am, to, hdr, payload: Payload::Empty, op: None });
-            }
+            Protocol::RndvStream => self.send_stream_rts(id),
             Protocol::RndvGet | Protocol::RndvSplit => match rtr {
                 Some(rtr) if rtr.cap >= buf.len => {
                     // Receiver first: we write (all, or the back part when splitting).
@@ -1269,18 +1262,20 @@ impl Engine {
         let Some(req) = self.reqs.get_mut(id) else { return };
         if req.result.is_some() {
             // It failed while its exposure was on the way: no peer got the key; end it.
-            req.expose_for = None;
+            let was_for = req.expose_for.take();
             if let Ok(key) = key {
                 self.actions.push_back(Action::Unexpose { channel: req.channel, key, written: 0..0 });
+            }
+            if was_for == Some(ExposeFor::Cts) {
+                // A receive that matched an RTS and was to answer with its CTS: the sender
+                // waits for that or a FIN to release its buffer; a truncation FIN ends its send.
+                self.release_sender(id);
             }
             return;
         }
         let key = match key {
             Ok(k) => k,
-            Err(e) => {
-                req.expose_for = None; // nothing more comes for it: a discard may free it
-                return self.fail(id, e);
-            }
+            Err(e) => return self.exposure_refused(id, e),
         };
         req.own_key = Some(Box::new(key));
         match req.expose_for.take() {
@@ -1526,6 +1521,61 @@ impl Engine {
             false
         });
         taken
+    }
+
+    /// Request `id`'s exposure failed (e.g. memory its channel could not register): it goes on
+    /// by a protocol that needs no key of ours, rather than fail and leave its peer waiting for
+    /// its RTS, CTS or FIN (or, for a send, break the pair's sequence of messages).
+    fn exposure_refused(&mut self, id: ReqId, e: Error) {
+        let req = self.reqs.get_mut(id).expect("live request");
+        let (peer, was_for) = (req.peer, req.expose_for.take());
+        if let Some(probe) = self.split_probe.as_mut().filter(|p| p.id == id) {
+            probe.disturbed = true;
+        }
+        tracing::debug!("rank {}: exposure for rank {peer} refused ({e}); going on without it", self.me);
+        match was_for {
+            // Sender first: the data goes through active messages.
+            Some(ExposeFor::Rts) => self.send_stream_rts(id),
+            // Receiver first, split: we write all of it through the receiver's key.
+            Some(ExposeFor::RtsAfterRtr) => {
+                (req.split, req.pending, req.fin_due) = (0, 1, false);
+                self.send_rts_after_rtr(id, None);
+            }
+            // Sender first, split: we read all of it through the sender's key.
+            Some(ExposeFor::Cts) => {
+                (req.split, req.peer_writes, req.pending) = (req.len, 0..0, 1);
+                self.start_own_copy(id);
+            }
+            // The receive waits for its message without offering its buffer.
+            Some(ExposeFor::Rtr) => {}
+            None => self.fail(id, e),
+        }
+    }
+
+    /// Sends the RTS of send `id` whose data goes through active messages once the receiver's
+    /// CTS asks for it.
+    fn send_stream_rts(&mut self, id: ReqId) {
+        let req = self.reqs.get_mut(id).expect("live request");
+        let (to, am) = (req.peer, am_of(&self.peers, req.peer));
+        (req.protocol, req.channel) = (Protocol::RndvStream, am);
+        req.pending = 1; // the receiver's CTS
+        req.fin_due = true; // or its truncation FIN
+        let mut hdr = Header::new(PacketKind::Rts);
+        (hdr.flags, hdr.tag, hdr.ctx, hdr.seq, hdr.len, hdr.sreq) =
+            (Header::STREAM, req.tag_value(), req.ctx, req.seq, req.len as u64, id.wire());
+        self.actions.push_back(Action::Send { channel: am, to, hdr, payload: Payload::Empty, op: None });
+    }
+
+    /// Ends the send of a receive that matched its RTS and will read nothing (it failed, or
+    /// was discarded, before its read or CTS): a truncation FIN, unless the sender is gone.
+    pub(super) fn release_sender(&mut self, id: ReqId) {
+        let Some(req) = self.reqs.get(id) else { return };
+        if self.peers.get(req.peer as usize).is_some_and(|p| p.gone.is_none()) {
+            let mut fin = Header::new(PacketKind::Fin);
+            (fin.flags, fin.sreq) = (Header::TRUNCATED, req.peer_req);
+            let (to, am) = (req.peer, am_of(&self.peers, req.peer));
+            self.actions.push_back(Action::Send { channel: am, to, hdr: fin, payload: Payload::Empty, op: None });
+        }
     }
 
     /// Receiver-first send: RTS naming the receiver's request (and our key when it pulls the

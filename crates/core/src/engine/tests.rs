@@ -45,6 +45,8 @@ struct Sim {
     failing_gets: Option<Rank>,
     /// A rank whose puts fail likewise.
     failing_puts: Option<Rank>,
+    /// Ranks whose exposures fail (e.g. memory a channel cannot register).
+    failing_exposures: Vec<Rank>,
     /// Receives whose withdrawal was asked for (`CancelRecv::Asked`), by rank: watched after
     /// each delivery to it; those withdrawn go to `withdrawn` with the ordered packets that rank
     /// had received then.
@@ -117,6 +119,7 @@ impl Sim {
             held_at_get: Vec::new(),
             failing_gets: None,
             failing_puts: None,
+            failing_exposures: Vec::new(),
             asked: Vec::new(),
             withdrawn: Vec::new(),
         }
@@ -174,6 +177,10 @@ impl Sim {
             }
             Action::Expose { channel, region, access, op } => {
                 assert_eq!(channel, RMA);
+                if self.failing_exposures.contains(&me) {
+                    let refused = Error::Transport { kind: "sim", what: "cannot register".into() };
+                    return e.handle_exposed(op, Err(refused));
+                }
                 let stand_in = self.stand_ins.then(|| match access {
                     // SAFETY: the engine exposes live request buffers.
                     PeerAccess::Read => unsafe { std::slice::from_raw_parts(region.ptr, region.len) }.to_vec(),
@@ -2574,4 +2581,69 @@ fn a_receive_discarded_during_its_read_still_frees_the_sender() {
     sim.settle();
     assert!(result(&mut sim, 0, s).is_ok(), "the send ended at the FIN");
     assert_eq!(sim.engines[1].running_requests(), 0, "the discarded receive ended");
+}
+
+/// A sender-first split message whose receive is posted late: the receive's engine has queued
+/// the exposure of its buffer for the sender's put (the CTS follows it); gives back the send,
+/// the receive and that exposure.
+fn split_exposure_held(sim: &mut Sim, data: &[u8], out: &mut [u8]) -> (ReqId, ReqId, Action) {
+    let s = send(sim, 0, 1, 1, data);
+    sim.settle();
+    let q = recv(sim, 1, Source::Rank(0), TagMatch::Tag(1), out);
+    let mut expose = None;
+    while let Some(a) = sim.engines[1].poll_action() {
+        match a {
+            Action::Expose { .. } => expose = Some(a),
+            a => sim.execute(1, a),
+        }
+    }
+    (s, q, expose.expect("the split receive exposes its buffer for the sender's put"))
+}
+
+/// A request whose exposure fails goes on by a protocol that needs no key of its own (before,
+/// it failed: its peer waited for ever for its RTS, CTS or FIN, and a send's lost sequence id
+/// made the receiver refuse the sender's next message): a sender first streams, a receiver
+/// first waits without offering its buffer, a split sender writes all of it, a split receiver
+/// reads all of it.
+#[test]
+fn a_refused_exposure_falls_back_to_a_protocol_without_it() {
+    for failing in [vec![0], vec![1], vec![0, 1]] {
+        for len in [1024, 4095, 8192, 100_003] {
+            for recv_first in [false, true] {
+                let sim = Sim { failing_exposures: failing.clone(), ..Sim::new(2, one_sided_route) };
+                transfer_in(sim, len, recv_first);
+            }
+        }
+        // The next message of the pair still arrives in order.
+        let mut sim = Sim { failing_exposures: failing.clone(), ..Sim::new(2, one_sided_route) };
+        let (a, b) = (pattern(1, 5000), pattern(2, 300));
+        let (mut out_a, mut out_b) = (vec![0u8; 5000], vec![0u8; 300]);
+        let s = [send(&mut sim, 0, 1, 1, &a), send(&mut sim, 0, 1, 2, &b)];
+        sim.settle();
+        let q = [
+            recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out_a),
+            recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(2), &mut out_b),
+        ];
+        sim.settle();
+        for (rank, id) in [(0, s[0]), (0, s[1]), (1, q[0]), (1, q[1])] {
+            assert!(result(&mut sim, rank, id).is_ok(), "failing {failing:?}");
+        }
+        assert_eq!((out_a, out_b), (a, b));
+    }
+}
+
+/// A split receive discarded while its exposure is on its way ends its sender's send with a
+/// truncation FIN once the exposure lands (before, the sender waited until the peer ended).
+#[test]
+fn a_split_receive_discarded_before_its_cts_frees_the_sender() {
+    let mut sim = Sim::new(2, || route(100, &[(usize::MAX, Protocol::RndvSplit)]));
+    let data = pattern(11, 100_000);
+    let mut out = vec![0u8; data.len()];
+    let (s, q, expose) = split_exposure_held(&mut sim, &data, &mut out);
+    sim.engines[1].discard(q);
+    sim.execute(1, expose);
+    sim.settle();
+    assert!(result(&mut sim, 0, s).is_ok(), "the send ended at the truncation FIN");
+    assert!(out.iter().all(|&b| b == 0), "nothing was written into the discarded receive");
+    assert!(sim.exposed[1].is_empty(), "the late exposure was ended");
 }
