@@ -8,6 +8,7 @@ use crate::space::{status_in, InSpace, Members, Space, SplitEntry};
 use polyrail_core::bootstrap::Bootstrap;
 use polyrail_core::engine::{CancelRecv, Engine, ReqId, Source, Status, TagMatch};
 use polyrail_core::{Config, Error, Rank, Region, RegionMut, Result};
+use std::io::Write;
 use std::sync::Arc;
 
 /// Context id of user messages.
@@ -18,6 +19,8 @@ const _: () = assert!(USER_CTX == Space::WORLD.ctx && BARRIER_CTX < Space::FIRST
 /// Tag of a split's messages in its space's control context (the barrier's tags are its
 /// rounds, below 32).
 const SPLIT_TAG: u32 = u32::MAX;
+/// How long the end of a scope whose closure panicked waits for each request it left.
+const UNWIND_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// How long finalize waits for unfinished sends.
 const FINALIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -29,7 +32,9 @@ const FINALIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 ///
 /// Dropping a `Request` detaches it: the transfer still completes, and its buffer is freed when
 /// the context ends (at once if the request finished when it was started). The buffer is owned
-/// by the context meanwhile, so it cannot be freed or reused under the transfer.
+/// by the context meanwhile, so it cannot be freed or reused under the transfer (the memory of
+/// a raw request, [`Context::isend_raw`], must stay valid until then). A call that refuses a
+/// request made by another context consumes it as a drop does.
 #[derive(Debug)]
 #[must_use = "a request must be waited for to get its buffer and its result"]
 pub struct Request {
@@ -525,7 +530,8 @@ impl Context {
     /// buffer given back by [`Context::wait`] is empty). Several sends may share one buffer.
     ///
     /// # Safety
-    /// The memory must stay valid and unmodified until the request was waited for.
+    /// The memory must stay valid and unmodified until the request was waited for (or, for a
+    /// request dropped without a wait, until the context ends).
     #[inline]
     pub unsafe fn isend_raw(&mut self, to: Rank, tag: u32, ptr: *const u8, len: usize) -> Result<Request> {
         // SAFETY: forwarded to the caller.
@@ -562,7 +568,7 @@ impl Context {
     ///
     /// # Safety
     /// The memory must stay valid, and not be read or written by anyone else, until the request
-    /// was waited for. (Benchmarks that let several receives write one buffer, as OSU's do, get
+    /// was waited for (or, for a request dropped without a wait, until the context ends). (Benchmarks that let several receives write one buffer, as OSU's do, get
     /// unspecified contents in it, nothing worse.) Should its wait give up while a live peer
     /// holds the buffer's key, the process stops, as in [`Context::recv`]. A receive left
     /// unwaited whose withdrawal at finalize its peer does not answer in time may yet be
@@ -637,6 +643,25 @@ impl Context {
             return Vec::new();
         }
         buf.unwrap_or_default()
+    }
+
+    /// Waits for request `id` of a scope whose closure panicked, for at most
+    /// [`UNWIND_WAIT`]; then stops the process. Its buffer is borrowed and about to be given
+    /// back to unwinding code, and a request a failing program left behind may never end (a
+    /// receive whose peer waits for what this process was to send first): stopping ends the
+    /// job, as the panic was to, where waiting on would hang it.
+    pub(crate) fn wait_while_unwinding(&mut self, id: ReqId) {
+        let deadline = std::time::Instant::now() + UNWIND_WAIT;
+        let _ = self.driver.wait_until(|e| e.is_done(id) || std::time::Instant::now() >= deadline);
+        if !self.driver.engine.is_done(id) && std::time::Instant::now() >= deadline {
+            tracing::error!(
+                "rank {}: a scope's closure panicked and left a request that did not end within {} s \
+                 (a receive nothing matches?); its buffer is borrowed, so the process stops",
+                self.rank(),
+                UNWIND_WAIT.as_secs()
+            );
+            std::process::abort();
+        }
     }
 
     /// Ends the process: a receive into a buffer the caller keeps (borrowed, or raw) failed
@@ -724,7 +749,10 @@ impl Context {
         Ok(if withdrawn { Cancel::Cancelled(self.take_buf(id)) } else { Cancel::NotCancelled(req) })
     }
 
-    /// Makes progress once; whether `req` finished (then [`Context::wait`] returns at once).
+    /// Makes progress once; whether `req` finished (then [`Context::wait`] returns at once). A
+    /// request whose peer was lost counts as finished (its wait gives the error): a loop of
+    /// tests checks the peers' liveness every so often, as a wait does, and fails when the
+    /// process manager is gone.
     pub fn test(&mut self, req: &Request) -> Result<bool> {
         self.test_all(std::slice::from_ref(req))
     }
@@ -779,7 +807,7 @@ impl Context {
         if let Some(i) = first_finished(&self.driver.engine, reqs.clone()) {
             return Ok(Some(i));
         }
-        self.driver.progress()?;
+        self.driver.poll()?;
         Ok(first_finished(&self.driver.engine, reqs))
     }
 
@@ -796,7 +824,7 @@ impl Context {
         if all_done(&self.driver.engine) {
             return Ok(true);
         }
-        self.driver.progress()?;
+        self.driver.poll()?;
         Ok(all_done(&self.driver.engine))
     }
 
@@ -891,7 +919,10 @@ impl Context {
         })
     }
 
-    /// Whether a message matching `(from, tag)` can be received now, and its status.
+    /// Whether a message matching `(from, tag)` can be received now, and its status. An error
+    /// when none is here and the rank named (for [`Source::Any`], a rank that may send in the
+    /// space) was lost: a loop of probes ends as a wait would. A rank that finished is no error
+    /// (`None`: what it sent before it finished was matched already).
     pub fn iprobe(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Option<Status>> {
         self.iprobe_in(USER_CTX, from.into(), tag.into())
     }
@@ -902,8 +933,12 @@ impl Context {
         if let Some(s) = self.driver.engine.probe(from, tag, space) {
             return Ok(Some(s));
         }
-        self.driver.probing(Driver::progress)?;
-        Ok(self.driver.engine.probe(from, tag, space))
+        self.driver.probing(Driver::poll)?;
+        let engine = &self.driver.engine;
+        match engine.probe(from, tag, space) {
+            None => engine.lost_sender(from, space).map_or(Ok(None), Err),
+            found => Ok(found),
+        }
     }
 
     /// A rank outside the job is an error (a probe for it would never end).
@@ -995,7 +1030,9 @@ impl Context {
 impl Drop for Context {
     fn drop(&mut self) {
         if let Err(e) = self.finish() {
-            eprintln!("polyrail: rank {}: finalize: {e}", self.rank());
+            // Not `eprintln!`, which panics when stderr is gone (as it is when the launcher
+            // died, a common cause of this error): a panic in drop while unwinding aborts.
+            let _ = writeln!(std::io::stderr(), "polyrail: rank {}: finalize: {e}", self.rank());
         }
     }
 }

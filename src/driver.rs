@@ -68,6 +68,8 @@ pub(crate) struct Driver {
     blocked: Vec<VecDeque<Action>>,
     blocked_peers: usize,
     last_liveness: Instant,
+    /// Rounds of [`Driver::poll`] so far.
+    polls: u32,
     /// Polls hung up once the process manager has gone ([`Driver::watch_manager`]).
     manager: Option<OwnedFd>,
     /// When a liveness check first found the process manager gone.
@@ -209,6 +211,7 @@ impl Driver {
             blocked: (0..n).map(|_| VecDeque::new()).collect(),
             blocked_peers: 0,
             last_liveness: Instant::now(),
+            polls: 0,
             manager: None,
             manager_gone_at: None,
         }
@@ -403,6 +406,21 @@ impl Driver {
             self.retry_blocked();
         }
         self.drain();
+        Ok(n)
+    }
+
+    /// One round of [`Driver::progress`] for a caller that polls instead of waiting (`test`,
+    /// `iprobe`): every so often it also makes a wait's liveness check, so that a loop of
+    /// polls notices a lost peer (its requests fail, and so finish) or a dead process manager
+    /// (an error) within about [`LIVENESS_PERIOD`], as a wait does.
+    #[inline]
+    pub fn poll(&mut self) -> Result<usize> {
+        let n = self.progress()?;
+        // The clock read every 16th poll only (a `test` loop polls millions of times a second).
+        self.polls = self.polls.wrapping_add(1);
+        if self.polls % 16 == 0 && self.last_liveness.elapsed() >= LIVENESS_PERIOD {
+            self.check_liveness(&mut |_: &Engine| false)?;
+        }
         Ok(n)
     }
 

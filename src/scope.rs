@@ -44,13 +44,21 @@ pub struct Scope<'scope, 'env: 'scope> {
     ctx: RefCell<&'scope mut Context>,
     /// The space of its sends and receives.
     space: &'scope Space,
-    /// Engine ids of the requests started here, by [`ScopedRequest::slot`]; `None` once waited
-    /// for.
-    running: RefCell<Vec<Option<ReqId>>>,
+    /// The requests started here and not yet waited for.
+    running: RefCell<Running>,
     // Invariant in both lifetimes, as `std::thread::Scope`: neither may be shortened to let a
     // buffer's borrow end before the scope does.
     scope: PhantomData<&'scope mut &'scope ()>,
     env: PhantomData<&'env mut &'env ()>,
+}
+
+/// Engine ids of a scope's requests by [`ScopedRequest::slot`] (`None` once waited for), and
+/// the slots free for new ones: a long-lived scope holds as many slots as requests it ever had
+/// running at once.
+#[derive(Default)]
+struct Running {
+    ids: Vec<Option<ReqId>>,
+    free: Vec<usize>,
 }
 
 /// A request started in a [`Scope`]; [`Scope::wait`] gives its status. One not waited for is
@@ -69,8 +77,12 @@ impl Context {
     /// Runs `f` with a [`Scope`] whose non-blocking operations borrow their buffers instead of
     /// owning them; returns when `f` has returned and every request started in the scope has
     /// ended (those `f` did not wait for are waited for here, their results dropped; also when
-    /// `f` panics). Should a receive's wait give up while a live peer may still write its
-    /// buffer, the process stops, as in [`Context::recv`].
+    /// `f` panics, for up to 10 s: then the process stops with a message, rather than hang
+    /// or free buffers under transfers). A closure that returns early on an error with receives
+    /// still posted should cancel them itself ([`Scope::cancel`]): the scope's end waits for
+    /// them, and a peer that fails alike would wait for this one. Should a receive's wait give
+    /// up while a live peer may still write its buffer, the process stops, as in
+    /// [`Context::recv`].
     ///
     /// ```no_run
     /// # fn main() -> polyrail::Result<()> {
@@ -103,7 +115,7 @@ where
     let scope = Scope {
         ctx: RefCell::new(ctx),
         space,
-        running: RefCell::new(Vec::new()),
+        running: RefCell::new(Running::default()),
         scope: PhantomData,
         env: PhantomData,
     };
@@ -118,11 +130,17 @@ struct EndOfScope<'a, 'scope, 'env>(&'a Scope<'scope, 'env>);
 
 impl Drop for EndOfScope<'_, '_, '_> {
     fn drop(&mut self) {
-        let left = std::mem::take(&mut *self.0.running.borrow_mut());
+        let left = std::mem::take(&mut self.0.running.borrow_mut().ids);
         // Cannot fail: only the scope's methods borrow the context, each until it returns, and
         // none is running when the closure has returned or unwound.
         let mut ctx = self.0.ctx.borrow_mut();
+        let unwinding = std::thread::panicking();
         for id in left.into_iter().flatten() {
+            if unwinding {
+                // A panicking closure may have left requests nothing will end (a receive whose
+                // peer waits for what this one was to send first): waited for a while only.
+                ctx.wait_while_unwinding(id);
+            }
             // The result goes nowhere: the closure did not ask for it.
             let req = ctx.request(id);
             let _ = ctx.wait(req);
@@ -223,17 +241,54 @@ impl<'scope> Scope<'scope, '_> {
         let req = req.in_space(&self.space.members)?;
         let slot = req.engine_id().map(|id| {
             let mut running = self.running.borrow_mut();
-            running.push(Some(id));
-            running.len() - 1
+            match running.free.pop() {
+                Some(slot) => {
+                    running.ids[slot] = Some(id);
+                    slot
+                }
+                None => {
+                    running.ids.push(Some(id));
+                    running.ids.len() - 1
+                }
+            }
         });
         Ok(ScopedRequest { req, slot, scope: PhantomData })
     }
 
-    /// The request in `slot` is being waited for (or was cancelled): the scope's end need not.
+    /// The request in `slot` is being waited for (or was cancelled): the scope's end need not,
+    /// and the slot is free (the request's [`ScopedRequest`] was consumed, so none names it).
     fn ended(&self, slot: Option<usize>) {
         let mut running = self.running.borrow_mut();
-        if let Some(entry) = slot.and_then(|slot| running.get_mut(slot)) {
-            *entry = None;
+        if let Some(slot) = slot {
+            if running.ids.get_mut(slot).and_then(Option::take).is_some() {
+                running.free.push(slot);
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Config, Context};
+    use polyrail_core::bootstrap::Singleton;
+
+    /// A long-lived scope reuses the slots of the requests it waited for: it holds as many as it
+    /// ever had running at once, not one per request it started.
+    #[test]
+    fn a_scope_reuses_the_slots_of_ended_requests() {
+        let mut ctx = Context::init_with_bootstrap(Config::default(), Box::new(Singleton::new())).unwrap();
+        let mut bufs = vec![[0u8; 8]; 100];
+        ctx.scope(|s| -> polyrail_core::Result<()> {
+            for (i, buf) in bufs.iter_mut().enumerate() {
+                let r = s.irecv(0, 5, buf)?;
+                let w = s.isend(0, 5, b"round")?;
+                s.wait_all(vec![r, w])?;
+                assert!(s.running.borrow().ids.len() <= 2, "round {i}: {} slots", s.running.borrow().ids.len());
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert!(bufs.iter().all(|b| &b[..5] == b"round"));
+        ctx.finalize().unwrap();
     }
 }

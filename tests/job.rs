@@ -502,7 +502,9 @@ fn flood_scenario(ctx: &mut Context) -> polyrail::Result<()> {
 }
 
 /// Rank 1 dies (killed, or exits without finalizing); every other rank must get an error that
-/// names it within a second, and write how long it took to `JOBTEST_OUT.<rank>`.
+/// names it within a second, and write how long it took to `JOBTEST_OUT.<rank>`. After a kill
+/// the survivors block in a receive; after an exit they poll (rank 0 tests a receive, the
+/// others probe), which must notice the loss as a wait does.
 fn fault_scenario(ctx: &mut Context, how: &str) -> polyrail::Result<()> {
     let me = ctx.rank();
     ctx.barrier()?;
@@ -518,7 +520,22 @@ fn fault_scenario(ctx: &mut Context, how: &str) -> polyrail::Result<()> {
     }
     let t = Instant::now();
     let mut buf = [0u8; 8];
-    let r = if me == 0 { ctx.recv(1, 0, &mut buf) } else { ctx.recv(ANY_SOURCE, 0, &mut buf) };
+    let r = match (how, me) {
+        ("kill", 0) => ctx.recv(1, 0, &mut buf),
+        ("kill", _) => ctx.recv(ANY_SOURCE, 0, &mut buf),
+        (_, 0) => {
+            let req = ctx.irecv(1, 0, vec![0u8; 8])?;
+            while !ctx.test(&req)? {}
+            ctx.wait(req).map(|done| done.status)
+        }
+        _ => loop {
+            match ctx.iprobe(1, 0) {
+                Ok(None) => continue,
+                Ok(Some(s)) => break Ok(s),
+                Err(e) => break Err(e),
+            }
+        },
+    };
     let ms = t.elapsed().as_millis();
     let line = match r {
         Err(e @ Error::PeerLost { rank: 1, .. }) => format!("lost-detected {ms} {e}"),
@@ -529,6 +546,20 @@ fn fault_scenario(ctx: &mut Context, how: &str) -> polyrail::Result<()> {
     // Stay a moment so that our own exit is not what the other survivors see first.
     std::thread::sleep(Duration::from_millis(1200));
     std::process::exit(0);
+}
+
+/// Every rank panics in a scope whose receive nothing will match (its peer panicked before
+/// sending): the scope's end waits for it a while, then stops the process (before, it waited
+/// for ever and the job hung).
+fn scope_panic_scenario(ctx: &mut Context) -> polyrail::Result<()> {
+    let (me, n) = (ctx.rank(), ctx.size());
+    ctx.barrier()?;
+    let mut buf = [0u8; 8];
+    std::panic::set_hook(Box::new(|_| {})); // the panic below is expected: no message
+    ctx.scope(|s| {
+        let _r = s.irecv((me + 1) % n, 77, &mut buf);
+        panic!("rank {me}: the closure fails before it sends");
+    })
 }
 
 /// Ranks 2.. block in a receive while ranks 0 and 1 ping-pong for about a second; each sleeper
@@ -1045,6 +1076,7 @@ fn rank_main(scenario: &str) {
         "wildcard" => wildcard_scenario(&mut ctx),
         "truncate" => truncate_scenario(&mut ctx),
         "kill" | "exit" => fault_scenario(&mut ctx, scenario),
+        "scope-panic" => scope_panic_scenario(&mut ctx),
         "shm-names" => shm_names_scenario(&mut ctx),
         "sleepers" => sleepers_scenario(&mut ctx),
         "dangling" => dangling_scenario(&mut ctx),
@@ -1211,6 +1243,10 @@ fn main() {
             }
         }
     }
+    let t = Instant::now();
+    let code = job(2, "scope-panic", &[]);
+    let secs = t.elapsed().as_secs_f64();
+    check(format!("scope-panic -n 2: status {code} after {secs:.1} s"), code != 0 && (9.5..30.0).contains(&secs));
     for (ranks, nodes, kind) in
         [(2u32, 1u32, Orphans::Plain), (4, 2, Orphans::Plain), (2, 1, Orphans::Keyed), (2, 1, Orphans::KeyedStuck)]
     {

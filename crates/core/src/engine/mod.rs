@@ -192,6 +192,8 @@ struct Peer {
     /// among the posted receives would count the receive being withdrawn).
     withdrawals: u32,
     gone: Option<Gone>,
+    /// Why it was lost (not for a finish), for the errors of later calls that need it.
+    lost_why: Option<Box<str>>,
     /// Receiver side of skew feedback: receives in a row that found the peer's messages
     /// waiting (or not, once told), whether the peer was told that we lag, and how many of its
     /// messages the driver saw unread in the channel before the next receive is posted.
@@ -236,6 +238,7 @@ impl Peer {
             rtrs: VecDeque::new(),
             withdrawals: 0,
             gone: None,
+            lost_why: None,
             lag_streak: 0,
             told_lagging: false,
             unread_hint: 0,
@@ -657,7 +660,7 @@ impl Engine {
     pub fn peer_error(&self, peer: Rank) -> Option<Error> {
         match self.peers.get(peer as usize)?.gone? {
             Gone::Finished => Some(Error::PeerFinished { rank: peer }),
-            Gone::Lost | Gone::Faulty => Some(Error::PeerLost { rank: peer, why: "reported lost earlier".into() }),
+            Gone::Lost | Gone::Faulty => Some(self.lost_error(peer)),
         }
     }
 
@@ -1379,6 +1382,12 @@ impl Engine {
             _ => Gone::Lost,
         };
         p.gone = Some(gone);
+        if gone != Gone::Finished {
+            p.lost_why = Some(match &why {
+                Error::PeerLost { why, .. } => why.as_str().into(),
+                other => other.to_string().into(),
+            });
+        }
         p.rtrs.clear();
         p.withdrawals = 0;
         self.gone_peers += 1;
@@ -1415,12 +1424,16 @@ impl Engine {
 
     fn usable_peer(&mut self, r: Rank) -> Result<&mut Peer> {
         self.check_rank(r)?;
-        let p = &mut self.peers[r as usize];
-        match p.gone {
-            Some(Gone::Finished) => Err(Error::PeerFinished { rank: r }),
-            Some(Gone::Lost | Gone::Faulty) => Err(Error::PeerLost { rank: r, why: "reported lost earlier".into() }),
-            None => Ok(p),
+        match self.peer_error(r) {
+            Some(e) => Err(e),
+            None => Ok(&mut self.peers[r as usize]),
         }
+    }
+
+    /// The error of a call that needs `peer`, which was lost: with the reason given then.
+    fn lost_error(&self, peer: Rank) -> Error {
+        let why = self.peers.get(peer as usize).and_then(|p| p.lost_why.as_deref()).unwrap_or("reported lost");
+        Error::PeerLost { rank: peer, why: why.into() }
     }
 
     /// Declares that only `members` (job ranks, this one among them) send in matching context
@@ -1452,6 +1465,20 @@ impl Engine {
                 self.peers.len() > 1 && self.gone_peers as usize - usize::from(me_gone) == self.peers.len() - 1
             }
         }
+    }
+
+    /// The loss of the sender a probe for `from` in `ctx` looks at, if it was lost (or lost
+    /// for breaking the protocol; not a finish): `from` itself, or for [`Source::Any`] the
+    /// first lost rank that may send in `ctx`. Such a probe finding nothing may wait for a
+    /// message the loss took.
+    pub fn lost_sender(&self, from: Source, ctx: u16) -> Option<Error> {
+        let lost = |r: Rank| matches!(self.peers.get(r as usize).and_then(|p| p.gone), Some(Gone::Lost | Gone::Faulty));
+        let r = match from {
+            Source::Rank(r) => Some(r).filter(|&r| lost(r)),
+            Source::Any if self.gone_peers == 0 => None,
+            Source::Any => (0..self.size()).find(|&r| r != self.me && lost(r) && self.may_send_in(r, ctx)),
+        }?;
+        self.peer_error(r)
     }
 
     fn all_gone_error(&self) -> Error {
