@@ -1,5 +1,6 @@
 //! [`RegisteredBuffer`]: memory registered once with the channels that need registration.
 
+use crate::context::ContextMark;
 use polyrail_core::AnonMemory;
 use std::ops::{Deref, DerefMut};
 
@@ -20,18 +21,25 @@ pub struct RegisteredBuffer {
     /// The memory; `None` once given back (then it was unmapped).
     memory: Option<AnonMemory>,
     len: usize,
+    /// The context that registered it, the only one that can end its registrations.
+    made_by: ContextMark,
 }
 
 impl RegisteredBuffer {
     /// Maps `len` zeroed bytes (at least one page) of a memory file, or of private memory
     /// where memory files are missing.
-    pub(crate) fn map(len: usize) -> polyrail_core::Result<RegisteredBuffer> {
+    pub(crate) fn map(len: usize, made_by: ContextMark) -> polyrail_core::Result<RegisteredBuffer> {
         const WHAT: &str = "a registered buffer";
         let memory = AnonMemory::shared(len, WHAT).or_else(|e| {
             tracing::debug!("{e}: the registered buffer is private memory");
             AnonMemory::new(len, WHAT)
         })?;
-        Ok(RegisteredBuffer { memory: Some(memory), len })
+        Ok(RegisteredBuffer { memory: Some(memory), len, made_by })
+    }
+
+    /// The context that registered it.
+    pub(crate) fn made_by(&self) -> ContextMark {
+        self.made_by
     }
 
     /// The memory file behind the buffer, if it has one.

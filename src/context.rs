@@ -187,7 +187,7 @@ impl Context {
     /// the kernel (peers map the buffer; see [`RegisteredBuffer`]). Give it back with
     /// [`Context::free_registered`].
     pub fn alloc_registered(&mut self, len: usize) -> Result<RegisteredBuffer> {
-        let buf = RegisteredBuffer::map(len)?;
+        let buf = RegisteredBuffer::map(len, self.mark)?;
         if let Err(e) = self.driver.register_memory(buf.region(), buf.file()) {
             buf.unmap();
             return Err(e);
@@ -196,10 +196,18 @@ impl Context {
     }
 
     /// Ends the registrations of a buffer from [`Context::alloc_registered`] and frees it. No
-    /// request may still use it.
-    pub fn free_registered(&mut self, buf: RegisteredBuffer) {
+    /// request may still use it. A buffer of another context of this process is refused and
+    /// stays mapped, as one dropped without this call (its registrations are that context's).
+    pub fn free_registered(&mut self, buf: RegisteredBuffer) -> Result<()> {
+        if buf.made_by() != self.mark {
+            drop(buf);
+            return Err(Error::InvalidArgument(
+                "free_registered: the buffer was allocated by another Context of this process; it stays mapped".into(),
+            ));
+        }
         self.driver.unregister_memory(buf.region());
         buf.unmap();
+        Ok(())
     }
 
     /// Joins the job described by the environment: a PMI process manager (`polyrail run`,
@@ -673,9 +681,10 @@ impl Context {
     #[cold]
     fn stop_for_lent_buffer(&self) -> ! {
         let why = format!(
-            "rank {}: a failed receive had given its buffer's key to a peer that may still run \
-             (alive, or lost for breaking the protocol) and may yet write there; the buffer is the \
-             caller's and cannot be kept out of use, so the process stops rather than hand it back",
+            "rank {}: a failed receive's buffer may yet be written (a peer that may still run, alive \
+             or lost for breaking the protocol, holds its key, or the receive's own read is still in \
+             flight); the buffer is the caller's and cannot be kept out of use, so the process stops \
+             rather than hand it back",
             self.rank()
         );
         // Logged at error level, which every POLYRAIL_LOG setting shows; not `eprintln!`, which
@@ -693,7 +702,7 @@ impl Context {
             n => format!("{n} B of buffers kept out of use"),
         };
         tracing::warn!(
-            "rank {}: {receives} failed receive(s) had announced their buffer to a peer that may still write it; {kept}",
+            "rank {}: {receives} failed receive(s) may yet be written (a peer that may still run holds the key, or a read is in flight); {kept}",
             self.rank()
         );
         bufs.into_iter().for_each(std::mem::forget);
@@ -1110,6 +1119,11 @@ mod tests {
         assert_eq!(&done.buf[..done.status.len], b"to b");
         let again = a.irecv(0, 6, vec![0u8; 8]).unwrap();
         assert!(refused(b.wait_all(vec![again])));
+        // A registered buffer likewise: only the context that registered it ends that.
+        let buf = a.alloc_registered(4096).unwrap();
+        assert!(refused(b.free_registered(buf)));
+        let mine = a.alloc_registered(4096).unwrap();
+        a.free_registered(mine).unwrap();
         a.finalize().unwrap();
         b.finalize().unwrap();
     }

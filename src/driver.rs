@@ -706,7 +706,8 @@ impl Driver {
     }
 
     /// Waits for one request and takes its result. If waiting fails, the request is abandoned:
-    /// nothing touches its buffer afterwards.
+    /// nothing of this process touches its buffer afterwards, but a peer holding its key or its
+    /// own read still in flight may ([`Engine::take_peer_may_write`] names such a buffer).
     #[inline]
     pub fn wait(&mut self, req: ReqId) -> Result<Status> {
         if let Err(e) = self.wait_until(|e| e.is_done(req)) {

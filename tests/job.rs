@@ -271,8 +271,8 @@ fn registered_scenario(ctx: &mut Context) -> polyrail::Result<()> {
         }
         assert!(rbuf[..len] == stamp(prev, i as u32, len), "rank {me}: corrupted {len}-byte message from {prev}");
     }
-    ctx.free_registered(sbuf);
-    ctx.free_registered(rbuf);
+    ctx.free_registered(sbuf)?;
+    ctx.free_registered(rbuf)?;
     Ok(())
 }
 

@@ -273,7 +273,8 @@ pub struct Engine {
     /// Cache of [`Engine::awaited_channels`]; `None` after anything that may change it.
     awaited: Option<ChannelSet>,
     /// Receives that failed after their buffer's key went to a peer that may still run (alive,
-    /// or lost for breaking the protocol): see [`Engine::take_peer_may_write`].
+    /// or lost for breaking the protocol), or were discarded with their own read still in
+    /// flight: see [`Engine::take_peer_may_write`].
     peer_may_write: Vec<ReqId>,
     /// Discarded requests kept until their withdrawal ends (posted, writing nothing) or their
     /// exposure lands and is ended ([`Engine::discard`]); freed after that.
@@ -631,7 +632,8 @@ impl Engine {
     /// buffer's key (an RTR no matching send consumed yet, or a CTS; for a discarded one,
     /// until the peer answers its withdrawal). That peer may yet
     /// write there (a cma exposure cannot be revoked), so the memory must never be reused.
-    /// Answers once per request.
+    /// Likewise a receive discarded while its own read into the buffer was in flight (a wait
+    /// that gave up): the channel may still place the data there. Answers once per request.
     #[inline]
     pub fn take_peer_may_write(&mut self, req: ReqId) -> bool {
         if self.peer_may_write.is_empty() {
@@ -1230,9 +1232,13 @@ impl Engine {
         if self.reqs.get(req).is_some_and(|r| r.result.is_none()) {
             self.fail(req, Error::InvalidArgument("request discarded".into()));
         }
-        if self.reqs.get(req).is_some_and(Req::channel_busy) {
+        if let Some(r) = self.reqs.get(req).filter(|r| r.channel_busy()) {
             // Its exposure is on its way (kept until it lands and is ended, `exposed`), or its
-            // read is (kept until it completes, so that `copies_in_flight` sees it).
+            // read is (kept until it completes, so that `copies_in_flight` sees it; the read may
+            // still write the buffer, whose owner must not get it back for reuse).
+            if r.copying && !self.peer_may_write.contains(&req) {
+                self.peer_may_write.push(req);
+            }
             self.zombies.push(req);
             return;
         }

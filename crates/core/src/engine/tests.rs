@@ -2570,6 +2570,7 @@ fn a_failed_receive_waits_for_its_read_in_flight() {
 
 /// A receive discarded while its read runs still sends its FIN when the read completes: the
 /// sender waits for it to release its buffer (before, the send waited until the peer ended).
+/// Its buffer is named as one a channel may still write (its owner must not reuse it).
 #[test]
 fn a_receive_discarded_during_its_read_still_frees_the_sender() {
     let mut sim = Sim::new(2, one_sided_route);
@@ -2577,6 +2578,7 @@ fn a_receive_discarded_during_its_read_still_frees_the_sender() {
     let mut out = vec![0u8; data.len()];
     let (s, q, read) = pull_held(&mut sim, &data, &mut out);
     sim.engines[1].discard(q);
+    assert!(sim.engines[1].take_peer_may_write(q), "its read may still write the buffer");
     sim.engines[1].handle_completion(read, Ok(()));
     sim.settle();
     assert!(result(&mut sim, 0, s).is_ok(), "the send ended at the FIN");
