@@ -491,6 +491,9 @@ impl<P: Provider> DirectIb<P> {
     fn malformed(&mut self, peer: Rank, why: impl std::fmt::Display) {
         if let Some(p) = self.peers.get_mut(peer as usize).and_then(Option::as_mut) {
             p.malformed = true;
+            // It may still run: its writes and reads of our memory (rings, bounce slots,
+            // exposed buffers) end here.
+            self.provider.disconnect(p.qp);
         }
         // A protocol error, not a loss: the peer may still run (and hold keys of ours).
         self.fail_peer(peer, Error::protocol(peer, format!("malformed ib packet: {why}")));

@@ -208,6 +208,11 @@ pub trait Provider: Send {
     /// its first request to the peer: queue pairs are connected on first use.
     fn ready_to_send(&mut self, qp: QpId) -> Result<()>;
 
+    /// Moves `qp` to the error state for good: the peer's requests on it fail from now on (its
+    /// writes and reads of our memory no longer land), and ours complete as
+    /// [`WcStatus::Flushed`]. For a peer found breaking the protocol, which may still run.
+    fn disconnect(&mut self, qp: QpId);
+
     /// Posts a work request on `qp`. `Err` means it was not posted (queue full, not connected).
     fn post(&mut self, qp: QpId, wr: &WorkRequest) -> Result<()>;
 

@@ -13,7 +13,9 @@
 //! target publishes, per queue pair, how many it posted and a ring of completion slots; the
 //! initiator checks the count (none left: [`WcStatus::ReceiverNotReady`]), writes the data,
 //! then the immediate and a stamp into the next slot, which the target's `poll` turns into a
-//! receive completion. A write of more than 8 bytes lands in two steps, the last 8 bytes after
+//! receive completion. A queue pair moved to the error state ([`Provider::disconnect`]) says so
+//! in its receive queue, which initiators read with every request: theirs then fail as against
+//! a peer that is gone. A write of more than 8 bytes lands in two steps, the last 8 bytes after
 //! the rest, so a receiver polling a tail word (DirectIB's eager ring) sees the tail only after
 //! the data: the in-order placement real HCAs give.
 //!
@@ -64,7 +66,9 @@ struct RecvQueue {
     slots: AtomicU64,
     /// Number of slots (the queue pair's receive depth).
     capacity: AtomicU64,
-    _pad: u64,
+    /// Nonzero once the owner moved the queue pair to the error state
+    /// ([`Provider::disconnect`]): the peer's requests on it fail.
+    closed: AtomicU64,
 }
 
 /// A receive queue as copied from a peer.
@@ -74,7 +78,7 @@ struct RawRecvQueue {
     posted: u64,
     slots: u64,
     capacity: u64,
-    _pad: u64,
+    closed: u64,
 }
 
 /// The table header peers read with every entry.
@@ -243,8 +247,8 @@ impl SoftProvider {
         if i >= TABLE_CAPACITY {
             return WcStatus::RemoteAccess;
         }
-        // Read the header, the entry the key names and, for a write with immediate, the
-        // receive queue, in one call.
+        // Read the header, the entry the key names and the target queue pair's receive queue
+        // (is it closed? for a write with immediate, has it a receive?), in one call.
         let mut header = [0u8; 32];
         let mut entry = RawEntry::default();
         let mut rq = RawRecvQueue::default();
@@ -260,7 +264,7 @@ impl SoftProvider {
             libc::iovec { iov_base: entry_addr as usize as *mut libc::c_void, iov_len: 32 },
             libc::iovec { iov_base: rq_addr as usize as *mut libc::c_void, iov_len: 32 },
         ];
-        let parts = if wr.imm.is_some() { 3 } else { 2 };
+        let parts = 3;
         // SAFETY: the local iovecs describe our own writable 32-byte buffers; the kernel checks
         // the remote ranges.
         let n = unsafe {
@@ -268,6 +272,11 @@ impl SoftProvider {
         };
         if n != 32 * parts as isize || u64_at(&header, 0) != TABLE_MAGIC || u64_at(&header, 8) != remote.nonce {
             // Gone (ESRCH), or a recycled pid that is not our peer any more.
+            return WcStatus::RetryExceeded;
+        }
+        if rq.closed != 0 {
+            // The target's queue pair is in the error state: it answers nothing, as a real
+            // responder would not.
             return WcStatus::RetryExceeded;
         }
         let need = if wr.opcode == Opcode::Write { Access::REMOTE_WRITE } else { Access::REMOTE_READ };
@@ -443,6 +452,7 @@ impl Provider for SoftProvider {
         rq.posted.store(0, Ordering::Relaxed);
         rq.slots.store(if recv_depth == 0 { 0 } else { slots.as_ptr() as u64 }, Ordering::Relaxed);
         rq.capacity.store(recv_depth as u64, Ordering::Relaxed);
+        rq.closed.store(0, Ordering::Relaxed);
         let mut q = SoftQp::default();
         q.slots = slots;
         self.qps.push(q);
@@ -491,6 +501,15 @@ impl Provider for SoftProvider {
                 Ok(())
             }
             _ => Err(Error::Transport { kind: "ib", what: format!("soft provider: queue pair {qp} is not connected") }),
+        }
+    }
+
+    fn disconnect(&mut self, qp: QpId) {
+        if let Some(q) = self.qps.get_mut(qp) {
+            q.failed = true;
+            // Release: the peer that reads the flag sees the queue pair closed; nothing else is
+            // published with it.
+            self.table.recv[qp].closed.store(1, Ordering::Release);
         }
     }
 

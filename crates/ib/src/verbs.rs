@@ -784,6 +784,16 @@ impl Provider for VerbsProvider {
         Ok(())
     }
 
+    fn disconnect(&mut self, qp: QpId) {
+        if qp >= self.qps.len() {
+            return;
+        }
+        let mut a = ffi::ibv_qp_attr { qp_state: ffi::ibv_qp_state::IBV_QPS_ERR, ..Default::default() };
+        if let Err(e) = self.modify(qp, &mut a, ffi::ibv_qp_attr_mask::IBV_QP_STATE, "ERR (disconnected)") {
+            tracing::warn!("{e}");
+        }
+    }
+
     fn post(&mut self, qp: QpId, wr: &WorkRequest) -> Result<()> {
         let (depth, inline_max, max_msg) = (self.depth, self.inline as usize, self.max_msg);
         let q = self.qps.get_mut(qp).ok_or_else(|| transport(format!("verbs provider: no queue pair {qp}")))?;

@@ -278,6 +278,12 @@ fn forged_packet_fails_rank_0(
         [(0, Error::Protocol { peer: 0, what })] => assert!(what.contains(why), "{what}"),
         other => panic!("{why}: {other:?}"),
     }
+    // ... and is cut off: its queue pair is in the error state, so its next write into b's
+    // memory fails.
+    forger.post(qp, &WorkRequest { imm, ..wr }).unwrap();
+    out.clear();
+    forger.poll(&mut out, 4);
+    assert_eq!(out[0].status, WcStatus::RetryExceeded, "{why}: a faulty peer still wrote");
 }
 
 /// A peer that finalizes says BYE; one that vanishes is found by the heartbeat.
