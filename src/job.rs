@@ -297,15 +297,28 @@ impl Job {
                     engine.set_route(r, rt.clone())
                 }
                 None => {
-                    let why: Vec<String> = reach
+                    // Channels that reach it carry no messages (cma, say, only copies): say so
+                    // first, then why the others do not reach it.
+                    let copies_only: Vec<String> = reach
                         .iter()
-                        .filter_map(|(kind, reach)| match reach {
-                            Reach::No(why) => Some(format!("{kind}: {why}")),
-                            Reach::Yes(_) => None,
-                        })
+                        .filter(|(_, reach)| matches!(reach, Reach::Yes(_)))
+                        .map(|(kind, _)| kind.to_string())
                         .collect();
+                    let mut why: Vec<String> = Vec::new();
+                    if !copies_only.is_empty() {
+                        why.push(format!(
+                            "{} reach{} it but carr{} no messages, only one-sided copies (allow shm or ib too)",
+                            copies_only.join(", "),
+                            if copies_only.len() == 1 { "es" } else { "" },
+                            if copies_only.len() == 1 { "ies" } else { "y" },
+                        ));
+                    }
+                    why.extend(reach.iter().filter_map(|(kind, reach)| match reach {
+                        Reach::No(why) => Some(format!("{kind}: {why}")),
+                        Reach::Yes(_) => None,
+                    }));
                     let why = format!("{} (POLYRAIL_TRANSPORTS={})", why.join("; "), config.transports);
-                    tracing::warn!("rank {rank}: no channel reaches rank {r}: {why}");
+                    tracing::warn!("rank {rank}: no channel carries messages to rank {r}: {why}");
                     engine.set_unreachable(r, why);
                 }
             }

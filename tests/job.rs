@@ -1289,7 +1289,7 @@ fn main() {
         let seen = std::fs::read_to_string(&f).unwrap_or_else(|_| "no report".into());
         let _ = std::fs::remove_file(&f);
         let ms: Option<u64> = seen.split(' ').next().and_then(|ms| ms.parse().ok());
-        let named = seen.contains(&format!("no channel reaches rank {}", 1 - r))
+        let named = seen.contains(&format!("no channel carries messages to rank {}", 1 - r))
             && seen.contains("virtual node")
             && seen.contains("POLYRAIL_TRANSPORTS=shm");
         check(format!("unreachable: rank {r} saw `{seen}`"), named && ms.is_some_and(|ms| ms < 1000));

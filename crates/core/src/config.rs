@@ -518,7 +518,14 @@ impl Config {
     pub fn from_env() -> Result<Config> {
         let mut vars = Vec::new();
         for (k, v) in std::env::vars_os() {
-            let Ok(k) = k.into_string() else { continue };
+            let k = match k.into_string() {
+                Ok(k) => k,
+                // Not a name polyrail reads, but one meant for it: an error, as a misspelling.
+                Err(k) if k.as_encoded_bytes().starts_with(b"POLYRAIL_") => {
+                    return Err(Error::config(k.to_string_lossy(), "", "a variable name in UTF-8 text"))
+                }
+                Err(_) => continue,
+            };
             match v.into_string() {
                 Ok(v) => vars.push((k, v)),
                 // A value that is not text cannot be what any variable accepts: an error,
@@ -540,12 +547,27 @@ impl Config {
         V: AsRef<str>,
     {
         let mut c = Config::default();
+        let mut route_value = String::new();
         for (k, v) in vars {
             let (k, v) = (k.as_ref(), v.as_ref());
             if !k.starts_with("POLYRAIL_") {
                 continue;
             }
             c.set(k, v)?;
+            if k == "POLYRAIL_ROUTE" {
+                route_value = v.to_string();
+            }
+        }
+        // A rule through a channel that is turned off would be dropped for every peer.
+        if let Some(rule) = c.routes.iter().find(|r| !c.transports.allows(r.channel)) {
+            return Err(Error::config(
+                "POLYRAIL_ROUTE",
+                route_value,
+                format!(
+                    "rules through channels POLYRAIL_TRANSPORTS={} allows (`{}` is turned off)",
+                    c.transports, rule.channel
+                ),
+            ));
         }
         // At or above the credits, the one block a SYNC takes would make its receiver SYNC
         // back at once: two idle processes would trade SYNCs for ever.
@@ -602,7 +624,7 @@ impl Config {
             "POLYRAIL_CMA_THRESHOLD" => self.cma_threshold = parse_class_sizes(var, value)?,
             "POLYRAIL_ROUTE" => self.routes = parse_routes(var, value)?,
             "POLYRAIL_TUNING" => {
-                let text = std::fs::read_to_string(value)
+                let text = read_small_file(value)
                     .map_err(|e| bad(&format!("a readable file written by `polyrail tune` ({e})")))?;
                 let sizes =
                     parse_tuning(&text).map_err(|why| bad(&format!("a file written by `polyrail tune` ({why})")))?;
@@ -780,7 +802,16 @@ impl Config {
 }
 
 fn kind_names() -> String {
-    TransportKind::ALL.iter().map(|k| k.name()).collect::<Vec<_>>().join(", ")
+    TransportKind::IMPLEMENTED.iter().map(|k| k.name()).collect::<Vec<_>>().join(", ")
+}
+
+/// The implemented channel `name` names; `Err` says why not (unknown, or not built yet).
+fn channel_named(name: &str) -> std::result::Result<TransportKind, String> {
+    match TransportKind::from_name(name) {
+        Some(k) if TransportKind::IMPLEMENTED.contains(&k) => Ok(k),
+        Some(_) => Err(format!("`{name}` is a channel still to come, not in this version")),
+        None => Err(format!("`{name}` is not a channel")),
+    }
 }
 
 fn parse_transports(var: &str, value: &str) -> Result<TransportFilter> {
@@ -796,19 +827,43 @@ fn parse_transports(var: &str, value: &str) -> Result<TransportFilter> {
     let mut kinds = Vec::new();
     for name in list.split(',') {
         let name = name.trim();
-        match TransportKind::from_name(name) {
-            Some(k) => kinds.push(k),
-            None if name.starts_with('^') => {
+        match channel_named(name) {
+            Ok(k) => kinds.push(k),
+            Err(_) if name.starts_with('^') => {
                 return Err(Error::config(
                     var,
                     value,
                     format!("{} (`^` goes once, before the whole list: `^shm,cma` denies both)", accepted()),
                 ))
             }
-            None => return Err(Error::config(var, value, format!("{} (`{name}` is not a transport)", accepted()))),
+            Err(why) => return Err(Error::config(var, value, format!("{} ({why})", accepted()))),
         }
     }
+    if deny && kinds.contains(&TransportKind::Loopback) {
+        return Err(Error::config(
+            var,
+            value,
+            format!("{} (`self` is always on: it carries messages to this process)", accepted()),
+        ));
+    }
     Ok(if deny { TransportFilter::Except(kinds) } else { TransportFilter::Only(kinds) })
+}
+
+/// The text of the regular file at `path`, of at most 64 KiB (a tuning file has a few lines;
+/// a device or a pipe could be endless or never end).
+fn read_small_file(path: &str) -> std::io::Result<String> {
+    use std::io::Read;
+    const LIMIT: u64 = 64 << 10;
+    let file = std::fs::File::open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut text = String::new();
+    file.take(LIMIT + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > LIMIT {
+        return Err(std::io::Error::other("larger than 64 KiB"));
+    }
+    Ok(text)
 }
 
 /// Parses a tuning file: `#` comments, and lines `cma_threshold CLASS SIZE`.
@@ -824,6 +879,9 @@ pub fn parse_tuning(text: &str) -> std::result::Result<ClassSizes, String> {
             ["cma_threshold", class, size] => {
                 let class =
                     TopoClass::from_name(class).ok_or_else(|| format!("line {}: `{class}` is not a class", i + 1))?;
+                if out.per_class.iter().any(|&(c, _)| c == class) {
+                    return Err(format!("line {}: a second cma_threshold for `{}`", i + 1, class.name()));
+                }
                 let size = parse_size(size).ok_or_else(|| format!("line {}: `{size}` is not a size", i + 1))?;
                 out.per_class.push((class, size));
             }
@@ -885,8 +943,7 @@ fn parse_routes(var: &str, value: &str) -> Result<Vec<RouteRule>> {
             Some((c, p)) => (c, Some(p)),
             None => (target, None),
         };
-        let channel =
-            TransportKind::from_name(channel).ok_or_else(|| accepted(format!("`{channel}` is not a channel")))?;
+        let channel = channel_named(channel).map_err(accepted)?;
         if let Some(p) = protocol {
             if !["eager", "get", "split", "stream"].contains(&p) {
                 return Err(accepted(format!("`{p}` is not a protocol")));
@@ -908,11 +965,16 @@ fn parse_class_sizes(var: &str, value: &str) -> Result<ClassSizes> {
     let mut out = ClassSizes::default();
     for item in value.split(',') {
         let item = item.trim();
+        let twice = |what: &str| Error::config(var, value, format!("{} ({what} given twice)", accepted()));
         match item.split_once(':') {
+            None if out.all.is_some() => return Err(twice("a size for every class")),
             None => out.all = Some(parse_size(item).ok_or_else(|| Error::config(var, value, accepted()))?),
             Some((class, size)) => {
                 let class = TopoClass::from_name(class.trim())
                     .ok_or_else(|| Error::config(var, value, format!("{} (`{class}` is not a class)", accepted())))?;
+                if out.per_class.iter().any(|&(c, _)| c == class) {
+                    return Err(twice(&format!("`{}`", class.name())));
+                }
                 let size = parse_size(size).ok_or_else(|| Error::config(var, value, accepted()))?;
                 out.per_class.push((class, size));
             }
@@ -959,6 +1021,18 @@ mod tests {
         assert!(e.contains("POLYRAIL_TRANSPORTS") && e.contains("tcp") && e.contains("cma"), "{e}");
         let e = cfg(&[("POLYRAIL_TRANSPORTS", "^shm,^cma")]).unwrap_err().to_string();
         assert!(e.contains("`^` goes once"), "{e}");
+        // Channels still to come are named as such, not accepted and then never started.
+        let e = cfg(&[("POLYRAIL_TRANSPORTS", "shm,scif")]).unwrap_err().to_string();
+        assert!(e.contains("`scif` is a channel still to come") && !e.contains("proxy"), "{e}");
+        let e = cfg(&[("POLYRAIL_ROUTE", "all:0-:proxy-1hop")]).unwrap_err().to_string();
+        assert!(e.contains("POLYRAIL_ROUTE") && e.contains("still to come"), "{e}");
+        let e = cfg(&[("POLYRAIL_TRANSPORTS", "^self")]).unwrap_err().to_string();
+        assert!(e.contains("always on"), "{e}");
+        // A route rule through a channel that is turned off would be dropped for every peer.
+        let e = cfg(&[("POLYRAIL_TRANSPORTS", "^cma"), ("POLYRAIL_ROUTE", "all:1m-:cma/get")]).unwrap_err();
+        let e = e.to_string();
+        assert!(e.contains("POLYRAIL_ROUTE") && e.contains("POLYRAIL_TRANSPORTS=^cma") && e.contains("`cma`"), "{e}");
+        assert!(cfg(&[("POLYRAIL_TRANSPORTS", "shm,cma"), ("POLYRAIL_ROUTE", "all:1m-:cma/get")]).is_ok());
         // Displayed as written (as the errors that quote it do).
         for v in ["all", "shm,cma", "^cma,ib"] {
             assert_eq!(cfg(&[("POLYRAIL_TRANSPORTS", v)]).unwrap().transports.to_string(), v);
@@ -974,6 +1048,12 @@ mod tests {
         let e = cfg(&[("POLYRAIL_CMA_THRESHOLD", "l9:4k")]).unwrap_err().to_string();
         assert!(e.contains("l9") && e.contains("shared-l3"), "{e}");
         assert!(cfg(&[("POLYRAIL_CMA_THRESHOLD", "socket:lots")]).is_err());
+        // A size given twice is refused (which one would win is nowhere said).
+        for v in ["8k,16k", "socket:4k,socket:8k"] {
+            let e = cfg(&[("POLYRAIL_CMA_THRESHOLD", v)]).unwrap_err().to_string();
+            assert!(e.contains("given twice"), "{e}");
+        }
+        assert!(parse_tuning("cma_threshold socket 4k\ncma_threshold socket 8k").unwrap_err().contains("second"));
         assert_eq!(cfg(&[("POLYRAIL_SPLIT_THRESHOLD", "off")]).unwrap().split_threshold, SplitThreshold::Off);
         assert_eq!(cfg(&[("POLYRAIL_SPLIT_SHARE", "30")]).unwrap().split_share, SplitShare::Percent(30));
         assert_eq!(cfg(&[("POLYRAIL_SPLIT_SHARE", "auto")]).unwrap().split_share, SplitShare::Auto);

@@ -73,7 +73,7 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     /// No enabled transport can reach a peer.
-    #[error("no channel reaches rank {rank}: {why}")]
+    #[error("no channel carries messages to rank {rank}: {why}")]
     Unreachable {
         /// The peer.
         rank: Rank,

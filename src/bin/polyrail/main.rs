@@ -222,7 +222,7 @@ fn format_report(ctx: &Context) -> String {
         }
         match &p.route {
             None => {
-                let _ = writeln!(s, "  no route: no channel reaches this peer");
+                let _ = writeln!(s, "  no route: no channel carries messages to this peer");
             }
             Some(route) => {
                 let channel_name = |id: u8| r.channel_kinds.get(id as usize).map_or("?", |k| k.name());

@@ -8,7 +8,9 @@
 pub mod sweep;
 pub mod topology;
 
-use crate::config::{ApartSingleCopy, Config, NearEager, RouteRule, SplitShare, SplitThreshold, StreamEager};
+use crate::config::{
+    ApartSingleCopy, Config, NearEager, RouteRule, SplitShare, SplitThreshold, StreamEager, MAX_EAGER_MESSAGE,
+};
 use crate::size::format_size;
 use crate::transport::{Caps, TransportAttr, TransportKind};
 use topology::TopoClass;
@@ -476,7 +478,7 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
     });
     let mut route = PeerRoute { am: am.id, frag, entries, stream_eager, placement, mapped, as_written: false };
     for rule in cfg.routes.iter().filter(|r| r.class.is_none_or(|c| c == class)) {
-        match apply_rule(&mut route, rule, candidates) {
+        match apply_rule(&mut route, rule, candidates, cfg.split_threshold != SplitThreshold::Off) {
             // A route the user wrote is taken as written: no rule of the engine changes it.
             Ok(()) => {
                 (route.stream_eager, route.placement, route.mapped) = (None, None, None);
@@ -488,19 +490,57 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
             Err(_) => {}
         }
     }
+    cap_eager(&mut route);
     Some(route)
 }
 
-/// Applies one `POLYRAIL_ROUTE` rule: its size range gets its channel and protocol.
-fn apply_rule(route: &mut PeerRoute, rule: &RouteRule, candidates: &[Candidate<'_>]) -> Result<(), String> {
+/// Eager messages stop at [`MAX_EAGER_MESSAGE`], the most a receiver buffers unasked: the part
+/// of an eager entry beyond it is streamed, as the engine does (a threshold or rule may ask for
+/// more).
+fn cap_eager(route: &mut PeerRoute) {
+    if !route.entries.iter().any(|e| e.protocol == Protocol::Eager && e.upto > MAX_EAGER_MESSAGE) {
+        return;
+    }
+    let mut out = Vec::with_capacity(route.entries.len() + 1);
+    let mut lo = 0usize;
+    for e in route.entries.drain(..) {
+        let next = e.upto.saturating_add(1);
+        if e.protocol == Protocol::Eager && e.upto > MAX_EAGER_MESSAGE {
+            if lo <= MAX_EAGER_MESSAGE {
+                out.push(RouteEntry { upto: MAX_EAGER_MESSAGE, ..e.clone() });
+            }
+            let reason = format!(
+                "eager messages stop at {} (the most a receiver buffers unasked): streamed after the receiver matched",
+                format_size(MAX_EAGER_MESSAGE)
+            );
+            out.push(RouteEntry { upto: e.upto, protocol: Protocol::RndvStream, channel: route.am, reason });
+        } else {
+            out.push(e);
+        }
+        lo = next;
+    }
+    route.entries = out;
+}
+
+/// Applies one `POLYRAIL_ROUTE` rule: its size range gets its channel and protocol. Without a
+/// protocol: eager on the active-message channel, else split where both processes copy with
+/// the CPU (and `split` is allowed: `POLYRAIL_SPLIT_THRESHOLD` is not `off`), else get.
+fn apply_rule(
+    route: &mut PeerRoute,
+    rule: &RouteRule,
+    candidates: &[Candidate<'_>],
+    split_allowed: bool,
+) -> Result<(), String> {
     let c = candidates
         .iter()
         .find(|c| c.attr.kind == rule.channel)
         .ok_or_else(|| format!("{} does not reach this peer", rule.channel))?;
     let (caps, is_am) = (c.attr.caps, c.id == route.am);
+    let splits = split_allowed && caps.contains(Caps::GET | Caps::PUT | Caps::CPU_COPY);
     let protocol = match rule.protocol.as_deref() {
         None if is_am => Protocol::Eager,
-        None | Some("split") if caps.contains(Caps::GET | Caps::PUT) => Protocol::RndvSplit,
+        None if splits => Protocol::RndvSplit,
+        Some("split") if caps.contains(Caps::GET | Caps::PUT) => Protocol::RndvSplit,
         None | Some("get") if caps.contains(Caps::GET) => Protocol::RndvGet,
         Some("eager") if is_am => Protocol::Eager,
         Some("stream") if is_am => Protocol::RndvStream,
@@ -824,6 +864,41 @@ mod tests {
         cfg.set("POLYRAIL_ROUTE", "all:0-:cma/eager,all:0-:ib").unwrap();
         let before = build_route(TopoClass::SharedL3, &c, &Config::default()).unwrap();
         assert_eq!(build_route(TopoClass::SharedL3, &c, &cfg).unwrap(), before);
+        // Without a protocol: split where both copy with the CPU, get once splitting is off or
+        // on an adapter (no CPU copies).
+        let mut cfg = Config::default();
+        cfg.set("POLYRAIL_ROUTE", "all:1m-:cma").unwrap();
+        assert_eq!(build_route(TopoClass::SharedL3, &c, &cfg).unwrap().lookup(1 << 20).protocol, Protocol::RndvSplit);
+        cfg.set("POLYRAIL_SPLIT_THRESHOLD", "off").unwrap();
+        assert_eq!(build_route(TopoClass::SharedL3, &c, &cfg).unwrap().lookup(1 << 20).protocol, Protocol::RndvGet);
+        let hca = attr(TransportKind::Ib, Caps::AM | Caps::GET | Caps::PUT, 8192);
+        let remote = [Candidate { id: 3, attr: &hca }];
+        let mut cfg = Config::default();
+        cfg.set("POLYRAIL_ROUTE", "all:1m-:ib/get").unwrap();
+        assert_eq!(
+            build_route(TopoClass::RemoteNode, &remote, &cfg).unwrap().lookup(1 << 20).protocol,
+            Protocol::RndvGet
+        );
+    }
+
+    /// Eager entries stop at the most a receiver buffers unasked: beyond it the route says
+    /// stream, as the engine does, whatever threshold asked for more.
+    #[test]
+    fn eager_entries_stop_at_the_eager_maximum() {
+        let shm = attr(TransportKind::Shm, Caps::AM, 16384);
+        let cma = attr(TransportKind::Cma, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
+        let c = [Candidate { id: 1, attr: &shm }, Candidate { id: 2, attr: &cma }];
+        let mut cfg = Config::default();
+        cfg.set("POLYRAIL_CMA_THRESHOLD", "1g").unwrap();
+        let r = build_route(TopoClass::SharedL3, &c, &cfg).unwrap();
+        assert_eq!(r.lookup(MAX_EAGER_MESSAGE).protocol, Protocol::Eager);
+        let above = r.lookup(MAX_EAGER_MESSAGE + 1);
+        assert_eq!((above.protocol, above.channel), (Protocol::RndvStream, 1));
+        assert_eq!(r.lookup(1 << 30).protocol, Protocol::RndvSplit);
+        cfg.set("POLYRAIL_ROUTE", "all:0-:shm").unwrap();
+        let r = build_route(TopoClass::SharedL3, &c, &cfg).unwrap();
+        assert_eq!(r.lookup(usize::MAX).protocol, Protocol::RndvStream);
+        assert_eq!(r.entries.last().unwrap().upto, usize::MAX);
     }
 
     #[test]
