@@ -80,13 +80,33 @@ pub struct LaunchOptions {
     /// SIGKILL after [`LaunchOptions::grace`]; the job's code is then at least
     /// [`TIMEOUT_CODE`]. `None` (the default): no limit.
     pub timeout: Option<Duration>,
+    /// Let the ranks outlive a launcher killed with SIGKILL (`polyrail run
+    /// --ranks-outlive-launcher`), as under a process manager that does not kill them: they then
+    /// find the process manager gone in their polyrail calls. By default (`false`) the kernel
+    /// kills them with the launcher.
+    pub ranks_outlive_launcher: bool,
 }
 
 /// The least exit code of a job stopped by [`LaunchOptions::timeout`] (as `timeout(1)`'s).
 pub const TIMEOUT_CODE: i32 = 124;
 
+/// The most ranks `polyrail run` starts: every rank is a process of this machine, and no
+/// kernel runs more (the largest `pid_max`, 2^22).
+pub const MAX_RANKS: u32 = 1 << 22;
+
+fn check_ranks(ranks: u32) -> Result<()> {
+    match ranks {
+        0 => Err(Error::InvalidArgument("polyrail run needs at least one rank (-n 1 or more)".into())),
+        n if n > MAX_RANKS => Err(Error::InvalidArgument(format!(
+            "{n} ranks: polyrail run starts at most {MAX_RANKS}, each a process of this machine"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Node of each of `ranks` ranks from `ranks per node` counts (`--layout 2,2`).
 pub fn nodes_from_counts(ranks: u32, counts: &[u32]) -> Result<Vec<u32>> {
+    check_ranks(ranks)?;
     let total: u64 = counts.iter().map(|&c| c as u64).sum();
     if counts.is_empty() || counts.contains(&0) || total != ranks as u64 {
         return Err(Error::InvalidArgument(format!(
@@ -98,6 +118,7 @@ pub fn nodes_from_counts(ranks: u32, counts: &[u32]) -> Result<Vec<u32>> {
 
 /// Node of each of `ranks` ranks spread in blocks over `nodes` nodes (`--nodes 2`).
 pub fn nodes_in_blocks(ranks: u32, nodes: u32) -> Result<Vec<u32>> {
+    check_ranks(ranks)?;
     if nodes == 0 || nodes > ranks {
         return Err(Error::InvalidArgument(format!("cannot spread {ranks} ranks over {nodes} nodes")));
     }
@@ -114,7 +135,7 @@ impl LaunchOptions {
 
 impl Default for LaunchOptions {
     /// One rank, no program yet, [`Bind::Core`], no extra variables, a grace of 2 s, no labels,
-    /// no timeout.
+    /// no timeout, ranks killed with the launcher.
     fn default() -> Self {
         LaunchOptions {
             ranks: 1,
@@ -126,6 +147,7 @@ impl Default for LaunchOptions {
             nodes: None,
             label: false,
             timeout: None,
+            ranks_outlive_launcher: false,
         }
     }
 }
@@ -139,11 +161,13 @@ impl Default for LaunchOptions {
 /// [`TIMEOUT_CODE`].
 ///
 /// Raises the calling process's soft limit on open files to its hard limit (the ranks get the
-/// limit the process had): the launcher holds five descriptors per rank.
+/// limit the process had): the launcher holds five descriptors per rank. The ranks are killed
+/// when the calling thread ends (`PR_SET_PDEATHSIG`; unless
+/// [`LaunchOptions::ranks_outlive_launcher`]), so that a launcher killed with SIGKILL leaves
+/// none behind: call it from a thread that outlives the job (`polyrail run` calls it from its
+/// main thread).
 pub fn launch(opts: &LaunchOptions) -> Result<i32> {
-    if opts.ranks == 0 {
-        return Err(Error::InvalidArgument("polyrail run needs at least one rank (-n 1 or more)".into()));
-    }
+    check_ranks(opts.ranks)?;
     let job = job_name();
     if let Some(limit) = raise_open_file_limit() {
         let needed = FILES_PER_RANK * libc::rlim_t::from(opts.ranks) + 16;
@@ -379,13 +403,17 @@ fn exit_notice(pid: u32) -> Option<OwnedFd> {
     (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
+/// Starts rank `rank` of job `job`. `launcher`: for `polyrail run`, which reads the rank's
+/// output through pipes and whose death kills the rank; else for a program that embeds the
+/// job ([`spawn_peers`]), whose ranks inherit its output and outlive the thread that started
+/// them.
 fn spawn_rank(
     opts: &LaunchOptions,
     job: &str,
     rank: Rank,
     end: &UnixStream,
     cpu: Option<usize>,
-    pipe_output: bool,
+    launcher: bool,
     own_group: bool,
 ) -> std::io::Result<Child> {
     let fd = end.as_raw_fd();
@@ -405,7 +433,7 @@ fn spawn_rank(
     if rank != 0 {
         cmd.stdin(Stdio::null());
     }
-    if pipe_output {
+    if launcher {
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     }
     if own_group {
@@ -414,16 +442,39 @@ fn spawn_rank(
     }
     let set = cpu.map(cpu_set_of);
     let limit = INHERITED_FILE_LIMIT.get().copied();
+    // The launcher, whose death is to kill the rank (`polyrail run` spawns from its main thread,
+    // the one PR_SET_PDEATHSIG watches).
+    let parent = (launcher && !opts.ranks_outlive_launcher).then(|| std::process::id() as libc::pid_t);
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe system
-    // calls (fcntl, sched_setaffinity, setrlimit) on data prepared before the fork; it does not
-    // allocate.
-    unsafe { cmd.pre_exec(move || child_setup(fd, set.as_ref(), limit.as_ref())) };
+    // calls (fcntl, sched_setaffinity, setrlimit, prctl, getppid) on data prepared before the
+    // fork; it does not allocate.
+    unsafe { cmd.pre_exec(move || child_setup(fd, set.as_ref(), limit.as_ref(), parent)) };
     cmd.spawn()
 }
 
 /// In the child: lets the PMI socket survive exec, binds to the chosen CPU, puts back the
-/// open-file limit the launcher started with.
-fn child_setup(fd: i32, cpus: Option<&libc::cpu_set_t>, files: Option<&libc::rlimit>) -> std::io::Result<()> {
+/// open-file limit the launcher started with, and, started by `polyrail run` (`launcher`, its
+/// pid), asks to be killed when the launcher dies: a launcher killed with SIGKILL cannot stop
+/// its ranks, and a rank that computes (or never talks PMI) would run on with nowhere to write.
+fn child_setup(
+    fd: i32,
+    cpus: Option<&libc::cpu_set_t>,
+    files: Option<&libc::rlimit>,
+    launcher: Option<libc::pid_t>,
+) -> std::io::Result<()> {
+    if let Some(pid) = launcher {
+        // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number; getppid has no
+        // preconditions.
+        unsafe {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The launcher died before the request took effect: nothing will send the signal.
+            if libc::getppid() != pid {
+                return Err(std::io::Error::other("the launcher died while starting the rank"));
+            }
+        }
+    }
     // SAFETY: fcntl on an open descriptor (the parent keeps it open across the fork).
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
     // SAFETY: as above; clearing FD_CLOEXEC only changes this process's descriptor table.
@@ -530,6 +581,9 @@ impl<'a> Run<'a> {
     fn wait_all(&mut self) {
         while self.running() > 0 {
             let mut exited = self.newly_exited();
+            // A signal first: rank 0, in the terminal's process group, dies of the same Ctrl-C,
+            // and is not to be blamed for stopping the job.
+            self.check_signal();
             while let Some(ev) = self.server.try_event() {
                 self.on_event(ev);
             }
@@ -1026,9 +1080,7 @@ pub struct EmbeddedJob {
 /// allowed CPU when `opts.bind` is [`Bind::Core`]). With `opts.nodes`, the caller sets its own
 /// node in the [`Config`](crate::Config) it starts with.
 pub fn spawn_peers(opts: &LaunchOptions) -> Result<EmbeddedJob> {
-    if opts.ranks == 0 {
-        return Err(Error::InvalidArgument("a job needs at least one rank".into()));
-    }
+    check_ranks(opts.ranks)?;
     let job = job_name();
     let (server_ends, mut child_ends) = socket_pairs(opts.ranks)?;
     let own = child_ends.remove(0);

@@ -948,7 +948,7 @@ fn orphans_check(ranks: u32, nodes: u32, kind: Orphans, check: &mut impl FnMut(S
     let report = |r: u32| std::fs::read_to_string(format!("{out_s}.{r}")).unwrap_or_default();
     let (n, k) = (ranks.to_string(), nodes.to_string());
     let mut launcher = std::process::Command::new(env!("CARGO_BIN_EXE_polyrail"))
-        .args(["run", "-n", &n, "--nodes", &k, "--bind", "none", "--"])
+        .args(["run", "-n", &n, "--nodes", &k, "--bind", "none", "--ranks-outlive-launcher", "--"])
         .arg(std::env::current_exe().expect("test executable"))
         .arg(scenario)
         .env("JOBTEST_OUT", &out_s)

@@ -201,7 +201,10 @@ fn a_timeout_stops_the_job() {
 /// naming the count and the limit (it failed part-way, at whichever rank hit the limit).
 #[test]
 fn a_job_beyond_the_open_file_limit_is_refused_up_front() {
-    let ranks = 4_000_000_000u32;
+    // More ranks than any machine runs processes: refused as such.
+    let err = launch(&opts(4_000_000_000, "true", &[])).unwrap_err().to_string();
+    assert!(err.contains("at most 4194304"), "{err}");
+    let ranks = polyrail::launch::MAX_RANKS;
     let mut hard = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes the struct passed.
     assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut hard) }, 0);
@@ -210,7 +213,7 @@ fn a_job_beyond_the_open_file_limit_is_refused_up_front() {
     }
     let t = Instant::now();
     let err = launch(&opts(ranks, "true", &[])).unwrap_err().to_string();
-    assert!(err.contains("4000000000 ranks need about 20000000016 open files"), "{err}");
+    assert!(err.contains("4194304 ranks need about 20971536 open files"), "{err}");
     assert!(t.elapsed() < Duration::from_secs(1), "took {:?}", t.elapsed());
 }
 
@@ -542,4 +545,52 @@ fn processes_the_ranks_start_end_with_the_job() {
             }
         }
     }
+}
+
+/// A launcher killed with SIGKILL (which it cannot catch to stop its job) leaves no rank
+/// running: each rank asked the kernel to kill it when the launcher dies.
+#[test]
+fn ranks_die_with_a_killed_launcher() {
+    // The ranks are `sleep 30.PID`: a command line no other process has.
+    let seconds = format!("30.{}", std::process::id());
+    let marker = format!("sleep\0{seconds}\0");
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_polyrail"))
+        .args(["run", "-n", "2", "--bind", "none", "--", "sleep", &seconds])
+        .spawn()
+        .unwrap();
+    let ranks = || -> Vec<u32> {
+        let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+        dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == marker.as_bytes()))
+            .collect()
+    };
+    let t = Instant::now();
+    while ranks().len() < 2 {
+        assert!(t.elapsed() < Duration::from_secs(10), "the ranks did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    launcher.kill().unwrap(); // SIGKILL
+    launcher.wait().unwrap();
+    let t = Instant::now();
+    while !ranks().is_empty() {
+        if t.elapsed() > Duration::from_secs(2) {
+            for pid in ranks() {
+                // SAFETY: kill has no memory-safety preconditions; the pid ran our marker.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            }
+            panic!("ranks outlived the killed launcher");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// With `--label`, an unfinished line written out after its wait, then another rank's line,
+/// then the rest of the first: three labelled lines (the continuation was unlabelled, after
+/// the other rank's text on the same line).
+#[test]
+fn labelled_lines_never_mix_across_a_partial_write() {
+    let script = r#"if [ "$PMI_RANK" = 0 ]; then printf 'progress: '; sleep 1; echo done; else sleep 0.5; echo 'rank one line'; fi"#;
+    let out = polyrail_run_output(&["-n", "2", "--bind", "none", "--label", "sh", "-c", script]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines, ["[0] progress: ", "[1] rank one line", "[0] done"], "{out:?}");
 }

@@ -19,6 +19,7 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::process::Child;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -67,6 +68,11 @@ struct Queue {
 
 static SINKS: [Sink; 2] = [Sink::new(), Sink::new()];
 
+/// Per sink (as [`SINKS`]), with `--label`: the stream (`rank * 2 + target`) whose unfinished
+/// line was the last thing queued there, or `usize::MAX`. Only the launcher's main thread
+/// labels and queues, so relaxed accesses suffice.
+static OPEN_LINE: [AtomicUsize; 2] = [AtomicUsize::new(usize::MAX), AtomicUsize::new(usize::MAX)];
+
 impl Target {
     fn fd(self) -> libc::c_int {
         match self {
@@ -79,11 +85,7 @@ impl Target {
     /// file (a terminal, `>log 2>&1`) they share one, so that lines come out in the order they
     /// were queued: a message of the launcher does not overtake a rank's earlier output.
     fn sink(self) -> &'static Sink {
-        static ONE_FILE: OnceLock<bool> = OnceLock::new();
-        let i = match self {
-            Target::Stderr if !*ONE_FILE.get_or_init(stdout_is_stderr) => 1,
-            _ => 0,
-        };
+        let i = self.sink_index();
         let sink = &SINKS[i];
         sink.thread.get_or_init(|| {
             let name = format!("polyrail-run-out{i}");
@@ -95,6 +97,15 @@ impl Target {
     /// Queues `bytes` for this stream; `false` when it is gone.
     fn push(self, bytes: Vec<u8>) -> bool {
         self.sink().push(self, bytes)
+    }
+
+    /// The index of its sink in [`SINKS`].
+    fn sink_index(self) -> usize {
+        static ONE_FILE: OnceLock<bool> = OnceLock::new();
+        match self {
+            Target::Stderr if !*ONE_FILE.get_or_init(stdout_is_stderr) => 1,
+            _ => 0,
+        }
     }
 
     /// Whether so much waits for this stream that the ranks' pipes to it are not read.
@@ -431,10 +442,22 @@ impl Stream {
         self.to.push(bytes)
     }
 
-    /// `bytes` with `[rank] ` at the start of every line.
+    /// `bytes` with `[rank] ` at the start of every line. When another stream's unfinished line
+    /// (written out after [`PARTIAL_WAIT`]) is the last thing in the sink, it is ended first;
+    /// when this stream's own unfinished line went out and another stream wrote since, its
+    /// continuation starts a labelled line of its own: labelled lines never mix.
     fn labelled(&mut self, bytes: &[u8]) -> Vec<u8> {
         let tag = format!("[{}] ", self.rank);
-        let mut out = Vec::with_capacity(bytes.len() + tag.len() * 4);
+        let mut out = Vec::with_capacity(bytes.len() + tag.len() * 4 + 1);
+        let me = self.rank * 2 + self.to as usize;
+        let open = &OPEN_LINE[self.to.sink_index()];
+        let other = open.load(Ordering::Relaxed);
+        if other != usize::MAX && other != me {
+            out.push(b'\n');
+        }
+        if other != me {
+            self.at_line_start = true;
+        }
         for piece in bytes.split_inclusive(|&b| b == b'\n') {
             if self.at_line_start {
                 out.extend_from_slice(tag.as_bytes());
@@ -442,6 +465,7 @@ impl Stream {
             out.extend_from_slice(piece);
             self.at_line_start = piece.ends_with(b"\n");
         }
+        open.store(if self.at_line_start { usize::MAX } else { me }, Ordering::Relaxed);
         out
     }
 }

@@ -315,6 +315,31 @@ fn abort_is_reported_and_closes_the_connection() {
     assert_eq!(evs[1], ServerEvent::Aborted { rank: 0, code: 5, message: "bye now".into() });
 }
 
+/// An abort message of any length makes a well-formed abort in both formats: free text is cut
+/// to `TEXT_LIMIT` characters (a 70 000-byte message made an over-long PMI-1 line, which the
+/// server refused as malformed, so the job was not aborted at once).
+#[test]
+fn a_long_abort_message_is_cut_not_refused() {
+    let long = "x".repeat(70_000);
+    let text = wire::sanitize_text(&long);
+    assert_eq!(text.len(), wire::TEXT_LIMIT + 3);
+    assert!(text.ends_with("..."));
+    assert_eq!(wire::sanitize_text("short; text\n"), "short, text ");
+    for format in [Wire::V1, Wire::V2] {
+        let (srv, mut socks) = server("job-long-abort", 1);
+        let mut raw = socks.pop().unwrap();
+        let init = Msg::new("init").with("pmi_version", 1).with("pmi_subversion", 1);
+        assert_eq!(raw_call(&mut raw, Wire::V1, &init).cmd, "response_to_init");
+        let abort = Msg::new("abort").with("isworld", "TRUE").with("exitcode", 3).with("message", &text);
+        raw.write_all(&abort.encode(format).unwrap()).unwrap();
+        let evs = events_until(&srv, |e| e.len() >= 2);
+        assert!(
+            matches!(&evs[1], ServerEvent::Aborted { rank: 0, code: 3, message } if message.ends_with("...")),
+            "{format:?}: {evs:?}"
+        );
+    }
+}
+
 #[test]
 fn unsupported_commands_get_an_error_answer() {
     let (srv, mut socks) = server("job-unknown", 1);

@@ -53,6 +53,11 @@ enum Cmd {
         /// status is then at least 124, as `timeout`'s.
         #[arg(long)]
         timeout: Option<f64>,
+        /// Let the ranks outlive a launcher killed with SIGKILL (by default the kernel kills
+        /// them with it), as under a process manager that does not kill them: their polyrail
+        /// calls then fail, naming the process manager gone. For testing that.
+        #[arg(long)]
+        ranks_outlive_launcher: bool,
         /// The program and its arguments.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<OsString>,
@@ -124,7 +129,7 @@ fn main() {
 
 fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.cmd {
-        Cmd::Run { ranks, bind, grace, layout, nodes, label, timeout, command } => {
+        Cmd::Run { ranks, bind, grace, layout, nodes, label, timeout, ranks_outlive_launcher, command } => {
             let (program, args) = command.split_first().context("no program to run")?;
             if !(0.0..=3600.0).contains(&grace) {
                 bail!("--grace {grace} is not accepted: give seconds from 0 to 3600");
@@ -140,6 +145,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             };
             opts.grace = Duration::from_secs_f64(grace);
             opts.label = label;
+            opts.ranks_outlive_launcher = ranks_outlive_launcher;
             opts.timeout = timeout.map(Duration::from_secs_f64);
             opts.nodes = match (layout, nodes) {
                 (Some(counts), _) => Some(polyrail::launch::nodes_from_counts(ranks, &counts)?),

@@ -94,8 +94,9 @@ impl Bootstrap for Singleton {
 }
 
 /// The exit status that carries abort code `code`: its low byte (what the system keeps), except
-/// that a nonzero code whose low byte is zero (256, -256...) becomes 1, so that an aborted job
-/// never exits as a success.
+/// that a nonzero code whose low byte is zero (256, -256...) becomes 1, so that an abort with a
+/// failure code never exits as a success. Code 0 stays 0: the job was stopped on purpose (as
+/// `MPI_Abort(comm, 0)` under Hydra).
 pub fn abort_status(code: i32) -> i32 {
     match code.rem_euclid(256) {
         0 if code != 0 => 1,

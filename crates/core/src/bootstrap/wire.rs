@@ -392,9 +392,19 @@ pub fn check_token(what: &str, s: &str, max: usize) -> Result<()> {
     Ok(())
 }
 
-/// Makes free text (an abort message) safe for both formats: no control characters, no `;`.
+/// Characters of free text kept by [`sanitize_text`]: far below either format's limit on a
+/// message (a PMI-1 line of 64 KiB, a PMI-2 body of 999 999 bytes), so that a long abort
+/// message still makes a well-formed abort.
+pub const TEXT_LIMIT: usize = 1024;
+
+/// Makes free text (an abort message) safe for both formats: no control characters, no `;`,
+/// at most [`TEXT_LIMIT`] characters (a longer text is cut, and says so with `...`).
 pub fn sanitize_text(s: &str) -> String {
-    s.chars().map(printable).map(|c| if c == ';' { ',' } else { c }).collect()
+    let mut out: String = s.chars().take(TEXT_LIMIT).map(printable).map(|c| if c == ';' { ',' } else { c }).collect();
+    if s.chars().nth(TEXT_LIMIT).is_some() {
+        out.push_str("...");
+    }
+    out
 }
 
 /// The socket a client talks PMI over: inherited (`PMI_FD`) or connected (`PMI_PORT`).
