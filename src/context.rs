@@ -19,8 +19,8 @@ const _: () = assert!(USER_CTX == Space::WORLD.ctx && BARRIER_CTX < Space::FIRST
 /// Tag of a split's messages in its space's control context (the barrier's tags are its
 /// rounds, below 32).
 const SPLIT_TAG: u32 = u32::MAX;
-/// How long the end of a scope whose closure panicked waits for each request it left.
-const UNWIND_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long the end of a scope whose closure panicked waits for the requests it left.
+pub(crate) const UNWIND_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// How long finalize waits for unfinished sends.
 const FINALIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -419,6 +419,12 @@ impl Context {
             match self.driver.wait_parked()? {
                 ParkedEnd::Received(status) => return Ok(status),
                 ParkedEnd::Request(id) => id,
+                ParkedEnd::Abandoned(id, e) => {
+                    if self.driver.engine.take_peer_may_write(id) {
+                        self.stop_for_lent_buffer();
+                    }
+                    return Err(e);
+                }
             }
         } else {
             // SAFETY: as in `send`; the request ends before `buf`'s borrow does.
@@ -653,13 +659,12 @@ impl Context {
         buf.unwrap_or_default()
     }
 
-    /// Waits for request `id` of a scope whose closure panicked, for at most
-    /// [`UNWIND_WAIT`]; then stops the process. Its buffer is borrowed and about to be given
-    /// back to unwinding code, and a request a failing program left behind may never end (a
-    /// receive whose peer waits for what this process was to send first): stopping ends the
-    /// job, as the panic was to, where waiting on would hang it.
-    pub(crate) fn wait_while_unwinding(&mut self, id: ReqId) {
-        let deadline = std::time::Instant::now() + UNWIND_WAIT;
+    /// Waits for request `id` of a scope whose closure panicked until `deadline` (the scope's
+    /// end gives its requests [`UNWIND_WAIT`] in all); then stops the process. Its buffer is
+    /// borrowed and about to be given back to unwinding code, and a request a failing program
+    /// left behind may never end (a receive whose peer waits for what this process was to send
+    /// first): stopping ends the job, as the panic was to, where waiting on would hang it.
+    pub(crate) fn wait_while_unwinding(&mut self, id: ReqId, deadline: std::time::Instant) {
         let _ = self.driver.wait_until(|e| e.is_done(id) || std::time::Instant::now() >= deadline);
         if !self.driver.engine.is_done(id) && std::time::Instant::now() >= deadline {
             tracing::error!(

@@ -160,6 +160,9 @@ pub enum ParkedEnd {
     Received(Status),
     /// It became this request, still to be waited for.
     Request(ReqId),
+    /// It became this request, which the wait gave up (with this error) and abandoned: the
+    /// caller asks [`Engine::take_peer_may_write`] whether its buffer may yet be written.
+    Abandoned(ReqId, Error),
 }
 
 impl Driver {
@@ -728,7 +731,7 @@ impl Driver {
             Unparked::Promoted(id) if waited.is_ok() => Ok(ParkedEnd::Request(id)),
             Unparked::Promoted(id) => {
                 self.abandon(id);
-                Err(waited.expect_err("checked above"))
+                Ok(ParkedEnd::Abandoned(id, waited.expect_err("checked above")))
             }
             Unparked::Withdrawn => Err(waited
                 .err()

@@ -510,7 +510,9 @@ fn allowed_cpus() -> Vec<usize> {
     }
     // SAFETY: sysconf has no memory-safety preconditions.
     let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-    (0..online.max(1) as usize).collect()
+    // A fixed-size cpu_set_t holds CPUs below CPU_SETSIZE only (the mask could not be read
+    // because the kernel has more: those beyond are never chosen).
+    (0..(online.max(1) as usize).min(libc::CPU_SETSIZE as usize)).collect()
 }
 
 fn cpu_set_of(cpu: usize) -> libc::cpu_set_t {

@@ -12,7 +12,7 @@ use std::marker::PhantomData;
 use polyrail_core::engine::{ReqId, Source, Status, TagMatch};
 use polyrail_core::{Error, Rank, Result};
 
-use crate::context::{Cancel, Context, Request};
+use crate::context::{Cancel, Context, Request, UNWIND_WAIT};
 use crate::space::{job_rank_in, source_in, Space};
 
 /// The requests of one [`Context::scope`] call: start them with [`Scope::isend`] and
@@ -77,8 +77,8 @@ impl Context {
     /// Runs `f` with a [`Scope`] whose non-blocking operations borrow their buffers instead of
     /// owning them; returns when `f` has returned and every request started in the scope has
     /// ended (those `f` did not wait for are waited for here, their results dropped; also when
-    /// `f` panics, for up to 10 s: then the process stops with a message, rather than hang
-    /// or free buffers under transfers). A closure that returns early on an error with receives
+    /// `f` panics, for up to 10 s in all: then the process stops with a message, rather than
+    /// hang or free buffers under transfers; also under a `catch_unwind` that would recover). A closure that returns early on an error with receives
     /// still posted should cancel them itself ([`Scope::cancel`]): the scope's end waits for
     /// them, and a peer that fails alike would wait for this one. Should a receive's wait give
     /// up while a live peer may still write its buffer, the process stops, as in
@@ -134,12 +134,12 @@ impl Drop for EndOfScope<'_, '_, '_> {
         // Cannot fail: only the scope's methods borrow the context, each until it returns, and
         // none is running when the closure has returned or unwound.
         let mut ctx = self.0.ctx.borrow_mut();
-        let unwinding = std::thread::panicking();
+        // A panicking closure may have left requests nothing will end (a receive whose peer
+        // waits for what this one was to send first): they are waited for a while only.
+        let deadline = std::thread::panicking().then(|| std::time::Instant::now() + UNWIND_WAIT);
         for id in left.into_iter().flatten() {
-            if unwinding {
-                // A panicking closure may have left requests nothing will end (a receive whose
-                // peer waits for what this one was to send first): waited for a while only.
-                ctx.wait_while_unwinding(id);
+            if let Some(deadline) = deadline {
+                ctx.wait_while_unwinding(id, deadline);
             }
             // The result goes nowhere: the closure did not ask for it.
             let req = ctx.request(id);

@@ -586,11 +586,22 @@ fn ranks_die_with_a_killed_launcher() {
 
 /// With `--label`, an unfinished line written out after its wait, then another rank's line,
 /// then the rest of the first: three labelled lines (the continuation was unlabelled, after
-/// the other rank's text on the same line).
+/// the other rank's text on the same line). The ranks take turns through marker files, each
+/// step well after the launcher's 50 ms wait for an unfinished line.
 #[test]
 fn labelled_lines_never_mix_across_a_partial_write() {
-    let script = r#"if [ "$PMI_RANK" = 0 ]; then printf 'progress: '; sleep 1; echo done; else sleep 0.5; echo 'rank one line'; fi"#;
-    let out = polyrail_run_output(&["-n", "2", "--bind", "none", "--label", "sh", "-c", script]);
+    let dir = std::env::temp_dir().join(format!("polyrail-label-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = r#"cd "$1"
+if [ "$PMI_RANK" = 0 ]; then
+    printf 'progress: '; sleep 0.3; touch a
+    while [ ! -e b ]; do sleep 0.05; done; sleep 0.3; echo done
+else
+    while [ ! -e a ]; do sleep 0.05; done; echo 'rank one line'; sleep 0.3; touch b
+fi"#;
+    let d = dir.to_str().unwrap();
+    let out = polyrail_run_output(&["-n", "2", "--bind", "none", "--label", "sh", "-c", script, "sh", d]);
+    let _ = std::fs::remove_dir_all(&dir);
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines, ["[0] progress: ", "[1] rank one line", "[0] done"], "{out:?}");
 }

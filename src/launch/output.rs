@@ -70,7 +70,7 @@ static SINKS: [Sink; 2] = [Sink::new(), Sink::new()];
 
 /// Per sink (as [`SINKS`]), with `--label`: the stream (`rank * 2 + target`) whose unfinished
 /// line was the last thing queued there, or `usize::MAX`. Only the launcher's main thread
-/// labels and queues, so relaxed accesses suffice.
+/// labels and queues (ranks' lines and its own, [`say_line`]), so relaxed accesses suffice.
 static OPEN_LINE: [AtomicUsize; 2] = [AtomicUsize::new(usize::MAX), AtomicUsize::new(usize::MAX)];
 
 impl Target {
@@ -230,7 +230,13 @@ fn write_all(fd: libc::c_int, mut bytes: &[u8]) -> bool {
 
 /// Queues one line of the launcher's own for its stderr, after what the ranks wrote there.
 pub fn say_line(line: &str) {
-    let mut bytes = Vec::with_capacity(line.len() + 1);
+    let mut bytes = Vec::with_capacity(line.len() + 2);
+    // A rank's unfinished labelled line, written out after its wait, ends before this one
+    // (its continuation is then labelled anew).
+    let open = &OPEN_LINE[Target::Stderr.sink_index()];
+    if open.swap(usize::MAX, Ordering::Relaxed) != usize::MAX {
+        bytes.push(b'\n');
+    }
     bytes.extend_from_slice(line.as_bytes());
     bytes.push(b'\n');
     Target::Stderr.push(bytes);

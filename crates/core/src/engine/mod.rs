@@ -1288,13 +1288,7 @@ impl Engine {
         };
         req.own_key = Some(Box::new(key));
         match req.expose_for.take() {
-            Some(ExposeFor::Rts) => {
-                let mut hdr = Header::new(PacketKind::Rts);
-                (hdr.tag, hdr.ctx, hdr.seq, hdr.len, hdr.sreq) =
-                    (req.tag_value(), req.ctx, req.seq, req.len as u64, id.wire());
-                let (to, am) = (req.peer, am_of(&self.peers, req.peer));
-                self.actions.push_back(Action::Send { channel: am, to, hdr, payload: Payload::Key(key), op: None });
-            }
+            Some(ExposeFor::Rts) => self.send_rts(id, 0, Payload::Key(key)),
             Some(ExposeFor::RtsAfterRtr) => self.send_rts_after_rtr(id, Some(key)),
             Some(ExposeFor::Cts) => self.send_cts(id, key),
             Some(ExposeFor::Rtr) if !req.matched && req.withdrawal != Withdrawal::Asked => {
@@ -1335,13 +1329,10 @@ impl Engine {
         if req.result.is_some() {
             // A receive that ended (failed, or was discarded) while its read ran: the sender
             // still waits for our FIN to release its buffer, which we no longer read.
-            let peer_alive = self.peers.get(req.peer as usize).is_some_and(|p| p.gone.is_none());
-            if req.dir == Dir::Recv && peer_alive {
-                req.copied = true;
-                let mut hdr = Header::new(PacketKind::Fin);
-                hdr.sreq = req.peer_req;
-                let (to, am) = (req.peer, am_of(&self.peers, req.peer));
-                self.actions.push_back(Action::Send { channel: am, to, hdr, payload: Payload::Empty, op: None });
+            let (dir, peer) = (req.dir, req.peer);
+            if dir == Dir::Recv && self.peer_alive(peer) {
+                self.reqs.get_mut(id).expect("live request").copied = true;
+                self.send_fin(id, 0);
             }
             return;
         }
@@ -1350,13 +1341,9 @@ impl Engine {
         // for ever): the receiver's FIN releases the sender's buffer (we no longer read it);
         // the sender's completes the receiver's buffer, or, flagged TRUNCATED after a failed
         // write, fails the receive (its buffer lacks our part).
-        let mut hdr = Header::new(PacketKind::Fin);
-        match req.dir {
-            Dir::Send => (hdr.rreq, hdr.flags) = (req.peer_req, if result.is_err() { Header::TRUNCATED } else { 0 }),
-            Dir::Recv => hdr.sreq = req.peer_req,
-        }
-        let (to, am) = (req.peer, am_of(&self.peers, req.peer));
-        self.actions.push_back(Action::Send { channel: am, to, hdr, payload: Payload::Empty, op: None });
+        let failed_write = req.dir == Dir::Send && result.is_err();
+        self.send_fin(id, if failed_write { Header::TRUNCATED } else { 0 });
+        let req = self.reqs.get_mut(id).expect("live request");
         if let Err(e) = result {
             // While the peer still works on the buffer through our key, the request ends with
             // the error only at the peer's FIN (or its loss): a receive whose sender still
@@ -1430,10 +1417,10 @@ impl Engine {
 
     fn usable_peer(&mut self, r: Rank) -> Result<&mut Peer> {
         self.check_rank(r)?;
-        match self.peer_error(r) {
-            Some(e) => Err(e),
-            None => Ok(&mut self.peers[r as usize]),
+        if self.peers[r as usize].gone.is_some() {
+            return Err(self.peer_error(r).unwrap_or_else(|| self.lost_error(r)));
         }
+        Ok(&mut self.peers[r as usize])
     }
 
     /// The error of a call that needs `peer`, which was lost: with the reason given then.
@@ -1589,26 +1576,44 @@ impl Engine {
     /// CTS asks for it.
     fn send_stream_rts(&mut self, id: ReqId) {
         let req = self.reqs.get_mut(id).expect("live request");
-        let (to, am) = (req.peer, am_of(&self.peers, req.peer));
+        let am = am_of(&self.peers, req.peer);
         (req.protocol, req.channel) = (Protocol::RndvStream, am);
         req.pending = 1; // the receiver's CTS
         req.fin_due = true; // or its truncation FIN
+        self.send_rts(id, Header::STREAM, Payload::Empty);
+    }
+
+    /// Sends the RTS of sender-first send `id`, with `flags` and `payload` (our key, or none
+    /// for a stream).
+    fn send_rts(&mut self, id: ReqId, flags: u8, payload: Payload) {
+        let req = self.reqs.get(id).expect("live request");
         let mut hdr = Header::new(PacketKind::Rts);
         (hdr.flags, hdr.tag, hdr.ctx, hdr.seq, hdr.len, hdr.sreq) =
-            (Header::STREAM, req.tag_value(), req.ctx, req.seq, req.len as u64, id.wire());
-        self.actions.push_back(Action::Send { channel: am, to, hdr, payload: Payload::Empty, op: None });
+            (flags, req.tag_value(), req.ctx, req.seq, req.len as u64, id.wire());
+        let (to, am) = (req.peer, am_of(&self.peers, req.peer));
+        self.actions.push_back(Action::Send { channel: am, to, hdr, payload, op: None });
     }
 
     /// Ends the send of a receive that matched its RTS and will read nothing (it failed, or
     /// was discarded, before its read or CTS): a truncation FIN, unless the sender is gone.
     pub(super) fn release_sender(&mut self, id: ReqId) {
-        let Some(req) = self.reqs.get(id) else { return };
-        if self.peers.get(req.peer as usize).is_some_and(|p| p.gone.is_none()) {
-            let mut fin = Header::new(PacketKind::Fin);
-            (fin.flags, fin.sreq) = (Header::TRUNCATED, req.peer_req);
-            let (to, am) = (req.peer, am_of(&self.peers, req.peer));
-            self.actions.push_back(Action::Send { channel: am, to, hdr: fin, payload: Payload::Empty, op: None });
+        if self.reqs.get(id).is_some_and(|r| self.peer_alive(r.peer)) {
+            self.send_fin(id, Header::TRUNCATED);
         }
+    }
+
+    /// Queues the FIN of request `id` to its peer (a receive's names the send, a send's the
+    /// receive), with `flags`.
+    fn send_fin(&mut self, id: ReqId, flags: u8) {
+        let Some(req) = self.reqs.get(id) else { return };
+        let mut hdr = Header::new(PacketKind::Fin);
+        hdr.flags = flags;
+        match req.dir {
+            Dir::Send => hdr.rreq = req.peer_req,
+            Dir::Recv => hdr.sreq = req.peer_req,
+        }
+        let (to, am) = (req.peer, am_of(&self.peers, req.peer));
+        self.actions.push_back(Action::Send { channel: am, to, hdr, payload: Payload::Empty, op: None });
     }
 
     /// Receiver-first send: RTS naming the receiver's request (and our key when it pulls the
