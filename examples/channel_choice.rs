@@ -1,5 +1,7 @@
-//! Shows which channel carries each message size to rank 1, as chosen by the policy under the
-//! current `POLYRAIL_*` variables, then moves one message of each size to prove it.
+//! Shows the route table to rank 1 (which channel and protocol each message size takes, as
+//! the policy chose them under the current `POLYRAIL_*` variables), with the rules that may
+//! change a size's route at run time (the peer's measured placement, as `polyrail info` shows
+//! them), then moves one message of each size and checks it arrived.
 //!
 //! ```text
 //! polyrail run -n 2 target/release/examples/channel_choice
@@ -24,6 +26,9 @@ fn main() -> polyrail::Result<()> {
             let e = route.lookup(s);
             let ch = report.channel_kinds[e.channel as usize];
             println!("{:>6}: {:<11} over {:<4} ({})", format_size(s), e.protocol.name(), ch.name(), e.reason);
+        }
+        if let Some(rule) = &route.placement {
+            println!("at run time: {}", rule.describe());
         }
         for &s in &sizes {
             ctx.send(1, 0, &vec![7u8; s])?;

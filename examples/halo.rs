@@ -38,12 +38,26 @@ fn from_bytes(b: &[u8]) -> Vec<f64> {
     b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()
 }
 
+/// Argument `i` (after the program's name) as a whole number, or `default` when absent; a
+/// value that is not one ends the program with a usage message.
+fn arg(i: usize, default: usize) -> usize {
+    match std::env::args().nth(i) {
+        None => default,
+        Some(a) => a.parse().unwrap_or_else(|_| {
+            eprintln!("halo: `{a}` is not a whole number; usage: halo [N] [STEPS]");
+            std::process::exit(2)
+        }),
+    }
+}
+
 fn main() -> polyrail::Result<()> {
     let mut ctx = Context::init()?;
-    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
-    let n = args.first().copied().unwrap_or(64);
-    let steps = args.get(1).copied().unwrap_or(20);
+    let (n, steps) = (arg(1, 64), arg(2, 20));
     let (px, py) = grid(ctx.size());
+    if n < px.max(py) as usize {
+        eprintln!("halo: a {n}x{n} grid cannot give each of the {px}x{py} ranks a cell; use N >= {}", px.max(py));
+        std::process::exit(2);
+    }
     let (me, size) = (ctx.rank(), ctx.size());
     let (cx, cy) = (me % px, me / px);
     let (w, h) = (n / px as usize, n / py as usize);

@@ -120,16 +120,21 @@ impl Common {
 }
 
 /// The `POLYRAIL_*` settings that force a channel: `auto` (none), `shm` (rings and send cells
-/// only), `cma` (single copy for every non-empty message), `ib` (none: the ranks are placed on
-/// different virtual nodes instead, see [`channel_nodes`]).
+/// only), `cma` (single copy for every non-empty message: no placement, skew or stream rule
+/// sends one eagerly), `ib` (none: the ranks are placed on different virtual nodes instead,
+/// see [`channel_nodes`]).
 pub fn channel_settings(transport: &str) -> anyhow::Result<&'static [(&'static str, &'static str)]> {
     Ok(match transport {
         "auto" | "ib" => &[],
         "shm" => &[("POLYRAIL_TRANSPORTS", "shm")],
         // Not eager by the placement rule either: single copy whatever the placement.
-        "cma" => {
-            &[("POLYRAIL_CMA_THRESHOLD", "1"), ("POLYRAIL_NEAR_EAGER", "off"), ("POLYRAIL_APART_SINGLE_COPY", "off")]
-        }
+        "cma" => &[
+            ("POLYRAIL_CMA_THRESHOLD", "1"),
+            ("POLYRAIL_NEAR_EAGER", "off"),
+            ("POLYRAIL_APART_SINGLE_COPY", "off"),
+            ("POLYRAIL_SKEW", "off"),
+            ("POLYRAIL_STREAM_EAGER", "off"),
+        ],
         other => anyhow::bail!("--transport {other} is not accepted: use auto, shm, cma or ib"),
     })
 }
@@ -144,6 +149,23 @@ pub fn channel_nodes(transport: &str, ranks: u32) -> Option<Vec<u32>> {
 /// [`channel_settings`] as environment variables for a launched job.
 pub fn transport_env(transport: &str) -> anyhow::Result<Vec<(OsString, OsString)>> {
     Ok(channel_settings(transport)?.iter().map(|(k, v)| (k.into(), v.into())).collect())
+}
+
+/// The configuration of a rank started by a launcher (`polyrail run`, Hydra, or this runner
+/// itself): the environment's, with [`channel_settings`] applied, so that `--transport` holds
+/// under any launcher. `ib` needs the ranks on different nodes already (`POLYRAIL_NODE`).
+pub fn rank_config(transport: &str) -> anyhow::Result<polyrail::Config> {
+    let mut cfg = polyrail::Config::from_env()?;
+    for (k, v) in channel_settings(transport)? {
+        cfg.set(k, v)?;
+    }
+    if transport == "ib" && cfg.node.is_none() {
+        anyhow::bail!(
+            "--transport ib under a launcher needs the ranks on different virtual nodes \
+             (polyrail run --nodes N), or start polyrail-bench alone"
+        );
+    }
+    Ok(cfg)
 }
 
 /// [`channel_settings`] applied to the configuration from the environment, for rank 0 of a job

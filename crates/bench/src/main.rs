@@ -47,8 +47,8 @@ enum Cmd {
     Skew {
         #[command(flatten)]
         common: Common,
-        /// Messages per size.
-        #[arg(long, default_value_t = 200)]
+        /// Messages per size (at least 1).
+        #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
         messages: u32,
         /// Producer's compute before each send (µs).
         #[arg(long, default_value_t = 10)]
@@ -57,7 +57,7 @@ enum Cmd {
         #[arg(long, default_value_t = 40)]
         c2: u64,
         /// Runs per size (the median is reported).
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
         repeats: u32,
     },
     /// Overlap of a large transfer with computation that tests the request periodically

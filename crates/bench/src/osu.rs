@@ -1,16 +1,23 @@
 //! The OSU methods (osu_latency, osu_bw) over a polyrail `Context`, and their CSV output.
 
 use crate::Common;
-use anyhow::{bail, Context as _};
+use anyhow::bail;
 use polyrail::{Context, Source, TagMatch};
 use std::io::Write;
 use std::ops::Range;
 use std::time::Instant;
 
 /// Parses `8,4k,4m`.
+/// The largest message the runner measures (each rank holds a send and a receive buffer of it).
+pub const MAX_SIZE: usize = 1 << 30;
+
 pub fn parse_sizes(s: &str) -> anyhow::Result<Vec<usize>> {
     s.split(',')
-        .map(|x| polyrail::parse_size(x).with_context(|| format!("--sizes: {x:?} is not a size (use e.g. 8,4k,4m)")))
+        .map(|x| match polyrail::parse_size(x) {
+            Some(n) if n <= MAX_SIZE => Ok(n),
+            Some(_) => anyhow::bail!("--sizes: {x:?} is above the largest size measured, 1g"),
+            None => anyhow::bail!("--sizes: {x:?} is not a size (use e.g. 8,4k,4m)"),
+        })
         .collect()
 }
 
@@ -56,12 +63,13 @@ pub(crate) fn append_csv(c: &Common, bench: &str, size: usize, value: f64, unit:
 /// OSU's iteration counts: (iterations, warm-up) by size.
 pub(crate) fn iterations(c: &Common, size: usize, small: (u32, u32), large: (u32, u32)) -> (u32, u32) {
     let (mut n, mut w) = if size <= 8192 { small } else { large };
-    if let Some(i) = c.iters {
-        n = i;
-    }
     if c.quick {
         n = n.div_ceil(100).max(2);
         w = w.div_ceil(100).max(1);
+    }
+    // `--iters` overrides, also with `--quick` (which then shortens the warm-up only).
+    if let Some(i) = c.iters {
+        n = i;
     }
     (n, w)
 }
@@ -72,7 +80,7 @@ pub(crate) fn header(ctx: &Context, c: &Common, what: &str, unit: &str) {
         if c.validate {
             println!("# --validate: every message written and checked (timed too)");
         }
-        println!("# Size {unit:>24}");
+        println!("{:<10}{unit:>20}", "# Size");
     }
 }
 
@@ -126,7 +134,7 @@ impl std::ops::DerefMut for Buffer {
 /// Joins the job (at least two ranks, or `what` says why not) and allocates the buffers.
 pub(crate) fn start(c: &Common, what: &str) -> anyhow::Result<Run> {
     let sizes = parse_sizes(&c.sizes)?;
-    let mut ctx = Context::init()?;
+    let mut ctx = Context::init_with(crate::rank_config(&c.transport)?)?;
     if ctx.size() < 2 {
         bail!("{what} needs at least 2 ranks");
     }
@@ -218,7 +226,10 @@ pub fn latency(c: &Common, fresh: bool) -> anyhow::Result<()> {
             }
             _ => {}
         }
-        sbuf[0] = sbuf[0].wrapping_add(1);
+        // The next size's first byte differs (a 0-byte run has none).
+        if let Some(b) = sbuf.first_mut() {
+            *b = b.wrapping_add(1);
+        }
     }
     ctx.barrier()?;
     ctx.finalize()?;
