@@ -78,11 +78,11 @@ impl Context {
     /// owning them; returns when `f` has returned and every request started in the scope has
     /// ended (those `f` did not wait for are waited for here, their results dropped; also when
     /// `f` panics, for up to 10 s in all: then the process stops with a message, rather than
-    /// hang or free buffers under transfers; also under a `catch_unwind` that would recover). A closure that returns early on an error with receives
-    /// still posted should cancel them itself ([`Scope::cancel`]): the scope's end waits for
-    /// them, and a peer that fails alike would wait for this one. Should a receive's wait give
-    /// up while a live peer may still write its buffer, the process stops, as in
-    /// [`Context::recv`].
+    /// hang or free buffers under transfers, also under a `catch_unwind` that would recover).
+    /// A closure that returns early on an error with receives still posted should cancel them
+    /// itself ([`Scope::cancel`]): the scope's end waits for them, and a peer that fails alike
+    /// would wait for this one. Should a receive's wait give up while a live peer may still
+    /// write its buffer, the process stops, as in [`Context::recv`].
     ///
     /// ```no_run
     /// # fn main() -> polyrail::Result<()> {
