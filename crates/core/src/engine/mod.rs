@@ -660,10 +660,8 @@ impl Engine {
 
     /// Why `peer` can no longer be used, if it cannot.
     pub fn peer_error(&self, peer: Rank) -> Option<Error> {
-        match self.peers.get(peer as usize)?.gone? {
-            Gone::Finished => Some(Error::PeerFinished { rank: peer }),
-            Gone::Lost | Gone::Faulty => Some(self.lost_error(peer)),
-        }
+        let gone = self.peers.get(peer as usize)?.gone?;
+        Some(self.gone_error(peer, gone))
     }
 
     /// Requests not yet forgotten (running, or finished with their result not taken).
@@ -1417,14 +1415,18 @@ impl Engine {
 
     fn usable_peer(&mut self, r: Rank) -> Result<&mut Peer> {
         self.check_rank(r)?;
-        if self.peers[r as usize].gone.is_some() {
-            return Err(self.peer_error(r).unwrap_or_else(|| self.lost_error(r)));
+        if let Some(gone) = self.peers[r as usize].gone {
+            return Err(self.gone_error(r, gone));
         }
         Ok(&mut self.peers[r as usize])
     }
 
-    /// The error of a call that needs `peer`, which was lost: with the reason given then.
-    fn lost_error(&self, peer: Rank) -> Error {
+    /// The error of a call that needs `peer`, which is gone as `gone` says (a loss with the
+    /// reason given then).
+    fn gone_error(&self, peer: Rank, gone: Gone) -> Error {
+        if gone == Gone::Finished {
+            return Error::PeerFinished { rank: peer };
+        }
         let why = self.peers.get(peer as usize).and_then(|p| p.lost_why.as_deref()).unwrap_or("reported lost");
         Error::PeerLost { rank: peer, why: why.into() }
     }

@@ -2539,17 +2539,32 @@ fn a_peer_lost_for_garbage_may_still_write_its_keys() {
 /// receive pulls the message; runs rank 1's actions but holds back its read. Returns the send,
 /// the receive and the read's op.
 fn pull_held(sim: &mut Sim, data: &[u8], out: &mut [u8]) -> (ReqId, ReqId, OpId) {
+    match late_receive_holding(sim, data, out, |a| matches!(a, Action::Get { .. })) {
+        (s, q, Some(Action::Get { op, .. })) => (s, q, op),
+        _ => panic!("the receive pulls the message"),
+    }
+}
+
+/// Sends `data` from rank 0 to a receive of rank 1 into `out` posted after it, and runs rank
+/// 1's actions but the one `held` picks, which it gives back with the send and the receive.
+fn late_receive_holding(
+    sim: &mut Sim,
+    data: &[u8],
+    out: &mut [u8],
+    held: impl Fn(&Action) -> bool,
+) -> (ReqId, ReqId, Option<Action>) {
     let s = send(sim, 0, 1, 1, data);
     sim.settle();
     let q = recv(sim, 1, Source::Rank(0), TagMatch::Tag(1), out);
-    let mut read = None;
+    let mut kept = None;
     while let Some(a) = sim.engines[1].poll_action() {
-        match a {
-            Action::Get { op, .. } => read = Some(op),
-            a => sim.execute(1, a),
+        if held(&a) {
+            kept = Some(a);
+        } else {
+            sim.execute(1, a);
         }
     }
-    (s, q, read.expect("the receive pulls the message"))
+    (s, q, kept)
 }
 
 /// A receive that fails (its peer lost) while its own read is in flight ends only when the
@@ -2583,23 +2598,6 @@ fn a_receive_discarded_during_its_read_still_frees_the_sender() {
     sim.settle();
     assert!(result(&mut sim, 0, s).is_ok(), "the send ended at the FIN");
     assert_eq!(sim.engines[1].running_requests(), 0, "the discarded receive ended");
-}
-
-/// A sender-first split message whose receive is posted late: the receive's engine has queued
-/// the exposure of its buffer for the sender's put (the CTS follows it); gives back the send,
-/// the receive and that exposure.
-fn split_exposure_held(sim: &mut Sim, data: &[u8], out: &mut [u8]) -> (ReqId, ReqId, Action) {
-    let s = send(sim, 0, 1, 1, data);
-    sim.settle();
-    let q = recv(sim, 1, Source::Rank(0), TagMatch::Tag(1), out);
-    let mut expose = None;
-    while let Some(a) = sim.engines[1].poll_action() {
-        match a {
-            Action::Expose { .. } => expose = Some(a),
-            a => sim.execute(1, a),
-        }
-    }
-    (s, q, expose.expect("the split receive exposes its buffer for the sender's put"))
 }
 
 /// A request whose exposure fails goes on by a protocol that needs no key of its own (before,
@@ -2641,9 +2639,11 @@ fn a_split_receive_discarded_before_its_cts_frees_the_sender() {
     let mut sim = Sim::new(2, || route(100, &[(usize::MAX, Protocol::RndvSplit)]));
     let data = pattern(11, 100_000);
     let mut out = vec![0u8; data.len()];
-    let (s, q, expose) = split_exposure_held(&mut sim, &data, &mut out);
+    // Sender first, the receive posted late: its exposure for the sender's put (the CTS
+    // follows it) is held back.
+    let (s, q, expose) = late_receive_holding(&mut sim, &data, &mut out, |a| matches!(a, Action::Expose { .. }));
     sim.engines[1].discard(q);
-    sim.execute(1, expose);
+    sim.execute(1, expose.expect("the split receive exposes its buffer for the sender's put"));
     sim.settle();
     assert!(result(&mut sim, 0, s).is_ok(), "the send ended at the truncation FIN");
     assert!(out.iter().all(|&b| b == 0), "nothing was written into the discarded receive");
