@@ -2,6 +2,7 @@
 
 use crate::buffer::RegisteredBuffer;
 use crate::driver::{Driver, ParkedEnd};
+use crate::dropped::DropBox;
 use crate::heap::HeapRegistrations;
 use crate::job::{Job, JobReport};
 use crate::space::{status_in, InSpace, Members, Space, SplitEntry};
@@ -21,6 +22,8 @@ const _: () = assert!(USER_CTX == Space::WORLD.ctx && BARRIER_CTX < Space::FIRST
 const SPLIT_TAG: u32 = u32::MAX;
 /// How long the end of a scope whose closure panicked waits for the requests it left.
 pub(crate) const UNWIND_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Requests detached before the context first looks for finished ones among them.
+const SWEEP_MIN: usize = 64;
 /// How long finalize waits for unfinished sends.
 const FINALIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -30,11 +33,13 @@ const FINALIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// context that made it (another context of the process refuses it with
 /// [`Error::InvalidArgument`]).
 ///
-/// Dropping a `Request` detaches it: the transfer still completes, and its buffer is freed when
-/// the context ends (at once if the request finished when it was started). The buffer is owned
-/// by the context meanwhile, so it cannot be freed or reused under the transfer (the memory of
-/// a raw request, [`Context::isend_raw`], must stay valid until then). A call that refuses a
-/// request made by another context consumes it as a drop does.
+/// Dropping a `Request` detaches it (`MPI_Request_free`): the transfer still completes, and the
+/// context frees the request and its buffer after it finished, within the context's next few
+/// requests (at once if it finished when it was started; its result, an error included, goes
+/// nowhere). The buffer is owned by the context meanwhile, so it cannot be freed or reused
+/// under the transfer (the memory of a raw request, [`Context::isend_raw`], must stay valid
+/// until the context ends). A call that refuses a request made by another context consumes it
+/// as a drop does.
 #[derive(Debug)]
 #[must_use = "a request must be waited for to get its buffer and its result"]
 pub struct Request {
@@ -67,7 +72,21 @@ enum RequestState {
     Finished(Status),
 }
 
+impl Drop for Request {
+    fn drop(&mut self) {
+        if let RequestState::Engine(id, mark, _) = self.state {
+            DropBox::post(mark, id);
+        }
+    }
+}
+
 impl Request {
+    /// Its state, leaving nothing for its drop to hand back (it is being waited for, or
+    /// cancelled).
+    fn into_state(mut self) -> RequestState {
+        std::mem::replace(&mut self.state, RequestState::Finished(Status { source: 0, tag: 0, len: 0 }))
+    }
+
     /// An operation that finished when it started, with `status`; `buf` is given back.
     fn done(status: Status, buf: Vec<u8>) -> Request {
         Request { state: RequestState::Done(Completion { status, buf }) }
@@ -82,7 +101,7 @@ impl Request {
     /// ranks of that space.
     pub(crate) fn in_space(self, members: &Option<Arc<Members>>) -> Result<Request> {
         let Some(m) = members else { return Ok(self) };
-        let state = match self.state {
+        let state = match self.into_state() {
             RequestState::Engine(id, mark, _) => RequestState::Engine(id, mark, Some(Arc::clone(m))),
             RequestState::Done(mut done) => {
                 done.status = m.status(done.status)?;
@@ -174,6 +193,12 @@ pub struct Context {
     heap: HeapRegistrations,
     /// Carried by this context's requests.
     mark: ContextMark,
+    /// Where requests of this context dropped while running are handed back.
+    dropped: Arc<DropBox>,
+    /// Requests handed back that may still run; freed once they finish.
+    detached: Vec<ReqId>,
+    /// The length of `detached` at which it is next looked through.
+    sweep_at: usize,
     /// Matching contexts given out by [`Context::new_space`] so far.
     spaces: u16,
     /// The highest matching context not given to a space of [`InSpace::split`] yet.
@@ -231,6 +256,7 @@ impl Context {
     fn start(config: Config, boot: Option<Box<dyn Bootstrap>>) -> Result<Context> {
         crate::logging::init(config.log);
         let Job { bootstrap, driver, report, config } = Job::start(config, boot)?;
+        let mark = ContextMark::next();
         let mut ctx = Context {
             driver,
             bootstrap,
@@ -238,7 +264,10 @@ impl Context {
             config,
             owned: Vec::new(),
             heap: HeapRegistrations::default(),
-            mark: ContextMark::next(),
+            mark,
+            dropped: DropBox::open(mark),
+            detached: Vec::new(),
+            sweep_at: SWEEP_MIN,
             spaces: 0,
             next_split: Space::FIRST_SPLIT,
             finalized: false,
@@ -716,7 +745,7 @@ impl Context {
     /// Waits for a request; gives back its status and buffer.
     pub fn wait(&mut self, req: Request) -> Result<Completion> {
         req.check_made_by(self.mark)?;
-        match req.state {
+        match req.into_state() {
             RequestState::Engine(id, _, members) => {
                 let r = self.driver.wait(id);
                 let buf = self.take_buf(id);
@@ -751,6 +780,7 @@ impl Context {
                     // write is kept out of use (or, the caller's, stops the process).
                     self.driver.abandon(id);
                     drop(self.take_buf(id));
+                    req.into_state();
                     return Err(e);
                 }
                 let withdrawn = self.driver.engine.cancel_outcome(id) == Some(true);
@@ -760,7 +790,11 @@ impl Context {
                 withdrawn
             }
         };
-        Ok(if withdrawn { Cancel::Cancelled(self.take_buf(id)) } else { Cancel::NotCancelled(req) })
+        if !withdrawn {
+            return Ok(Cancel::NotCancelled(req));
+        }
+        req.into_state();
+        Ok(Cancel::Cancelled(self.take_buf(id)))
     }
 
     /// Makes progress once; whether `req` finished (then [`Context::wait`] returns at once). A
@@ -848,9 +882,41 @@ impl Context {
         reqs.into_iter().try_for_each(|r| r.check_made_by(self.mark))
     }
 
-    /// A request of this context for the engine's `id`.
-    pub(crate) fn request(&self, id: ReqId) -> Request {
+    /// A request of this context for the engine's `id`. Frees the requests dropped since the
+    /// last one that have finished, once enough have been dropped.
+    #[inline]
+    pub(crate) fn request(&mut self, id: ReqId) -> Request {
+        if self.dropped.take_into(&mut self.detached) && self.detached.len() >= self.sweep_at {
+            self.free_detached();
+        }
         Request { state: RequestState::Engine(id, self.mark, None) }
+    }
+
+    /// Frees the detached requests that have finished: their results go nowhere, their
+    /// buffers are freed (or kept out of use, should a peer still hold their key). Looked
+    /// through again when twice as many are detached, so that each drop costs O(1) in all.
+    #[cold]
+    fn free_detached(&mut self) {
+        let mut detached = std::mem::take(&mut self.detached);
+        detached.retain(|&id| {
+            if !self.driver.engine.is_done(id) {
+                return true;
+            }
+            // `None`: its result was taken already (a scope's end waited for it), and its
+            // index may be another request's now.
+            if let Some(result) = self.driver.engine.take_result(id) {
+                if let Err(e) = result {
+                    tracing::debug!("rank {}: a dropped request failed: {e}", self.rank());
+                }
+                let buf = self.owned.get_mut(req_index(id)).and_then(Option::take);
+                if self.driver.engine.take_peer_may_write(id) {
+                    self.quarantine(1, buf.into_iter().collect());
+                }
+            }
+            false
+        });
+        self.sweep_at = SWEEP_MIN.max(2 * detached.len());
+        self.detached = detached;
     }
 
     /// Waits for every request; the completions are in the order of `reqs`. If any failed, all
@@ -879,7 +945,7 @@ impl Context {
         let mut out = Vec::with_capacity(reqs.len());
         let mut first_err = waited.err();
         for req in reqs {
-            let (id, members) = match req.state {
+            let (id, members) = match req.into_state() {
                 RequestState::Engine(id, _, members) => (id, members),
                 RequestState::Done(done) => {
                     out.push(done);
@@ -1048,6 +1114,7 @@ impl Drop for Context {
             // died, a common cause of this error): a panic in drop while unwinding aborts.
             let _ = writeln!(std::io::stderr(), "polyrail: rank {}: finalize: {e}", self.rank());
         }
+        DropBox::close(self.mark);
     }
 }
 
@@ -1081,6 +1148,38 @@ mod tests {
 
     fn refused<T: std::fmt::Debug>(r: Result<T>) -> bool {
         matches!(r, Err(Error::InvalidArgument(ref m)) if m.contains("another Context"))
+    }
+
+    /// Requests dropped while they ran (here or on another thread) still complete, and are
+    /// freed with their buffers after they finished: a program that drops its requests holds
+    /// a bounded number of them, not one per message until the context ends.
+    #[test]
+    fn dropped_requests_complete_and_are_freed() {
+        let mut ctx = alone();
+        let mut buf = [0u8; 8];
+        for i in 0..1000u32 {
+            let r = ctx.irecv(0, 5, vec![0u8; 8]).unwrap();
+            if i % 2 == 0 {
+                drop(r);
+            } else {
+                std::thread::spawn(move || drop(r)).join().unwrap();
+            }
+            ctx.send(0, 5, &i.to_le_bytes()).unwrap(); // matches the dropped receive
+            ctx.send(0, 6, &i.to_le_bytes()).unwrap();
+            ctx.recv(0, 6, &mut buf).unwrap(); // the next message is not taken by it
+            assert_eq!(buf[..4], i.to_le_bytes());
+        }
+        let big = vec![7u8; 1 << 20];
+        for _ in 0..200 {
+            drop(ctx.isend(0, 9, big.clone()).unwrap()); // rendezvous: runs until received
+            let mut got = vec![0u8; 1 << 20];
+            assert_eq!(ctx.recv(0, 9, &mut got).unwrap().len, 1 << 20);
+            assert!(got == big, "a dropped send delivered its message");
+        }
+        let live = ctx.driver.engine.live_requests();
+        let kept = ctx.owned.iter().flatten().count();
+        assert!(live <= 2 * SWEEP_MIN && kept <= 2 * SWEEP_MIN, "{live} requests and {kept} buffers held");
+        ctx.finalize().unwrap();
     }
 
     /// A receive nothing matched is withdrawn with its buffer, and the message meant for it goes

@@ -23,6 +23,7 @@
 mod buffer;
 mod context;
 mod driver;
+mod dropped;
 mod heap;
 mod job;
 pub mod launch;
