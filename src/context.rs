@@ -34,9 +34,10 @@ const FINALIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// [`Error::InvalidArgument`]).
 ///
 /// Dropping a `Request` detaches it (`MPI_Request_free`): the transfer still completes, and the
-/// context frees the request and its buffer after it finished, within the context's next few
-/// requests (at once if it finished when it was started; its result, an error included, goes
-/// nowhere). The buffer is owned by the context meanwhile, so it cannot be freed or reused
+/// context frees the request and its buffer after it finished (at once if it finished when it
+/// was started; else it looks for finished ones when it starts a request and the number
+/// dropped has doubled since its last look, from 64). Its result, an error included, goes
+/// nowhere. The buffer is owned by the context meanwhile, so it cannot be freed or reused
 /// under the transfer (the memory of a raw request, [`Context::isend_raw`], must stay valid
 /// until the context ends). A call that refuses a request made by another context consumes it
 /// as a drop does.
