@@ -887,17 +887,24 @@ impl Context {
     /// last one that have finished, once enough have been dropped.
     #[inline]
     pub(crate) fn request(&mut self, id: ReqId) -> Request {
-        if self.dropped.take_into(&mut self.detached) && self.detached.len() >= self.sweep_at {
-            self.free_detached();
+        if self.dropped.pending() {
+            self.free_dropped();
         }
         Request { state: RequestState::Engine(id, self.mark, None) }
     }
 
-    /// Frees the detached requests that have finished: their results go nowhere, their
-    /// buffers are freed (or kept out of use, should a peer still hold their key). Looked
-    /// through again when twice as many are detached, so that each drop costs O(1) in all.
+    /// Takes the requests dropped since the last call; when their number has doubled since
+    /// the last look, frees those that have finished: their results go nowhere, their
+    /// buffers are freed (or kept out of use, should a peer still hold their key). Each drop
+    /// costs O(1) in all. Out of line, so that starting a request stays small (inlined, osu_bw
+    /// 4 KiB measured 2-4 % lower in alternating runs).
     #[cold]
-    fn free_detached(&mut self) {
+    #[inline(never)]
+    fn free_dropped(&mut self) {
+        self.dropped.take_into(&mut self.detached);
+        if self.detached.len() < self.sweep_at {
+            return;
+        }
         let mut detached = std::mem::take(&mut self.detached);
         detached.retain(|&id| {
             if !self.driver.engine.is_done(id) {

@@ -54,14 +54,15 @@ impl DropBox {
         }
     }
 
-    /// Moves the requests handed back since the last call into `out`; whether there were any.
+    /// Whether requests may have been handed back since the last [`DropBox::take_into`].
     #[inline]
-    pub(crate) fn take_into(&self, out: &mut Vec<ReqId>) -> bool {
-        if !self.pending.load(Ordering::Relaxed) {
-            return false;
-        }
+    pub(crate) fn pending(&self) -> bool {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    /// Moves the requests handed back since the last call into `out`.
+    pub(crate) fn take_into(&self, out: &mut Vec<ReqId>) {
         self.pending.store(false, Ordering::Relaxed);
         out.append(&mut lock(&self.ids));
-        true
     }
 }
