@@ -142,7 +142,7 @@ impl Drop for EndOfScope<'_, '_, '_> {
                 ctx.wait_while_unwinding(id, deadline);
             }
             // The result goes nowhere: the closure did not ask for it.
-            let req = ctx.request(id);
+            let req = ctx.request(id).scoped();
             let _ = ctx.wait(req);
         }
     }
@@ -238,7 +238,7 @@ impl<'scope> Scope<'scope, '_> {
     }
 
     fn started(&self, req: Request) -> Result<ScopedRequest<'scope>> {
-        let req = req.in_space(&self.space.members)?;
+        let req = req.scoped().in_space(&self.space.members)?;
         let slot = req.engine_id().map(|id| {
             let mut running = self.running.borrow_mut();
             match running.free.pop() {

@@ -698,11 +698,6 @@ impl Engine {
         r.lends_key() && self.peer_alive(r.peer)
     }
 
-    /// Requests the engine holds: running, or finished with their results not taken yet.
-    pub fn live_requests(&self) -> usize {
-        self.reqs.live()
-    }
-
     /// Requests still running.
     pub fn running_requests(&self) -> usize {
         self.reqs.ids().filter(|&id| !self.is_done(id)).count()
