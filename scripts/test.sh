@@ -68,6 +68,15 @@ csv=$(mktemp -d)/points.csv
 timeout 300 target/release/polyrail-bench compare --quick --sizes 8,64k --csv "$csv"
 grep -q '^latency,' "$csv"
 grep -q '^latency_fresh,auto,' "$csv"
+# A forced channel that cannot carry the messages fails its runs (not measuring another
+# channel under its name); compare shows their cells as missing and fails.
+if POLYRAIL_TRANSPORTS=shm,self timeout 300 target/release/polyrail-bench compare --quick --sizes 8 \
+    > /tmp/polyrail-compare-denied.txt 2>&1; then
+    echo "compare with cma denied succeeded" >&2
+    exit 1
+fi
+grep -Eq '^ +8 +[0-9.]+ +[0-9.]+ +- ' /tmp/polyrail-compare-denied.txt
+grep -q 'latency over cma failed' /tmp/polyrail-compare-denied.txt
 if [ -d crates/bench/benches ] && ls crates/bench/benches/*.rs > /dev/null 2>&1; then
     timeout 900 cargo bench -p polyrail-bench -- --test
 fi

@@ -16,7 +16,7 @@ use criterion::{BenchmarkId, Criterion, Throughput};
 use polyrail::launch::{spawn_peers, LaunchOptions};
 use polyrail::Context;
 use polyrail_bench::osu::{window, WINDOW};
-use polyrail_bench::{channel_config, channel_nodes, transport_env};
+use polyrail_bench::{channel_config, channel_nodes, check_forced, transport_env};
 use std::time::{Duration, Instant};
 
 const CMD_TAG: u32 = 9000;
@@ -77,6 +77,9 @@ fn bench_channel(c: &mut Criterion, channel: &str) {
     let mut job = spawn_peers(&opts).expect("start the peer process");
     let boot = job.take_bootstrap().expect("bootstrap");
     let mut ctx = Context::init_with_bootstrap(channel_config(channel).expect("config"), boot).expect("init");
+    if let Err(e) = check_forced(ctx.report(), ctx.rank(), channel) {
+        panic!("{e:#}");
+    }
 
     let mut g = c.benchmark_group("latency");
     for &size in SIZES {

@@ -31,7 +31,7 @@ pub fn bibw(c: &Common) -> anyhow::Result<()> {
             }
         }
         if ctx.rank() == 0 {
-            let mbs = (2 * size * WINDOW * iters as usize) as f64 / t0.elapsed().as_secs_f64() / 1e6;
+            let mbs = 2.0 * size as f64 * WINDOW as f64 * f64::from(iters) / t0.elapsed().as_secs_f64() / 1e6;
             println!("{size:<10}{mbs:>20.2}");
             append_csv(c, "bibw", size, mbs, "MB/s")?;
         }
@@ -81,7 +81,7 @@ pub fn mbw_mr(c: &Common) -> anyhow::Result<()> {
         ctx.barrier()?;
         if me == 0 {
             let secs = t0.elapsed().as_secs_f64();
-            let msgs = (pairs as usize * WINDOW * iters as usize) as f64;
+            let msgs = f64::from(pairs) * WINDOW as f64 * f64::from(iters);
             let mbs = msgs * size as f64 / secs / 1e6;
             println!("{size:<10}{mbs:>20.2}{:>17.0}", msgs / secs);
             append_csv(c, "mbw", size, mbs, "MB/s")?;

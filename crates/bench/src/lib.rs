@@ -27,8 +27,8 @@ pub struct Common {
     /// Ranks to start when run alone (at least 2).
     #[arg(short = 'n', long = "np", default_value_t = 2, value_parser = clap::value_parser!(u32).range(2..))]
     pub ranks: u32,
-    /// Iteration count override (default: OSU's, by size; at least 1).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Iteration count override (default: OSU's, by size; 1 to 100000000).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000_000))]
     pub iters: Option<u32>,
     /// Fewer iterations (for smoke tests).
     #[arg(long)]
@@ -151,14 +151,20 @@ pub fn transport_env(transport: &str) -> anyhow::Result<Vec<(OsString, OsString)
     Ok(channel_settings(transport)?.iter().map(|(k, v)| (k.into(), v.into())).collect())
 }
 
-/// The configuration of a rank started by a launcher (`polyrail run`, Hydra, or this runner
-/// itself): the environment's, with [`channel_settings`] applied, so that `--transport` holds
-/// under any launcher. `ib` needs the ranks on different nodes already (`POLYRAIL_NODE`).
-pub fn rank_config(transport: &str) -> anyhow::Result<polyrail::Config> {
+/// The configuration from the environment with [`channel_settings`] of `transport` applied.
+fn env_config_with(transport: &str) -> anyhow::Result<polyrail::Config> {
     let mut cfg = polyrail::Config::from_env()?;
     for (k, v) in channel_settings(transport)? {
         cfg.set(k, v)?;
     }
+    Ok(cfg)
+}
+
+/// The configuration of a rank started by a launcher (`polyrail run`, Hydra, or this runner
+/// itself): the environment's, with [`channel_settings`] applied, so that `--transport` holds
+/// under any launcher. `ib` needs the ranks on different nodes already (`POLYRAIL_NODE`).
+pub fn rank_config(transport: &str) -> anyhow::Result<polyrail::Config> {
+    let cfg = env_config_with(transport)?;
     if transport == "ib" && cfg.node.is_none() {
         anyhow::bail!(
             "--transport ib under a launcher needs the ranks on different virtual nodes \
@@ -168,13 +174,36 @@ pub fn rank_config(transport: &str) -> anyhow::Result<polyrail::Config> {
     Ok(cfg)
 }
 
+/// An error unless the channel `--transport` forces (shm, cma, ib) carries messages to every
+/// peer in `report`, this process's job report: a channel refused at start (cma under a
+/// ptrace rule, one denied by `POLYRAIL_TRANSPORTS`) would leave its numbers those of another.
+pub fn check_forced(report: &polyrail::JobReport, me: polyrail::Rank, transport: &str) -> anyhow::Result<()> {
+    use polyrail::TransportKind;
+    let want = match transport {
+        "shm" => TransportKind::Shm,
+        "cma" => TransportKind::Cma,
+        "ib" => TransportKind::Ib,
+        _ => return Ok(()),
+    };
+    let is_wanted = |c: u8| report.channel_kinds.get(usize::from(c)) == Some(&want);
+    for p in report.peers.iter().filter(|p| p.rank != me) {
+        let carries =
+            p.route.as_ref().is_some_and(|r| is_wanted(r.am) || r.entries.iter().any(|e| is_wanted(e.channel)));
+        if !carries {
+            let why = report.channels.iter().find(|c| c.kind == want).map_or("not started", |c| c.status.as_str());
+            anyhow::bail!(
+                "--transport {transport}: no message to rank {} would go over {transport} ({why}); see `polyrail info`",
+                p.rank
+            );
+        }
+    }
+    Ok(())
+}
+
 /// [`channel_settings`] applied to the configuration from the environment, for rank 0 of a job
 /// started with [`polyrail::launch::spawn_peers`] (its node too, see [`channel_nodes`]).
 pub fn channel_config(transport: &str) -> anyhow::Result<polyrail::Config> {
-    let mut cfg = polyrail::Config::from_env()?;
-    for (k, v) in channel_settings(transport)? {
-        cfg.set(k, v)?;
-    }
+    let mut cfg = env_config_with(transport)?;
     if let Some(nodes) = channel_nodes(transport, 1) {
         cfg.node = nodes.first().copied();
     }

@@ -2,7 +2,8 @@
 //!
 //! Started alone, it launches its own ranks (`polyrail::launch`, 2 by default, bound to one
 //! core each); under a launcher (`polyrail run`, `mpiexec.hydra`) it runs as one of the ranks.
-//! Rank 0 prints the OSU table (`# Size  Latency (us)` / `# Size  Bandwidth (MB/s)`).
+//! One rank prints the results: rank 0 the OSU tables (`# Size  Latency (us)` /
+//! `# Size  Bandwidth (MB/s)`). `compare` and `report` run alone, never under a launcher.
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
@@ -87,15 +88,15 @@ enum Cmd {
         /// ping-pongs with one sender at a time while the other waits blocked.
         #[arg(long, value_enum, default_value = "burst")]
         pattern: experiments::DiscoveryPattern,
-        /// Messages per sender and round (burst).
-        #[arg(long, default_value_t = 32)]
-        burst: usize,
+        /// Messages per sender and round (burst; at least 1).
+        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+        burst: u32,
         /// Polling policies to compare (POLYRAIL_POLL values).
         #[arg(long, value_delimiter = ',', default_value = "all,static:50,static:1000,dynamic:8")]
         policies: Vec<String>,
         /// Extra ranks on the network peer's node that send nothing: each is one more ring
-        /// the root's ib channel polls.
-        #[arg(long, default_value_t = 0)]
+        /// the root's ib channel polls (at most 1021: the job has at most 1024 ranks).
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(..=1021))]
         quiet_peers: u32,
     },
     /// Medians, ratios and SVG plots from a comparison CSV (scripts/compare-peers.sh).
@@ -110,6 +111,9 @@ enum Cmd {
     /// Latency and bandwidth of every channel (auto, shm, cma, and auto from registered
     /// buffers and from heap blocks) in one table, and the automatic route's latency with
     /// fresh data (`latency --fresh`).
+    ///
+    /// Eleven jobs of 2 ranks, each stopped after 15 minutes. A job that fails leaves its
+    /// cells `-` and the exit status its own; a Ctrl-C stops the series there.
     Compare {
         /// Sizes to measure (comma-separated, with k/m suffixes).
         #[arg(long, default_value = "8,64,512,4k,32k,256k,1m,4m")]
@@ -139,13 +143,20 @@ fn under_launcher() -> bool {
     std::env::var_os("PMI_FD").is_some() || std::env::var_os("PMI_PORT").is_some()
 }
 
-/// Starts `args` of this executable as a job of `ranks` with the channel forced.
-fn relaunch(ranks: u32, transport: &str, args: Vec<OsString>) -> anyhow::Result<i32> {
+/// Starts `args` of this executable as a job of `ranks` with the channel forced, stopped after
+/// `timeout` if given.
+fn relaunch(
+    ranks: u32,
+    transport: &str,
+    args: Vec<OsString>,
+    timeout: Option<std::time::Duration>,
+) -> anyhow::Result<i32> {
     let exe = std::env::current_exe().context("cannot find the polyrail-bench executable")?;
     let mut opts = LaunchOptions::new(ranks, exe);
     opts.args = args;
     opts.env = transport_env(transport)?;
     opts.nodes = channel_nodes(transport, ranks);
+    opts.timeout = timeout;
     Ok(launch(&opts)?)
 }
 
@@ -167,6 +178,12 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
     if let Some((command, common)) = unchecked {
         common.refuse(command, &[Validate], "it checks no data (latency and bw do, with --validate)")?;
     }
+    if under_launcher() && matches!(cli.cmd, Cmd::Compare { .. } | Cmd::Report { .. }) {
+        bail!(
+            "compare and report run alone (compare starts its own jobs; every rank would run all of them): \
+             start polyrail-bench without polyrail run or mpiexec"
+        );
+    }
     match &cli.cmd {
         Cmd::Skew { common, .. } => {
             common.refuse("skew", &[Iters, Quick], "it sends --messages per size, --repeats times")?
@@ -174,7 +191,16 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Overlap { common, .. } => {
             common.refuse("overlap", &[Iters], "it times 20 transfers per size (2 with --quick)")?
         }
-        Cmd::Discovery { common, pattern, .. } => {
+        Cmd::MbwMr(common) if common.ranks % 2 != 0 && !under_launcher() => {
+            bail!("mbw-mr pairs rank r with r + n/2: -n {} is odd; give an even number of ranks", common.ranks)
+        }
+        Cmd::Discovery { common, pattern, policies, .. } => {
+            // Checked before the first job, not by every rank of the job that meets it.
+            for policy in policies {
+                polyrail::Config::default()
+                    .set("POLYRAIL_POLL", policy)
+                    .with_context(|| format!("--policies: {policy:?} is not a POLYRAIL_POLL value"))?;
+            }
             let mut unused = vec![Transport, Ranks, Sizes];
             if *pattern == experiments::DiscoveryPattern::Burst {
                 unused.push(Iters);
@@ -200,7 +226,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             transport_env(&c.transport)?;
             osu::parse_sizes(&c.sizes)?;
             let args: Vec<OsString> = std::env::args_os().skip(1).collect();
-            relaunch(c.ranks, &c.transport, args)
+            relaunch(c.ranks, &c.transport, args, None)
         }
         Cmd::Latency { common, fresh } => osu::latency(&common, fresh).map(|_| 0),
         Cmd::Bw(c) => osu::bandwidth(&c).map(|_| 0),
@@ -212,7 +238,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Overlap { common, compute, period } => experiments::overlap(&common, compute, period).map(|_| 0),
         Cmd::Discovery { common, pattern, burst, policies, quiet_peers } => {
             if under_launcher() {
-                return experiments::discovery(&common, pattern, burst).map(|_| 0);
+                return experiments::discovery(&common, pattern, burst as usize).map(|_| 0);
             }
             match pattern {
                 experiments::DiscoveryPattern::Burst => {
@@ -263,8 +289,10 @@ const FRESH: &str = "auto+fresh";
 /// buffers and heap blocks, and its latency with fresh data) and prints one table.
 fn compare(sizes: &str, quick: bool, csv: Option<PathBuf>) -> anyhow::Result<i32> {
     let list = osu::parse_sizes(sizes)?;
-    let tmp = std::env::temp_dir().join(format!("polyrail-compare-{}.csv", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
+    let tmp = TempFile(std::env::temp_dir().join(format!("polyrail-compare-{}.csv", std::process::id())));
+    let tmp = &tmp.0;
+    let _ = std::fs::remove_file(tmp);
+    let mut failed = None;
     let runs = ["latency", "bw"].into_iter().flat_map(|b| COMPARED.map(|c| (b, c))).chain([("latency", FRESH)]);
     for (bench, column) in runs {
         let (transport, option) = column.split_once('+').unwrap_or((column, ""));
@@ -276,12 +304,20 @@ fn compare(sizes: &str, quick: bool, csv: Option<PathBuf>) -> anyhow::Result<i32
         if quick {
             args.push("--quick".into());
         }
-        let code = relaunch(2, transport, args)?;
+        let code = relaunch(2, transport, args, Some(COMPARE_TIMEOUT))?;
         if code != 0 {
-            bail!("{bench} over {column} failed with status {code}");
+            eprintln!("polyrail-bench compare: {bench} over {column} failed with status {code}; its cells show -");
+            failed.get_or_insert(code);
+            if STOPPED_BY_SIGNAL.contains(&(code - 128)) {
+                break;
+            }
         }
     }
-    let text = std::fs::read_to_string(&tmp).context("reading the measurements")?;
+    let text = match std::fs::read_to_string(tmp) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && failed.is_some() => String::new(),
+        Err(e) => return Err(e).context("reading the measurements"),
+    };
     let rows = osu::read_csv(&text);
     println!("# polyrail-bench compare: 2 ranks, one core each");
     for (bench, unit) in [("latency", "one-way latency (us)"), ("bw", "bandwidth (MB/s)")] {
@@ -305,8 +341,22 @@ fn compare(sizes: &str, quick: bool, csv: Option<PathBuf>) -> anyhow::Result<i32
         println!();
     }
     if let Some(path) = csv {
-        std::fs::copy(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
     }
-    let _ = std::fs::remove_file(&tmp);
-    Ok(0)
+    Ok(failed.unwrap_or(0))
+}
+
+/// How long one job of `compare` may run: its longest at the default sizes takes seconds, and
+/// 1 GiB messages a few minutes.
+const COMPARE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+/// Signals that stop `compare`'s series when they stopped a job (the user's Ctrl-C and the like).
+const STOPPED_BY_SIGNAL: [i32; 4] = [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP];
+
+/// A file removed when dropped (also on an early return).
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }

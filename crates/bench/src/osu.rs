@@ -7,10 +7,10 @@ use std::io::Write;
 use std::ops::Range;
 use std::time::Instant;
 
-/// Parses `8,4k,4m`.
 /// The largest message the runner measures (each rank holds a send and a receive buffer of it).
 pub const MAX_SIZE: usize = 1 << 30;
 
+/// Parses `8,4k,4m`.
 pub fn parse_sizes(s: &str) -> anyhow::Result<Vec<usize>> {
     s.split(',')
         .map(|x| match polyrail::parse_size(x) {
@@ -138,6 +138,7 @@ pub(crate) fn start(c: &Common, what: &str) -> anyhow::Result<Run> {
     if ctx.size() < 2 {
         bail!("{what} needs at least 2 ranks");
     }
+    crate::check_forced(ctx.report(), ctx.rank(), &c.transport)?;
     let max = sizes.iter().copied().max().unwrap_or(0);
     let (sbuf, rbuf) = if c.registered {
         let mut s = ctx.alloc_registered(max)?;
@@ -303,7 +304,7 @@ pub fn bandwidth(c: &Common) -> anyhow::Result<()> {
             }
         }
         if ctx.rank() == 0 {
-            let mbs = (size * WINDOW * iters as usize) as f64 / t0.elapsed().as_secs_f64() / 1e6;
+            let mbs = size as f64 * WINDOW as f64 * f64::from(iters) / t0.elapsed().as_secs_f64() / 1e6;
             if !c.quiet {
                 println!("{size:<10}{mbs:>20.2}");
             }

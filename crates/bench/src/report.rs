@@ -29,10 +29,20 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
     }
 }
 
+/// The first line of a comparison CSV.
+const HEADER: &str = "tool,mode,metric,size,rep,value";
+
 fn read(path: &Path) -> anyhow::Result<Vec<Row>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut lines = text.lines();
+    if lines.next() != Some(HEADER) {
+        bail!(
+            "{}: the first line is not {HEADER:?}: not a CSV of scripts/compare-peers.sh (`compare --csv` writes another format)",
+            path.display()
+        );
+    }
     let mut rows = Vec::new();
-    for (i, line) in text.lines().enumerate().skip(1) {
+    for (i, line) in lines.enumerate().map(|(i, l)| (i + 1, l)) {
         let f: Vec<&str> = line.split(',').collect();
         if f.len() != 6 {
             bail!("{}:{}: expected 6 fields, got {line:?}", path.display(), i + 1);
@@ -40,7 +50,15 @@ fn read(path: &Path) -> anyhow::Result<Vec<Row>> {
         let (Ok(size), Ok(rep), Ok(value)) = (f[3].parse::<usize>(), f[4].parse::<u32>(), f[5].parse::<f64>()) else {
             bail!("{}:{}: bad size, repeat or value in {line:?}", path.display(), i + 1);
         };
+        // `inf` and `NaN` parse; a measurement is a finite number (an infinite one also
+        // stops the plots' log axes from ever ending their ticks).
+        if !value.is_finite() {
+            bail!("{}:{}: the value {:?} is not a finite number in {line:?}", path.display(), i + 1, f[5]);
+        }
         rows.push(Row { key: (f[0].into(), f[1].into(), f[2].into(), size), rep, value });
+    }
+    if rows.is_empty() {
+        bail!("{}: no measurements after the header", path.display());
     }
     Ok(rows)
 }
@@ -169,8 +187,9 @@ pub fn report(input: &Path, out: &Path) -> anyhow::Result<()> {
         tables(&mut md, &pm, floor, "####");
     }
     paired(&rows, &mut md);
-    std::fs::create_dir_all(out)?;
-    std::fs::write(out.join("report.md"), md)?;
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let md_path = out.join("report.md");
+    std::fs::write(&md_path, md).with_context(|| format!("writing {}", md_path.display()))?;
     plot(&m, "lat_us", "one-way latency (µs)", &out.join("latency.svg"))?;
     plot(&m, "bw_MBps", "bandwidth (MB/s)", &out.join("bandwidth.svg"))?;
     Ok(())
@@ -204,7 +223,7 @@ fn tables(md: &mut String, m: &Medians, cacheline: Option<f64>, level: &str) {
             } else {
                 peers.iter().copied().reduce(f64::max)
             };
-            // The floor: a cache line for 8 bytes, a single-thread memcpy of the message for
+            // The floor: a cache line up to 64 bytes, a single-thread memcpy of the message for
             // larger sizes (latency: time of the copy; bandwidth: its rate).
             let floor = if metric == "lat_us" {
                 if size <= 64 {
@@ -218,7 +237,7 @@ fn tables(md: &mut String, m: &Medians, cacheline: Option<f64>, level: &str) {
             let some_missing = peers.len() < PEERS.len();
             for mode in ["auto", "registered", "heap"] {
                 let ours = get(m, "polyrail", mode, metric, size);
-                let to_floor = fmt(ours.zip(floor).map(|(a, b)| a / b), 2);
+                let to_floor = fmt(ours.zip(floor.filter(|&b| b > 0.0)).map(|(a, b)| a / b), 2);
                 row += &format!(" {} | {to_floor} |", ratio_to_best(ours, best, some_missing, &mut partial));
             }
             let _ = writeln!(md, "{row}");
@@ -231,7 +250,7 @@ fn tables(md: &mut String, m: &Medians, cacheline: Option<f64>, level: &str) {
 /// `ours / best` with two decimals, marked with [`PARTIAL_MARK`] (and `partial` set) when
 /// `some_missing`: a peer had no result, so `best` is the best of the others only.
 fn ratio_to_best(ours: Option<f64>, best: Option<f64>, some_missing: bool, partial: &mut bool) -> String {
-    let ratio = fmt(ours.zip(best).map(|(a, b)| a / b), 2);
+    let ratio = fmt(ours.zip(best.filter(|&b| b > 0.0)).map(|(a, b)| a / b), 2);
     if ratio == "-" || !some_missing {
         return ratio;
     }
@@ -342,7 +361,7 @@ fn paired(rows: &[Row], md: &mut String) {
                 (a, b) => a.or(b),
             };
             let ours = get("polyrail");
-            let ratio = |to: Option<f64>| ours.zip(to).map(|(a, b)| a / b);
+            let ratio = |to: Option<f64>| ours.zip(to.filter(|&b| b > 0.0)).map(|(a, b)| a / b);
             Repeat {
                 rep,
                 before,
@@ -460,6 +479,30 @@ fn plot(m: &Medians, metric: &str, ylabel: &str, path: &Path) -> anyhow::Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A CSV that is not compare-peers.sh's, holds no measurement, or holds `inf`/`NaN` (whose
+    /// plot would never end its log axis) is refused with the file, the line and the value.
+    #[test]
+    fn bad_comparison_files_are_refused() {
+        let path = std::env::temp_dir().join(format!("polyrail-report-test-{}.csv", std::process::id()));
+        let refused = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            match read(&path) {
+                Ok(rows) => panic!("{text:?} was read as {} rows", rows.len()),
+                Err(e) => format!("{e:#}"),
+            }
+        };
+        let good = format!("{HEADER}\npolyrail,auto,lat_us,8,1,0.19\n");
+        std::fs::write(&path, &good).unwrap();
+        assert_eq!(read(&path).unwrap().len(), 1);
+        assert!(refused("bench,transport,size,value,unit\nlatency,auto,8,0.19,us\n").contains("first line"));
+        assert!(refused(&format!("{HEADER}\n")).contains("no measurements"));
+        for bad in ["inf", "NaN", "-inf"] {
+            let e = refused(&format!("{HEADER}\npolyrail,auto,lat_us,8,1,0.19\nucx,default,lat_us,8,1,{bad}\n"));
+            assert!(e.contains(":3:") && e.contains(bad) && e.contains("finite"), "{e}");
+        }
+        let _ = std::fs::remove_file(&path);
+    }
 
     /// The fresh-data table puts polyrail beside the better of the two MPIs and its own
     /// same-buffer latency; a run without fresh rows gets no section.
