@@ -34,17 +34,19 @@ const WORTH_REGISTERING: usize = 8 * 1024;
 ///
 /// Costs and limits: an allocation takes five system calls (`memfd_create`, `ftruncate`,
 /// `fcntl`, `fstat`, `mmap`) and holds a file descriptor until freed. At most 256 allocations
-/// live in memory files at once; the others come from the system allocator, as do allocations
+/// (and an eighth of the limit on open files, `ulimit -n`) live in memory files at once; the others come from the system allocator, as do allocations
 /// aligned beyond a page and all of them while [`MappedHeap::set_enabled`] has it off, where
-/// the kernel refuses memory files (it is then turned off) and where it does not overcommit
+/// the kernel refuses memory files (it is then turned off), past the file-size limit
+/// (`ulimit -f`) and where it does not overcommit
 /// memory (`vm.overcommit_memory=2`: a file's pages are committed only when touched, so an
 /// allocation there could succeed and fault later). Pages
 /// come from shared memory (tmpfs), without transparent huge pages. A freed block stays
 /// registered with the channels (for `ib`, its pages pinned) until the context's next message. Each process keeps up to 16
 /// of its peers' files mapped (1 GiB) until it sees them closed, so freed blocks may hold
 /// memory for a while. A child made by `fork` without `exec` shares these allocations with its parent
-/// instead of getting copies: do not install it in programs that fork and go on running the
-/// child (spawning a command is fine). Programs that allocate a fresh large buffer per message
+/// instead of getting copies, and may find the heap's table locked for ever by a thread of the
+/// parent: do not install it in programs that fork and go on running the child (spawning a
+/// command is fine). Programs that allocate a fresh large buffer per message
 /// pay a registration (and the peer a mapping) per message.
 #[derive(Debug)]
 pub struct MappedHeap {
@@ -104,7 +106,8 @@ impl MappedHeap {
     }
 
     /// Turns memory files for new allocations on or off (on at start); blocks already made
-    /// stay what they are until freed.
+    /// stay what they are until freed, and an allocation another thread is making as this is
+    /// called may still become one.
     pub fn set_enabled(on: bool) {
         ENABLED.store(on, Ordering::Relaxed);
     }
@@ -139,15 +142,16 @@ fn map_block(size: usize) -> Option<*mut u8> {
 
 /// [`map_block`] without keeping `errno`.
 fn try_map_block(size: usize) -> Option<*mut u8> {
-    if COUNT.load(Ordering::Relaxed) >= BLOCKS || strict_overcommit() {
+    if COUNT.load(Ordering::Relaxed) >= block_limit() || strict_overcommit() {
         return None;
     }
     let len = size.div_ceil(PAGE) * PAGE;
     let (fd, inode) = match polyrail_core::memory_file(len) {
         Ok(file) => file,
         Err((_, e)) => {
-            // Refused for good (no memfd_create, or a seccomp profile): stop asking.
-            if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) {
+            // Refused for good (no memfd_create, a seccomp profile, or a policy such as
+            // vm.memfd_noexec=2 that the file's flags do not meet): stop asking.
+            if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM | libc::EACCES)) {
                 ENABLED.store(false, Ordering::Relaxed);
             }
             return None;
@@ -164,7 +168,7 @@ fn try_map_block(size: usize) -> Option<*mut u8> {
         return None;
     }
     let mut b = table();
-    if b.count == BLOCKS {
+    if b.count >= block_limit() {
         drop(b);
         // SAFETY: the mapping and descriptor made above, given back once; nobody saw them.
         unsafe { unmap(ptr.cast(), len, fd) };
@@ -177,6 +181,28 @@ fn try_map_block(size: usize) -> Option<*mut u8> {
     COUNT.store(b.count, Ordering::Release);
     MADE.store(id, Ordering::Release);
     Some(ptr.cast())
+}
+
+/// The most blocks alive at once: [`BLOCKS`], and at most an eighth of the process's limit
+/// on open files (read once), since each holds a descriptor the program's own files would
+/// otherwise lack (128 under the common soft limit of 1024).
+fn block_limit() -> usize {
+    // 0: not read yet.
+    static LIMIT: AtomicUsize = AtomicUsize::new(0);
+    match LIMIT.load(Ordering::Relaxed) {
+        0 => {
+            let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            // SAFETY: `lim` is valid for writes. No allocation (this runs inside the allocator).
+            let read = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0;
+            let files = if read { usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX) } else { 1024 };
+            // At least 1, so that 0 keeps meaning "not read". Relaxed: every thread computes
+            // the same value.
+            let limit = BLOCKS.min(files / 8).max(1);
+            LIMIT.store(limit, Ordering::Relaxed);
+            limit
+        }
+        n => n,
+    }
 }
 
 /// Whether the kernel refuses to overcommit memory (`vm.overcommit_memory=2`, read once): a

@@ -1,6 +1,6 @@
 //! Experiments beyond the OSU pair: bidirectional and multi-pair bandwidth, skew, overlap.
 
-use crate::osu::{append_csv, iterations, start, window, Run, WINDOW};
+use crate::osu::{append_csv, iterations, start, window, Movers, Run, WINDOW};
 use crate::Common;
 use anyhow::bail;
 use std::time::{Duration, Instant};
@@ -15,7 +15,7 @@ fn compute(d: Duration) {
 
 /// osu_bibw: both ranks of the pair send windows to each other at once.
 pub fn bibw(c: &Common) -> anyhow::Result<()> {
-    let Run { mut ctx, sizes, sbuf, mut rbuf } = start(c, "bibw")?;
+    let Run { mut ctx, sizes, sbuf, mut rbuf } = start(c, "bibw", Movers::Pair)?;
     crate::osu::header(&ctx, c, "bibw", "Bandwidth (MB/s)");
     for &size in &sizes {
         let (iters, warmup) = iterations(c, size, (100, 10), (20, 2));
@@ -44,7 +44,7 @@ pub fn bibw(c: &Common) -> anyhow::Result<()> {
 /// osu_mbw_mr (Chai §6.2): ranks 0..n/2 each stream windows to their partner r + n/2; reports
 /// the aggregate bandwidth and message rate.
 pub fn mbw_mr(c: &Common) -> anyhow::Result<()> {
-    let Run { mut ctx, sizes, sbuf, mut rbuf } = start(c, "mbw_mr")?;
+    let Run { mut ctx, sizes, sbuf, mut rbuf } = start(c, "mbw_mr", Movers::All)?;
     let n = ctx.size();
     if n < 2 || n % 2 != 0 {
         bail!("mbw_mr needs an even number of ranks (-n 2, 4, ...)");
@@ -99,7 +99,7 @@ pub fn mbw_mr(c: &Common) -> anyhow::Result<()> {
 /// Prints the producer's and the consumer's time per message, medians of `repeats` runs (the
 /// host steals this machine's CPUs in bursts; a median resists them).
 pub fn skew(c: &Common, messages: u32, c1_us: u64, c2_us: u64, repeats: u32) -> anyhow::Result<()> {
-    let Run { mut ctx, sizes, sbuf: mut buf, .. } = start(c, "skew")?;
+    let Run { mut ctx, sizes, sbuf: mut buf, .. } = start(c, "skew", Movers::Pair)?;
     let (c1, c2) = (Duration::from_micros(c1_us), Duration::from_micros(c2_us));
     if ctx.rank() == 0 {
         println!("# polyrail-bench skew: transport {}, {messages} messages, c1 {c1_us} us, c2 {c2_us} us", c.transport);
@@ -174,7 +174,7 @@ pub fn skew(c: &Common, messages: u32, c1_us: u64, c2_us: u64, repeats: u32) -> 
 /// testing the request every `period_us`; reports how long the receive still took after the
 /// computation (0 = fully overlapped) and the total, against the transfer alone.
 pub fn overlap(c: &Common, compute_us: u64, period_us: u64) -> anyhow::Result<()> {
-    let Run { mut ctx, sizes, sbuf, mut rbuf } = start(c, "overlap")?;
+    let Run { mut ctx, sizes, sbuf, mut rbuf } = start(c, "overlap", Movers::Pair)?;
     if ctx.rank() == 1 {
         println!(
             "# polyrail-bench overlap: transport {}, compute {compute_us} us, test every {period_us} us",
@@ -250,7 +250,7 @@ pub enum DiscoveryPattern {
 pub fn discovery(c: &Common, pattern: DiscoveryPattern, burst: usize) -> anyhow::Result<()> {
     const GO: u32 = 4;
     const DATA: u32 = 3;
-    let Run { mut ctx, sbuf, mut rbuf, .. } = start(c, "discovery")?;
+    let Run { mut ctx, sbuf, mut rbuf, .. } = start(c, "discovery", Movers::All)?;
     if ctx.size() < 3 {
         anyhow::bail!("discovery needs 3 ranks (root, a shared-memory peer, a network peer)");
     }

@@ -131,15 +131,27 @@ impl std::ops::DerefMut for Buffer {
     }
 }
 
-/// Joins the job (at least two ranks, or `what` says why not) and allocates the buffers.
-pub(crate) fn start(c: &Common, what: &str) -> anyhow::Result<Run> {
+/// Which ranks of the job move messages.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Movers {
+    /// Ranks 0 and 1; the others wait at the barrier with empty buffers (a 1 GiB run of 8
+    /// ranks would otherwise hold 16 GiB).
+    Pair,
+    /// Every rank.
+    All,
+}
+
+/// Joins the job (at least two ranks, or `what` says why not) and allocates the buffers of
+/// the ranks that move messages.
+pub(crate) fn start(c: &Common, what: &str, movers: Movers) -> anyhow::Result<Run> {
     let sizes = parse_sizes(&c.sizes)?;
     let mut ctx = Context::init_with(crate::rank_config(&c.transport)?)?;
     if ctx.size() < 2 {
         bail!("{what} needs at least 2 ranks");
     }
     crate::check_forced(ctx.report(), ctx.rank(), &c.transport)?;
-    let max = sizes.iter().copied().max().unwrap_or(0);
+    let moves = movers == Movers::All || ctx.rank() < 2;
+    let max = if moves { sizes.iter().copied().max().unwrap_or(0) } else { 0 };
     let (sbuf, rbuf) = if c.registered {
         let mut s = ctx.alloc_registered(max)?;
         s.fill(b'a');
@@ -184,7 +196,7 @@ fn check_round(buf: &[u8], round: u32) -> anyhow::Result<()> {
 /// rows say `latency_fresh`.
 pub fn latency(c: &Common, fresh: bool) -> anyhow::Result<()> {
     let bench = if fresh { "latency_fresh" } else { "latency" };
-    let Run { mut ctx, sizes, mut sbuf, mut rbuf } = start(c, bench)?;
+    let Run { mut ctx, sizes, mut sbuf, mut rbuf } = start(c, bench, Movers::Pair)?;
     header(&ctx, c, bench, "Latency (us)");
     for &size in &sizes {
         let (iters, warmup) = iterations(c, size, (10000, 100), (1000, 10));
@@ -273,7 +285,7 @@ pub fn window(
 /// osu_bw between ranks 0 and 1: windows of 64 sends, one 4-byte acknowledgement. As in OSU,
 /// every send of a window reads the same buffer and every receive writes the same buffer.
 pub fn bandwidth(c: &Common) -> anyhow::Result<()> {
-    let Run { mut ctx, sizes, mut sbuf, mut rbuf } = start(c, "bw")?;
+    let Run { mut ctx, sizes, mut sbuf, mut rbuf } = start(c, "bw", Movers::Pair)?;
     header(&ctx, c, "bw", "Bandwidth (MB/s)");
     for &size in &sizes {
         let (iters, warmup) = iterations(c, size, (100, 10), (20, 2));

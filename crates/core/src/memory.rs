@@ -4,6 +4,7 @@
 
 use crate::error::{Error, Result};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A memory file that other processes of this machine may map: a sealed memfd, reachable as
 /// `/proc/<owner pid>/fd/<fd>` by processes allowed to read the owner's memory.
@@ -50,8 +51,10 @@ fn map(len: usize, fd: Option<RawFd>, what: &str) -> Result<*mut u8> {
 /// allocator of the facade calls it).
 pub fn memory_file(len: usize) -> std::result::Result<(OwnedFd, u64), (&'static str, std::io::Error)> {
     let failed = |step| (step, std::io::Error::last_os_error());
-    // SAFETY: the name is a NUL-terminated literal; the flags are valid; the result is checked.
-    let fd = unsafe { libc::memfd_create(c"polyrail-memory".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if !fits_file_size_limit(len) {
+        return Err(("sizing past the file-size limit (ulimit -f)", std::io::Error::from_raw_os_error(libc::EFBIG)));
+    }
+    let fd = create_memfd();
     if fd < 0 {
         return Err(failed("memfd_create"));
     }
@@ -73,6 +76,40 @@ pub fn memory_file(len: usize) -> std::result::Result<(OwnedFd, u64), (&'static 
         }
         Ok((fd, st.st_ino))
     }
+}
+
+/// `MFD_NOEXEC_SEAL` (Linux 6.3): a memory file that can never be executed. Where
+/// `vm.memfd_noexec` is 2, `memfd_create` refuses files without it; older kernels refuse the
+/// flag itself (`EINVAL`).
+const MFD_NOEXEC_SEAL: libc::c_uint = 0x0008;
+
+/// A new memory file's descriptor (close-on-exec, sealable, not executable where the kernel
+/// knows the flag), or -1 with `errno` set. Allocates nothing.
+fn create_memfd() -> libc::c_int {
+    // Whether the kernel refused MFD_NOEXEC_SEAL once (then it is not asked again). Relaxed:
+    // a stale read only costs one refused call.
+    static NO_NOEXEC: AtomicBool = AtomicBool::new(false);
+    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    if !NO_NOEXEC.load(Ordering::Relaxed) {
+        // SAFETY: the name is a NUL-terminated literal; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"polyrail-memory".as_ptr(), flags | MFD_NOEXEC_SEAL) };
+        if fd >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+            return fd;
+        }
+        NO_NOEXEC.store(true, Ordering::Relaxed);
+    }
+    // SAFETY: as above.
+    unsafe { libc::memfd_create(c"polyrail-memory".as_ptr(), flags) }
+}
+
+/// Whether a file of `len` bytes stays within this process's file-size limit (`ulimit -f`,
+/// `RLIMIT_FSIZE`): sizing a file past it sends SIGXFSZ, which ends the process before the
+/// call can fail. Allocates nothing.
+pub fn fits_file_size_limit(len: usize) -> bool {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `lim` is valid for writes.
+    let read = unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut lim) } == 0;
+    !read || lim.rlim_cur == libc::RLIM_INFINITY || len as u64 <= lim.rlim_cur
 }
 
 impl AnonMemory {
@@ -126,6 +163,29 @@ impl Drop for AnonMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Under a file-size limit, a memory file past it is an error naming the limit: sizing it
+    /// sent SIGXFSZ, which ended the process (a `Vec` of the `MappedHeap` could do that).
+    #[test]
+    fn a_memory_file_past_the_file_size_limit_is_an_error() {
+        let exe = std::env::current_exe().unwrap();
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -f 16 && exec \"$0\" --exact memory::tests::helper_file_past_the_limit --ignored")
+            .arg(&exe)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+
+    #[test]
+    #[ignore = "run by a_memory_file_past_the_file_size_limit_is_an_error under `ulimit -f 16`"]
+    fn helper_file_past_the_limit() {
+        assert!(!fits_file_size_limit(1 << 20), "run me under ulimit -f 16");
+        let e = AnonMemory::shared(1 << 20, "a test").map(|_| ()).unwrap_err();
+        assert!(e.to_string().contains("ulimit -f"), "{e}");
+        AnonMemory::shared(4096, "a test").unwrap();
+    }
 
     #[test]
     fn shared_memory_is_a_sealed_file_of_its_size() {

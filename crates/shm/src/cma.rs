@@ -66,6 +66,27 @@ struct CmaPeer {
     /// Why the peer's memory files cannot be mapped, once that was found (then its keys with a
     /// file go through CMA); only for peers whose CMA probe passed.
     files_refused: Option<String>,
+    /// Mappings of its files that failed in a row for reasons that may pass (see
+    /// [`MapRefusal`]); at [`MAX_MAP_FAILURES`] its files are refused for good.
+    map_failures: u32,
+}
+
+/// Failed mappings of one peer's files in a row, each for a reason that may pass, after which
+/// its files are copied with CMA for good.
+const MAX_MAP_FAILURES: u32 = 16;
+
+/// Why a peer's memory file was not mapped, and whether that lasts (a permission, a file
+/// without seals: the peer's next files meet the same) or may pass (a limit on descriptors or
+/// mappings, a file the peer closed meanwhile).
+struct MapRefusal {
+    why: String,
+    lasting: bool,
+}
+
+impl MapRefusal {
+    fn passing(why: String) -> MapRefusal {
+        MapRefusal { why, lasting: false }
+    }
 }
 
 /// Memory registered here with a memory file, which peers may map.
@@ -196,7 +217,7 @@ impl CmaTransport {
     /// files cannot be mapped here.
     fn probe_file(pid: u32, file: Option<FileRef>, magic: u64) -> std::result::Result<(), String> {
         let file = file.ok_or_else(|| format!("pid {pid} has no memory files"))?;
-        let map = map_peer_file(pid, &file)?;
+        let map = map_peer_file(pid, &file).map_err(|r| r.why)?;
         // SAFETY: the mapping is at least one page (a file of 8 bytes maps a page), aligned,
         // and only read here.
         let got = unsafe { std::ptr::read_volatile(map.base().as_ptr().cast::<u64>()) };
@@ -288,13 +309,19 @@ impl CmaTransport {
         }
         match map_peer_file(pid, file) {
             Ok(map) => {
+                p.map_failures = 0;
                 self.peer_files.push(PeerFile { pid, file: *file, map, last_use: self.uses });
                 self.evict();
                 Some(self.peer_files.len() - 1)
             }
-            Err(why) => {
-                tracing::info!("cma: the registered memory of rank {peer} is copied with CMA: {why}");
-                p.files_refused = Some(why);
+            Err(MapRefusal { why, lasting }) => {
+                p.map_failures += 1;
+                if lasting || p.map_failures >= MAX_MAP_FAILURES {
+                    tracing::info!("cma: the registered memory of rank {peer} is copied with CMA: {why}");
+                    p.files_refused = Some(why);
+                } else {
+                    tracing::debug!("cma: a memory file of rank {peer} is copied with CMA this time: {why}");
+                }
                 None
             }
         }
@@ -320,21 +347,24 @@ impl CmaTransport {
 
 /// Opens a peer's memory file through `/proc/<pid>/fd/<fd>`, checks that it is the file the
 /// key names and sealed against shrinking (so no access can fault past its end), and maps it.
-fn map_peer_file(pid: u32, file: &FileRef) -> std::result::Result<Mapping, String> {
+fn map_peer_file(pid: u32, file: &FileRef) -> std::result::Result<Mapping, MapRefusal> {
     let path = format!("/proc/{pid}/fd/{}", file.fd);
-    let f =
-        std::fs::OpenOptions::new().read(true).write(true).open(&path).map_err(|e| format!("opening {path}: {e}"))?;
-    let meta = f.metadata().map_err(|e| format!("fstat of {path}: {e}"))?;
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(&path).map_err(|e| MapRefusal {
+        why: format!("opening {path}: {e}"),
+        lasting: e.kind() == std::io::ErrorKind::PermissionDenied,
+    })?;
+    let meta = f.metadata().map_err(|e| MapRefusal::passing(format!("fstat of {path}: {e}")))?;
     if meta.ino() != file.inode {
-        return Err(format!("{path} is inode {}, not the registered file (inode {})", meta.ino(), file.inode));
+        let why = format!("{path} is inode {}, not the registered file (inode {})", meta.ino(), file.inode);
+        return Err(MapRefusal::passing(why));
     }
     // SAFETY: F_GET_SEALS only reads the seals of an open descriptor.
     let seals = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GET_SEALS) };
     if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
-        return Err(format!("{path} is not a memory file sealed against shrinking"));
+        return Err(MapRefusal { why: format!("{path} is not a memory file sealed against shrinking"), lasting: true });
     }
     let fd = OwnedFd::from(f);
-    Mapping::map_lazily(&fd, meta.len() as usize).map_err(|e| format!("mapping {path}: {e}"))
+    Mapping::map_lazily(&fd, meta.len() as usize).map_err(|e| MapRefusal::passing(format!("mapping {path}: {e}")))
 }
 
 /// Moves `len` bytes between `local` and `remote` in process `pid`, looping over partial
@@ -416,7 +446,10 @@ impl Transport for CmaTransport {
             }
             Err(why) => (peer.pid, Err(why), None),
         };
-        self.peers.insert(peer.rank, CmaPeer { pid, probe: probe.clone(), files_refused: files_refused.clone() });
+        self.peers.insert(
+            peer.rank,
+            CmaPeer { pid, probe: probe.clone(), files_refused: files_refused.clone(), map_failures: 0 },
+        );
         match (probe, files_refused) {
             (Ok(()), None) => Reach::Yes(format!(
                 "process_vm_readv probe of pid {pid} passed; its memory files map here (registered memory without the kernel)"

@@ -458,6 +458,12 @@ fn allocate(fd: &OwnedFd, len: usize) -> io::Result<()> {
             )));
         }
     }
+    if !polyrail_core::fits_file_size_limit(len) {
+        // Sizing the file would send SIGXFSZ, which ends the process.
+        return Err(io::Error::other(format!(
+            "the segment's {len} bytes are above this process's file-size limit (ulimit -f)"
+        )));
+    }
     // SAFETY: `fd` is an open descriptor.
     if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
         return Err(io::Error::last_os_error());
