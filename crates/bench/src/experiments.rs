@@ -32,7 +32,9 @@ pub fn bibw(c: &Common) -> anyhow::Result<()> {
         }
         if ctx.rank() == 0 {
             let mbs = 2.0 * size as f64 * WINDOW as f64 * f64::from(iters) / t0.elapsed().as_secs_f64() / 1e6;
-            println!("{size:<10}{mbs:>20.2}");
+            if !c.quiet {
+                println!("{size:<10}{mbs:>20.2}");
+            }
             append_csv(c, "bibw", size, mbs, "MB/s")?;
         }
     }
@@ -50,7 +52,7 @@ pub fn mbw_mr(c: &Common) -> anyhow::Result<()> {
         bail!("mbw_mr needs an even number of ranks (-n 2, 4, ...)");
     }
     let pairs = n / 2;
-    if ctx.rank() == 0 {
+    if ctx.rank() == 0 && !c.quiet {
         println!("# polyrail-bench mbw_mr: transport {}, {pairs} pairs", c.transport);
         println!("# Size {:>24} {:>16}", "MB/s", "Messages/s");
     }
@@ -83,7 +85,9 @@ pub fn mbw_mr(c: &Common) -> anyhow::Result<()> {
             let secs = t0.elapsed().as_secs_f64();
             let msgs = f64::from(pairs) * WINDOW as f64 * f64::from(iters);
             let mbs = msgs * size as f64 / secs / 1e6;
-            println!("{size:<10}{mbs:>20.2}{:>17.0}", msgs / secs);
+            if !c.quiet {
+                println!("{size:<10}{mbs:>20.2}{:>17.0}", msgs / secs);
+            }
             append_csv(c, "mbw", size, mbs, "MB/s")?;
             append_csv(c, "msg_rate", size, msgs / secs, "msg/s")?;
         }
@@ -101,7 +105,7 @@ pub fn mbw_mr(c: &Common) -> anyhow::Result<()> {
 pub fn skew(c: &Common, messages: u32, c1_us: u64, c2_us: u64, repeats: u32) -> anyhow::Result<()> {
     let Run { mut ctx, sizes, sbuf: mut buf, .. } = start(c, "skew", Movers::Pair)?;
     let (c1, c2) = (Duration::from_micros(c1_us), Duration::from_micros(c2_us));
-    if ctx.rank() == 0 {
+    if ctx.rank() == 0 && !c.quiet {
         println!("# polyrail-bench skew: transport {}, {messages} messages, c1 {c1_us} us, c2 {c2_us} us", c.transport);
         println!(
             "# Size {:>24} {:>24} {:>16} {:>16}",
@@ -157,7 +161,13 @@ pub fn skew(c: &Common, messages: u32, c1_us: u64, c2_us: u64, repeats: u32) -> 
                 ctx.recv(1, 8, &mut theirs)?;
                 let consumer = f64::from_le_bytes(theirs);
                 let yn = |b: bool| if b { "yes" } else { "no" };
-                println!("{size:<10}{mine:>24.2}{consumer:>25.2}{:>17}{:>17}", yn(lagging_eager), yn(caught_up_eager));
+                if !c.quiet {
+                    println!(
+                        "{size:<10}{mine:>24.2}{consumer:>25.2}{:>17}{:>17}",
+                        yn(lagging_eager),
+                        yn(caught_up_eager)
+                    );
+                }
                 append_csv(c, "skew_producer", size, mine, "us/msg")?;
                 append_csv(c, "skew_consumer", size, consumer, "us/msg")?;
             }
@@ -175,7 +185,7 @@ pub fn skew(c: &Common, messages: u32, c1_us: u64, c2_us: u64, repeats: u32) -> 
 /// computation (0 = fully overlapped) and the total, against the transfer alone.
 pub fn overlap(c: &Common, compute_us: u64, period_us: u64) -> anyhow::Result<()> {
     let Run { mut ctx, sizes, sbuf, mut rbuf } = start(c, "overlap", Movers::Pair)?;
-    if ctx.rank() == 1 {
+    if ctx.rank() == 1 && !c.quiet {
         println!(
             "# polyrail-bench overlap: transport {}, compute {compute_us} us, test every {period_us} us",
             c.transport
@@ -220,7 +230,9 @@ pub fn overlap(c: &Common, compute_us: u64, period_us: u64) -> anyhow::Result<()
         }
         if ctx.rank() == 1 {
             let r = reps as f64;
-            println!("{size:<10}{:>20.2}{:>21.2}{:>21.2}", alone / r, after / r, total / r);
+            if !c.quiet {
+                println!("{size:<10}{:>20.2}{:>21.2}{:>21.2}", alone / r, after / r, total / r);
+            }
             append_csv(c, "overlap_after", size, after / r, "us")?;
         }
     }
