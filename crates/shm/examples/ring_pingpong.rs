@@ -52,8 +52,8 @@ fn unhex(s: &str) -> Vec<u8> {
     (0..s.len() / 2).map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex")).collect()
 }
 
-fn peer(rank: Rank) -> PeerInfo {
-    PeerInfo { rank, pid: 0, host: "pingpong".into(), node: 0, cpus: vec![] }
+fn peer(rank: Rank, pid: u32) -> PeerInfo {
+    PeerInfo { rank, pid, host: "pingpong".into(), node: 0, cpus: vec![] }
 }
 
 fn send(t: &mut ShmTransport, to: Rank, hdr: &Header, payload: &[u8], sink: &mut Count) {
@@ -93,7 +93,10 @@ fn main() {
     if rank == 1 {
         let mut line = String::new();
         std::io::stdin().read_line(&mut line).unwrap();
-        assert!(matches!(t.add_peer(&peer(0), &unhex(line.trim())), Reach::Yes(_)));
+        assert!(matches!(
+            t.add_peer(&peer(0, std::os::unix::process::parent_id()), &unhex(line.trim())),
+            Reach::Yes(_)
+        ));
         println!("{}", hex(&t.address()));
         std::io::stdout().flush().unwrap();
         line.clear();
@@ -123,7 +126,7 @@ fn main() {
     writeln!(to_child, "{}", hex(&t.address())).unwrap();
     let mut line = String::new();
     from_child.read_line(&mut line).unwrap();
-    assert!(matches!(t.add_peer(&peer(1), &unhex(line.trim())), Reach::Yes(_)));
+    assert!(matches!(t.add_peer(&peer(1, child.id()), &unhex(line.trim())), Reach::Yes(_)));
     t.connected().unwrap();
     writeln!(to_child, "go").unwrap();
     println!("{}", t.describe());

@@ -318,6 +318,11 @@ impl ShmTransport {
         let addr = SegAddress::decode(address).map_err(|e| format!("bad shm address: {e}"))?;
         segment::same_layout(&self.layout, &addr.layout)?;
         let (map, pid) = segment::open_peer(&addr, peer.rank)?;
+        // Its liveness is watched through this pid: it must be the peer's, as this process
+        // sees it (a segment of another pid namespace was refused by `open_peer`).
+        if pid != peer.pid {
+            return Err(format!("its segment's owner is pid {pid}, but rank {} is pid {}", peer.rank, peer.pid));
+        }
         let geo = self.layout.geo;
         // SAFETY: our segment holds a zero-filled ring at this offset (it is only written by the
         // producer made here, once per peer: add_peer refuses a second call), 128-byte aligned,

@@ -410,6 +410,10 @@ fn refusals_say_why() {
     assert!(no(a.add_peer(&peer(2), &b.address())).contains("rank"));
     assert!(no(a.add_peer(&peer(7), &b.address())).contains("outside"));
     assert!(matches!(a.try_send(1, &header(0, 0), &[]), Err(Error::Transport { .. })));
+    // A segment whose owner is not the pid the job gave for the rank: its exit would go unseen.
+    let mut impostor = peer(1);
+    impostor.pid += 1;
+    assert!(no(a.add_peer(&impostor, &b.address())).contains("but rank 1 is pid"));
     assert!(matches!(a.add_peer(&peer(1), &b.address()), Reach::Yes(_)));
 }
 
@@ -473,7 +477,9 @@ fn child_entry() {
         std::process::exit(0); // no destructor: the name stays, as after a crash
     }
     let addr0 = unhex(&hear());
-    let reach = t.add_peer(&peer(0), &addr0);
+    let mut p0 = peer(0);
+    p0.pid = std::os::unix::process::parent_id(); // rank 0 is the test that started this one
+    let reach = t.add_peer(&p0, &addr0);
     assert!(matches!(reach, Reach::Yes(_)), "{reach:?}");
     say(&hex(&t.address()));
     assert_eq!(hear(), "go");
