@@ -1123,15 +1123,43 @@ impl EmbeddedJob {
     }
 
     /// Waits for ranks 1.. to exit; returns the worst exit code (128 + signal for a killed one).
+    /// A rank that aborts the job (PMI abort) has the others killed, as `polyrail run` does;
+    /// the code is then the abort's.
     pub fn wait(mut self) -> Result<i32> {
-        let mut worst = 0;
-        for c in &mut self.children {
-            let st = c.wait().map_err(|e| Error::io("waiting for a rank", e))?;
-            let code = st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0));
-            worst = worst.max(code);
+        let (mut worst, mut abort_code) = (0, None);
+        let mut left: Vec<usize> = (0..self.children.len()).collect();
+        while !left.is_empty() {
+            if let Some(server) = &self.server {
+                while let Some(ev) = server.try_event() {
+                    match ev {
+                        ServerEvent::Notice(line) => output::say_line(&line),
+                        ServerEvent::Aborted { rank, code, message } => {
+                            output::say_line(&format!(
+                                "polyrail: rank {rank} aborted the job with code {code}: {message}"
+                            ));
+                            abort_code.get_or_insert(code);
+                            for &i in &left {
+                                let _ = self.children[i].kill();
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            let mut still = Vec::with_capacity(left.len());
+            for i in left {
+                match self.children[i].try_wait().map_err(|e| Error::io("waiting for a rank", e))? {
+                    Some(st) => worst = worst.max(st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))),
+                    None => still.push(i),
+                }
+            }
+            left = still;
+            if !left.is_empty() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
         self.children.clear();
-        Ok(worst)
+        Ok(abort_code.unwrap_or(worst))
     }
 }
 

@@ -97,6 +97,21 @@ fn an_abort_gives_the_abort_code() {
     }
 }
 
+/// A rank of an embedded job (`spawn_peers`) that aborts has the others killed, as under
+/// `polyrail run`: `wait` gives the abort's code at once instead of waiting for a rank that
+/// does not end by itself.
+#[test]
+fn an_embedded_job_ends_when_a_rank_aborts() {
+    let script = format!(r#"if [ "$PMI_RANK" = 1 ]; then exec "{}" abort; else exec sleep 60; fi"#, probe().display());
+    let mut o = sh(3, &script);
+    o.env.push(("POLYRAIL_PMI".into(), "1".into()));
+    let mut job = polyrail::launch::spawn_peers(&o).expect("spawn");
+    let _rank0 = job.take_bootstrap();
+    let t = Instant::now();
+    assert_eq!(job.wait().expect("wait"), 4);
+    assert!(t.elapsed() < Duration::from_secs(20), "took {:?}", t.elapsed());
+}
+
 #[test]
 fn exit_codes_propagate() {
     // Programs that never open a PMI session: exit 0 is a success.

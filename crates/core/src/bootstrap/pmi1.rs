@@ -13,8 +13,8 @@
 //! | `cmd=finalize`                            | `cmd=finalize_ack`                           |
 //! | `cmd=abort exitcode= message=`            | (none: the job is killed)                    |
 //!
-//! Rank and size are not asked for: the launcher sets `PMI_RANK` and `PMI_SIZE` (Hydra answers
-//! `get_universe_size` with -1).
+//! Rank and size are not asked for: the launcher sets `PMI_RANK` and `PMI_SIZE`, or, on a
+//! shared port (`PMI_PORT` with `PMI_ID`), the `initack` handshake gives them.
 
 use std::os::unix::net::UnixStream;
 
@@ -58,9 +58,14 @@ impl Pmi1Client {
     /// (`POLYRAIL_PMI_TIMEOUT`).
     pub fn from_env_with_timeout(timeout: Option<std::time::Duration>) -> Result<Self> {
         let (rank, size, id) = (env_u32("PMI_RANK")?, env_u32("PMI_SIZE")?, env_u32("PMI_ID")?);
-        let mut conn = Conn::from_env()?;
+        let port = Conn::env_uses_port();
+        let mut conn = Conn::from_env(timeout)?;
         conn.set_timeout(timeout)?;
         let (rank, size) = match (rank.zip(size), id) {
+            // Hydra's -pmi-port mode: PMI_ID names this process on the shared port, and the
+            // handshake tells the server which connection it is (a PMI_RANK or PMI_SIZE here
+            // was left by an outer launcher), as MPICH's client does.
+            (_, Some(id)) if port => initack(&mut conn, id)?,
             (Some(rank_size), _) => rank_size,
             (None, Some(id)) => initack(&mut conn, id)?,
             (None, None) => {
@@ -82,7 +87,9 @@ impl Pmi1Client {
 
     fn open(mut conn: Conn, rank: Rank, size: u32) -> Result<Self> {
         if size == 0 || rank >= size {
-            return Err(Error::Bootstrap(format!("PMI rank {rank} is out of range for a job of size {size}")));
+            return Err(Error::Bootstrap(format!(
+                "PMI rank {rank} is out of range for a job of size {size} (PMI_RANK, PMI_SIZE or the initack answer)"
+            )));
         }
         init(&mut conn, 1, 1)?;
         let maxes = conn.call(Wire::V1, &Msg::new("get_maxes"), "maxes", "PMI-1 get_maxes")?;

@@ -13,8 +13,8 @@
 //! | `cmd=finalize;`                                        | `cmd=finalize-response;rc=0;`            |
 //! | `cmd=abort;isworld=TRUE;exitcode=;message=;`           | (none: the job is killed)                |
 //!
-//! The rank comes from `PMI_RANK` (or `PMI_ID`); the size from the `fullinit` answer.
-//! `job-getinfo` is not used: Hydra 4.0 treats it as an unknown command and kills the job.
+//! The rank comes from `PMI_ID` (or `PMI_RANK`); the size from the `fullinit` answer. No job
+//! attribute is asked for (`info-getjobattr`): nothing here needs one.
 
 use std::os::unix::net::UnixStream;
 
@@ -52,7 +52,7 @@ impl std::fmt::Debug for Pmi2Client {
 }
 
 impl Pmi2Client {
-    /// Connects through `PMI_FD` or `PMI_PORT`, with the rank from `PMI_RANK` (or `PMI_ID`) and
+    /// Connects through `PMI_FD` or `PMI_PORT`, with the rank from `PMI_ID` (or `PMI_RANK`) and
     /// the job from `PMI_JOBID` if set, and opens the PMI-2 session. Call once per process.
     pub fn from_env() -> Result<Self> {
         Self::from_env_with_timeout(None)
@@ -61,9 +61,11 @@ impl Pmi2Client {
     /// [`Pmi2Client::from_env`] whose every wait for an answer fails after `timeout`
     /// (`POLYRAIL_PMI_TIMEOUT`).
     pub fn from_env_with_timeout(timeout: Option<std::time::Duration>) -> Result<Self> {
-        let rank = match env_u32("PMI_RANK")? {
+        // PMI_ID first, as MPICH's client: on a shared port it names this process, and a
+        // PMI_RANK may be an outer launcher's.
+        let rank = match env_u32("PMI_ID")? {
             Some(r) => r,
-            None => env_u32("PMI_ID")?.ok_or_else(|| {
+            None => env_u32("PMI_RANK")?.ok_or_else(|| {
                 Error::Bootstrap(
                     "neither PMI_RANK nor PMI_ID is set, and a PMI-2 client needs one from the launcher; \
                      start the job with `polyrail run`, `mpiexec.hydra` or `srun --mpi=pmi2`"
@@ -72,7 +74,7 @@ impl Pmi2Client {
             })?,
         };
         let jobid = std::env::var("PMI_JOBID").ok();
-        let mut conn = Conn::from_env()?;
+        let mut conn = Conn::from_env(timeout)?;
         conn.set_timeout(timeout)?;
         Self::open(conn, rank, jobid.as_deref())
     }

@@ -159,7 +159,16 @@ struct Peer {
     finalized: bool,
     aborted: bool,
     fence: Option<Pending>,
+    /// Its puts since its last fence: published to every rank when that fence completes, as
+    /// Hydra's proxy does (a get before the fence finds nothing, here as under Hydra).
+    puts: HashMap<String, String>,
+    /// Unsupported commands it sent, of which the first [`NOTICES_PER_RANK`] are reported (a
+    /// rank sending them in a loop must not fill the launcher's queue).
+    unsupported: u32,
 }
+
+/// Unsupported commands reported per rank.
+const NOTICES_PER_RANK: u32 = 8;
 
 /// The server thread's state.
 struct State {
@@ -187,6 +196,8 @@ impl State {
                 finalized: false,
                 aborted: false,
                 fence: None,
+                puts: HashMap::new(),
+                unsupported: 0,
             })
             .collect();
         let mut kvs = HashMap::new();
@@ -304,16 +315,26 @@ impl State {
             (Wire::V1, "get_my_kvsname") => Msg::new("my_kvsname").with("kvsname", &self.job).with("rc", 0),
             (Wire::V1, "get_universe_size") => Msg::new("universe_size").with("size", self.size()).with("rc", 0),
             (Wire::V1, "get_appnum") => Msg::new("appnum").with("appnum", 0).with("rc", 0),
-            (Wire::V1, "put") => self.put(wire, req, "put_result"),
+            (Wire::V1, "put") => self.put(i, wire, req, "put_result"),
             (Wire::V1, "get") => self.get_v1(req),
             (Wire::V2, "fullinit") => self.fullinit(i, req),
             (Wire::V2, "job-getid") => Msg::new("job-getid-response").with("jobid", &self.job).with("rc", 0),
-            (Wire::V2, "kvs-put") => self.put(wire, req, "kvs-put-response"),
+            (Wire::V2, "kvs-put") => self.put(i, wire, req, "kvs-put-response"),
             (Wire::V2, "kvs-get") => self.get_v2(req, "kvs-get-response"),
             (Wire::V2, "info-getjobattr") => self.get_v2(req, "info-getjobattr-response"),
             (_, other) => {
                 let shown = preview(other.as_bytes());
-                self.say(&format!("rank {i} sent the unsupported PMI command {shown}; answering with an error"));
+                self.peers[i].unsupported += 1;
+                match self.peers[i].unsupported {
+                    n if n < NOTICES_PER_RANK => {
+                        self.say(&format!("rank {i} sent the unsupported PMI command {shown}; answering with an error"))
+                    }
+                    NOTICES_PER_RANK => self.say(&format!(
+                        "rank {i} sent the unsupported PMI command {shown}; answering with an error (and to its \
+                         further unsupported commands, not reported)"
+                    )),
+                    _ => {}
+                }
                 let name = if wire == Wire::V1 { format!("{other}_result") } else { format!("{other}-response") };
                 failure(wire, Msg::new(name), &format!("unsupported PMI command `{other}`"))
             }
@@ -394,7 +415,7 @@ impl State {
             .with("rc", 0)
     }
 
-    fn put(&mut self, wire: Wire, req: &Msg, answer: &str) -> Msg {
+    fn put(&mut self, i: usize, wire: Wire, req: &Msg, answer: &str) -> Msg {
         let resp = Msg::new(answer);
         if let Some(k) = req.get("kvsname") {
             if k != self.job {
@@ -405,11 +426,14 @@ impl State {
             return failure(wire, resp, "put needs both `key` and `value`");
         };
         // PMI-1 clients keep one byte for a NUL, PMI-2 clients do not: accept the larger.
-        if key.is_empty() || key.len() > KEYLEN_MAX || value.len() > VALLEN_MAX {
-            let limits = format!("keys of 1 to {KEYLEN_MAX} bytes, values up to {VALLEN_MAX} bytes");
-            return failure(wire, resp, &format!("key {key:?} or its value is too long ({limits})"));
+        if key.is_empty() || key.len() > KEYLEN_MAX || value.is_empty() || value.len() > VALLEN_MAX {
+            let limits = format!("keys of 1 to {KEYLEN_MAX} bytes, values of 1 to {VALLEN_MAX} bytes");
+            return failure(wire, resp, &format!("key {key:?} or its value is empty or too long ({limits})"));
         }
-        self.kvs.insert(key.to_owned(), value.to_owned());
+        if key.starts_with("PMI_") {
+            return failure(wire, resp, &format!("key {key} is reserved: keys starting with PMI_ are the server's"));
+        }
+        self.peers[i].puts.insert(key.to_owned(), value.to_owned());
         match wire {
             Wire::V1 => resp.with("rc", 0).with("msg", "success"),
             Wire::V2 => resp.with("rc", 0),
@@ -484,9 +508,15 @@ impl State {
         }
     }
 
-    /// Answers every rank waiting in the barrier: success, or failure with `why`.
+    /// Answers every rank waiting in the barrier: success (every rank's puts published first),
+    /// or failure with `why`.
     fn release_fences(&mut self, why: Option<&str>) {
         self.waiting = 0;
+        if why.is_none() {
+            for p in &mut self.peers {
+                self.kvs.extend(p.puts.drain());
+            }
+        }
         for i in 0..self.peers.len() {
             let Some((wire, msg)) = self.peers[i].fence.take() else { continue };
             let reply = match why {
@@ -568,6 +598,9 @@ impl State {
 
 /// `msg` turned into a failure answer: `rc=-1` and the reason (`msg=` in PMI-1, `errmsg=` in PMI-2).
 fn failure(wire: Wire, msg: Msg, why: &str) -> Msg {
+    // The text may repeat a client's key: without `;`, which MPICH 4's client would not read
+    // back from its doubled form.
+    let why = super::wire::sanitize_text(why);
     match wire {
         Wire::V1 => msg.with("rc", -1).with("msg", why),
         Wire::V2 => msg.with("rc", -1).with("errmsg", why),

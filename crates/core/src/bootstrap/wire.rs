@@ -2,9 +2,11 @@
 //!
 //! - **PMI-1**: one line per message, `cmd=NAME key=value key=value\n`. Fields are separated by
 //!   spaces; a space or backslash inside a value is escaped with a backslash (as MPICH does).
-//! - **PMI-2**: a 6-character decimal length (zero- or space-padded: MPICH's client pads on the
-//!   right, Hydra pads on the left), then that many bytes of `cmd=NAME;key=value;key=value;`.
-//!   A `;` inside a value is doubled (`;;`).
+//! - **PMI-2**: a 6-character decimal length (zero- or space-padded, on either side: MPICH 3's
+//!   client pads on the right, MPICH 4 and Hydra on the left), then that many bytes of
+//!   `cmd=NAME;key=value;key=value;`. A `;` inside a value is read as doubled (`;;`), which
+//!   MPICH 4 does not undo: keys, values and free text sent never hold one ([`check_token`],
+//!   [`sanitize_text`]).
 //!
 //! Every message starts with `cmd=`. Parsing rejects malformed input with
 //! [`Error::Bootstrap`] naming the problem; it never panics.
@@ -198,10 +200,21 @@ pub fn parse_v1(line: &[u8]) -> Result<Msg> {
     if let Some(c) = text.chars().find(|c| c.is_control()) {
         return Err(bad(format!("PMI-1 line contains the control character {c:?}: {}", preview(body))));
     }
-    let mut tokens = Vec::new();
+    let mut tokens: Vec<(String, String)> = Vec::new();
     for token in split_v1(text).map_err(|e| bad(format!("{e}: {}", preview(body))))? {
-        let (k, v) =
-            token.split_once('=').ok_or_else(|| bad(format!("PMI-1 field `{token}` has no `=`: {}", preview(body))))?;
+        let Some((k, v)) = token.split_once('=') else {
+            // A word without `=` continues the value before it (not the command's): Hydra sends free text with
+            // unescaped spaces (`rc=1 msg=Keys with PMI_ prefix are reserved`), which MPICH's
+            // parser also reads.
+            match tokens.last_mut() {
+                Some((key, value)) if key != "cmd" => {
+                    value.push(' ');
+                    value.push_str(&token);
+                    continue;
+                }
+                _ => return Err(bad(format!("PMI-1 field `{token}` has no `=`: {}", preview(body)))),
+            }
+        };
         if !is_key(k) {
             return Err(bad(format!("PMI-1 field name `{k}` is not a valid key: {}", preview(body))));
         }
@@ -380,6 +393,11 @@ fn read_error(e: std::io::Error) -> Error {
 /// Checks that a key or value can travel in both formats: printable ASCII without spaces, `=`,
 /// `;` or `\`, at most `max` bytes. `what` names it in the error (`key "k0"`).
 pub fn check_token(what: &str, s: &str, max: usize) -> Result<()> {
+    if s.is_empty() {
+        // MPICH's parser refuses `value=` ("expecting value after ="), and Hydra then fails
+        // the whole job.
+        return Err(bad(format!("{what} is empty; PMI process managers refuse empty keys and values")));
+    }
     if s.len() > max {
         return Err(bad(format!("{what} is {} bytes long, above the process manager's limit of {max}", s.len())));
     }
@@ -437,6 +455,9 @@ impl Write for Stream {
 /// A client's blocking connection to the process manager, shared by the PMI-1 and PMI-2 clients.
 pub(crate) struct Conn {
     io: std::io::BufReader<Stream>,
+    /// Why the connection can no longer be used: a read or write failed or timed out, after
+    /// which an answer may still be on its way and would be taken for the next request's.
+    broken: Option<String>,
 }
 
 impl Conn {
@@ -461,18 +482,24 @@ impl Conn {
 
     /// Wraps a connected Unix socket.
     pub(crate) fn from_unix(s: std::os::unix::net::UnixStream) -> Conn {
-        Conn { io: std::io::BufReader::new(Stream::Unix(s)) }
+        Conn { io: std::io::BufReader::new(Stream::Unix(s)), broken: None }
     }
 
-    /// Connects to the process manager named by `PMI_FD` (preferred) or `PMI_PORT`.
+    /// Whether [`Conn::from_env`] connects through `PMI_PORT` (no `PMI_FD` is set).
+    pub(crate) fn env_uses_port() -> bool {
+        std::env::var_os("PMI_FD").is_none() && std::env::var_os("PMI_PORT").is_some()
+    }
+
+    /// Connects to the process manager named by `PMI_FD` (preferred) or `PMI_PORT` (within
+    /// `timeout` when given, `POLYRAIL_PMI_TIMEOUT`).
     ///
     /// Takes ownership of the `PMI_FD` descriptor: call once per process.
-    pub(crate) fn from_env() -> Result<Conn> {
+    pub(crate) fn from_env(timeout: Option<std::time::Duration>) -> Result<Conn> {
         if let Some(fd) = std::env::var_os("PMI_FD") {
             return Self::from_fd(&fd.to_string_lossy());
         }
         if let Some(port) = std::env::var_os("PMI_PORT") {
-            return Self::from_port(&port.to_string_lossy());
+            return Self::from_port(&port.to_string_lossy(), timeout);
         }
         Err(bad("neither PMI_FD nor PMI_PORT is set: this process was not started by a PMI launcher \
                  (use `polyrail run`, `mpiexec.hydra` or `srun --mpi=pmi2`)"))
@@ -513,28 +540,67 @@ impl Conn {
         Ok(Self::from_unix(s))
     }
 
-    fn from_port(text: &str) -> Result<Conn> {
+    fn from_port(text: &str, timeout: Option<std::time::Duration>) -> Result<Conn> {
+        use std::net::ToSocketAddrs;
         let (host, port) = text
             .rsplit_once(':')
             .and_then(|(h, p)| Some((h, p.trim().parse::<u16>().ok()?)))
             .ok_or_else(|| bad(format!("PMI_PORT={text:?} is not of the form HOST:PORT")))?;
-        let s = std::net::TcpStream::connect((host, port))
-            .map_err(|e| bad(format!("connecting to the PMI process manager at PMI_PORT={text} failed ({e})")))?;
+        let failed =
+            |e: std::io::Error| bad(format!("connecting to the PMI process manager at PMI_PORT={text} failed ({e})"));
+        let s = match timeout {
+            None => std::net::TcpStream::connect((host, port)).map_err(failed)?,
+            Some(t) => {
+                // Each address in turn, as `connect` does, each within the timeout.
+                let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "the host name has no address");
+                let mut found = None;
+                for addr in (host, port).to_socket_addrs().map_err(failed)? {
+                    match std::net::TcpStream::connect_timeout(&addr, t) {
+                        Ok(s) => {
+                            found = Some(s);
+                            break;
+                        }
+                        Err(e) => last = e,
+                    }
+                }
+                found.ok_or_else(|| failed(last))?
+            }
+        };
         let _ = s.set_nodelay(true);
-        Ok(Conn { io: std::io::BufReader::new(Stream::Tcp(s)) })
+        Ok(Conn { io: std::io::BufReader::new(Stream::Tcp(s)), broken: None })
     }
 
     /// Sends `msg` in `wire` framing.
     pub(crate) fn send(&mut self, wire: Wire, msg: &Msg) -> Result<()> {
-        write_msg(self.io.get_mut(), wire, msg)
+        self.usable()?;
+        let sent = write_msg(self.io.get_mut(), wire, msg);
+        self.note(sent)
     }
 
     /// Reads one message in `wire` framing.
     pub(crate) fn recv(&mut self, wire: Wire) -> Result<Msg> {
-        match wire {
+        self.usable()?;
+        let read = match wire {
             Wire::V1 => read_v1(&mut self.io),
             Wire::V2 => read_v2(&mut self.io),
+        };
+        self.note(read)
+    }
+
+    /// An error once a send or read failed: the conversation is out of step.
+    fn usable(&self) -> Result<()> {
+        match &self.broken {
+            None => Ok(()),
+            Some(why) => Err(bad(format!("the PMI connection is unusable after an earlier failure ({why})"))),
         }
+    }
+
+    /// Marks the connection broken if `r` failed.
+    fn note<T>(&mut self, r: Result<T>) -> Result<T> {
+        if let Err(e) = &r {
+            self.broken.get_or_insert_with(|| e.to_string());
+        }
+        r
     }
 
     /// Sends `msg`, reads the answer, checks that it is `expected` with `rc` 0 (if given).
