@@ -27,21 +27,20 @@ const SWEEP_MIN: usize = 64;
 /// How long finalize waits for unfinished sends.
 const FINALIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// A non-blocking send or receive in flight, or one that finished when it started (a small
-/// eager send that left at once, a receive whose message was here). Finish it with
-/// [`Context::wait`] (which gives the buffer back) or poll it with [`Context::test`], on the
-/// context that made it (another context of the process refuses it with
-/// [`Error::InvalidArgument`]).
+/// A non-blocking send or receive in flight, or one that finished when it started (a small eager
+/// send that left at once, a receive whose message was here). Finish it with [`Context::wait`]
+/// (which gives the buffer back) or poll it with [`Context::test`], on the context that made it
+/// (another context of the process refuses it with [`Error::InvalidArgument`]).
 ///
 /// Dropping a `Request` detaches it (`MPI_Request_free`): the transfer still completes, and the
-/// context frees the request and its buffer after it finished: at once if it finished when it
-/// was started; else when the context, starting a request, holds at least 64 dropped ones and
-/// twice as many as its last look through them left (so fewer than 64 may stay until the
-/// context ends). Its result, an error included, goes nowhere. (A dropped [`crate::ScopedRequest`]
-/// is waited for by its scope's end instead.) The buffer is owned by the context meanwhile, so it cannot be freed or reused
-/// under the transfer (the memory of a raw request, [`Context::isend_raw`], must stay valid
-/// until the context ends). A call that refuses a request made by another context consumes it
-/// as a drop does.
+/// context frees the request and its buffer after it finished: at once if it finished when it was
+/// started; else when the context, starting a request, holds at least 64 dropped ones and twice as
+/// many as its last look through them left (so fewer than 64 may stay until the context ends). Its
+/// result, an error included, goes nowhere. (A dropped [`crate::ScopedRequest`] is waited for by
+/// its scope's end instead.) The buffer is owned by the context meanwhile, so it cannot be freed or
+/// reused under the transfer (the memory of a raw request, [`Context::isend_raw`], must stay valid
+/// until the context ends). A call that refuses a request made by another context consumes it as a
+/// drop does.
 #[derive(Debug)]
 #[must_use = "a request must be waited for to get its buffer and its result"]
 pub struct Request {
@@ -637,13 +636,14 @@ impl Context {
     /// Starts receiving into `len` bytes at `ptr`; see [`Context::isend_raw`].
     ///
     /// # Safety
-    /// The memory must stay valid, and not be read or written by anyone else, until the request
-    /// was waited for (or, for a request dropped without a wait, until the context ends). (Benchmarks that let several receives write one buffer, as OSU's do, get
-    /// unspecified contents in it, nothing worse.) Should its wait give up while a live peer
-    /// holds the buffer's key, the process stops, as in [`Context::recv`]. A receive left
-    /// unwaited whose withdrawal at finalize its peer does not answer in time may yet be
-    /// written by that peer (a warning says so): that memory must never be reused. Buffers of
-    /// [`Context::irecv`] are kept out of use in both cases by polyrail itself.
+    /// The memory must stay valid, and not be read or written by anyone else, until the request was
+    /// waited for (or, for a request dropped without a wait, until the context ends). (Benchmarks
+    /// that let several receives write one buffer, as OSU's do, get unspecified contents in it,
+    /// nothing worse.) Should its wait give up while a live peer holds the buffer's key, the
+    /// process stops, as in [`Context::recv`]. A receive left unwaited whose withdrawal at finalize
+    /// its peer does not answer in time may yet be written by that peer (a warning says so): that
+    /// memory must never be reused. Buffers of [`Context::irecv`] are kept out of use in both cases
+    /// by polyrail itself.
     #[inline]
     pub unsafe fn irecv_raw(
         &mut self,

@@ -32,22 +32,21 @@ const WORTH_REGISTERING: usize = 8 * 1024;
 /// static HEAP: polyrail::MappedHeap = polyrail::MappedHeap::new();
 /// ```
 ///
-/// Costs and limits: an allocation takes five system calls (`memfd_create`, `ftruncate`,
-/// `fcntl`, `fstat`, `mmap`) and holds a file descriptor until freed. At most 256 allocations
-/// (and an eighth of the limit on open files, `ulimit -n`) live in memory files at once; the others come from the system allocator, as do allocations
-/// aligned beyond a page and all of them while [`MappedHeap::set_enabled`] has it off, where
-/// the kernel refuses memory files (it is then turned off), past the file-size limit
-/// (`ulimit -f`) and where it does not overcommit
-/// memory (`vm.overcommit_memory=2`: a file's pages are committed only when touched, so an
-/// allocation there could succeed and fault later). Pages
-/// come from shared memory (tmpfs), without transparent huge pages. A freed block stays
-/// registered with the channels (for `ib`, its pages pinned) until the context's next message. Each process keeps up to 16
-/// of its peers' files mapped (1 GiB) until it sees them closed, so freed blocks may hold
-/// memory for a while. A child made by `fork` without `exec` shares these allocations with its parent
-/// instead of getting copies, and may find the heap's table locked for ever by a thread of the
-/// parent: do not install it in programs that fork and go on running the child (spawning a
-/// command is fine). Programs that allocate a fresh large buffer per message
-/// pay a registration (and the peer a mapping) per message.
+/// Costs and limits: an allocation takes five system calls (`memfd_create`, `ftruncate`, `fcntl`,
+/// `fstat`, `mmap`) and holds a file descriptor until freed. At most 256 allocations (and an eighth
+/// of the limit on open files, `ulimit -n`) live in memory files at once; the others come from the
+/// system allocator, as do allocations aligned beyond a page and all of them while
+/// [`MappedHeap::set_enabled`] has it off, where the kernel refuses memory files (it is then turned
+/// off), past the file-size limit (`ulimit -f`) and where it does not overcommit memory
+/// (`vm.overcommit_memory=2`: a file's pages are committed only when touched, so an allocation
+/// there could succeed and fault later). Pages come from shared memory (tmpfs), without transparent
+/// huge pages. A freed block stays registered with the channels (for `ib`, its pages pinned) until
+/// the context's next message. Each process keeps up to 16 of its peers' files mapped (1 GiB) until
+/// it sees them closed, so freed blocks may hold memory for a while. A child made by `fork` without
+/// `exec` shares these allocations with its parent instead of getting copies, and may find the
+/// heap's table locked for ever by a thread of the parent: do not install it in programs that fork
+/// and go on running the child (spawning a command is fine). Programs that allocate a fresh large
+/// buffer per message pay a registration (and the peer a mapping) per message.
 #[derive(Debug)]
 pub struct MappedHeap {
     min_size: usize,

@@ -1137,7 +1137,8 @@ impl EmbeddedJob {
                             output::say_line(&format!(
                                 "polyrail: rank {rank} aborted the job with code {code}: {message}"
                             ));
-                            abort_code.get_or_insert(code);
+                            // As `polyrail run` makes it an exit status (256 is not 0).
+                            abort_code.get_or_insert(polyrail_core::bootstrap::abort_status(code));
                             for &i in &left {
                                 let _ = self.children[i].kill();
                             }

@@ -95,7 +95,7 @@ enum Cmd {
         #[arg(long, value_delimiter = ',', default_value = "all,static:50,static:1000,dynamic:8")]
         policies: Vec<String>,
         /// Extra ranks on the network peer's node that send nothing: each is one more ring
-        /// the root's ib channel polls (at most 1021: the job has at most 1024 ranks).
+        /// the root's ib channel polls (at most 1021, a job of 1024 ranks on this machine).
         #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(..=1021))]
         quiet_peers: u32,
     },
@@ -289,8 +289,8 @@ const FRESH: &str = "auto+fresh";
 /// buffers and heap blocks, and its latency with fresh data) and prints one table.
 fn compare(sizes: &str, quick: bool, csv: Option<PathBuf>) -> anyhow::Result<i32> {
     let list = osu::parse_sizes(sizes)?;
-    let tmp = TempFile(std::env::temp_dir().join(format!("polyrail-compare-{}.csv", std::process::id())));
-    let tmp = &tmp.0;
+    let guard = TempFile(std::env::temp_dir().join(format!("polyrail-compare-{}.csv", std::process::id())));
+    let tmp = &guard.0;
     let _ = std::fs::remove_file(tmp);
     let mut failed = None;
     let runs = ["latency", "bw"].into_iter().flat_map(|b| COMPARED.map(|c| (b, c))).chain([("latency", FRESH)]);

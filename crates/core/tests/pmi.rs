@@ -60,6 +60,8 @@ fn v1_rejects_malformed_lines() {
         (b"key=v cmd=x\n", "cmd=NAME"),
         (b"cmd=\n", "cmd=NAME"),
         (b"cmd=put key\n", "has no `=`"),
+        // Only free text (msg, errmsg, message) runs on past a space.
+        (b"cmd=put key=a b value=c\n", "has no `=`"),
         (b"cmd=put =v\n", "not a valid key"),
         (b"cmd=put k\xffey=v\n", "UTF-8"),
         (b"cmd=put key=a\tb\n", "control character"),
@@ -377,6 +379,19 @@ fn a_long_abort_message_is_cut_not_refused() {
             "{format:?}: {evs:?}"
         );
     }
+}
+
+/// The server refuses empty keys and values too (MPICH's parser refuses `value=`, and Hydra
+/// then fails the job): a client that is not ours gets the error.
+#[test]
+fn the_server_refuses_empty_values() {
+    let (srv, mut socks) = server("job-empty", 1);
+    let mut raw = socks.pop().unwrap();
+    let reply = raw_call(&mut raw, Wire::V1, &Msg::new("put").with("key", "k").with("value", ""));
+    assert!(bootstrap_error(reply.check_rc("put")).contains("empty"));
+    let reply = raw_call(&mut raw, Wire::V2, &Msg::new("kvs-put").with("key", "k").with("value", ""));
+    assert!(bootstrap_error(reply.check_rc("put")).contains("empty"));
+    drop(srv);
 }
 
 #[test]

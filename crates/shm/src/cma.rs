@@ -87,6 +87,10 @@ impl MapRefusal {
     fn passing(why: String) -> MapRefusal {
         MapRefusal { why, lasting: false }
     }
+
+    fn lasting(why: String) -> MapRefusal {
+        MapRefusal { why, lasting: true }
+    }
 }
 
 /// Memory registered here with a memory file, which peers may map.
@@ -361,7 +365,7 @@ fn map_peer_file(pid: u32, file: &FileRef) -> std::result::Result<Mapping, MapRe
     // SAFETY: F_GET_SEALS only reads the seals of an open descriptor.
     let seals = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GET_SEALS) };
     if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
-        return Err(MapRefusal { why: format!("{path} is not a memory file sealed against shrinking"), lasting: true });
+        return Err(MapRefusal::lasting(format!("{path} is not a memory file sealed against shrinking")));
     }
     let fd = OwnedFd::from(f);
     Mapping::map_lazily(&fd, meta.len() as usize).map_err(|e| MapRefusal::passing(format!("mapping {path}: {e}")))

@@ -18,8 +18,8 @@ pub use pmi2::Pmi2Client;
 
 /// What every process manager offers: who am I, how many are we, and a fenced key-value space.
 ///
-/// Values are printable ASCII without spaces, `=`, `;` or `\` (use [`encode_hex`] for bytes), at most
-/// [`Bootstrap::max_value_len`] bytes.
+/// Values are printable ASCII without spaces, `=`, `;` or `\` (use [`encode_hex`] for bytes), at
+/// most [`Bootstrap::max_value_len`] bytes.
 pub trait Bootstrap: Send {
     /// This process's rank.
     fn rank(&self) -> Rank;

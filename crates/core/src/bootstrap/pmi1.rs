@@ -150,7 +150,8 @@ pub(super) fn abort_and_exit(conn: &mut Conn, wire: Wire, msg: &Msg, rank: Rank,
         "polyrail: rank {rank} aborts the job (code {code}): {}",
         msg.get("message").unwrap_or("")
     ));
-    if conn.send(wire, msg).is_ok() {
+    // Also after a timed-out call: an abort waits for no answer a late one could be taken for.
+    if conn.send_anyway(wire, msg).is_ok() {
         conn.wait_closed(ABORT_WAIT);
     }
     std::process::exit(super::abort_status(code))

@@ -160,7 +160,8 @@ struct Peer {
     aborted: bool,
     fence: Option<Pending>,
     /// Its puts since its last fence: published to every rank when that fence completes, as
-    /// Hydra's proxy does (a get before the fence finds nothing, here as under Hydra).
+    /// Hydra's proxy does (a get before the fence finds nothing, here as under Hydra). A key
+    /// two ranks put before one fence keeps the higher rank's value.
     puts: HashMap<String, String>,
     /// Unsupported commands it sent, of which the first [`NOTICES_PER_RANK`] are reported (a
     /// rank sending them in a loop must not fill the launcher's queue).
@@ -596,7 +597,8 @@ impl State {
     }
 }
 
-/// `msg` turned into a failure answer: `rc=-1` and the reason (`msg=` in PMI-1, `errmsg=` in PMI-2).
+/// `msg` turned into a failure answer: `rc=-1` and the reason (`msg=` in PMI-1, `errmsg=` in
+/// PMI-2).
 fn failure(wire: Wire, msg: Msg, why: &str) -> Msg {
     // The text may repeat a client's key: without `;`, which MPICH 4's client would not read
     // back from its doubled form.

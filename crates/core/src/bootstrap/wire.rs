@@ -190,6 +190,9 @@ fn assemble(tokens: Vec<(String, String)>, raw: &[u8], wire: &str) -> Result<Msg
     }
 }
 
+/// PMI-1 fields of free text, which Hydra sends with unescaped spaces.
+const FREE_TEXT: [&str; 3] = ["msg", "errmsg", "message"];
+
 /// Parses one PMI-1 line (with or without its trailing newline).
 pub fn parse_v1(line: &[u8]) -> Result<Msg> {
     let body = line.strip_suffix(b"\n").unwrap_or(line);
@@ -203,11 +206,11 @@ pub fn parse_v1(line: &[u8]) -> Result<Msg> {
     let mut tokens: Vec<(String, String)> = Vec::new();
     for token in split_v1(text).map_err(|e| bad(format!("{e}: {}", preview(body))))? {
         let Some((k, v)) = token.split_once('=') else {
-            // A word without `=` continues the value before it (not the command's): Hydra sends free text with
+            // A word without `=` continues a free-text value before it: Hydra sends them with
             // unescaped spaces (`rc=1 msg=Keys with PMI_ prefix are reserved`), which MPICH's
-            // parser also reads.
+            // parser also reads. Keys and other values stay single words.
             match tokens.last_mut() {
-                Some((key, value)) if key != "cmd" => {
+                Some((key, value)) if FREE_TEXT.contains(&key.as_str()) => {
                     value.push(' ');
                     value.push_str(&token);
                     continue;
@@ -364,14 +367,6 @@ pub fn read_v2(r: &mut impl Read) -> Result<Msg> {
     let mut body = vec![0u8; len];
     r.read_exact(&mut body).map_err(read_error)?;
     parse_v2(&body)
-}
-
-/// Writes one message to a blocking stream.
-pub fn write_msg(w: &mut impl Write, wire: Wire, msg: &Msg) -> Result<()> {
-    let bytes = msg.encode(wire)?;
-    w.write_all(&bytes).and_then(|()| w.flush()).map_err(|e| {
-        bad(format!("sending `cmd={}` to the PMI process manager failed ({e}); did the launcher exit?", msg.cmd))
-    })
 }
 
 fn closed() -> Error {
@@ -573,7 +568,17 @@ impl Conn {
     /// Sends `msg` in `wire` framing.
     pub(crate) fn send(&mut self, wire: Wire, msg: &Msg) -> Result<()> {
         self.usable()?;
-        let sent = write_msg(self.io.get_mut(), wire, msg);
+        self.send_anyway(wire, msg)
+    }
+
+    /// [`Conn::send`] also on a connection an earlier failure left out of step: for an abort,
+    /// which waits for no answer. A message that cannot be encoded leaves it usable.
+    pub(crate) fn send_anyway(&mut self, wire: Wire, msg: &Msg) -> Result<()> {
+        let bytes = msg.encode(wire)?;
+        let io = self.io.get_mut();
+        let sent = io.write_all(&bytes).and_then(|()| io.flush()).map_err(|e| {
+            bad(format!("sending `cmd={}` to the PMI process manager failed ({e}); did the launcher exit?", msg.cmd))
+        });
         self.note(sent)
     }
 
