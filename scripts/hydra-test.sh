@@ -30,3 +30,14 @@ for port in "" -pmi-port; do
         echo "hydra-test: PMI-$pmi ${port:-(PMI_FD)} with $ranks ranks: ok"
     done
 done
+
+# -pmi-port with a PMI_RANK and PMI_SIZE left in the environment by an outer launcher (Hydra
+# forwards it): the ranks must come from PMI_ID and the handshake, not from those.
+for pmi in 1 2; do
+    what="PMI_RANK=0 PMI_SIZE=1 POLYRAIL_PMI=$pmi mpiexec.hydra -pmi-port -n $ranks $probe"
+    out="$(PMI_RANK=0 PMI_SIZE=1 POLYRAIL_PMI=$pmi timeout 60 mpiexec.hydra -pmi-port -n "$ranks" "$probe" 2>&1)" \
+        || fail "$what exited with $?:"$'\n'"$out"
+    ok="$(grep -c "^pmi_probe rank [0-9]* of $ranks ok$" <<<"$out" || true)"
+    [ "$ok" = "$ranks" ] || fail "$what: $ok of $ranks ranks reported ok:"$'\n'"$out"
+    echo "hydra-test: PMI-$pmi -pmi-port with a stale PMI_RANK/PMI_SIZE and $ranks ranks: ok"
+done
