@@ -649,3 +649,26 @@ pub fn eprint_line(line: &str) {
     buf.push('\n');
     let _ = std::io::stderr().lock().write_all(buf.as_bytes());
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// After a call times out, its answer may still come and be taken for the next request's:
+    /// the connection refuses further calls, but an abort (which waits for no answer) still
+    /// goes out.
+    #[test]
+    fn a_timed_out_connection_refuses_calls_but_not_an_abort() {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut conn = Conn::from_unix(ours);
+        conn.set_timeout(Some(std::time::Duration::from_millis(20))).unwrap();
+        let e = conn.call(Wire::V1, &Msg::new("barrier_in"), "barrier_out", "PMI-1 barrier").unwrap_err();
+        assert!(e.to_string().contains("POLYRAIL_PMI_TIMEOUT"), "{e}");
+        let e = conn.call(Wire::V1, &Msg::new("get_maxes"), "maxes", "PMI-1 get_maxes").unwrap_err();
+        assert!(e.to_string().contains("unusable after an earlier failure"), "{e}");
+        conn.send_anyway(Wire::V1, &Msg::new("abort").with("exitcode", 3)).unwrap();
+        let mut seen = std::io::BufReader::new(theirs);
+        assert_eq!(read_v1(&mut seen).unwrap().cmd, "barrier_in");
+        assert_eq!(read_v1(&mut seen).unwrap().cmd, "abort", "the refused get_maxes was never sent");
+    }
+}
