@@ -707,6 +707,25 @@ mod tests {
         }
     }
 
+    /// A peer's segment whose owner lives in another pid namespace is refused: the pid that
+    /// would watch its liveness means something else here.
+    #[test]
+    fn a_segment_of_another_pid_namespace_is_refused() {
+        use std::os::unix::fs::FileExt;
+        let layout = SegLayout::new(2, Geometry::new(64, 16), 4, 4096).unwrap();
+        let name = format!("/polyrail-{}-nstest{}-1", sys::uid(), std::process::id());
+        let seg = OwnSegment::create(&name, 1, &layout).unwrap();
+        let addr = SegAddress { name: name.clone(), rank: 1, layout, nonce: seg.nonce };
+        assert!(open_peer(&addr, 1).is_ok());
+        // Its owner's pid would name nothing, or another process, here: its exit would go
+        // unseen (or be seen at once).
+        let other_ns = (sys::pid_namespace() ^ 1).to_ne_bytes();
+        let file = std::fs::OpenOptions::new().write(true).open(path_of(&name)).unwrap();
+        file.write_all_at(&other_ns, std::mem::offset_of!(SegmentInfo, pid_ns) as u64).unwrap();
+        let err = open_peer(&addr, 1).unwrap_err();
+        assert!(err.contains("another pid namespace"), "{err}");
+    }
+
     /// A peer whose address names a segment that is no longer the one published (another job
     /// of the same id replaced it) is refused, not mapped.
     #[test]
