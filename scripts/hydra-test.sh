@@ -20,24 +20,28 @@ target_dir="$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_
 probe="${target_dir:-target}/debug/examples/pmi_probe"
 [ -x "$probe" ] || fail "$probe was not built"
 
-for port in "" -pmi-port; do
-    for pmi in 1 2; do
-        what="POLYRAIL_PMI=$pmi mpiexec.hydra $port -n $ranks $probe"
-        out="$(POLYRAIL_PMI=$pmi timeout 60 mpiexec.hydra $port -n "$ranks" "$probe" 2>&1)" \
-            || fail "$what exited with $?:"$'\n'"$out"
-        ok="$(grep -c "^pmi_probe rank [0-9]* of $ranks ok$" <<<"$out" || true)"
-        [ "$ok" = "$ranks" ] || fail "$what: $ok of $ranks ranks reported ok:"$'\n'"$out"
-        echo "hydra-test: PMI-$pmi ${port:-(PMI_FD)} with $ranks ranks: ok"
-    done
-done
-
-# -pmi-port with a PMI_RANK and PMI_SIZE left in the environment by an outer launcher (Hydra
-# forwards it): the ranks must come from PMI_ID and the handshake, not from those.
-for pmi in 1 2; do
-    what="PMI_RANK=0 PMI_SIZE=1 POLYRAIL_PMI=$pmi mpiexec.hydra -pmi-port -n $ranks $probe"
-    out="$(PMI_RANK=0 PMI_SIZE=1 POLYRAIL_PMI=$pmi timeout 60 mpiexec.hydra -pmi-port -n "$ranks" "$probe" 2>&1)" \
+# Runs the probe under Hydra with the variables given before `--` (`POLYRAIL_PMI=1`, ...) and
+# Hydra's options after it; `label` names the case. Every rank must report success.
+run_probe() {
+    local label="$1" vars=() opts=()
+    shift
+    while [ "$1" != "--" ]; do vars+=("$1"); shift; done
+    shift
+    opts=("$@")
+    local what="${vars[*]} mpiexec.hydra ${opts[*]} -n $ranks $probe"
+    local out
+    out="$(env "${vars[@]}" timeout 60 mpiexec.hydra "${opts[@]}" -n "$ranks" "$probe" 2>&1)" \
         || fail "$what exited with $?:"$'\n'"$out"
+    local ok
     ok="$(grep -c "^pmi_probe rank [0-9]* of $ranks ok$" <<<"$out" || true)"
     [ "$ok" = "$ranks" ] || fail "$what: $ok of $ranks ranks reported ok:"$'\n'"$out"
-    echo "hydra-test: PMI-$pmi -pmi-port with a stale PMI_RANK/PMI_SIZE and $ranks ranks: ok"
+    echo "hydra-test: $label with $ranks ranks: ok"
+}
+
+for pmi in 1 2; do
+    run_probe "PMI-$pmi (PMI_FD)" POLYRAIL_PMI=$pmi --
+    run_probe "PMI-$pmi -pmi-port" POLYRAIL_PMI=$pmi -- -pmi-port
+    # A PMI_RANK and PMI_SIZE left in the environment by an outer launcher (Hydra forwards it):
+    # on a shared port the ranks must come from PMI_ID and the handshake, not from those.
+    run_probe "PMI-$pmi -pmi-port with a stale PMI_RANK/PMI_SIZE" PMI_RANK=0 PMI_SIZE=1 POLYRAIL_PMI=$pmi -- -pmi-port
 done

@@ -409,8 +409,8 @@ pub struct Config {
     pub log: LogLevel,
     /// `POLYRAIL_PMI`: `1` (default) or `2`.
     pub pmi: PmiVersion,
-    /// `POLYRAIL_PMI_TIMEOUT`: seconds an answer of the process manager may take (a fence
-    /// waits for every rank) before `Context::init` or `finalize` fails, or `off` (the
+    /// `POLYRAIL_PMI_TIMEOUT`: seconds an answer of the process manager (or the connection to
+    /// its `PMI_PORT`) may take (a fence waits for every rank) before `Context::init` or `finalize` fails, or `off` (the
     /// default: as long as the process manager keeps the connection). For launchers that let
     /// the other ranks run on when one dies before a fence (Slurm without
     /// `--kill-on-bad-exit`), which would leave them waiting until the job's time limit.
@@ -496,7 +496,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("POLYRAIL_SHM_CELLS", "send cells per process (default 128)"),
     ("POLYRAIL_LOG", "log level: error, warn, info, debug, trace"),
     ("POLYRAIL_PMI", "PMI protocol spoken to the launcher: 1 or 2"),
-    ("POLYRAIL_PMI_TIMEOUT", "seconds an answer of the launcher may take (a fence waits for every rank), or off (default)"),
+    ("POLYRAIL_PMI_TIMEOUT", "seconds an answer of the launcher (or the connection to PMI_PORT) may take (a fence waits for every rank), or off (default)"),
     ("POLYRAIL_WAIT", "how to wait for arrivals: spin, block or adaptive (default)"),
     ("POLYRAIL_SKEW", "skew feedback LIMIT:WINDOW:SIZE (default 0:8:64k) or off"),
     ("POLYRAIL_POLL", "polling priority between channels: all, static:R or dynamic:H (default dynamic:8)"),

@@ -707,20 +707,26 @@ mod tests {
         }
     }
 
+    /// A segment of rank 1 of a two-rank job named after `tag`, and its address.
+    fn rank_1_segment(tag: &str) -> (OwnSegment, SegAddress) {
+        let layout = SegLayout::new(2, Geometry::new(64, 16), 4, 4096).unwrap();
+        let name = format!("/polyrail-{}-{tag}{}-1", sys::uid(), std::process::id());
+        let seg = OwnSegment::create(&name, 1, &layout).unwrap();
+        let addr = SegAddress { name, rank: 1, layout, nonce: seg.nonce };
+        (seg, addr)
+    }
+
     /// A peer's segment whose owner lives in another pid namespace is refused: the pid that
     /// would watch its liveness means something else here.
     #[test]
     fn a_segment_of_another_pid_namespace_is_refused() {
         use std::os::unix::fs::FileExt;
-        let layout = SegLayout::new(2, Geometry::new(64, 16), 4, 4096).unwrap();
-        let name = format!("/polyrail-{}-nstest{}-1", sys::uid(), std::process::id());
-        let seg = OwnSegment::create(&name, 1, &layout).unwrap();
-        let addr = SegAddress { name: name.clone(), rank: 1, layout, nonce: seg.nonce };
+        let (_seg, addr) = rank_1_segment("nstest");
         assert!(open_peer(&addr, 1).is_ok());
         // Its owner's pid would name nothing, or another process, here: its exit would go
         // unseen (or be seen at once).
         let other_ns = (sys::pid_namespace() ^ 1).to_ne_bytes();
-        let file = std::fs::OpenOptions::new().write(true).open(path_of(&name)).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(path_of(&addr.name)).unwrap();
         file.write_all_at(&other_ns, std::mem::offset_of!(SegmentInfo, pid_ns) as u64).unwrap();
         let err = open_peer(&addr, 1).unwrap_err();
         assert!(err.contains("another pid namespace"), "{err}");
@@ -730,10 +736,7 @@ mod tests {
     /// of the same id replaced it) is refused, not mapped.
     #[test]
     fn a_replaced_segment_is_refused() {
-        let layout = SegLayout::new(2, Geometry::new(64, 16), 4, 4096).unwrap();
-        let name = format!("/polyrail-{}-noncetest{}-1", sys::uid(), std::process::id());
-        let seg = OwnSegment::create(&name, 1, &layout).unwrap();
-        let addr = SegAddress { name: name.clone(), rank: 1, layout, nonce: seg.nonce };
+        let (seg, addr) = rank_1_segment("noncetest");
         let decoded = SegAddress::decode(&addr.encode()).unwrap();
         assert_eq!(decoded, addr);
         assert_eq!(open_peer(&decoded, 1).unwrap().1, std::process::id());

@@ -58,9 +58,9 @@ impl Pmi1Client {
     /// (`POLYRAIL_PMI_TIMEOUT`).
     pub fn from_env_with_timeout(timeout: Option<std::time::Duration>) -> Result<Self> {
         let (rank, size, id) = (env_u32("PMI_RANK")?, env_u32("PMI_SIZE")?, env_u32("PMI_ID")?);
-        let port = Conn::env_uses_port();
         let mut conn = Conn::from_env(timeout)?;
         conn.set_timeout(timeout)?;
+        let port = conn.via_port();
         let (rank, size) = match (rank.zip(size), id) {
             // Hydra's -pmi-port mode: PMI_ID names this process on the shared port, and the
             // handshake tells the server which connection it is (a PMI_RANK or PMI_SIZE here

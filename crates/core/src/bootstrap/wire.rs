@@ -480,9 +480,9 @@ impl Conn {
         Conn { io: std::io::BufReader::new(Stream::Unix(s)), broken: None }
     }
 
-    /// Whether [`Conn::from_env`] connects through `PMI_PORT` (no `PMI_FD` is set).
-    pub(crate) fn env_uses_port() -> bool {
-        std::env::var_os("PMI_FD").is_none() && std::env::var_os("PMI_PORT").is_some()
+    /// Whether it is a TCP connection to a shared port (`PMI_PORT`), not an inherited socket.
+    pub(crate) fn via_port(&self) -> bool {
+        matches!(self.io.get_ref(), Stream::Tcp(_))
     }
 
     /// Connects to the process manager named by `PMI_FD` (preferred) or `PMI_PORT` (within
