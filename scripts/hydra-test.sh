@@ -15,7 +15,7 @@ fail() {
 }
 
 command -v mpiexec.hydra >/dev/null || fail "mpiexec.hydra not found (install MPICH: apt-get install mpich)"
-cargo build --quiet -p polyrail-core --example pmi_probe || fail "cargo build of the pmi_probe example"
+cargo build --quiet -p polyrail-pmi --example pmi_probe || fail "cargo build of the pmi_probe example"
 target_dir="$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
 probe="${target_dir:-target}/debug/examples/pmi_probe"
 [ -x "$probe" ] || fail "$probe was not built"

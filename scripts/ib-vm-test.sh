@@ -8,7 +8,7 @@
 # fight over the build lock or overwrite each other's binaries):
 #   - the polyrail binary,
 #   - the verbs integration tests of polyrail-ib (crates/ib/tests/verbs.rs),
-#   - the whole-job test binary of the facade package (tests/job.rs), which runs the scenario
+#   - the whole-job test binary (crates/cli/tests/job.rs), which runs the scenario
 #     named by its first argument when `polyrail run` starts it.
 # Then boots ONE guest with scripts/rxe-vm.sh (rxe0, GID index 1) and runs there:
 #   - the verbs integration tests (a missing device fails them: IB_TEST_REQUIRE_DEVICE=1),
@@ -61,10 +61,10 @@ if ((BUILD)); then
     export CARGO_TARGET_DIR=$TARGET_DIR
     t0=$SECONDS
     echo "ib-vm-test: building (release, --features verbs) in $TARGET_DIR" >&2
-    cargo build --release --features verbs --bin polyrail
+    cargo build --release -p polyrail-cli --features polyrail/verbs --bin polyrail
     verbs_test=$(cargo test --release -p polyrail-ib --features verbs --no-run --test verbs \
         --message-format=json-render-diagnostics | executable_of)
-    job_test=$(cargo test --release -p polyrail --features verbs --no-run --test job \
+    job_test=$(cargo test --release -p polyrail-cli --features polyrail/verbs --no-run --test job \
         --message-format=json-render-diagnostics | executable_of)
     [[ -x $verbs_test && -x $job_test ]] || { echo "ib-vm-test: test executables not found" >&2; exit 1; }
     # Stable names in the guest (--bin copies by basename).

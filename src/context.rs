@@ -1,14 +1,13 @@
 //! The user-facing endpoint: `Context`.
 
 use crate::buffer::RegisteredBuffer;
-use crate::driver::{Driver, ParkedEnd};
 use crate::dropped::DropBox;
 use crate::heap::HeapRegistrations;
-use crate::job::{Job, JobReport};
 use crate::space::{status_in, InSpace, Members, Space, SplitEntry};
-use polyrail_core::bootstrap::Bootstrap;
 use polyrail_core::engine::{CancelRecv, Engine, ReqId, Source, Status, TagMatch};
 use polyrail_core::{Config, Error, Rank, Region, RegionMut, Result};
+use polyrail_pmi::Bootstrap;
+use polyrail_runtime::{Driver, Job, JobReport, ParkedEnd};
 use std::io::Write;
 use std::sync::Arc;
 
@@ -273,15 +272,15 @@ impl Context {
         Self::start(config, None)
     }
 
-    /// Joins a job through an explicit bootstrap (e.g. from [`crate::launch::spawn_peers`], or
+    /// Joins a job through an explicit bootstrap (e.g. from `polyrail_cli::launch::spawn_peers`, or
     /// a runtime's own process manager) instead of the environment's.
     pub fn init_with_bootstrap(config: Config, bootstrap: Box<dyn Bootstrap>) -> Result<Context> {
         Self::start(config, Some(bootstrap))
     }
 
     fn start(config: Config, boot: Option<Box<dyn Bootstrap>>) -> Result<Context> {
-        crate::logging::init(config.log);
-        let Job { bootstrap, driver, report, config } = Job::start(config, boot)?;
+        polyrail_runtime::log::init(config.log);
+        let Job { bootstrap, driver, report, config } = Job::start(&crate::channels(), config, boot)?;
         let mark = ContextMark::next();
         let mut ctx = Context {
             driver,
@@ -1176,7 +1175,7 @@ fn region_mut(buf: &mut [u8]) -> RegionMut {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use polyrail_core::bootstrap::Singleton;
+    use polyrail_pmi::Singleton;
 
     fn alone() -> Context {
         Context::init_with_bootstrap(Config::default(), Box::new(Singleton::new())).unwrap()

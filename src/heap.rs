@@ -2,8 +2,8 @@
 //! ordinary `Vec`s get what [`crate::Context::alloc_registered`] buffers get (peers on the
 //! machine map them once instead of copying through the kernel; `ib` registers them once).
 
-use crate::driver::Driver;
 use polyrail_core::{Region, SharedFile};
+use polyrail_runtime::Driver;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::os::fd::IntoRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};

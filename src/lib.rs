@@ -22,30 +22,22 @@
 
 mod buffer;
 mod context;
-mod driver;
 mod dropped;
 mod heap;
-mod job;
-pub mod launch;
-mod logging;
 mod scope;
 mod space;
 
 pub use buffer::RegisteredBuffer;
 pub use context::{Cancel, Completion, Context, Request};
 pub use heap::MappedHeap;
-pub use job::{ChannelReport, JobReport, PeerReport};
-pub use polyrail_core::bootstrap::Bootstrap;
 pub use polyrail_core::engine::{Source, Status, TagMatch};
-pub use polyrail_core::policy::{
-    topology::{DeviceLocality, TopoClass},
-    PeerRoute, Protocol, RouteEntry,
-};
+pub use polyrail_core::policy::{topology::TopoClass, PeerRoute, Protocol, RouteEntry};
 pub use polyrail_core::{
-    config, error_chain, format_size, parse_size, Config, Error, Rank, Reach, Result, TransportKind,
+    config, error_chain, format_size, host_identity, parse_size, Config, Error, Rank, Reach, Result, TransportKind,
 };
-/// This machine's identity (host name and boot id), as the channels compare it between ranks.
-pub use polyrail_shm::host_identity;
+pub use polyrail_pmi::Bootstrap;
+pub use polyrail_runtime::topology::DeviceLocality;
+pub use polyrail_runtime::{ChannelReport, JobReport, PeerReport};
 pub use scope::{Scope, ScopedRequest};
 pub use space::{InSpace, Space};
 
@@ -53,6 +45,16 @@ pub use space::{InSpace, Space};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeExamples;
+
+/// The channels this build registers, in the order of their channel ids: `self`, `shm` and
+/// `cma` always, `ib` with the `ib` feature (on by default).
+pub fn channels() -> Vec<&'static dyn polyrail_core::ChannelFactory> {
+    let mut list: Vec<&'static dyn polyrail_core::ChannelFactory> =
+        vec![&polyrail_shm::LoopbackFactory, &polyrail_shm::ShmFactory, &polyrail_shm::CmaFactory];
+    #[cfg(feature = "ib")]
+    list.push(&polyrail_ib::IbFactory);
+    list
+}
 
 /// `MPI_ANY_SOURCE`: receive from any rank.
 pub const ANY_SOURCE: Source = Source::Any;

@@ -270,7 +270,7 @@ impl<'scope> Scope<'scope, '_> {
 #[cfg(test)]
 mod tests {
     use crate::{Config, Context};
-    use polyrail_core::bootstrap::Singleton;
+    use polyrail_pmi::Singleton;
 
     /// A long-lived scope reuses the slots of the requests it waited for: it holds as many as it
     /// ever had running at once, not one per request it started.

@@ -1,6 +1,6 @@
 //! The [`MappedHeap`] allocator on its own: which allocations become memory files, and that
 //! growing, shrinking and freeing them keeps contents and gives everything back. (Messages from
-//! its memory are the `heap` scenario of tests/job.rs.) One test function: the block count is
+//! its memory are the `heap` scenario of crates/cli/tests/job.rs.) One test function: the block count is
 //! process-wide, so the checks must not run in parallel threads.
 
 use polyrail::MappedHeap;

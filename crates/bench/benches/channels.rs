@@ -1,6 +1,6 @@
 //! Criterion benches of every channel between two real processes.
 //!
-//! The bench process is rank 0 of a 2-rank job per channel (`polyrail::launch::spawn_peers`
+//! The bench process is rank 0 of a 2-rank job per channel (`polyrail_cli::launch::spawn_peers`
 //! starts this same executable as rank 1, which then serves commands); each measurement is an
 //! `iter_custom` that tells the peer what to do for `iters` iterations and times rank 0's side:
 //! - `latency/<channel>/<size>`: half a ping-pong round trip;
@@ -13,10 +13,10 @@
 //! runs every bench once.
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use polyrail::launch::{spawn_peers, LaunchOptions};
 use polyrail::Context;
 use polyrail_bench::osu::{window, WINDOW};
 use polyrail_bench::{channel_config, channel_nodes, check_forced, transport_env};
+use polyrail_cli::launch::{spawn_peers, LaunchOptions};
 use std::time::{Duration, Instant};
 
 const CMD_TAG: u32 = 9000;

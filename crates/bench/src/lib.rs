@@ -201,7 +201,7 @@ pub fn check_forced(report: &polyrail::JobReport, me: polyrail::Rank, transport:
 }
 
 /// [`channel_settings`] applied to the configuration from the environment, for rank 0 of a job
-/// started with [`polyrail::launch::spawn_peers`] (its node too, see [`channel_nodes`]).
+/// started with [`polyrail_cli::launch::spawn_peers`] (its node too, see [`channel_nodes`]).
 pub fn channel_config(transport: &str) -> anyhow::Result<polyrail::Config> {
     let mut cfg = env_config_with(transport)?;
     if let Some(nodes) = channel_nodes(transport, 1) {

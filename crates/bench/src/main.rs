@@ -7,8 +7,8 @@
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
-use polyrail::launch::{launch, LaunchOptions};
 use polyrail_bench::{channel_nodes, experiments, osu, transport_env, Common};
+use polyrail_cli::launch::{launch, LaunchOptions};
 use std::ffi::OsString;
 use std::path::PathBuf;
 
@@ -265,7 +265,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 if pattern == experiments::DiscoveryPattern::PingPong {
                     // Two busy ranks at a time, never the same two: bound round-robin, the root
                     // would share its core with the network peer; the scheduler spreads them.
-                    opts.bind = polyrail::launch::Bind::None;
+                    opts.bind = polyrail_cli::launch::Bind::None;
                 }
                 let code = launch(&opts)?;
                 if code != 0 {

@@ -6,7 +6,7 @@
 use crate::error::{Error, Result};
 use crate::policy::topology::TopoClass;
 use crate::size::{format_size, parse_size};
-use crate::transport::TransportKind;
+use crate::transport::{RndvFrom, TransportKind};
 
 /// Which transports may be used (`POLYRAIL_TRANSPORTS`).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -208,8 +208,8 @@ pub enum PlacementMode {
 
 impl PlacementMode {
     /// The placement every peer is taken to have; `None` when it is measured.
-    pub fn given(self) -> Option<crate::policy::Placement> {
-        use crate::policy::Placement;
+    pub fn given(self) -> Option<crate::observe::Placement> {
+        use crate::observe::Placement;
         match self {
             PlacementMode::Measure => None,
             PlacementMode::Near => Some(Placement::Near),
@@ -305,6 +305,20 @@ pub struct IbSettings {
     /// may leave their header out (RDMA write with immediate) in streams of like messages.
     /// Default on; off for comparisons (a process with it off also takes none: its address says so).
     pub compact: bool,
+}
+
+impl IbSettings {
+    /// Where `ib` starts one-sided copies: above its largest eager message.
+    pub fn rndv_from(&self) -> Vec<RndvFrom> {
+        vec![RndvFrom {
+            class: None,
+            from: self.eager_limit.saturating_add(1),
+            reason: format!(
+                "POLYRAIL_IB_EAGER_LIMIT={}, the largest eager message; DCFA-MPI's 8k by default",
+                format_size(self.eager_limit)
+            ),
+        }]
+    }
 }
 
 impl Default for IbSettings {
@@ -514,6 +528,33 @@ pub const VARIABLES: &[(&str, &str)] = &[
 ];
 
 impl Config {
+    /// Where `cma` starts one-sided copies by class: `POLYRAIL_CMA_THRESHOLD`, else a tuning
+    /// file's measurements ([`TransportAttr::rndv_from`](crate::TransportAttr::rndv_from)).
+    pub fn cma_rndv_from(&self) -> Vec<RndvFrom> {
+        let mut out = Vec::new();
+        let mut add = |sizes: &ClassSizes, reason: &str| {
+            let entries = sizes.per_class.iter().map(|&(c, s)| (Some(c), s)).chain(sizes.all.map(|s| (None, s)));
+            out.extend(entries.map(|(class, from)| RndvFrom { class, from, reason: reason.to_owned() }));
+        };
+        add(&self.cma_threshold, "POLYRAIL_CMA_THRESHOLD");
+        if let Some((path, sizes)) = &self.tuning {
+            add(sizes, &format!("measured by `polyrail tune`, POLYRAIL_TUNING={path}"));
+        }
+        out
+    }
+
+    /// Where `ib` starts one-sided copies: above its largest eager message.
+    pub fn ib_rndv_from(&self) -> Vec<RndvFrom> {
+        vec![RndvFrom {
+            class: None,
+            from: self.ib.eager_limit.saturating_add(1),
+            reason: format!(
+                "POLYRAIL_IB_EAGER_LIMIT={}, the largest eager message; DCFA-MPI's 8k by default",
+                format_size(self.ib.eager_limit)
+            ),
+        }]
+    }
+
     /// Reads the process environment.
     pub fn from_env() -> Result<Config> {
         let mut vars = Vec::new();

@@ -71,9 +71,8 @@ impl PacketKind {
 }
 
 /// What the header of a whole eager message says besides its length: context, tag and per-pair
-/// sequence id (the fields a compact header carries, [`Header::is_compact`]). The small-message
-/// fast path hands a channel this instead of a whole [`Header`]
-/// ([`crate::Transport::try_send_eager`]); [`Envelope::header`] builds the header.
+/// sequence id (the fields a compact header carries, [`Header::is_compact`]). The engine's
+/// small-message path works with this; [`Envelope::header`] builds the header.
 ///
 /// One 128-bit value, so that it travels in two registers (a struct of three fields would go
 /// through memory).

@@ -4,7 +4,6 @@
 //! - [`engine`]: the sans-IO protocol engine (tag matching, per-pair ordering, eager and
 //!   rendezvous state machines), driven by `handle_*` calls and read through `poll_*` calls;
 //! - [`policy`]: topology classes and per-peer route tables (size range -> channel, protocol);
-//! - [`bootstrap`]: PMI-1 / PMI-2 clients and the PMI server behind `polyrail run`;
 //! - [`Config`]: every `POLYRAIL_*` setting, parsed once.
 //!
 //! It contains no channel: those live in `polyrail-shm`, `polyrail-ib`, ...
@@ -12,15 +11,16 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-pub mod bootstrap;
 pub mod config;
 pub mod engine;
 mod error;
 mod header;
 mod memory;
+pub mod observe;
 pub mod policy;
 mod random;
 mod size;
+pub mod sweep;
 mod transport;
 
 pub use config::Config;
@@ -30,6 +30,6 @@ pub use memory::{fits_file_size_limit, memory_file, AnonMemory, SharedFile};
 pub use random::random_u64;
 pub use size::{format_size, parse_size};
 pub use transport::{
-    Address, Caps, Cost, Issued, OpId, PeerAccess, PeerInfo, Reach, Region, RegionMut, RemoteKey, Sink, Transport,
-    TransportAttr, TransportKind,
+    host_identity, Address, Caps, ChannelFactory, ChannelStart, Cost, Issued, OpId, Opened, PeerAccess, PeerInfo,
+    Reach, Region, RegionMut, RemoteKey, RndvFrom, Sink, Transport, TransportAttr, TransportKind,
 };

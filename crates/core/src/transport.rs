@@ -4,9 +4,12 @@
 //! moves bytes, and reports arrivals and completions through a [`Sink`]. It never matches tags
 //! and never chooses a protocol; the engine and the policy do that.
 
+use crate::config::Config;
 use crate::error::{Error, Rank, Result};
-use crate::header::{Envelope, Header};
+use crate::header::Header;
 use crate::memory::SharedFile;
+use crate::observe::{Observation, Observe};
+use crate::policy::topology::TopoClass;
 use std::fmt;
 use std::ops::Range;
 
@@ -99,6 +102,14 @@ impl Caps {
     /// processes doubles the copy rate (a NIC's copy engine gains nothing from it).
     pub const CPU_COPY: Caps = Caps(128);
 
+    /// Reaches only this process (loopback): polled only after something was sent to this
+    /// process itself.
+    pub const SELF_ONLY: Caps = Caps(256);
+    /// Measures how near the peer's core is ([`Observe::LineTransfer`]) and how fast its copies
+    /// to the peer run ([`Observe::CopiesSlow`]): routes over it may change with the placement
+    /// of the peer's core ([`crate::policy::PlacementRule`]).
+    pub const PLACEMENT: Caps = Caps(512);
+
     /// No capability.
     pub const fn empty() -> Caps {
         Caps(0)
@@ -161,9 +172,21 @@ pub struct TransportAttr {
     /// mapping without the kernel, as measured for it; `None` when the channel does not map
     /// such memory.
     pub mapped_from: Option<usize>,
-    /// Largest payload [`Transport::try_send_eager`] takes; `None` when the channel has no such
-    /// shortcut (the default method), and the engine's small sends go to `try_send` directly.
-    pub max_eager_shortcut: Option<usize>,
+    /// Where this channel wants one-sided copies to start, by the peer's topology class, from
+    /// the channel's own settings (the first entry whose class matches applies); where none
+    /// does, the selection takes the cost model and the class defaults.
+    pub rndv_from: Vec<RndvFrom>,
+}
+
+/// A channel's smallest message for one-sided copies to peers of one class ([`TransportAttr::rndv_from`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RndvFrom {
+    /// The class it applies to; `None`: every class.
+    pub class: Option<TopoClass>,
+    /// The size.
+    pub from: usize,
+    /// Where it comes from (a variable, a tuning file), for `polyrail info`.
+    pub reason: String,
 }
 
 /// What the job knows of a peer when transports connect to it.
@@ -179,6 +202,20 @@ pub struct PeerInfo {
     pub node: u32,
     /// Logical CPUs the peer is bound to.
     pub cpus: Vec<usize>,
+    /// Whether every rank on this machine has a CPU of its own. When the machine runs more ranks
+    /// than it has CPUs, ranks share CPUs, their caches and their time: a channel that reads
+    /// from timings how near the peer's core is, or how fast its copies run, stops trusting them.
+    pub own_cpus: bool,
+}
+
+/// Identity of this machine as `hostname/boot-id`, which [`PeerInfo::host`] holds.
+///
+/// The boot id (`/proc/sys/kernel/random/boot_id`) tells apart two machines with the same host
+/// name (containers, cloned VMs) and a machine before and after a reboot.
+pub fn host_identity() -> String {
+    let read = |path: &str| std::fs::read_to_string(path).map(|s| s.trim().to_owned()).ok();
+    let host = read("/proc/sys/kernel/hostname").unwrap_or_else(|| "unknown-host".into());
+    format!("{host}/{}", read("/proc/sys/kernel/random/boot_id").unwrap_or_default())
 }
 
 /// Whether a transport can carry traffic to a peer.
@@ -318,30 +355,12 @@ pub trait Transport: Send {
         Ok(())
     }
 
-    /// Called when this machine runs more ranks than it has CPUs (`own = false`; after
-    /// `add_peer`, before `connected`). Ranks that share a CPU share its caches and its time:
-    /// a channel that reads from timings how near a peer's core is, or how fast its copies
-    /// run, stops trusting them (see [`crate::engine::Engine::set_own_cpus`]). The default
-    /// ignores it.
-    fn set_own_cpus(&mut self, _own: bool) {}
-
     /// Sends an active message: the engine header and a payload (at most `attr().max_eager`
     /// bytes). Returns [`Issued::Done`] (the payload was copied or sent) or
     /// [`Issued::WouldBlock`]. The transport carries the header as it likes (encoded with
     /// [`Header::encode`], or in a compact form, [`Header::is_compact`]) and hands the same
     /// header to the peer's [`Sink::message`].
     fn try_send(&mut self, peer: Rank, hdr: &Header, payload: &[u8]) -> Result<Issued>;
-
-    /// The small-message shortcut: sends a whole eager message, header `env.header(payload.len())`
-    /// and at most [`TransportAttr::max_eager_shortcut`] bytes, and says [`Issued::Done`] or
-    /// [`Issued::WouldBlock`], with nothing built that the channel does not need. `None` means
-    /// "not now" (something to report): nothing was sent, and the caller sends the message with
-    /// [`Transport::try_send`], which reports any error. A channel whose `try_send` is cheap
-    /// keeps the default (`None`), and its `max_eager_shortcut` is `None`.
-    #[inline]
-    fn try_send_eager(&mut self, _peer: Rank, _env: Envelope, _payload: &[u8]) -> Option<Issued> {
-        None
-    }
 
     /// Delivers up to `budget` arrivals and completions to `sink`; returns how many.
     fn progress(&mut self, budget: usize, sink: &mut dyn Sink) -> Result<usize>;
@@ -370,13 +389,6 @@ pub trait Transport: Send {
     /// Ends a registration made with [`Transport::register_memory`].
     fn unregister_memory(&mut self, _region: Region) {}
 
-    /// Whether this channel copies `peer`'s registered memory with a memory file through a
-    /// mapping (probed in `add_peer`); routes to the peer keep their
-    /// [`crate::policy::MappedRule`] only then.
-    fn maps_registered(&self, _peer: Rank) -> bool {
-        false
-    }
-
     /// Reads `into.len` bytes at `offset` of a peer's exposed memory.
     fn get(&mut self, peer: Rank, _key: &RemoteKey, _offset: usize, _into: RegionMut, _op: OpId) -> Result<Issued> {
         Err(Error::Transport { kind: self.attr().kind.name(), what: format!("cannot read memory of rank {peer}") })
@@ -387,26 +399,11 @@ pub trait Transport: Send {
         Err(Error::Transport { kind: self.attr().kind.name(), what: format!("cannot write memory of rank {peer}") })
     }
 
-    /// How long, in nanoseconds beyond a local load, a cache line the peer wrote since the last
-    /// call took to arrive: a measure of how near the two cores are (sharing a cache or not),
-    /// for [`crate::policy::PlacementRule`]. A channel with no fresh line of its own may give
-    /// the peer's latest such time instead (the two cores are as near either way). `None` when
-    /// the channel shares no memory with the peer or has no fresh time (the default).
-    fn line_transfer_ns(&mut self, _peer: Rank) -> Option<u32> {
+    /// What the channel observed about `peer` ([`Observe`] says which observation); `None`
+    /// when it has no such observation (the default). The runtime asks; the selection decides
+    /// what to make of the answer.
+    fn observe(&mut self, _peer: Rank, _what: Observe) -> Option<Observation> {
         None
-    }
-
-    /// Whether this process's copies into memory `peer` reads (shm's send cells) ran at under
-    /// half their usual rate lately, for [`crate::policy::PlacementRule`]: a host may slow the
-    /// transfer of lines between two cores that share a cache, for seconds at a time, and
-    /// single copy then streams faster. `None` when not measured (the default).
-    fn copies_slow(&mut self, _peer: Rank) -> Option<bool> {
-        None
-    }
-
-    /// Whether a message of `peer` waits unread (a peek, no delivery; for skew feedback).
-    fn has_unread(&self, _peer: Rank) -> bool {
-        false
     }
 
     /// Prepares to sleep until an arrival (channels with [`Caps::WAKEUP`]): from now on, senders
@@ -433,4 +430,37 @@ pub trait Transport: Send {
     fn describe(&self) -> String {
         String::new()
     }
+}
+
+/// What a process knows when it starts its channels: its settings and its place in the job.
+#[derive(Clone, Copy, Debug)]
+pub struct ChannelStart<'a> {
+    /// The process's settings.
+    pub config: &'a Config,
+    /// A name unique to the job on this machine (from the process manager).
+    pub job_id: &'a str,
+    /// This process's rank.
+    pub rank: Rank,
+    /// The number of processes in the job.
+    pub size: u32,
+}
+
+/// What starting a channel gave.
+pub enum Opened {
+    /// The channel runs in this process.
+    Channel(Box<dyn Transport>),
+    /// There is nothing to start here (no device, a job of one process), and why: not a
+    /// failure, the job simply has no such channel.
+    Absent(String),
+}
+
+/// How a channel crate starts its channel; the runtime starts every registered factory that
+/// `POLYRAIL_TRANSPORTS` allows, in registration order (the order of the channel ids).
+pub trait ChannelFactory: Sync {
+    /// Which channel this factory starts.
+    fn kind(&self) -> TransportKind;
+
+    /// Starts the channel in this process; `Err` when starting failed (reported, and the job
+    /// goes on without the channel).
+    fn open(&self, start: &ChannelStart<'_>) -> Result<Opened>;
 }

@@ -20,7 +20,8 @@ use crate::bounce::{self, BouncePool};
 use crate::packet::{self, Kind, COMPACT_MAX_CREDITS, DATA_OFFSET, HEADER_OFFSET, OVERHEAD};
 use crate::provider::{Access, Completion, MemoryRegion, Opcode, Provider, QpId, WcStatus, WorkRequest};
 use polyrail_core::config::IbSettings;
-use polyrail_core::policy::sweep::PeerSweep;
+use polyrail_core::observe::{Observation, Observe};
+use polyrail_core::sweep::PeerSweep;
 use polyrail_core::{
     format_size, Address, AnonMemory, Caps, Cost, Error, Header, Issued, OpId, PeerAccess, PeerInfo, Rank, Reach,
     Region, RegionMut, RemoteKey, Result, SharedFile, Sink, Transport, TransportAttr, TransportKind,
@@ -241,6 +242,19 @@ impl<P: Provider> std::fmt::Debug for DirectIb<P> {
 }
 
 impl<P: Provider> DirectIb<P> {
+    /// Whether a packet of `peer` waits in its ring, unread (a peek, for skew feedback).
+    fn has_unread(&self, peer: Rank) -> bool {
+        let Some(p) = self.peers.get(peer as usize).and_then(Option::as_ref) else { return false };
+        if !p.compact.is_empty() {
+            return true;
+        }
+        let at = self.rings.ptr() as usize
+            + peer as usize * self.ring_bytes()
+            + (p.received % self.credits as u64) as usize * self.block;
+        // SAFETY: as in poll_ring; a peek at word 0 only.
+        unsafe { &*(at as *const AtomicU64) }.load(Ordering::Relaxed) != 0
+    }
+
     /// Sets up rings, staging and one queue pair per peer of a job of `size` ranks.
     pub fn new(mut provider: P, settings: &IbSettings, rank: Rank, size: u32) -> Result<DirectIb<P>> {
         // A block holds `settings.block` bytes of payload plus the packet's header and tail.
@@ -283,7 +297,7 @@ impl<P: Provider> DirectIb<P> {
             },
             split_from: cpu_copies.then_some(SPLIT_FROM),
             mapped_from: None,
-            max_eager_shortcut: None,
+            rndv_from: settings.rndv_from(),
         };
         Ok(DirectIb {
             attr,
@@ -1067,16 +1081,8 @@ impl<P: Provider> Transport for DirectIb<P> {
         self.rma(peer, Opcode::Write, (from.ptr as *mut u8, from.len), key, offset, op)
     }
 
-    fn has_unread(&self, peer: Rank) -> bool {
-        let Some(p) = self.peers.get(peer as usize).and_then(Option::as_ref) else { return false };
-        if !p.compact.is_empty() {
-            return true;
-        }
-        let at = self.rings.ptr() as usize
-            + peer as usize * self.ring_bytes()
-            + (p.received % self.credits as u64) as usize * self.block;
-        // SAFETY: as in poll_ring; a peek at word 0 only.
-        unsafe { &*(at as *const AtomicU64) }.load(Ordering::Relaxed) != 0
+    fn observe(&mut self, peer: Rank, what: Observe) -> Option<Observation> {
+        (what == Observe::Unread).then(|| Observation::Unread(self.has_unread(peer)))
     }
 
     /// Writes a word into each idle peer's heartbeat area: a peer that is gone turns that write

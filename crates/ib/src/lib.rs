@@ -27,7 +27,25 @@ pub use provider::Provider;
 pub use soft::SoftProvider;
 
 use polyrail_core::config::IbProvider;
-use polyrail_core::{Config, Rank, Result, Transport};
+use polyrail_core::{ChannelFactory, ChannelStart, Config, Opened, Rank, Result, Transport, TransportKind};
+
+/// Starts `ib` in a process that has peers, as [`open`] does.
+pub struct IbFactory;
+
+impl ChannelFactory for IbFactory {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Ib
+    }
+    fn open(&self, start: &ChannelStart<'_>) -> Result<Opened> {
+        if start.size == 1 {
+            return Ok(Opened::Absent("a job of one process has no peer to reach".into()));
+        }
+        Ok(match open(start.config, start.rank, start.size)? {
+            Ok(t) => Opened::Channel(t),
+            Err(Unavailable(why)) => Opened::Absent(why),
+        })
+    }
+}
 
 /// Why the `ib` channel does not run in this process (not an error: the policy simply has no
 /// `ib` channel).

@@ -35,7 +35,7 @@ use std::collections::VecDeque;
 use std::ptr::NonNull;
 
 use crate::segment::SegLayout;
-use polyrail_core::policy::Placement;
+use polyrail_core::observe::Placement;
 
 /// A fill takes back the cells the destination has read only when fewer than one in this many
 /// of the pool are free: each look loads the ring's read position, a line the receiver writes.

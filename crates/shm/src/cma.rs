@@ -13,13 +13,14 @@
 //! is), maps, and copies with plain loads and stores. CMA pins every page of every transfer,
 //! which makes it cost about twice a user-space copy per byte; a mapped file costs that once.
 //! `add_peer` probes that too, through a memory file holding the probe word, so that routes
-//! know per peer whether to count on it ([`Transport::maps_registered`]).
+//! know per peer whether to count on it ([`Observe::MapsRegistered`]).
 
 use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 
+use polyrail_core::observe::{Observation, Observe};
 use polyrail_core::{
     Address, AnonMemory, Caps, Cost, Error, Header, Issued, OpId, PeerAccess, PeerInfo, Rank, Reach, Region, RegionMut,
     RemoteKey, Result, SharedFile, Sink, Transport, TransportAttr, TransportKind,
@@ -27,7 +28,6 @@ use polyrail_core::{
 
 use crate::key::{FileRef, PidKey};
 use crate::segment::Mapping;
-use crate::sys;
 
 /// Largest transfer handed to one system call (the kernel may also stop earlier; we loop).
 const CHUNK: usize = 1 << 30;
@@ -179,11 +179,11 @@ impl CmaTransport {
             rma_cost: Cost { latency_ns: RMA_LATENCY_NS, overhead_ns: RMA_OVERHEAD_NS, bandwidth: RMA_BANDWIDTH },
             split_from: Some(SPLIT_FROM),
             mapped_from: Some(MAPPED_FROM),
-            max_eager_shortcut: None,
+            rndv_from: Vec::new(),
         };
         CmaTransport {
             attr,
-            host: sys::host_identity(),
+            host: polyrail_core::host_identity(),
             pid,
             probe,
             magic,
@@ -195,8 +195,15 @@ impl CmaTransport {
         }
     }
 
+    /// Sets where one-sided copies start by class ([`TransportAttr::rndv_from`]; from
+    /// `POLYRAIL_CMA_THRESHOLD` or a tuning file, [`polyrail_core::Config::cma_rndv_from`]).
+    pub fn with_rndv_from(mut self, rndv_from: Vec<polyrail_core::RndvFrom>) -> CmaTransport {
+        self.attr.rndv_from = rndv_from;
+        self
+    }
+
     /// Sets the host identity compared with [`PeerInfo::host`] (default:
-    /// [`host_identity`](crate::host_identity)).
+    /// [`polyrail_core::host_identity`]).
     pub fn with_host(mut self, host: impl Into<String>) -> CmaTransport {
         self.host = host.into();
         self
@@ -465,8 +472,12 @@ impl Transport for CmaTransport {
         }
     }
 
-    fn maps_registered(&self, peer: Rank) -> bool {
-        self.peers.get(&peer).is_some_and(|p| p.probe.is_ok() && p.files_refused.is_none())
+    fn observe(&mut self, peer: Rank, what: Observe) -> Option<Observation> {
+        let maps = |p: &CmaPeer| p.probe.is_ok() && p.files_refused.is_none();
+        match what {
+            Observe::MapsRegistered => Some(Observation::MapsRegistered(self.peers.get(&peer).is_some_and(maps))),
+            _ => None,
+        }
     }
 
     fn try_send(&mut self, peer: Rank, _hdr: &Header, _payload: &[u8]) -> Result<Issued> {

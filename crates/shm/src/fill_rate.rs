@@ -16,7 +16,7 @@
 
 use std::time::{Duration, Instant};
 
-use polyrail_core::policy::InARow;
+use polyrail_core::observe::InARow;
 
 /// A fill below this fraction of the usual rate is slow (the two states differ about 3x).
 const SLOW_FRACTION: f32 = 0.5;

@@ -31,4 +31,50 @@ mod sys;
 pub use cma::CmaTransport;
 pub use loopback::Loopback;
 pub use shm::ShmTransport;
-pub use sys::host_identity;
+
+use polyrail_core::{ChannelFactory, ChannelStart, Opened, Result, TransportKind};
+
+/// Starts `self` (loopback) in every process.
+pub struct LoopbackFactory;
+
+impl ChannelFactory for LoopbackFactory {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Loopback
+    }
+    fn open(&self, start: &ChannelStart<'_>) -> Result<Opened> {
+        Ok(Opened::Channel(Box::new(Loopback::new(start.rank))))
+    }
+}
+
+/// Starts `shm` in a process that has peers.
+pub struct ShmFactory;
+
+impl ChannelFactory for ShmFactory {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Shm
+    }
+    fn open(&self, start: &ChannelStart<'_>) -> Result<Opened> {
+        if start.size == 1 {
+            return Ok(Opened::Absent(ALONE.into()));
+        }
+        Ok(Opened::Channel(Box::new(ShmTransport::new(start.config, start.job_id, start.rank, start.size)?)))
+    }
+}
+
+/// Starts `cma` in a process that has peers.
+pub struct CmaFactory;
+
+impl ChannelFactory for CmaFactory {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Cma
+    }
+    fn open(&self, start: &ChannelStart<'_>) -> Result<Opened> {
+        if start.size == 1 {
+            return Ok(Opened::Absent(ALONE.into()));
+        }
+        Ok(Opened::Channel(Box::new(CmaTransport::new().with_rndv_from(start.config.cma_rndv_from()))))
+    }
+}
+
+/// Why a channel between processes is not started in a job of one.
+const ALONE: &str = "a job of one process has no peer to reach";

@@ -44,14 +44,14 @@ impl Loopback {
             max_inline: MAX_EAGER,
             max_eager: MAX_EAGER,
             max_rma: isize::MAX as usize,
-            caps: Caps::AM | Caps::GET | Caps::PUT | Caps::RMA_INLINE_COMPLETION | Caps::CPU_COPY,
+            caps: Caps::AM | Caps::GET | Caps::PUT | Caps::RMA_INLINE_COMPLETION | Caps::CPU_COPY | Caps::SELF_ONLY,
             // Model defaults: a queue push and pop; memcpy bandwidth (two copies for messages).
             am_cost: Cost { latency_ns: 30.0, overhead_ns: 20.0, bandwidth: 8e9 },
             rma_cost: Cost { latency_ns: 10.0, overhead_ns: 10.0, bandwidth: 16e9 },
             // One thread makes both halves of a split copy: nothing gained.
             split_from: None,
             mapped_from: None,
-            max_eager_shortcut: None,
+            rndv_from: Vec::new(),
         };
         Loopback {
             attr,

@@ -13,11 +13,11 @@ use std::sync::atomic::{compiler_fence, fence, Ordering};
 use std::time::Instant;
 
 use polyrail_core::config::WaitMode;
-use polyrail_core::policy::sweep::PeerSweep;
-use polyrail_core::policy::{LineSamples, Placement, PlacementRule};
+use polyrail_core::observe::{LineSamples, Observation, Observe, Placement, LOCAL_NS};
+use polyrail_core::sweep::PeerSweep;
 use polyrail_core::{
-    Address, Caps, Config, Cost, Envelope, Error, Header, Issued, PeerInfo, Rank, Reach, Result, Sink, Transport,
-    TransportAttr, TransportKind,
+    Address, Caps, Config, Cost, Error, Header, Issued, PeerInfo, Rank, Reach, Result, Sink, Transport, TransportAttr,
+    TransportKind,
 };
 
 use crate::cells::{CellArea, SendCells};
@@ -76,10 +76,9 @@ struct Peer {
     /// Line-transfer samples towards `placement`.
     placement_samples: LineSamples,
     /// Timed fills of cells to the peer (one in [`CELL_SAMPLE_EVERY`] messages, while it is
-    /// not apart and `own_cpus`): whether they run slowly just now ([`Transport::copies_slow`]).
+    /// not apart and `own_cpus`): whether they run slowly just now ([`Observe::CopiesSlow`]).
     fills: FillRate,
-    /// Every rank of this machine has a CPU of its own (unless the job says otherwise,
-    /// [`Transport::set_own_cpus`]): a line sample as fast as a local load is then a
+    /// Every rank of this machine has a CPU of its own ([`PeerInfo::own_cpus`]): a line sample as fast as a local load is then a
     /// prefetch's doing and not counted, and cell fills are timed. Ranks that share a CPU also share its caches (such samples are
     /// real), and their fills slow for other reasons.
     own_cpus: bool,
@@ -119,9 +118,6 @@ pub struct ShmTransport {
     /// How fast this process copies within its own memory (bytes per ns), where each peer's
     /// [`FillRate`] starts.
     local_copy_rate: f32,
-    /// Whether every rank of this machine has a CPU of its own ([`Transport::set_own_cpus`]);
-    /// peers connected later start with it ([`Peer::own_cpus`]).
-    own_cpus: bool,
     /// Dropped after the peers: our rings stay mapped while producers exist.
     seg: OwnSegment,
 }
@@ -250,17 +246,17 @@ impl ShmTransport {
             max_inline: geo.inline_max(),
             max_eager: layout.cell_size as usize,
             max_rma: 0,
-            caps: Caps::AM | Caps::WAKEUP | Caps::NODE_LOCAL,
+            caps: Caps::AM | Caps::WAKEUP | Caps::NODE_LOCAL | Caps::PLACEMENT,
             am_cost: Cost { latency_ns: AM_LATENCY_NS, overhead_ns: AM_OVERHEAD_NS, bandwidth: AM_BANDWIDTH },
             rma_cost: Cost { latency_ns: f64::INFINITY, overhead_ns: 0.0, bandwidth: 1.0 },
             split_from: None,
             mapped_from: None,
-            max_eager_shortcut: Some(RECORD_INLINE),
+            rndv_from: Vec::new(),
         };
         Ok(ShmTransport {
             attr,
             rank,
-            host: sys::host_identity(),
+            host: polyrail_core::host_identity(),
             layout,
             peers: (0..size).map(|_| None).collect(),
             active: Vec::new(),
@@ -272,13 +268,12 @@ impl ShmTransport {
             never_sleep: false,
             given: cfg.placement.given(),
             local_copy_rate: local_copy_rate(),
-            own_cpus: true,
             seg,
         })
     }
 
     /// Sets the host identity compared with [`PeerInfo::host`] (default:
-    /// [`host_identity`](crate::host_identity)); peers whose host differs are not reached.
+    /// [`polyrail_core::host_identity`]); peers whose host differs are not reached.
     pub fn with_host(mut self, host: impl Into<String>) -> ShmTransport {
         self.host = host.into();
         self
@@ -351,7 +346,7 @@ impl ShmTransport {
             given: self.given.is_some(),
             placement_samples: LineSamples::default(),
             fills: FillRate::new(self.local_copy_rate),
-            own_cpus: self.own_cpus,
+            own_cpus: peer.own_cpus,
             map,
         })
     }
@@ -376,7 +371,7 @@ impl ShmTransport {
             // No fresh line of ours (we send little to the peer): the peer's own latest measure.
             None => p.inc.shared_sample()?,
         };
-        if ns <= PlacementRule::LOCAL_NS && p.own_cpus {
+        if ns <= LOCAL_NS && p.own_cpus {
             return Some(ns); // the line was here after all: no measure (the engine agrees)
         }
         // Seven of nine samples decide: one stretched by an interrupt (or, apart, a line a
@@ -529,40 +524,22 @@ impl Transport for ShmTransport {
         self.seg.unlink()
     }
 
-    fn set_own_cpus(&mut self, own: bool) {
-        self.own_cpus = own;
-        for p in self.peers.iter_mut().flatten() {
-            p.own_cpus = own;
-        }
-    }
-
     #[inline]
     fn try_send(&mut self, peer: Rank, hdr: &Header, payload: &[u8]) -> Result<Issued> {
-        // The common case with nothing else around it: a whole eager message in its record (a
-        // queued one; the engine's small sends come through `try_send_eager` itself). Anything
-        // to report, the general path finds again and reports.
+        // The common case with nothing else around it: a whole eager message in its record.
+        // Anything to report, the general path finds again and reports.
         if payload.len() <= RECORD_INLINE && hdr.is_compact(payload.len()) {
-            if let Some(issued) = self.try_send_eager(peer, hdr.envelope(), payload) {
-                return Ok(issued);
+            if let Some(p) = self.peers.get_mut(peer as usize).and_then(Option::as_mut) {
+                if let Ok(pushed) = p.out.try_push_compact(hdr.envelope(), payload) {
+                    if !pushed {
+                        return Ok(Issued::WouldBlock);
+                    }
+                    Self::after_push(p, self.ring_doorbells);
+                    return Ok(Issued::Done);
+                }
             }
         }
         self.send_general(peer, hdr, payload)
-    }
-
-    #[inline]
-    fn try_send_eager(&mut self, peer: Rank, env: Envelope, payload: &[u8]) -> Option<Issued> {
-        if payload.len() > RECORD_INLINE {
-            return None;
-        }
-        let p = self.peers.get_mut(peer as usize)?.as_mut()?;
-        // A read position that is nonsense is `try_send`'s to report.
-        let issued = if p.out.try_push_compact(env, payload).ok()? {
-            Self::after_push(p, self.ring_doorbells);
-            Issued::Done
-        } else {
-            Issued::WouldBlock
-        };
-        Some(issued)
     }
 
     fn progress(&mut self, budget: usize, sink: &mut dyn Sink) -> Result<usize> {
@@ -571,22 +548,15 @@ impl Transport for ShmTransport {
         Ok(self.sweep.run(&self.active, budget, |rank, left| Self::poll_peer(peers, rank, left, sink)))
     }
 
-    fn line_transfer_ns(&mut self, peer: Rank) -> Option<u32> {
+    fn observe(&mut self, peer: Rank, what: Observe) -> Option<Observation> {
         let p = self.peers.get_mut(peer as usize)?.as_mut()?;
-        if p.failed {
-            return None;
+        match what {
+            Observe::LineTransfer if !p.failed => Self::time_line(p, 0).map(Observation::LineTransfer),
+            Observe::CopiesSlow => p.fills.slow(Instant::now).map(Observation::CopiesSlow),
+            // A corrupt record counts too: this is a hint (skew feedback); polling reports it.
+            Observe::Unread => Some(Observation::Unread(!p.failed && p.inc.may_have_arrival())),
+            _ => None,
         }
-        Self::time_line(p, 0)
-    }
-
-    fn copies_slow(&mut self, peer: Rank) -> Option<bool> {
-        self.peers.get(peer as usize)?.as_ref()?.fills.slow(Instant::now)
-    }
-
-    fn has_unread(&self, peer: Rank) -> bool {
-        let Some(Some(p)) = self.peers.get(peer as usize) else { return false };
-        // A corrupt record counts too: this is a hint (skew feedback); polling reports it.
-        !p.failed && p.inc.may_have_arrival()
     }
 
     fn arm(&mut self) -> bool {

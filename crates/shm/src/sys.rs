@@ -1,28 +1,7 @@
-//! Thin wrappers over the few system calls the node-local channels need: host identity, process
-//! liveness (`pidfd_open` + `poll`), `errno` text.
+//! Thin wrappers over the few system calls the node-local channels need: process liveness (`pidfd_open` + `poll`), `errno` text.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-
-/// Identity of this machine as `hostname/boot-id`.
-///
-/// The boot id (`/proc/sys/kernel/random/boot_id`) tells apart two machines with the same host
-/// name (containers, cloned VMs) and a machine before and after a reboot. This is the default
-/// host string the node-local transports compare with [`polyrail_core::PeerInfo::host`]; a caller
-/// that names hosts differently sets its own with `with_host`.
-pub fn host_identity() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: `buf` is valid for writes of its length; gethostname writes at most that many bytes.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    let host = if rc == 0 {
-        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        "unknown-host".to_string()
-    };
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    format!("{host}/{}", boot.trim())
-}
 
 /// This process's effective user id.
 pub(crate) fn uid() -> u32 {

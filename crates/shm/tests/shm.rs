@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use polyrail_core::config::PlacementMode;
-use polyrail_core::{Caps, Config, Envelope, Error, Issued, Reach, Transport, TransportKind};
+use polyrail_core::observe::{Observation, Observe};
+use polyrail_core::{Caps, Config, Envelope, Error, Issued, PeerInfo, Reach, Transport, TransportKind};
 use polyrail_shm::ShmTransport;
 
 fn cfg(slots: usize, cells: usize, cell_size: usize) -> Config {
@@ -22,20 +23,31 @@ fn stream_cfg() -> Config {
 
 /// Ranks 0 and 1 of a fresh job, connected to each other.
 fn pair(cfg: &Config) -> (ShmTransport, ShmTransport) {
-    let mut m = mesh(cfg, "pair", 2);
+    pair_sharing_cpus(cfg, false)
+}
+
+/// [`pair`] on a machine that runs more ranks than CPUs when `shared` ([`PeerInfo::own_cpus`]).
+fn pair_sharing_cpus(cfg: &Config, shared: bool) -> (ShmTransport, ShmTransport) {
+    let mut m = mesh_of(cfg, "pair", 2, shared);
     let b = m.pop().unwrap();
     (m.pop().unwrap(), b)
 }
 
 /// The `n` ranks of a fresh job named after `tag`, each connected to every other.
 fn mesh(cfg: &Config, tag: &str, n: u32) -> Vec<ShmTransport> {
+    mesh_of(cfg, tag, n, false)
+}
+
+/// [`mesh`], the ranks sharing CPUs when `shared`.
+fn mesh_of(cfg: &Config, tag: &str, n: u32, shared: bool) -> Vec<ShmTransport> {
     let job = job(tag);
     let mut t: Vec<ShmTransport> =
         (0..n).map(|r| ShmTransport::new(cfg, &job, r, n).unwrap().with_host(HOST)).collect();
     let addrs: Vec<_> = t.iter().map(|x| x.address()).collect();
     for (r, x) in t.iter_mut().enumerate() {
         for (q, addr) in addrs.iter().enumerate().filter(|&(q, _)| q != r) {
-            assert!(matches!(x.add_peer(&peer(q as u32), addr), Reach::Yes(_)));
+            let info = PeerInfo { own_cpus: !shared, ..peer(q as u32) };
+            assert!(matches!(x.add_peer(&info, addr), Reach::Yes(_)));
         }
     }
     t.iter_mut().for_each(|x| x.connected().unwrap());
@@ -165,23 +177,25 @@ fn two_threads_stream_every_size_apart() {
 }
 
 #[test]
-fn eager_shortcut_carries_what_try_send_would() {
+fn whole_eager_messages_in_their_record_carry_every_length() {
     let (mut a, mut b) = pair(&cfg(16, 4, 4096));
-    let max = a.attr().max_eager_shortcut.expect("shm has the shortcut");
-    assert_eq!(max, 112, "a record's payload");
-    // Every length the shortcut takes, with tags and sequence ids that use all their bits.
+    // A record's payload.
+    let max = 112;
+    // Every length a record takes, with tags and sequence ids that use all their bits.
     let env = |n: u64| Envelope::new(n as u16 ^ 0xa5a5, 0xfedc_ba98 ^ n as u32, 0x8765_4321 ^ n as u32);
     let len = |n: u64| (n as usize * 37) % (max + 1);
     let mut sink = Collect::default();
     let mut sent = 0u64;
     while sent <= max as u64 {
-        match a.try_send_eager(1, env(sent), &pattern(sent, len(sent))) {
-            Some(Issued::Done) => sent += 1,
-            Some(Issued::WouldBlock) => {
+        let hdr = env(sent).header(len(sent));
+        assert!(hdr.is_compact(len(sent)));
+        match a.try_send(1, &hdr, &pattern(sent, len(sent))) {
+            Ok(Issued::Done) => sent += 1,
+            Ok(Issued::WouldBlock) => {
                 assert_eq!(sent % 16, 0, "a ring of 16 records is full after 16 messages");
                 b.progress(usize::MAX, &mut sink).unwrap();
             }
-            other => panic!("shortcut said {other:?}"),
+            other => panic!("try_send said {other:?}"),
         }
     }
     b.progress(usize::MAX, &mut sink).unwrap();
@@ -196,7 +210,7 @@ fn eager_shortcut_carries_what_try_send_would() {
 #[test]
 fn a_receiver_that_sends_nothing_learns_the_line_time_from_its_sender() {
     let (mut a, mut b) = pair(&cfg(16, 4, 4096));
-    assert_eq!(b.line_transfer_ns(0), None, "nothing to time yet");
+    assert_eq!(line(&mut b, 0), None, "nothing to time yet");
     let mut sink = Collect::default();
     for n in 0..4 {
         assert_eq!(a.try_send(1, &header(n, 8), &pattern(n, 8)).unwrap(), Issued::Done);
@@ -204,9 +218,9 @@ fn a_receiver_that_sends_nothing_learns_the_line_time_from_its_sender() {
     }
     // b published its read position: a times loading it, and shares the time with b, whose
     // own ring to a is unused.
-    let ns = a.line_transfer_ns(1).expect("a fresh read position to time");
-    assert_eq!(b.line_transfer_ns(0), Some(ns));
-    assert_eq!(b.line_transfer_ns(0), None, "each shared time once");
+    let ns = line(&mut a, 1).expect("a fresh read position to time");
+    assert_eq!(line(&mut b, 0), Some(ns));
+    assert_eq!(line(&mut b, 0), None, "each shared time once");
 }
 
 #[test]
@@ -218,11 +232,8 @@ fn cell_fills_are_timed_once_the_pool_was_used_round() {
         (PlacementMode::Apart, true, false),
         (PlacementMode::Measure, false, false),
     ] {
-        let (mut a, mut b) = pair(&Config { placement, ..cfg(16, 4, 16 << 10) });
-        if !own_cpus {
-            a.set_own_cpus(false);
-        }
-        assert_eq!(a.copies_slow(1), None, "nothing timed yet");
+        let (mut a, mut b) = pair_sharing_cpus(&Config { placement, ..cfg(16, 4, 16 << 10) }, !own_cpus);
+        assert_eq!(slow(&mut a, 1), None, "nothing timed yet");
         let mut sink = Collect::default();
         // Every fill from the fifth (the pool has four cells) is one a receiver read before;
         // one in 32 messages is timed, unless the cells are filled with non-temporal stores
@@ -232,8 +243,8 @@ fn cell_fills_are_timed_once_the_pool_was_used_round() {
             b.progress(usize::MAX, &mut sink).unwrap();
         }
         assert_eq!(sink.msgs.len(), 40);
-        assert_eq!(a.copies_slow(1).is_some(), timed, "{placement:?}, own CPUs {own_cpus}");
-        assert_eq!(b.copies_slow(0), None, "b filled nothing");
+        assert_eq!(slow(&mut a, 1).is_some(), timed, "{placement:?}, own CPUs {own_cpus}");
+        assert_eq!(slow(&mut b, 0), None, "b filled nothing");
     }
 }
 
@@ -594,4 +605,14 @@ fn sleepers_are_woken_by_every_message() {
     }
     let _a = sender.join().unwrap();
     assert_eq!(sink.msgs.len(), ROUNDS as usize);
+}
+
+/// The line-transfer time `t` observed towards `peer`, if any.
+fn line(t: &mut ShmTransport, peer: u32) -> Option<u32> {
+    t.observe(peer, Observe::LineTransfer).and_then(Observation::line_transfer)
+}
+
+/// Whether `t` observed its copies to `peer` slow, if it timed them.
+fn slow(t: &mut ShmTransport, peer: u32) -> Option<bool> {
+    t.observe(peer, Observe::CopiesSlow).and_then(Observation::flag)
 }

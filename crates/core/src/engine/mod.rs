@@ -41,7 +41,8 @@ pub use types::{Action, Payload, ReqId, Source, Status, TagMatch};
 use crate::config::{SkewPolicy, SplitShare};
 use crate::error::{Error, Rank, Result};
 use crate::header::{Envelope, Header, PacketKind};
-use crate::policy::{ChannelId, ChannelSet, LineSamples, PeerRoute, Placement, PlacementRule, Protocol};
+use crate::observe::{LineSamples, Placement, LOCAL_NS};
+use crate::policy::{ChannelId, ChannelSet, PeerRoute, PlacementRule, Protocol};
 use crate::transport::{OpId, PeerAccess, Region, RegionMut, RemoteKey, Sink};
 use requests::{Dir, ExposeFor, Req, Requests, Withdrawal};
 use spare::SpareBuffers;
@@ -376,7 +377,7 @@ impl Engine {
 
     /// Whether every rank of this machine has a CPU of its own (default yes). Then a line sample
     /// as fast as a local load is a prefetch's doing and not counted
-    /// ([`PlacementRule::LOCAL_NS`]), and the channels' verdicts on their copies
+    /// ([`LOCAL_NS`]), and the channels' verdicts on their copies
     /// ([`Engine::note_copies_slow`]) change routes. Ranks that share a CPU share its caches
     /// (such samples are real: counting them keeps a pair on one core near), and a shared core
     /// slows their copies for other reasons, while single copy waits for the receiver to be
@@ -507,12 +508,12 @@ impl Engine {
     }
 
     /// A cache line written by `peer` took `ns` nanoseconds to arrive
-    /// ([`crate::Transport::line_transfer_ns`]): the verdict is set or changed by seven of the
+    /// ([`crate::observe::Observation::LineTransfer`]): the verdict is set or changed by seven of the
     /// latest nine samples in one band ([`LineSamples`], [`Placement::of_line`]).
     pub fn note_line_transfer(&mut self, peer: Rank, ns: u32) {
         let me = self.me;
         let Some(p) = self.peers.get_mut(peer as usize) else { return };
-        if placement_rule(p).is_none_or(|r| r.given.is_some()) || (ns <= PlacementRule::LOCAL_NS && self.own_cpus) {
+        if placement_rule(p).is_none_or(|r| r.given.is_some()) || (ns <= LOCAL_NS && self.own_cpus) {
             return;
         }
         let Some(placement) = p.placement_samples.note(ns) else { return };
@@ -530,7 +531,7 @@ impl Engine {
     }
 
     /// Whether the channel's copies to `peer` ran slowly lately
-    /// ([`crate::Transport::copies_slow`]): while they do and the peer is near, messages from the
+    /// ([`crate::observe::Observation::CopiesSlow`]): while they do and the peer is near, messages from the
     /// apart rule's size go by single copy ([`PlacementRule`]).
     pub fn note_copies_slow(&mut self, peer: Rank, slow: bool) {
         if !self.own_cpus {

@@ -1403,7 +1403,7 @@ fn the_measured_placement_changes_medium_messages() {
     sim.settle();
     assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
     sim.wires[0].clear();
-    for _ in 0..PlacementRule::SAMPLES {
+    for _ in 0..crate::observe::SAMPLES {
         sim.engines[1].note_line_transfer(0, 20);
     }
     let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(7), &mut out);
@@ -1449,7 +1449,7 @@ fn an_apart_rule_above_the_threshold_sends_medium_messages_eagerly() {
     assert!(e.wants_placement(1, 3000).is_some(), "a single-copy size below the rule's");
     assert_eq!(e.wants_placement(1, 6000), None, "single copy either way");
     for s in &mut sim.engines {
-        for _ in 0..PlacementRule::SAMPLES {
+        for _ in 0..crate::observe::SAMPLES {
             s.note_line_transfer(1 - s.rank(), 150);
         }
     }
@@ -1479,7 +1479,7 @@ fn an_apart_rule_above_the_threshold_sends_medium_messages_eagerly() {
 #[test]
 fn slow_copies_send_large_messages_to_a_near_peer_by_single_copy() {
     let mut sim = Sim::new(2, || placed_route(Some(8000), Some(5000)));
-    for _ in 0..PlacementRule::SAMPLES {
+    for _ in 0..crate::observe::SAMPLES {
         sim.engines[0].note_line_transfer(1, 20);
     }
     fn first_kind(sim: &mut Sim, len: usize, slow: bool) -> PacketKind {
@@ -1528,7 +1528,7 @@ fn a_given_placement_needs_no_samples() {
         let region = Region { ptr: buf.as_ptr(), len: buf.len() };
         assert_eq!(sim.engines[0].inline_send(1, 9, 0, region).is_some(), eager_80, "{given:?}");
         let other = if given == Placement::Apart { 5 } else { 500 };
-        for _ in 0..PlacementRule::SAMPLES {
+        for _ in 0..crate::observe::SAMPLES {
             sim.engines[0].note_line_transfer(1, other);
         }
         assert_eq!(sim.engines[0].peer_placement(1), Some(given), "samples do not change a given placement");

@@ -5,14 +5,14 @@
 //! ([`crate::TransportAttr`]), the pair's topology class and the `POLYRAIL_*` overrides, and
 //! every entry carries the reason it was chosen, for `polyrail info`.
 
-pub mod sweep;
 pub mod topology;
 
 use crate::config::{
     ApartSingleCopy, Config, NearEager, RouteRule, SplitShare, SplitThreshold, StreamEager, MAX_EAGER_MESSAGE,
 };
+use crate::observe::Placement;
 use crate::size::format_size;
-use crate::transport::{Caps, TransportAttr, TransportKind};
+use crate::transport::{Caps, TransportAttr};
 use topology::TopoClass;
 
 /// Index of a channel (transport) in the process's channel list.
@@ -149,7 +149,7 @@ pub struct StreamEagerRule {
 /// How the route changes with the placement of the peer's core, measured at run time: near
 /// (sharing a cache), single-copy sizes up to `near_upto` go eagerly through the active-message
 /// channel; apart, eager sizes from `apart_from` go by single copy. Near while the channel
-/// measures its copies to the peer slow ([`crate::Transport::copies_slow`]: the host slows the
+/// measures its copies to the peer slow ([`crate::observe::Observation::CopiesSlow`]: the host slows the
 /// transfer of lines between the cores at times), sizes from `apart_from` go by single copy too.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PlacementRule {
@@ -192,32 +192,6 @@ impl PlacementRule {
         format!("{} ({}{given})", parts.join("; "), self.reason)
     }
 
-    /// Line transfers at most this long are "near" ([`Placement::of_line`]): on the AMD EPYC
-    /// host of `docs/benchmarks.md`, 10-20 ns with both vCPUs in one core complex.
-    pub const NEAR_NS: u32 = 40;
-    /// Line transfers longer than this are "apart": on the AMD EPYC host 110-140 ns between two
-    /// core complexes. Between the two lies an L3 shared across a mesh (the Intel Xeon host of
-    /// `docs/benchmarks.md`: 55-95 ns, median 65-75), where neither rule pays.
-    pub const APART_NS: u32 = 100;
-    /// Samples in a row that set or change a two-sided verdict ([`InARow`]; one late sample,
-    /// an interrupt, does not).
-    pub const TO_CHANGE: u8 = 3;
-    /// Line-transfer samples that give the placement, seven of them on one side
-    /// ([`LineSamples`]). Under load a line waits behind the peer's own traffic: on the Intel
-    /// Xeon host, osu_bw 4-8 KiB samples spread over 6-180 ns (median 80-90, a quarter beyond
-    /// 100, a tenth within 40), a 4 KiB ping-pong's over 75-125; verdicts from three samples in
-    /// a row, or from the median of nine, flipped between the bands several times a second,
-    /// and cells were filled with non-temporal stores now and then (4 KiB one way 1.0 -> 1.5-1.9
-    /// µs, osu_bw 9.7 -> 5.5 GB/s).
-    pub const SAMPLES: usize = 9;
-    /// A sample at most this long found the line in the timing core's cache after all (a
-    /// hardware prefetch brought it): it says nothing about the placement and is not counted
-    /// (while every rank of the node has a CPU of its own: see `Engine::set_own_cpus`).
-    /// On the AMD EPYC host apart, every fourth sample in a 64 KiB ping-pong was such (0-1 ns,
-    /// where a transfer takes 100-180), and with two samples in a row to change it, shm's own
-    /// verdict flipped to near a few times a second (shm only, 128 KiB one way 11-47 µs from
-    /// run to run; 11.1-11.5 without those samples and with three to change).
-    pub const LOCAL_NS: u32 = 2;
     /// One message in this many that the rule covers times a line (a sample costs about
     /// 100 ns: three clock reads and a load from the other core; sampling every message cost
     /// osu_bw 32 KiB near 8 %).
@@ -316,8 +290,8 @@ fn placement_rule(cfg: &Config, threshold: usize, rma: ChannelId) -> Option<Plac
             "{}; near when a line the peer wrote arrives within {} ns of a local load, apart beyond {} ns, \
              and in between (a cache shared across a mesh) the route table decides",
             why.join(", "),
-            PlacementRule::NEAR_NS,
-            PlacementRule::APART_NS,
+            crate::observe::NEAR_NS,
+            crate::observe::APART_NS,
         ),
     })
 }
@@ -340,20 +314,10 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
     let kind = |c: &Candidate<'_>| c.attr.kind;
     match rma {
         Some(rma) => {
-            let tuned = cfg.tuning.as_ref().and_then(|(path, t)| Some((t.get(class)?, path)));
-            let (threshold, why) = match (cfg.cma_threshold.get(class), tuned) {
-                (Some(t), _) if rma.attr.kind == TransportKind::Cma => (t, "POLYRAIL_CMA_THRESHOLD".to_string()),
-                (None, Some((t, path))) if rma.attr.kind == TransportKind::Cma => {
-                    (t, format!("measured by `polyrail tune`, POLYRAIL_TUNING={path}"))
-                }
-                _ if rma.attr.kind == TransportKind::Ib => (
-                    cfg.ib.eager_limit.saturating_add(1),
-                    format!(
-                        "POLYRAIL_IB_EAGER_LIMIT={}, the largest eager message; DCFA-MPI's 8k by default",
-                        format_size(cfg.ib.eager_limit)
-                    ),
-                ),
-                _ => {
+            let own = rma.attr.rndv_from.iter().find(|r| r.class.is_none_or(|c| c == class));
+            let (threshold, why) = match own {
+                Some(r) => (r.from, r.reason.clone()),
+                None => {
                     let class_t = class_default_threshold(class);
                     match model_crossover(am.attr, rma.attr) {
                         Some(m) if m > class_t => (
@@ -391,7 +355,7 @@ pub fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config)
                 }
                 .filter(|r| r.upto >= threshold);
                 // The channel that carries the eager copies measures the placement.
-                if am.attr.kind == TransportKind::Shm {
+                if am.attr.caps.contains(Caps::PLACEMENT) {
                     placement = placement_rule(cfg, threshold, rma.id);
                 }
             }
@@ -585,131 +549,33 @@ fn apply_rule(
     Ok(())
 }
 
-/// Where a peer's core sits against ours, as the time a cache line it wrote takes to arrive
-/// says ([`crate::Transport::line_transfer_ns`]); it decides which placement rule applies
-/// ([`PlacementRule`]) and how shm fills its send cells.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Placement {
-    /// Sharing a cache close by (a line arrives within [`PlacementRule::NEAR_NS`]): two copies
-    /// through shared memory stay cheap up to large sizes.
-    Near,
-    /// Neither near nor apart: a shared cache across a mesh, where a line takes several times
-    /// longer than near but the cores share a last-level cache. No rule applies: the route
-    /// table's threshold decides.
-    #[default]
-    Middle,
-    /// Sharing no cache (a line takes over [`PlacementRule::APART_NS`]): every line that
-    /// crosses is expensive.
-    Apart,
-}
-
-impl Placement {
-    /// The band of a line-transfer sample of `ns` nanoseconds beyond a local load.
-    pub fn of_line(ns: u32) -> Placement {
-        if ns <= PlacementRule::NEAR_NS {
-            Placement::Near
-        } else if ns <= PlacementRule::APART_NS {
-            Placement::Middle
-        } else {
-            Placement::Apart
-        }
-    }
-}
-
-/// A two-sided verdict that changes once [`PlacementRule::TO_CHANGE`] samples in a row agree
-/// (one odd sample, an interrupt, does not): whether shm's cell fills run slowly.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct InARow {
-    /// The side of the latest samples.
-    side: bool,
-    /// Samples in a row on it, up to `TO_CHANGE`.
-    count: u8,
-}
-
-impl InARow {
-    /// Notes a sample on `side`; the side when it is the [`PlacementRule::TO_CHANGE`]-th (or a
-    /// later) sample in a row on it.
-    pub fn note(&mut self, side: bool) -> Option<bool> {
-        self.count =
-            if self.count > 0 && self.side == side { (self.count + 1).min(PlacementRule::TO_CHANGE) } else { 1 };
-        self.side = side;
-        (self.count == PlacementRule::TO_CHANGE).then_some(side)
-    }
-}
-
-/// The latest [`PlacementRule::SAMPLES`] line-transfer samples of a peer, which say where its
-/// core is, as the engine and the shm channel each measure it: near when seven of the nine
-/// lie within [`PlacementRule::NEAR_NS`], apart when seven lie beyond
-/// [`PlacementRule::APART_NS`], and otherwise in the middle. The odd sample an interrupt
-/// stretched or a prefetch shortened changes nothing, nor does the spread of a loaded mesh,
-/// where a run of three samples on one side, or a median, flipped between the bands.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct LineSamples {
-    /// The samples (ns, at most `u16::MAX`), oldest overwritten first.
-    ns: [u16; PlacementRule::SAMPLES],
-    /// Samples taken so far, up to `SAMPLES`.
-    taken: u8,
-    /// Where the next one goes.
-    next: u8,
-}
-
-impl LineSamples {
-    /// Notes a sample of `ns` nanoseconds beyond a local load; once there are
-    /// [`PlacementRule::SAMPLES`], the placement they say.
-    pub fn note(&mut self, ns: u32) -> Option<Placement> {
-        self.ns[self.next as usize] = ns.min(u16::MAX as u32) as u16;
-        self.next = (self.next + 1) % PlacementRule::SAMPLES as u8;
-        self.taken = (self.taken + 1).min(PlacementRule::SAMPLES as u8);
-        if (self.taken as usize) < PlacementRule::SAMPLES {
-            return None;
-        }
-        let mut sorted = self.ns;
-        sorted.sort_unstable();
-        // The third shortest and the third longest: seven of nine on one side.
-        let (low, high) = (u32::from(sorted[2]), u32::from(sorted[PlacementRule::SAMPLES - 3]));
-        Some(match (Placement::of_line(high), Placement::of_line(low)) {
-            (Placement::Near, _) => Placement::Near,
-            (_, Placement::Apart) => Placement::Apart,
-            _ => Placement::Middle,
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn a_verdict_takes_three_samples_in_a_row() {
-        let mut v = super::InARow::default();
-        assert_eq!([v.note(true), v.note(true), v.note(false)], [None, None, None]);
-        assert_eq!([v.note(true), v.note(true), v.note(true), v.note(true)], [None, None, Some(true), Some(true)]);
-        assert_eq!(
-            [v.note(false), v.note(true), v.note(false), v.note(false), v.note(false)],
-            [None, None, None, None, Some(false)]
-        );
-    }
-
-    #[test]
-    fn the_placement_takes_seven_of_the_latest_nine_samples() {
-        let mut v = LineSamples::default();
-        let mut note = |samples: &[u32]| samples.iter().map(|&ns| v.note(ns)).last().flatten();
-        assert_eq!(note(&[20; PlacementRule::SAMPLES - 1]), None, "not enough samples yet");
-        assert_eq!(note(&[20]), Some(Placement::Near));
-        assert_eq!(note(&[5000, 150]), Some(Placement::Near), "two of nine late");
-        assert_eq!(note(&[70]), Some(Placement::Middle), "three of nine late");
-        assert_eq!(note(&[150; 4]), Some(Placement::Middle), "six of nine beyond 100");
-        assert_eq!(note(&[150]), Some(Placement::Apart), "seven of nine beyond 100");
-        assert_eq!(note(&[1, 1]), Some(Placement::Middle), "seven of nine beyond 100 no more");
-        let loaded_mesh = [6, 30, 60, 90, 100, 180, 6, 60, 90];
-        assert_eq!(note(&loaded_mesh), Some(Placement::Middle), "a loaded mesh");
-        let ping_pong_on_a_mesh = [75, 125, 110, 118, 90, 121, 104, 122, 79];
-        assert_eq!(note(&ping_pong_on_a_mesh), Some(Placement::Middle));
-        assert_eq!(note(&[u32::MAX; PlacementRule::SAMPLES]), Some(Placement::Apart));
-    }
-
     use super::*;
-    use crate::transport::Cost;
+    use crate::transport::{Cost, TransportKind};
+
+    /// [`super::build_route`] with the channels' attributes taking their settings from `cfg`,
+    /// as the channels do when they start.
+    fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config) -> Option<PeerRoute> {
+        let attrs: Vec<TransportAttr> = candidates
+            .iter()
+            .map(|c| {
+                let mut a = c.attr.clone();
+                a.rndv_from = match a.kind {
+                    TransportKind::Cma => cfg.cma_rndv_from(),
+                    TransportKind::Ib => cfg.ib.rndv_from(),
+                    _ => Vec::new(),
+                };
+                a
+            })
+            .collect();
+        let with: Vec<Candidate<'_>> =
+            candidates.iter().zip(&attrs).map(|(c, attr)| Candidate { id: c.id, attr }).collect();
+        super::build_route(class, &with, cfg)
+    }
 
     fn attr(kind: TransportKind, caps: Caps, max_eager: usize) -> TransportAttr {
+        let caps = if kind == TransportKind::Shm { caps | Caps::PLACEMENT } else { caps };
         let cost = Cost { latency_ns: 200.0, overhead_ns: 50.0, bandwidth: 5e9 };
         let rma_cost = Cost { latency_ns: 1200.0, overhead_ns: 0.0, bandwidth: 10e9 };
         let split_from = caps.contains(Caps::CPU_COPY).then_some(32 << 10);
@@ -723,7 +589,7 @@ mod tests {
             rma_cost,
             split_from,
             mapped_from: (kind == TransportKind::Cma).then_some(8 << 10),
-            max_eager_shortcut: None,
+            rndv_from: Vec::new(),
         }
     }
 

@@ -18,9 +18,9 @@
 
 use std::os::unix::net::UnixStream;
 
-use super::wire::{self, check_token, env_u32, Conn, Msg, Wire};
-use super::Bootstrap;
-use crate::error::{Error, Rank, Result};
+use crate::wire::{self, check_token, env_u32, Conn, Msg, Wire};
+use crate::Bootstrap;
+use polyrail_core::{Error, Rank, Result};
 
 /// How long `abort` waits for the process manager to close the connection before exiting.
 pub(super) const ABORT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);

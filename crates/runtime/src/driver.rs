@@ -2,8 +2,9 @@
 
 use polyrail_core::config::{PollPolicy, WaitMode};
 use polyrail_core::engine::{Action, Engine, Payload, ReqId, SplitTiming, Status, Unparked};
+use polyrail_core::observe::{says_yes, Observation, Observe};
 use polyrail_core::policy::{ChannelId, ChannelSet};
-use polyrail_core::{Caps, Error, Header, Issued, Rank, Region, Result, SharedFile, Transport, TransportKind};
+use polyrail_core::{Caps, Error, Header, Issued, Rank, Region, Result, SharedFile, Transport};
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -48,12 +49,11 @@ fn hung_up(fd: &OwnedFd) -> bool {
 }
 
 /// The engine, the channels, and the sends that could not leave yet.
-pub(crate) struct Driver {
+pub struct Driver {
+    /// The protocol engine.
     pub engine: Engine,
+    /// The channels, indexed by channel id.
     pub channels: Vec<Box<dyn Transport>>,
-    /// Per channel, one more than its [`polyrail_core::TransportAttr::max_eager_shortcut`] (0:
-    /// none): payloads below it take the channel's shortcut.
-    shortcut_below: Vec<usize>,
     /// Channels that deliver arrivals (active messages, or completions of pending one-sided
     /// operations); the others are not polled.
     polled: Vec<usize>,
@@ -181,15 +181,13 @@ impl Driver {
             .enumerate()
             .filter(|(i, c)| {
                 let caps = c.attr().caps;
-                c.attr().kind != TransportKind::Loopback
+                !caps.contains(Caps::SELF_ONLY)
                     && reaching.contains(*i as ChannelId)
                     && (caps.contains(Caps::AM) || !caps.contains(Caps::RMA_INLINE_COMPLETION))
             })
             .map(|(i, _)| i)
             .collect();
-        let loopback = channels.iter().position(|c| c.attr().kind == TransportKind::Loopback);
-        // A send to oneself must pass `send_prepared`, which notes it (`self_sent`).
-        debug_assert!(loopback.is_none_or(|i| channels[i].attr().max_eager_shortcut.is_none()));
+        let loopback = channels.iter().position(|c| c.attr().caps.contains(Caps::SELF_ONLY));
         let sleeper = polled.iter().copied().find(|&i| channels[i].attr().caps.contains(Caps::WAKEUP));
         let poll = PollPlan::new(poll, &channels, &polled);
         let mut syscall_polled = ChannelSet::EMPTY;
@@ -197,7 +195,6 @@ impl Driver {
             syscall_polled.insert(i as ChannelId);
         }
         Driver {
-            shortcut_below: channels.iter().map(|c| c.attr().max_eager_shortcut.map_or(0, |m| m + 1)).collect(),
             syscall_polled,
             syscall_skipped: 0,
             poll_everything: false,
@@ -220,7 +217,7 @@ impl Driver {
         }
     }
 
-    /// Has waits check `watch` ([`polyrail_core::bootstrap::Bootstrap::hangup_watch`]) with
+    /// Has waits check `watch` ([`polyrail_pmi::Bootstrap::hangup_watch`]) with
     /// their peers: once the process manager has gone (a launcher killed with SIGKILL cannot
     /// stop its ranks), a wait fails instead of waiting for peers that may wait in turn.
     pub fn watch_manager(&mut self, watch: Option<OwnedFd>) {
@@ -415,7 +412,7 @@ impl Driver {
     /// One round of [`Driver::progress`] for a caller that polls instead of waiting (`test`,
     /// `iprobe`): every so often it also makes a wait's liveness check, so that a loop of
     /// polls notices a lost peer (its requests fail, and so finish) or a dead process manager
-    /// (an error) within about [`LIVENESS_PERIOD`], as a wait does.
+    /// (an error) within about 100 ms, as a wait does.
     #[inline]
     pub fn poll(&mut self) -> Result<usize> {
         let n = self.progress()?;
@@ -549,8 +546,8 @@ impl Driver {
 
     /// Before a send of `len` bytes to `to`, or a receive of up to `len` bytes from it: when
     /// its route decides by how near the peer's core is, times a cache line from the peer
-    /// ([`Transport::line_transfer_ns`]) and tells the engine, with whether copies to the peer
-    /// run slowly ([`Transport::copies_slow`]).
+    /// ([`Observe::LineTransfer`]) and tells the engine, with whether copies to the peer run
+    /// slowly ([`Observe::CopiesSlow`]).
     #[inline(always)]
     pub fn note_placement(&mut self, to: Rank, len: usize) {
         // Inline: every small message (below any size a placement rule decides) stops here.
@@ -564,10 +561,10 @@ impl Driver {
     fn sample_placement(&mut self, to: Rank, len: usize) {
         if let Some(ch) = self.engine.wants_placement(to, len) {
             let channel = &mut self.channels[ch as usize];
-            if let Some(ns) = channel.line_transfer_ns(to) {
+            if let Some(ns) = channel.observe(to, Observe::LineTransfer).and_then(Observation::line_transfer) {
                 self.engine.note_line_transfer(to, ns);
             }
-            if let Some(slow) = channel.copies_slow(to) {
+            if let Some(slow) = channel.observe(to, Observe::CopiesSlow).and_then(Observation::flag) {
                 self.engine.note_copies_slow(to, slow);
             }
         }
@@ -585,7 +582,8 @@ impl Driver {
     /// already waits unread in a channel (skew feedback).
     #[inline]
     pub fn note_unread(&mut self, peer: Rank) {
-        let unread = self.polled.iter().any(|&i| self.channels[i].has_unread(peer));
+        let channels = &mut self.channels;
+        let unread = self.polled.iter().any(|&i| says_yes(channels[i].observe(peer, Observe::Unread)));
         self.engine.note_unread(peer, unread);
     }
 
@@ -652,22 +650,8 @@ impl Driver {
         }
         let region = Region { ptr, len };
         let (channel, env) = self.engine.inline_send(to, tag, ctx, region)?;
-        // SAFETY: the caller keeps the bytes valid for this call (and longer, see above).
-        let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
-        // The channel's shortcut where it has one, else (or when it declines) its try_send. (The
-        // loopback channel, whose arrivals `self_sent` announces, has no shortcut.)
-        let shortcut = if len < self.shortcut_below[channel as usize] {
-            self.channels[channel as usize].try_send_eager(to, env, bytes)
-        } else {
-            None
-        };
-        Some(match shortcut {
-            // SAFETY: forwarded to the caller.
-            Some(Issued::WouldBlock) => Ok(Some(unsafe { self.queue_prepared(to, channel, env.header(len), region) })),
-            Some(_) => Ok(None),
-            // SAFETY: forwarded to the caller.
-            None => unsafe { self.send_prepared(to, channel, env.header(len), region) },
-        })
+        // SAFETY: forwarded to the caller.
+        Some(unsafe { self.send_prepared(to, channel, env.header(len), region) })
     }
 
     /// [`Driver::start_send_inline`] through the channel's `try_send`.
@@ -783,7 +767,7 @@ mod tests {
     use super::*;
     use polyrail_core::engine::{Source, TagMatch};
     use polyrail_core::policy::{PeerRoute, Protocol, RouteEntry};
-    use polyrail_core::{Address, Cost, Header, PeerInfo, Reach, RegionMut, Sink, TransportAttr};
+    use polyrail_core::{Address, Cost, Header, PeerInfo, Reach, RegionMut, Sink, TransportAttr, TransportKind};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
@@ -798,7 +782,7 @@ mod tests {
             let polls = Arc::new(AtomicUsize::new(0));
             let cost = Cost { latency_ns, overhead_ns: 0.0, bandwidth: 1e9 };
             let attr = TransportAttr {
-                kind: TransportKind::Scif,
+                kind: TransportKind::Shm,
                 max_inline: 64,
                 max_eager: 1024,
                 max_rma: 0,
@@ -807,7 +791,7 @@ mod tests {
                 rma_cost: cost,
                 split_from: None,
                 mapped_from: None,
-                max_eager_shortcut: None,
+                rndv_from: Vec::new(),
             };
             (Box::new(Counted { attr, polls: polls.clone() }), polls)
         }

@@ -5,10 +5,10 @@ use std::os::unix::net::UnixStream;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use polyrail_core::bootstrap::server::{PmiServer, ServerEvent};
-use polyrail_core::bootstrap::wire::{self, Msg, Wire};
-use polyrail_core::bootstrap::{Bootstrap, Pmi1Client, Pmi2Client};
 use polyrail_core::Error;
+use polyrail_pmi::server::{PmiServer, ServerEvent};
+use polyrail_pmi::wire::{self, Msg, Wire};
+use polyrail_pmi::{Bootstrap, Pmi1Client, Pmi2Client};
 use proptest::prelude::*;
 
 fn bootstrap_error<T: std::fmt::Debug>(r: polyrail_core::Result<T>) -> String {

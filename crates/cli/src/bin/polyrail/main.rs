@@ -5,8 +5,8 @@ mod tune;
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand, ValueEnum};
-use polyrail::launch::{launch, Bind, LaunchOptions};
 use polyrail::{format_size, Context, JobReport, Reach};
+use polyrail_cli::launch::{launch, Bind, LaunchOptions};
 use std::ffi::OsString;
 use std::time::Duration;
 
@@ -148,8 +148,8 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             opts.ranks_outlive_launcher = ranks_outlive_launcher;
             opts.timeout = timeout.map(Duration::from_secs_f64);
             opts.nodes = match (layout, nodes) {
-                (Some(counts), _) => Some(polyrail::launch::nodes_from_counts(ranks, &counts)?),
-                (None, Some(k)) => Some(polyrail::launch::nodes_in_blocks(ranks, k)?),
+                (Some(counts), _) => Some(polyrail_cli::launch::nodes_from_counts(ranks, &counts)?),
+                (None, Some(k)) => Some(polyrail_cli::launch::nodes_in_blocks(ranks, k)?),
                 (None, None) => None,
             };
             Ok(launch(&opts)?)

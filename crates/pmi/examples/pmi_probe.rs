@@ -13,9 +13,9 @@
 //! others wait in the first fence). On any failure a rank prints the error and exits with
 //! code 1.
 
-use polyrail_core::bootstrap::wire::eprint_line;
-use polyrail_core::bootstrap::{self, Bootstrap};
 use polyrail_core::Config;
+use polyrail_pmi::wire::eprint_line;
+use polyrail_pmi::{self as bootstrap, Bootstrap};
 
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_default();

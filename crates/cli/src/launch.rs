@@ -41,8 +41,8 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use polyrail_core::bootstrap::server::{PmiServer, ServerEvent};
 use polyrail_core::{Error, Rank, Result};
+use polyrail_pmi::server::{PmiServer, ServerEvent};
 
 use output::Output;
 
@@ -876,7 +876,7 @@ impl<'a> Run<'a> {
 
     fn exit_code(&self) -> i32 {
         let worst = self.procs.iter().filter_map(|p| p.code).max().unwrap_or(0);
-        let code = self.abort_code.map_or(worst, polyrail_core::bootstrap::abort_status);
+        let code = self.abort_code.map_or(worst, polyrail_pmi::abort_status);
         self.stop_code.map_or(code, |s| code.max(s))
     }
 }
@@ -1068,11 +1068,11 @@ fn remove_shm_segments(job: &str) {
 }
 
 /// A job whose rank 0 is the calling process: ranks 1.. are started as children, and rank 0
-/// gets its bootstrap in memory (see [`crate::Context::init_with_bootstrap`]). Their output goes
+/// gets its bootstrap in memory (see [`polyrail::Context::init_with_bootstrap`]). Their output goes
 /// straight to this process's stdout and stderr (not line by line as with [`launch`]). For benchmark
 /// harnesses and programs that start their own helpers.
 pub struct EmbeddedJob {
-    bootstrap: Option<Box<dyn polyrail_core::bootstrap::Bootstrap>>,
+    bootstrap: Option<Box<dyn polyrail_pmi::Bootstrap>>,
     server: Option<PmiServer>,
     children: Vec<Child>,
     job: String,
@@ -1080,7 +1080,7 @@ pub struct EmbeddedJob {
 
 /// Starts ranks `1..opts.ranks` of `opts.program`; the caller is rank 0 (bound to the first
 /// allowed CPU when `opts.bind` is [`Bind::Core`]). With `opts.nodes`, the caller sets its own
-/// node in the [`Config`](crate::Config) it starts with.
+/// node in the [`Config`](polyrail::Config) it starts with.
 pub fn spawn_peers(opts: &LaunchOptions) -> Result<EmbeddedJob> {
     check_ranks(opts.ranks)?;
     let job = job_name();
@@ -1112,13 +1112,13 @@ pub fn spawn_peers(opts: &LaunchOptions) -> Result<EmbeddedJob> {
         }
     }
     drop(child_ends);
-    let client = polyrail_core::bootstrap::Pmi1Client::from_stream(own, 0, opts.ranks)?;
+    let client = polyrail_pmi::Pmi1Client::from_stream(own, 0, opts.ranks)?;
     Ok(EmbeddedJob { bootstrap: Some(Box::new(client)), server: Some(server), children, job })
 }
 
 impl EmbeddedJob {
     /// Rank 0's bootstrap (once).
-    pub fn take_bootstrap(&mut self) -> Option<Box<dyn polyrail_core::bootstrap::Bootstrap>> {
+    pub fn take_bootstrap(&mut self) -> Option<Box<dyn polyrail_pmi::Bootstrap>> {
         self.bootstrap.take()
     }
 
@@ -1138,7 +1138,7 @@ impl EmbeddedJob {
                                 "polyrail: rank {rank} aborted the job with code {code}: {message}"
                             ));
                             // As `polyrail run` makes it an exit status (256 is not 0).
-                            abort_code.get_or_insert(polyrail_core::bootstrap::abort_status(code));
+                            abort_code.get_or_insert(polyrail_pmi::abort_status(code));
                             for &i in &left {
                                 let _ = self.children[i].kill();
                             }

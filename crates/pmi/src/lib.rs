@@ -1,11 +1,14 @@
-//! Rank, size and a small key-value exchange with the process manager.
+//! polyrail-pmi: rank, size and a small key-value exchange with the process manager.
 //!
 //! A process started by `polyrail run`, MPICH's Hydra (`mpiexec.hydra`) or Slurm talks PMI-1 or
 //! PMI-2 over the socket named by `PMI_FD` (or `PMI_PORT`); a process started alone is a job of
 //! size 1 ([`Singleton`]). The server side used by `polyrail run` lives in [`server`].
 
-use crate::config::{Config, PmiVersion};
-use crate::error::{Error, Rank, Result};
+#![deny(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+use polyrail_core::config::{Config, PmiVersion};
+use polyrail_core::{Error, Rank, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 mod pmi1;
@@ -82,7 +85,7 @@ impl Bootstrap for Singleton {
         Ok(())
     }
     fn get(&mut self, key: &str) -> Result<String> {
-        self.kvs.get(key).cloned().ok_or_else(|| crate::Error::Bootstrap(format!("key {key:?} was never put")))
+        self.kvs.get(key).cloned().ok_or_else(|| Error::Bootstrap(format!("key {key:?} was never put")))
     }
     fn finalize(&mut self) -> Result<()> {
         Ok(())

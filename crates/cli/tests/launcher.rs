@@ -1,4 +1,4 @@
-//! `polyrail::launch::launch` with the `pmi_probe` example of polyrail-core, and with shell
+//! `polyrail_cli::launch::launch` with the `pmi_probe` example of polyrail-pmi, and with shell
 //! one-liners for exit codes, environment, binding and cleanup.
 
 use std::ffi::OsString;
@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use polyrail::launch::{launch, Bind, LaunchOptions};
+use polyrail_cli::launch::{launch, Bind, LaunchOptions};
 
 /// Builds (if needed) and locates `target/<profile>/examples/pmi_probe`.
 fn probe() -> &'static Path {
@@ -18,7 +18,7 @@ fn probe() -> &'static Path {
         // target/<profile>/deps/launcher-<hash>
         let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile> directory").to_path_buf();
         let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "--quiet", "-p", "polyrail-core", "--example", "pmi_probe"]);
+        cmd.args(["build", "--quiet", "-p", "polyrail-pmi", "--example", "pmi_probe"]);
         match profile_dir.file_name().and_then(|n| n.to_str()) {
             Some("debug") | None => {}
             Some("release") => {
@@ -105,7 +105,7 @@ fn an_embedded_job_ends_when_a_rank_aborts() {
     let script = format!(r#"if [ "$PMI_RANK" = 1 ]; then exec "{}" abort; else exec sleep 60; fi"#, probe().display());
     let mut o = sh(3, &script);
     o.env.push(("POLYRAIL_PMI".into(), "1".into()));
-    let mut job = polyrail::launch::spawn_peers(&o).expect("spawn");
+    let mut job = polyrail_cli::launch::spawn_peers(&o).expect("spawn");
     let _rank0 = job.take_bootstrap();
     let t = Instant::now();
     assert_eq!(job.wait().expect("wait"), 4);
@@ -195,14 +195,14 @@ fn a_timeout_stops_the_job() {
     let mut o = sh(2, "exec sleep 30");
     o.timeout = Some(Duration::from_millis(300));
     let (code, took) = run(&o);
-    assert_eq!(code, polyrail::launch::TIMEOUT_CODE);
+    assert_eq!(code, polyrail_cli::launch::TIMEOUT_CODE);
     assert!(took < Duration::from_secs(3), "took {took:?}");
 
     let mut stubborn = sh(2, "trap '' TERM; while :; do sleep 0.05; done");
     stubborn.timeout = Some(Duration::from_millis(300));
     stubborn.grace = Duration::from_millis(300);
     let (code, took) = run(&stubborn);
-    assert!(code >= polyrail::launch::TIMEOUT_CODE, "code {code}");
+    assert!(code >= polyrail_cli::launch::TIMEOUT_CODE, "code {code}");
     assert!(took >= Duration::from_millis(550) && took < Duration::from_secs(5), "took {took:?}");
 
     for limit in [Duration::from_secs(30), Duration::MAX] {
@@ -219,7 +219,7 @@ fn a_job_beyond_the_open_file_limit_is_refused_up_front() {
     // More ranks than any machine runs processes: refused as such.
     let err = launch(&opts(4_000_000_000, "true", &[])).unwrap_err().to_string();
     assert!(err.contains("at most 4194304"), "{err}");
-    let ranks = polyrail::launch::MAX_RANKS;
+    let ranks = polyrail_cli::launch::MAX_RANKS;
     let mut hard = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes the struct passed.
     assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut hard) }, 0);
@@ -465,7 +465,7 @@ fn ctrl_z_stops_and_continues_the_ranks() {
     unsafe { libc::kill(launcher as libc::pid_t, libc::SIGCONT) };
     assert!(wait_for_states(&ranks, false) && wait_for_states(&[launcher], false), "not all continued");
     let status = wait_at_most(&mut child, Duration::from_secs(15));
-    assert_eq!(status.code(), Some(polyrail::launch::TIMEOUT_CODE));
+    assert_eq!(status.code(), Some(polyrail_cli::launch::TIMEOUT_CODE));
     assert!(stopped_at.elapsed() > Duration::from_secs(4), "the time stopped counted against the timeout");
 }
 
@@ -512,7 +512,7 @@ fn a_reader_that_does_not_read_does_not_stop_the_timeout() {
     std::thread::sleep(Duration::from_secs(1));
     let used = main_thread_ticks(child.id()) - before;
     let status = wait_at_most(&mut child, Duration::from_secs(15));
-    assert_eq!(status.code(), Some(polyrail::launch::TIMEOUT_CODE));
+    assert_eq!(status.code(), Some(polyrail_cli::launch::TIMEOUT_CODE));
     assert!(t.elapsed() < Duration::from_secs(6), "took {:?}", t.elapsed());
     assert!(used < 30, "the launcher's main thread used {used} ticks of a second while its output was backed up");
     drop(reader);

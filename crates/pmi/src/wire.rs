@@ -13,7 +13,7 @@
 
 use std::io::{BufRead, Read, Write};
 
-use crate::error::{Error, Result};
+use polyrail_core::{Error, Result};
 
 /// Longest PMI-1 line accepted, newline included.
 pub const MAX_V1_LINE: usize = 64 << 10;
@@ -399,7 +399,7 @@ pub fn check_token(what: &str, s: &str, max: usize) -> Result<()> {
     if let Some(c) = s.chars().find(|&c| !c.is_ascii_graphic() || "=;\\".contains(c)) {
         return Err(bad(format!(
             "{what} contains {c:?}; PMI keys and values must be printable ASCII without spaces, `=`, `;` \
-             or `\\` (encode bytes with polyrail_core::bootstrap::encode_hex)"
+             or `\\` (encode bytes with polyrail_pmi::encode_hex)"
         )));
     }
     Ok(())

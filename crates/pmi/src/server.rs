@@ -17,8 +17,8 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::wire::{check_token, eprint_line, preview, take_frame, Msg, Wire};
-use crate::error::{Error, Rank, Result};
+use crate::wire::{check_token, eprint_line, preview, take_frame, Msg, Wire};
+use polyrail_core::{Error, Rank, Result};
 
 /// `kvsname_max` announced to PMI-1 clients.
 pub const KVSNAME_MAX: usize = 256;

@@ -3,8 +3,8 @@
 
 use anyhow::{bail, Context as _};
 use polyrail::config::{format_tuning, ClassSizes};
-use polyrail::launch::{launch, LaunchOptions};
 use polyrail::{format_size, Context, Source, TagMatch, TopoClass};
+use polyrail_cli::launch::{launch, LaunchOptions};
 use std::ffi::OsString;
 use std::path::Path;
 use std::time::Instant;

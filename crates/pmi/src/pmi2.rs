@@ -18,10 +18,10 @@
 
 use std::os::unix::net::UnixStream;
 
-use super::pmi1::{abort_and_exit, init};
-use super::wire::{self, check_token, env_u32, Conn, Msg, Wire};
-use super::Bootstrap;
-use crate::error::{Error, Rank, Result};
+use crate::pmi1::{abort_and_exit, init};
+use crate::wire::{self, check_token, env_u32, Conn, Msg, Wire};
+use crate::Bootstrap;
+use polyrail_core::{Error, Rank, Result};
 
 /// PMI-2's key buffer size (`PMI2_MAX_KEYLEN`), the terminating NUL of MPICH's buffers
 /// counted: keys hold one byte less.

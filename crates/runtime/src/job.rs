@@ -1,12 +1,15 @@
 //! Bringing a job up: bootstrap, channels, address exchange, routes.
 
 use crate::driver::Driver;
-use polyrail_core::bootstrap::{self, decode_hex, encode_hex, Bootstrap};
+use crate::topology::{current_binding, DeviceLocality, Topology};
 use polyrail_core::engine::Engine;
-use polyrail_core::policy::topology::{current_binding, DeviceLocality, TopoClass, Topology};
+use polyrail_core::observe::{says_yes, Observe};
+use polyrail_core::policy::topology::TopoClass;
 use polyrail_core::policy::{build_route, Candidate, ChannelId, ChannelSet, PeerRoute};
-use polyrail_core::{Caps, Config, Error, PeerInfo, Rank, Reach, Result, Transport, TransportKind};
-use polyrail_shm::{host_identity, CmaTransport, Loopback, ShmTransport};
+use polyrail_core::{
+    Caps, ChannelFactory, ChannelStart, Config, Error, Opened, PeerInfo, Rank, Reach, Result, Transport, TransportKind,
+};
+use polyrail_pmi::{self as bootstrap, decode_hex, encode_hex, Bootstrap};
 
 /// What `polyrail info` shows about one channel of this process.
 #[derive(Clone, Debug)]
@@ -50,13 +53,17 @@ pub struct JobReport {
 }
 
 /// The most ranks a job may have (per-rank state is made for each at start).
-const MAX_RANKS: u32 = 1 << 20;
+pub const MAX_RANKS: u32 = 1 << 20;
 
 /// A started job: bootstrap, driver and what was learned.
-pub(crate) struct Job {
+pub struct Job {
+    /// The connection to the process manager.
     pub bootstrap: Box<dyn Bootstrap>,
+    /// The engine and the channels.
     pub driver: Driver,
+    /// What was learned while starting.
     pub report: JobReport,
+    /// The settings the job started with.
     pub config: Config,
 }
 
@@ -75,7 +82,7 @@ fn parse_info(rank: Rank, v: &str) -> Result<PeerInfo> {
         Some("") | None => Vec::new(),
         Some(s) => s.split('_').map(|c| c.parse().map_err(|_| bad())).collect::<Result<_>>()?,
     };
-    Ok(PeerInfo { rank, pid, host, node, cpus })
+    Ok(PeerInfo { rank, pid, host, node, cpus, own_cpus: true })
 }
 
 /// Puts a value of any length: one longer than the process manager takes (the ib address grows
@@ -115,28 +122,33 @@ fn get_long(boot: &mut dyn Bootstrap, key: &str) -> Result<String> {
     Ok(out)
 }
 
-/// Starts the channels allowed by `config`; reports the others.
-fn start_channels(config: &Config, job: &str, rank: Rank, size: u32) -> (Vec<Box<dyn Transport>>, Vec<ChannelReport>) {
+/// Starts the channels of `factories` that `config` allows; reports the others.
+fn start_channels(
+    factories: &[&dyn ChannelFactory],
+    config: &Config,
+    job_id: &str,
+    rank: Rank,
+    size: u32,
+) -> (Vec<Box<dyn Transport>>, Vec<ChannelReport>) {
     let mut channels: Vec<Box<dyn Transport>> = Vec::new();
     let mut reports = Vec::new();
-    // `make` gives the channel, or `Ok(Err(why))` when there is nothing to start (the ib
-    // channel without an RDMA device): not a failure, just no such channel.
-    type Made = Result<std::result::Result<Box<dyn Transport>, String>>;
-    let mut start = |kind: TransportKind, make: &mut dyn FnMut() -> Made| {
+    let start = ChannelStart { config, job_id, rank, size };
+    for factory in factories {
+        let kind = factory.kind();
         if !config.transports.allows(kind) {
             reports.push(ChannelReport {
                 kind,
                 status: "disabled by POLYRAIL_TRANSPORTS".into(),
                 detail: String::new(),
             });
-            return;
+            continue;
         }
-        match make() {
-            Ok(Ok(t)) => {
+        match factory.open(&start) {
+            Ok(Opened::Channel(t)) => {
                 reports.push(ChannelReport { kind, status: "enabled".into(), detail: t.describe() });
                 channels.push(t);
             }
-            Ok(Err(why)) => {
+            Ok(Opened::Absent(why)) => {
                 tracing::debug!("{kind} channel not started: {why}");
                 reports.push(ChannelReport { kind, status: why, detail: String::new() });
             }
@@ -145,20 +157,15 @@ fn start_channels(config: &Config, job: &str, rank: Rank, size: u32) -> (Vec<Box
                 reports.push(ChannelReport { kind, status: format!("failed to start: {e}"), detail: String::new() });
             }
         }
-    };
-    start(TransportKind::Loopback, &mut || Ok(Ok(Box::new(Loopback::new(rank)))));
-    if size > 1 {
-        start(TransportKind::Shm, &mut || Ok(Ok(Box::new(ShmTransport::new(config, job, rank, size)?))));
-        start(TransportKind::Cma, &mut || Ok(Ok(Box::new(CmaTransport::new()))));
-        start(TransportKind::Ib, &mut || Ok(polyrail_ib::open(config, rank, size)?.map_err(|u| u.0)));
     }
     (channels, reports)
 }
 
 impl Job {
-    /// Starts this process's part of the job, with `boot` or the process manager named by the
-    /// environment. The caller runs a barrier over the channels, then [`Job::connected`].
-    pub fn start(config: Config, boot: Option<Box<dyn Bootstrap>>) -> Result<Job> {
+    /// Starts this process's part of the job with the channels of `factories`, and `boot` or
+    /// the process manager named by the environment. The caller runs a barrier over the
+    /// channels, then [`Job::connected`].
+    pub fn start(factories: &[&dyn ChannelFactory], config: Config, boot: Option<Box<dyn Bootstrap>>) -> Result<Job> {
         let mut boot = match boot {
             Some(b) => b,
             None => bootstrap::from_env(&config)?,
@@ -175,8 +182,15 @@ impl Job {
         let topology = Topology::detect();
         let binding = current_binding();
         let node = config.node.unwrap_or(0);
-        let me = PeerInfo { rank, pid: std::process::id(), host: host_identity(), node, cpus: binding.clone() };
-        let (mut channels, channel_reports) = start_channels(&config, &job_id, rank, size);
+        let me = PeerInfo {
+            rank,
+            pid: std::process::id(),
+            host: polyrail_core::host_identity(),
+            node,
+            cpus: binding.clone(),
+            own_cpus: true,
+        };
+        let (mut channels, channel_reports) = start_channels(factories, &config, &job_id, rank, size);
 
         // Publish who we are and every channel's address; one fence makes them visible.
         // Also the description may be long: the CPU list of an unbound rank on a large node.
@@ -192,12 +206,27 @@ impl Job {
         let mut engine = Engine::new(rank, size);
         engine.set_skew_policy(config.skew);
         engine.set_split_share(config.split_share);
-        // Ranks on this machine, this one included.
-        let mut same_host = 0;
+        let mut infos = Vec::with_capacity(size as usize);
         for r in 0..size {
-            let info =
-                if r == rank { me.clone() } else { parse_info(r, &get_long(boot.as_mut(), &format!("pi{r}"))?)? };
-            same_host += usize::from(info.host == me.host);
+            infos.push(if r == rank {
+                me.clone()
+            } else {
+                parse_info(r, &get_long(boot.as_mut(), &format!("pi{r}"))?)?
+            });
+        }
+        // More ranks on this machine than CPUs (virtual nodes of one host share them too): line
+        // samples and copy rates mean what sharing a core does (see Engine::set_own_cpus).
+        let same_host = infos.iter().filter(|i| i.host == me.host).count();
+        let own_cpus = same_host <= topology.num_cpus();
+        if !own_cpus {
+            tracing::debug!(
+                "rank {rank}: {same_host} ranks on this machine's {} CPUs: local line samples count, cell fill rates do not",
+                topology.num_cpus()
+            );
+            engine.set_own_cpus(false);
+        }
+        for (r, mut info) in (0..size).zip(infos) {
+            info.own_cpus = own_cpus;
             let class = if r == rank {
                 TopoClass::SameProcess
             } else if info.host != me.host || info.node != me.node {
@@ -240,19 +269,23 @@ impl Job {
             let mut route = build_route(class, &candidates, &config);
             if let Some(rt) = route.as_mut() {
                 // Sends from registered memory go by single copy early only where it is mapped.
-                if rt.mapped.as_ref().is_some_and(|m| !channels[m.channel as usize].maps_registered(r)) {
+                let mapper = rt.mapped.as_ref().map(|m| m.channel as usize);
+                if mapper.is_some_and(|c| !says_yes(channels[c].observe(r, Observe::MapsRegistered))) {
                     rt.mapped = None;
                 }
             }
             if r != rank {
-                for (kind, why) in &reach {
+                for (i, (kind, why)) in reach.iter().enumerate() {
                     if let Reach::No(why) = why {
-                        if *kind == TransportKind::Cma
-                            && config.transports.allows(TransportKind::Cma)
+                        // A single-copy channel of this node that cannot reach a peer on it
+                        // leaves large messages to the active-message channel: worth a warning.
+                        let caps = channels[i].attr().caps;
+                        if caps.contains(Caps::GET | Caps::NODE_LOCAL)
+                            && !caps.contains(Caps::AM)
                             && info.node == me.node
                         {
                             tracing::warn!(
-                                "rank {rank}: cma cannot reach rank {r} ({why}); large messages go through pipelined send cells"
+                                "rank {rank}: {kind} cannot reach rank {r} ({why}); large messages go through pipelined send cells"
                             );
                         } else {
                             tracing::debug!("rank {rank}: {kind} cannot reach rank {r}: {why}");
@@ -324,18 +357,6 @@ impl Job {
             }
             peers.push(PeerReport { rank: r, class, reach, route });
         }
-        // More ranks on this machine than CPUs (virtual nodes of one host share them too):
-        // line samples and copy rates mean what sharing a core does (see Engine::set_own_cpus).
-        if same_host > topology.num_cpus() {
-            tracing::debug!(
-                "rank {rank}: {same_host} ranks on this machine's {} CPUs: local line samples count, cell fill rates do not",
-                topology.num_cpus()
-            );
-            engine.set_own_cpus(false);
-            for ch in channels.iter_mut() {
-                ch.set_own_cpus(false);
-            }
-        }
         // Connected queue pairs (ib) drop what arrives before they are ready to receive, which
         // they are once add_peer ran: every process has added its peers before anyone sends.
         // Every process fences here, whatever channels it started, so the count always matches
@@ -377,7 +398,7 @@ impl Job {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use polyrail_core::bootstrap::Singleton;
+    use polyrail_pmi::Singleton;
 
     /// A bootstrap whose values hold at most 16 bytes.
     struct Small(Singleton);
@@ -422,7 +443,8 @@ mod tests {
         assert_eq!(get_long(&mut b, "pa0.ib").unwrap(), long);
         assert_eq!(get_long(&mut b, "pa0.shm").unwrap(), "abcd");
         // A process description too: an unbound rank's CPU list on a large node.
-        let me = PeerInfo { rank: 0, pid: 42, host: "node-17".into(), node: 0, cpus: (0..256).collect() };
+        let me =
+            PeerInfo { rank: 0, pid: 42, host: "node-17".into(), node: 0, cpus: (0..256).collect(), own_cpus: true };
         put_long(&mut b, "pi0", &info_value(&me)).unwrap();
         assert_eq!(parse_info(0, &get_long(&mut b, "pi0").unwrap()).unwrap().cpus, me.cpus);
         // A chunk count beyond any value is refused, not asked for piece by piece.

@@ -6,8 +6,8 @@
 //! named by its argument. Survivors of the fault scenarios write what they saw to files the
 //! parent checks.
 
-use polyrail::launch::{launch, nodes_in_blocks, Bind, LaunchOptions};
 use polyrail::{Cancel, Context, Error, MappedHeap, Source, Space, TagMatch, TransportKind, ANY_SOURCE, ANY_TAG};
+use polyrail_cli::launch::{launch, nodes_in_blocks, Bind, LaunchOptions};
 
 // The `heap` scenario's buffers come from memory files; every other scenario turns them off
 // (`rank_main`) and uses ordinary memory.

@@ -1,0 +1,293 @@
+//! The machine's topology from hwloc (which CPUs share a core, a cache, a package), the CPUs
+//! this process is bound to, and where the RDMA devices sit (their PCI locality).
+
+use polyrail_core::policy::topology::TopoClass;
+use std::path::Path;
+
+/// The machine's topology as far as pair classification needs it: for every logical CPU, the
+/// ids of its core, L2, L3, package and NUMA node (`None` where hwloc reports no such object).
+#[derive(Clone, Debug, Default)]
+pub struct Topology {
+    cpus: Vec<CpuPlace>,
+    /// One line per level, for `polyrail info`.
+    pub summary: String,
+    /// RDMA devices and the CPUs next to them.
+    pub devices: Vec<DeviceLocality>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct CpuPlace {
+    core: Option<usize>,
+    l2: Option<usize>,
+    l3: Option<usize>,
+    package: Option<usize>,
+    numa: Option<usize>,
+}
+
+impl Topology {
+    /// Reads the topology with hwloc. Never fails: without hwloc data every pair is `unbound`.
+    pub fn detect() -> Topology {
+        let mut t = match detect_hwloc() {
+            Some(t) => t,
+            None => Topology { summary: "hwloc gave no topology".into(), ..Topology::default() },
+        };
+        t.devices = rdma_devices(Path::new(RDMA_CLASS_DIR));
+        t
+    }
+
+    /// A synthetic topology for tests: `places[cpu] = (core, l2, l3, package)`.
+    pub fn synthetic(places: &[(usize, usize, usize, usize)]) -> Topology {
+        let cpus = places
+            .iter()
+            .map(|&(core, l2, l3, package)| CpuPlace {
+                core: Some(core),
+                l2: Some(l2),
+                l3: Some(l3),
+                package: Some(package),
+                numa: Some(package),
+            })
+            .collect();
+        Topology { cpus, summary: format!("synthetic, {} cpus", places.len()), devices: Vec::new() }
+    }
+
+    /// Number of logical CPUs known.
+    pub fn num_cpus(&self) -> usize {
+        self.cpus.len()
+    }
+
+    /// The closest shared level between two processes bound to `a` and `b` (CPU lists).
+    /// Two processes not bound to a single place each are classed by the farthest pair of
+    /// their CPUs; an empty list means "not bound" and gives [`TopoClass::Unknown`].
+    pub fn classify(&self, a: &[usize], b: &[usize]) -> TopoClass {
+        if a.is_empty() || b.is_empty() {
+            return TopoClass::Unknown;
+        }
+        let mut worst = TopoClass::SameCore;
+        for &x in a {
+            for &y in b {
+                let c = self.classify_cpus(x, y);
+                if c > worst {
+                    worst = c;
+                }
+            }
+        }
+        worst
+    }
+
+    fn classify_cpus(&self, x: usize, y: usize) -> TopoClass {
+        let (Some(p), Some(q)) = (self.cpus.get(x), self.cpus.get(y)) else {
+            return TopoClass::Unknown;
+        };
+        let same = |a: Option<usize>, b: Option<usize>| a.is_some() && a == b;
+        if same(p.core, q.core) {
+            TopoClass::SameCore
+        } else if same(p.l2, q.l2) {
+            TopoClass::SharedL2
+        } else if same(p.l3, q.l3) {
+            TopoClass::SharedL3
+        } else if same(p.package, q.package) || same(p.numa, q.numa) {
+            TopoClass::Socket
+        } else if p.package.is_some() && q.package.is_some() {
+            TopoClass::CrossSocket
+        } else {
+            TopoClass::Unknown
+        }
+    }
+}
+
+fn detect_hwloc() -> Option<Topology> {
+    use hwloc2::{ObjectType, Topology as Hw};
+    let topo = Hw::new()?;
+    let n = topo.objects_with_type(&ObjectType::PU).ok()?.len();
+    let mut cpus = vec![CpuPlace::default(); n];
+    let mut summary = Vec::new();
+    // NUMA nodes are not queried by type (hwloc2 2.2 panics on that, see ARCHITECTURE.md);
+    // the package (or machine) carries the locality this classification needs.
+    type Field = fn(&mut CpuPlace) -> &mut Option<usize>;
+    // (type, its name for one, for several, where a CPU's index at that level goes)
+    let levels: [(ObjectType, &str, &str, Field); 4] = [
+        (ObjectType::Core, "core", "cores", |p| &mut p.core),
+        (ObjectType::L2Cache, "L2", "L2", |p| &mut p.l2),
+        (ObjectType::L3Cache, "L3", "L3", |p| &mut p.l3),
+        (ObjectType::Package, "package", "packages", |p| &mut p.package),
+    ];
+    for (ty, one, several, field) in levels {
+        let Ok(objs) = topo.objects_with_type(&ty) else { continue };
+        summary.push(format!("{} {}", objs.len(), if objs.len() == 1 { one } else { several }));
+        for (i, obj) in objs.iter().enumerate() {
+            let Some(set) = obj.cpuset() else { continue };
+            for cpu in set {
+                if let Some(place) = cpus.get_mut(cpu as usize) {
+                    *field(place) = Some(i);
+                }
+            }
+        }
+    }
+    for p in &mut cpus {
+        p.numa = p.package;
+    }
+    Some(Topology {
+        cpus,
+        summary: format!("{n} {}: {}", if n == 1 { "cpu" } else { "cpus" }, summary.join(", ")),
+        devices: Vec::new(),
+    })
+}
+
+/// Where the kernel lists RDMA devices.
+pub const RDMA_CLASS_DIR: &str = "/sys/class/infiniband";
+
+/// Where an RDMA device's PCI slot attaches: the CPUs and NUMA node next to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceLocality {
+    /// Device name (`mlx5_0`, `rxe0`).
+    pub name: String,
+    /// CPUs local to the device's PCI bus; empty when the device has no PCI parent (a software
+    /// device such as Soft-RoCE) or the kernel does not say.
+    pub cpus: Vec<usize>,
+    /// Its NUMA node, when the kernel knows one.
+    pub numa: Option<u32>,
+}
+
+impl DeviceLocality {
+    /// Whether a process bound to `binding` runs next to the device (every CPU of the binding
+    /// is local to it); `None` when the process is not bound or the device's locality unknown.
+    pub fn is_near(&self, binding: &[usize]) -> Option<bool> {
+        if binding.is_empty() || self.cpus.is_empty() {
+            return None;
+        }
+        Some(binding.iter().all(|c| self.cpus.contains(c)))
+    }
+
+    /// One line for `polyrail info`: the locality and where a process bound to `binding` is.
+    pub fn describe(&self, binding: &[usize]) -> String {
+        if self.cpus.is_empty() {
+            return format!("{}: no PCI locality (a software device, or the kernel does not say)", self.name);
+        }
+        let numa = self.numa.map_or(String::new(), |n| format!(", NUMA node {n}"));
+        let here = match self.is_near(binding) {
+            Some(true) => "this process runs next to it",
+            Some(false) => "this process runs away from it (traffic crosses the inter-socket link)",
+            None => "this process is not bound",
+        };
+        format!("{}: PCI slot local to cpus {}{numa}; {here}", self.name, cpu_ranges(&self.cpus))
+    }
+}
+
+/// The RDMA devices listed in `class_dir` (normally [`RDMA_CLASS_DIR`]) with their PCI
+/// locality, read from the files hwloc's Linux backend reads (`device/local_cpulist`,
+/// `device/numa_node`): the hwloc2 binding does not expose hwloc's I/O object filter.
+pub fn rdma_devices(class_dir: &Path) -> Vec<DeviceLocality> {
+    let Ok(entries) = std::fs::read_dir(class_dir) else { return Vec::new() };
+    let mut devices: Vec<DeviceLocality> = entries
+        .flatten()
+        .map(|e| {
+            let dev = e.path().join("device");
+            let read = |f: &str| std::fs::read_to_string(dev.join(f)).ok();
+            DeviceLocality {
+                name: e.file_name().to_string_lossy().into_owned(),
+                cpus: read("local_cpulist").and_then(|s| parse_cpu_list(s.trim())).unwrap_or_default(),
+                numa: read("numa_node").and_then(|s| s.trim().parse().ok()),
+            }
+        })
+        .collect();
+    devices.sort_by(|a, b| a.name.cmp(&b.name));
+    devices
+}
+
+/// A kernel CPU list (`0-3,8,10-11`); `None` when malformed.
+fn parse_cpu_list(s: &str) -> Option<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.parse().ok()?, b.parse().ok()?);
+                if b < a || b - a > 1 << 16 {
+                    return None;
+                }
+                cpus.extend(a..=b);
+            }
+            None => cpus.push(part.parse().ok()?),
+        }
+    }
+    Some(cpus)
+}
+
+/// `[0, 1, 2, 5]` as `0-2,5`.
+fn cpu_ranges(cpus: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j { cpus[i].to_string() } else { format!("{}-{}", cpus[i], cpus[j]) });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
+/// The logical CPUs this process may run on (its binding).
+pub fn current_binding() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most its size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes() {
+        // 2 packages x 2 L3 each? No: package p has one L3; cores 0-3 in package 0 with L2 per
+        // pair of cpus (SMT siblings share a core and L2).
+        let t = Topology::synthetic(&[(0, 0, 0, 0), (0, 0, 0, 0), (1, 1, 0, 0), (2, 2, 1, 1)]);
+        assert_eq!(t.classify(&[0], &[1]), TopoClass::SameCore);
+        assert_eq!(t.classify(&[0], &[2]), TopoClass::SharedL3);
+        assert_eq!(t.classify(&[0], &[3]), TopoClass::CrossSocket);
+        assert_eq!(t.classify(&[0, 2], &[1]), TopoClass::SharedL3);
+        assert_eq!(t.classify(&[], &[1]), TopoClass::Unknown);
+        assert_eq!(t.classify(&[9], &[1]), TopoClass::Unknown);
+    }
+
+    #[test]
+    fn rdma_device_locality_from_sysfs() {
+        let root = std::env::temp_dir().join(format!("polyrail-sysfs-{}", std::process::id()));
+        let hca = root.join("mlx5_0/device");
+        std::fs::create_dir_all(&hca).unwrap();
+        std::fs::write(hca.join("local_cpulist"), "0-3,8-11\n").unwrap();
+        std::fs::write(hca.join("numa_node"), "1\n").unwrap();
+        std::fs::create_dir_all(root.join("rxe0")).unwrap();
+        let bad = root.join("zz_bad/device");
+        std::fs::create_dir_all(&bad).unwrap();
+        std::fs::write(bad.join("local_cpulist"), "3-1").unwrap();
+        std::fs::write(bad.join("numa_node"), "-1").unwrap();
+        let devs = rdma_devices(&root);
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(devs.len(), 3);
+        let (hca, rxe, bad) = (&devs[0], &devs[1], &devs[2]);
+        assert_eq!(hca.cpus, [0, 1, 2, 3, 8, 9, 10, 11]);
+        assert_eq!(hca.numa, Some(1));
+        assert_eq!(hca.is_near(&[2]), Some(true));
+        assert_eq!(hca.is_near(&[3, 4]), Some(false));
+        assert_eq!(hca.is_near(&[]), None);
+        assert!(hca.describe(&[9]).contains("cpus 0-3,8-11, NUMA node 1; this process runs next to it"));
+        assert!(hca.describe(&[5]).contains("away from it"));
+        assert_eq!((rxe.name.as_str(), rxe.cpus.is_empty(), rxe.numa), ("rxe0", true, None));
+        assert!(rxe.describe(&[0]).contains("no PCI locality"));
+        assert_eq!((bad.cpus.is_empty(), bad.numa), (true, None), "malformed files give no locality");
+        assert!(rdma_devices(Path::new("/nonexistent/polyrail")).is_empty());
+    }
+
+    #[test]
+    fn detects_this_machine() {
+        let t = Topology::detect();
+        assert!(t.num_cpus() >= 1, "{}", t.summary);
+    }
+}
