@@ -44,6 +44,13 @@ if POLYRAIL_TRANSPORTS=tcp $run run -n 2 target/release/examples/ring 2> /tmp/po
     exit 1
 fi
 grep -q "POLYRAIL_TRANSPORTS" /tmp/polyrail-badenv.txt
+# Started by a launcher it cannot join (Open MPI's mpirun sets these), a rank is no silent
+# job of one: it fails naming what it found.
+if PMIX_RANK=0 OMPI_COMM_WORLD_SIZE=2 target/release/examples/ring 2> /tmp/polyrail-pmix.txt; then
+    echo "a rank of a PMIx launcher ran as a job of one" >&2
+    exit 1
+fi
+grep -q "OMPI_COMM_WORLD_SIZE=2" /tmp/polyrail-pmix.txt
 echo "examples ok"
 
 echo "== benchmarks, quick mode"

@@ -114,6 +114,14 @@ pub fn abort_status(code: i32) -> i32 {
 pub fn from_env(cfg: &Config) -> Result<Box<dyn Bootstrap>> {
     static JOINED: AtomicBool = AtomicBool::new(false);
     if std::env::var_os("PMI_FD").is_none() && std::env::var_os("PMI_PORT").is_none() {
+        if let Some(found) = foreign_launcher(|name| std::env::var(name).ok()) {
+            return Err(Error::Bootstrap(format!(
+                "this process was started by a launcher polyrail cannot join ({found}): run alone it would be a \
+                 job of one, as would every other rank. Start polyrail jobs with `polyrail run -n N`, \
+                 `mpiexec.hydra -n N` (MPICH's Hydra, PMI-1) or `srun --mpi=pmi2 -n N` with POLYRAIL_PMI=2; \
+                 to run this process alone, unset the variable"
+            )));
+        }
         return Ok(Box::new(Singleton::new()));
     }
     // Relaxed: only the flag itself is at stake; a race of two first calls has one winner.
@@ -128,6 +136,32 @@ pub fn from_env(cfg: &Config) -> Result<Box<dyn Bootstrap>> {
         PmiVersion::Pmi1 => Box::new(Pmi1Client::from_env_with_timeout(cfg.pmi_timeout)?),
         PmiVersion::Pmi2 => Box::new(Pmi2Client::from_env_with_timeout(cfg.pmi_timeout)?),
     })
+}
+
+/// The traces of a launcher that started this process as one of several without a PMI
+/// connection polyrail speaks (PMIx launchers: Open MPI's `mpirun`, PRRTE, `srun --mpi=pmix`;
+/// `srun` without `--mpi=pmi2`; a PMI-1 size without its connection), read through `var`; `None`
+/// for a process started by hand. Names the variables found.
+pub fn foreign_launcher(var: impl Fn(&str) -> Option<String>) -> Option<String> {
+    let above_one = |name: &str| var(name).filter(|v| v.trim().parse::<u64>().is_ok_and(|n| n > 1));
+    let mut found = Vec::new();
+    for name in ["PMIX_RANK", "PMIX_NAMESPACE"] {
+        if let Some(v) = var(name) {
+            found.push(format!("{name}={v}, a PMIx launcher"));
+        }
+    }
+    for (name, who) in [
+        ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun"),
+        ("SLURM_STEP_NUM_TASKS", "srun without --mpi=pmi2"),
+        ("SLURM_NTASKS", "Slurm"),
+        ("MV2_COMM_WORLD_SIZE", "MVAPICH's launcher"),
+        ("PMI_SIZE", "a PMI launcher, but neither PMI_FD nor PMI_PORT"),
+    ] {
+        if let Some(v) = above_one(name) {
+            found.push(format!("{name}={v}, {who}"));
+        }
+    }
+    (!found.is_empty()).then(|| found.join("; "))
 }
 
 /// Encodes bytes as lowercase hex, a form every PMI value accepts.
@@ -152,7 +186,21 @@ pub fn decode_hex(s: &str) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use super::abort_status;
+    use super::{abort_status, foreign_launcher};
+
+    #[test]
+    fn launchers_polyrail_cannot_join_are_named() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+        };
+        assert_eq!(foreign_launcher(env(&[])), None, "started by hand");
+        assert_eq!(foreign_launcher(env(&[("SLURM_NTASKS", "1"), ("PMI_SIZE", "1")])), None, "a job of one");
+        let found = foreign_launcher(env(&[("PMIX_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")])).unwrap();
+        assert!(found.contains("PMIX_RANK=0") && found.contains("OMPI_COMM_WORLD_SIZE=2"), "{found}");
+        assert!(foreign_launcher(env(&[("SLURM_STEP_NUM_TASKS", "64")])).unwrap().contains("--mpi=pmi2"));
+        assert!(foreign_launcher(env(&[("PMI_SIZE", "4")])).unwrap().contains("neither PMI_FD nor PMI_PORT"));
+        assert_eq!(foreign_launcher(env(&[("SLURM_NTASKS", "many")])), None, "not a count");
+    }
 
     #[test]
     fn an_abort_code_never_becomes_a_success() {

@@ -163,6 +163,9 @@ struct Peer {
     /// Hydra's proxy does (a get before the fence finds nothing, here as under Hydra). A key
     /// two ranks put before one fence keeps the higher rank's value.
     puts: HashMap<String, String>,
+    /// Bytes of keys and values, and keys, this rank holds in the key-value space (published
+    /// and pending), against [`rank_kvs_limit`].
+    used: (usize, usize),
     /// Unsupported commands it sent, of which the first [`NOTICES_PER_RANK`] are reported (a
     /// rank sending them in a loop must not fill the launcher's queue).
     unsupported: u32,
@@ -171,11 +174,27 @@ struct Peer {
 /// Unsupported commands reported per rank.
 const NOTICES_PER_RANK: u32 = 8;
 
+/// The key-value space one rank may fill in a job of `n`: bytes of keys and values, and keys.
+/// polyrail's own puts take about 8 bytes per rank of the job (its ib address) and a few
+/// hundred more: this is twice that, with room for a program's own keys. A put beyond it fails
+/// (`rc=-1`, naming the limit) and the launcher's memory stays bounded.
+pub fn rank_kvs_limit(n: usize) -> (usize, usize) {
+    ((256 << 10) + 16 * n, 256 + n / 32)
+}
+
+/// The bytes of keys and values a whole job of `n` may hold, all ranks together.
+pub fn job_kvs_limit(n: usize) -> usize {
+    (64usize << 20).saturating_add(n.saturating_mul(n).saturating_mul(16))
+}
+
 /// The server thread's state.
 struct State {
     job: String,
     peers: Vec<Peer>,
-    kvs: HashMap<String, String>,
+    /// Published keys: value and the rank that put it (`None`: the server's own).
+    kvs: HashMap<String, (String, Option<usize>)>,
+    /// Bytes of keys and values held, all ranks together, against [`job_kvs_limit`].
+    held: usize,
     waiting: usize,
     /// Why no barrier can complete any more (a rank left).
     blocker: Option<String>,
@@ -198,13 +217,14 @@ impl State {
                 aborted: false,
                 fence: None,
                 puts: HashMap::new(),
+                used: (0, 0),
                 unsupported: 0,
             })
             .collect();
         let mut kvs = HashMap::new();
         // What MPICH programs ask for: every rank on one node.
-        kvs.insert("PMI_process_mapping".to_owned(), format!("(vector,(0,1,{n}))"));
-        State { job: job.to_owned(), peers, kvs, waiting: 0, blocker: None, events, notify }
+        kvs.insert("PMI_process_mapping".to_owned(), (format!("(vector,(0,1,{n}))"), None));
+        State { job: job.to_owned(), peers, kvs, held: 0, waiting: 0, blocker: None, events, notify }
     }
 
     fn size(&self) -> usize {
@@ -434,6 +454,27 @@ impl State {
         if key.starts_with("PMI_") {
             return failure(wire, resp, &format!("key {key} is reserved: keys starting with PMI_ are the server's"));
         }
+        // A key put again before the fence replaces its pending value.
+        let size = key.len() + value.len();
+        let (old, new_key) = match self.peers[i].puts.get(key) {
+            Some(v) => (key.len() + v.len(), 0),
+            None => (0, 1),
+        };
+        let (bytes, keys) = self.peers[i].used;
+        let (max_bytes, max_keys) = rank_kvs_limit(self.size());
+        let job_max = job_kvs_limit(self.size());
+        if bytes - old + size > max_bytes || keys + new_key > max_keys || self.held - old + size > job_max {
+            let why = format!(
+                "put of key {key} refused: the key-value space is full (a rank may hold {max_keys} keys and \
+                 {max_bytes} bytes of keys and values in this job of {}, the job {job_max} bytes; rank {i} holds \
+                 {keys} keys and {bytes} bytes, the job {} bytes)",
+                self.size(),
+                self.held
+            );
+            return failure(wire, resp, &why);
+        }
+        self.peers[i].used = (bytes - old + size, keys + new_key);
+        self.held = self.held - old + size;
         self.peers[i].puts.insert(key.to_owned(), value.to_owned());
         match wire {
             Wire::V1 => resp.with("rc", 0).with("msg", "success"),
@@ -450,7 +491,7 @@ impl State {
         }
         let Some(key) = req.get("key") else { return failure(Wire::V1, resp, "get needs a `key`") };
         match self.kvs.get(key) {
-            Some(v) => resp.with("rc", 0).with("msg", "success").with("value", v),
+            Some((v, _)) => resp.with("rc", 0).with("msg", "success").with("value", v),
             None => failure(Wire::V1, resp, &format!("key {key} not found")),
         }
     }
@@ -459,7 +500,7 @@ impl State {
         let resp = Msg::new(answer);
         let Some(key) = req.get("key") else { return failure(Wire::V2, resp, "get needs a `key`") };
         match self.kvs.get(key) {
-            Some(v) => resp.with("found", "TRUE").with("value", v).with("rc", 0),
+            Some((v, _)) => resp.with("found", "TRUE").with("value", v).with("rc", 0),
             None => resp.with("found", "FALSE").with("rc", 0),
         }
     }
@@ -514,8 +555,18 @@ impl State {
     fn release_fences(&mut self, why: Option<&str>) {
         self.waiting = 0;
         if why.is_none() {
-            for p in &mut self.peers {
-                self.kvs.extend(p.puts.drain());
+            // In rank order: a key two ranks put keeps the higher rank's value, and the space the
+            // replaced value took goes back to the rank that put it.
+            for i in 0..self.peers.len() {
+                let puts: Vec<(String, String)> = self.peers[i].puts.drain().collect();
+                for (k, v) in puts {
+                    if let Some((old, Some(owner))) = self.kvs.insert(k.clone(), (v, Some(i))) {
+                        let freed = k.len() + old.len();
+                        let used = &mut self.peers[owner].used;
+                        *used = (used.0 - freed, used.1 - 1);
+                        self.held -= freed;
+                    }
+                }
             }
         }
         for i in 0..self.peers.len() {

@@ -394,6 +394,34 @@ fn the_server_refuses_empty_values() {
     drop(srv);
 }
 
+/// A rank cannot grow the launcher without limit: puts beyond its share of the key-value space
+/// fail naming the limit; a key put again replaces its value rather than taking more.
+#[test]
+fn the_key_value_space_of_a_rank_is_bounded() {
+    use polyrail_pmi::server::rank_kvs_limit;
+    let (srv, mut socks) = server("job-kvs", 1);
+    let mut raw = socks.pop().unwrap();
+    let (max_bytes, max_keys) = rank_kvs_limit(1);
+    let value = "v".repeat(1000);
+    let put = |raw: &mut UnixStream, key: &str| {
+        raw_call(raw, Wire::V1, &Msg::new("put").with("key", key).with("value", &value)).check_rc("put")
+    };
+    for _ in 0..10 * max_bytes / 1000 {
+        put(&mut raw, "same").expect("a key put again takes no more space");
+    }
+    let mut taken = 0;
+    let refused = loop {
+        match put(&mut raw, &format!("k{taken}")) {
+            Ok(_) => taken += 1,
+            Err(e) => break bootstrap_error(Err::<(), _>(e)),
+        }
+        assert!(taken <= max_keys, "more than {max_keys} keys taken");
+    };
+    assert!(taken >= (max_bytes / 1004).min(max_keys) - 2, "refused after {taken} keys: {refused}");
+    assert!(refused.contains("key-value space is full") && refused.contains(&max_bytes.to_string()), "{refused}");
+    drop(srv);
+}
+
 #[test]
 fn unsupported_commands_get_an_error_answer() {
     let (srv, mut socks) = server("job-unknown", 1);

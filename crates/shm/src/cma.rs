@@ -442,6 +442,13 @@ impl Transport for CmaTransport {
         a
     }
 
+    /// Every peer has probed us: the probe word's memory file has done its work (a descriptor
+    /// and a page less for the rest of the job).
+    fn connected(&mut self) -> Result<()> {
+        self.probe_file = None;
+        Ok(())
+    }
+
     fn add_peer(&mut self, peer: &PeerInfo, address: &[u8]) -> Reach {
         let decoded = if peer.host != self.host {
             Err(format!("different host ({} here, {} there)", self.host, peer.host))

@@ -76,6 +76,10 @@ enum Cmd {
         /// Every rank prints its own view, in rank order.
         #[arg(long)]
         all: bool,
+        /// Print every POLYRAIL_* variable instead: its effective value, its default, where the
+        /// value comes from (environment, tuning file, default) and what it does.
+        #[arg(long)]
+        config: bool,
         /// Processes to start when run alone.
         #[arg(short = 'n', long = "np", default_value_t = 2)]
         ranks: u32,
@@ -104,8 +108,8 @@ enum BindArg {
 
 fn variables_help() -> String {
     let mut s = String::from("Environment variables:\n");
-    for (name, what) in polyrail::config::VARIABLES {
-        s.push_str(&format!("  {name:<26} {what}\n"));
+    for v in polyrail::config::VARS {
+        s.push_str(&format!("  {:<26} {} (default {})\n", v.name, v.doc, v.default));
     }
     s
 }
@@ -162,7 +166,12 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 tune::tune(&output, quick)
             }
         }
-        Cmd::Info { routes: _, all, ranks } => {
+        Cmd::Info { config: true, .. } => {
+            let cfg = polyrail::Config::from_env()?;
+            print!("{}", format_config(&cfg));
+            Ok(0)
+        }
+        Cmd::Info { routes: _, all, ranks, config: false } => {
             let under_launcher = std::env::var_os("PMI_FD").is_some() || std::env::var_os("PMI_PORT").is_some();
             if !under_launcher && ranks > 1 {
                 // A bad variable is reported once, here, rather than by every rank.
@@ -188,6 +197,19 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
     }
+}
+
+/// Every variable with its effective value, default, source and doc, as `ucx_info -c` prints.
+fn format_config(cfg: &polyrail::Config) -> String {
+    use std::fmt::Write;
+    let given = |name: &str| std::env::var(name).ok();
+    let mut s = String::new();
+    for e in polyrail::config::effective(cfg, &given) {
+        let _ = writeln!(s, "# {}", e.var.doc);
+        let _ = writeln!(s, "# default: {}; from: {}", e.var.default, e.source);
+        let _ = writeln!(s, "{}={}\n", e.var.name, e.value);
+    }
+    s
 }
 
 fn format_report(ctx: &Context) -> String {

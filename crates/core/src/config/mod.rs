@@ -3,6 +3,10 @@
 //! Every field names its variable and its default. An unknown `POLYRAIL_*` variable or a value
 //! that does not parse is an [`Error::Config`] naming the variable, the value and what is accepted.
 
+mod vars;
+
+pub use vars::{did_you_mean, effective, Effective, Var, VARS};
+
 use crate::error::{Error, Result};
 use crate::policy::topology::TopoClass;
 use crate::size::{format_size, parse_size};
@@ -52,6 +56,15 @@ pub struct ClassSizes {
     pub all: Option<usize>,
     /// Sizes for named classes.
     pub per_class: Vec<(TopoClass, usize)>,
+}
+
+/// The sizes as `POLYRAIL_CMA_THRESHOLD` writes them: `16k` or `shared-l3:16k,socket:4k`.
+impl std::fmt::Display for ClassSizes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts: Vec<String> = self.per_class.iter().map(|(c, s)| format!("{c}:{}", format_size(*s))).collect();
+        parts.extend(self.all.map(format_size));
+        f.write_str(&parts.join(","))
+    }
 }
 
 impl ClassSizes {
@@ -139,13 +152,6 @@ pub enum SplitShare {
     Auto,
     /// This many per cent of every split message (page aligned).
     Percent(u8),
-}
-
-/// A setting that is `auto`, `off` or a size.
-enum AutoOffSize {
-    Auto,
-    Off,
-    Size(usize),
 }
 
 /// Largest message any setting may send eagerly: a receiver refuses a longer eager message as a
@@ -480,53 +486,6 @@ impl Default for Config {
     }
 }
 
-/// Every variable polyrail reads, with a one-line description (for `--help` and errors).
-pub const VARIABLES: &[(&str, &str)] = &[
-    ("POLYRAIL_TRANSPORTS", "channels to use: `all`, a list such as `shm,cma`, or `^cma` to deny"),
-    ("POLYRAIL_CMA_THRESHOLD", "smallest single-copy message: `32k` or `shared-l3:16k,socket:4k`"),
-    ("POLYRAIL_ROUTE", "route overrides CLASS:LO-HI:CHANNEL[/PROTOCOL],... e.g. all:0-64k:shm,socket:1m-:cma/get"),
-    ("POLYRAIL_TUNING", "file of measured thresholds written by `polyrail tune`"),
-    ("POLYRAIL_SPLIT_THRESHOLD", "smallest single-copy message both processes copy: auto (default), off or a size"),
-    (
-        "POLYRAIL_SPLIT_SHARE",
-        "receiver's part of a split single copy: auto (default, measured per peer and size) or a percentage",
-    ),
-    (
-        "POLYRAIL_STREAM_EAGER",
-        "largest single-copy message sent eagerly in a stream of sends to a peer: off (default), auto or a size",
-    ),
-    (
-        "POLYRAIL_NEAR_EAGER",
-        "largest single-copy message sent eagerly while the peer's core shares a cache: auto (default, 128k), off or a size",
-    ),
-    (
-        "POLYRAIL_APART_SINGLE_COPY",
-        "while the peer's core shares no cache (or copies to it run slowly), messages from this size by single copy and smaller ones eagerly: auto (default, 64k), off or a size",
-    ),
-    ("POLYRAIL_PLACEMENT", "placement of the peers' cores for those two and shm's cell filling: measure (default), near, middle or apart"),
-    ("POLYRAIL_EAGER_LIMIT", "largest eager message through send cells (default 64k)"),
-    ("POLYRAIL_SHM_SLOTS", "records and 64-byte body slots per shared-memory ring (power of two, default 64)"),
-    ("POLYRAIL_SHM_CELL_SIZE", "bytes per send cell (default 16k)"),
-    ("POLYRAIL_SHM_CELLS", "send cells per process (default 128)"),
-    ("POLYRAIL_LOG", "log level: error, warn, info, debug, trace"),
-    ("POLYRAIL_PMI", "PMI protocol spoken to the launcher: 1 or 2"),
-    ("POLYRAIL_PMI_TIMEOUT", "seconds an answer of the launcher (or the connection to PMI_PORT) may take (a fence waits for every rank), or off (default)"),
-    ("POLYRAIL_WAIT", "how to wait for arrivals: spin, block or adaptive (default)"),
-    ("POLYRAIL_SKEW", "skew feedback LIMIT:WINDOW:SIZE (default 0:8:64k) or off"),
-    ("POLYRAIL_POLL", "polling priority between channels: all, static:R or dynamic:H (default dynamic:8)"),
-    ("POLYRAIL_NODE", "virtual node of this process (set by `polyrail run --layout`)"),
-    ("POLYRAIL_IB_PROVIDER", "RDMA provider of the ib channel: auto (default), verbs or soft"),
-    ("POLYRAIL_IB_DEVICE", "RDMA device and port NAME[:PORT], e.g. rxe0:1 (default: first device)"),
-    ("POLYRAIL_IB_GID_INDEX", "GID index for RoCE addressing (default 0)"),
-    ("POLYRAIL_IB_CREDITS", "blocks per peer in the ib eager ring (default 64)"),
-    ("POLYRAIL_IB_BLOCK", "payload bytes per ib eager ring block (default 8k)"),
-    ("POLYRAIL_IB_EAGER_LIMIT", "largest message sent eagerly over ib (default 8k)"),
-    ("POLYRAIL_IB_SYNC_LIMIT", "free blocks under which a receiver returns credits at once (default 2)"),
-    ("POLYRAIL_IB_BOUNCE", "largest ib rendezvous copied through pre-registered buffers, 0 = never (default 64k)"),
-    ("POLYRAIL_IB_ACK_TIMEOUT", "verbs queue pairs' ack timeout, 4.096 us x 2^N (default 14, 67 ms)"),
-    ("POLYRAIL_IB_COMPACT", "on (default) or off: MTU-sized ib packets without header in streams of like messages"),
-];
-
 impl Config {
     /// Where `cma` starts one-sided copies by class: `POLYRAIL_CMA_THRESHOLD`, else a tuning
     /// file's measurements ([`TransportAttr::rndv_from`](crate::TransportAttr::rndv_from)).
@@ -631,214 +590,17 @@ impl Config {
         probe.set("POLYRAIL_SHM_CELLS", &self.shm_cells.to_string())
     }
 
-    /// Sets one variable.
+    /// Sets one variable ([`VARS`] says which there are and what each accepts). An unknown
+    /// name is an error that lists the variables, suggesting the one it most likely misspells.
     pub fn set(&mut self, var: &str, value: &str) -> Result<()> {
-        let bad = |accepted: &str| Error::config(var, value, accepted);
-        let size_in = |lo: usize, hi: usize| -> Result<usize> {
-            match parse_size(value) {
-                Some(n) if (lo..=hi).contains(&n) => Ok(n),
-                _ => Err(bad(&format!(
-                    "a size from {} to {} (bytes, or with a k, m or g suffix)",
-                    format_size(lo),
-                    format_size(hi)
-                ))),
-            }
-        };
-        // `auto`, `off`, or a size from `lo` to `hi`.
-        let auto_off_size = |lo: usize, hi: usize| -> Result<AutoOffSize> {
-            match value {
-                "auto" => Ok(AutoOffSize::Auto),
-                "off" => Ok(AutoOffSize::Off),
-                _ => size_in(lo, hi).map(AutoOffSize::Size).map_err(|_| {
-                    bad(&format!("`auto`, `off` or a size from {} to {}", format_size(lo), format_size(hi)))
-                }),
-            }
-        };
-        let count_in = |lo: usize, hi: usize| -> Result<usize> {
-            match value.parse::<usize>() {
-                Ok(n) if (lo..=hi).contains(&n) => Ok(n),
-                _ => Err(bad(&format!("a whole number from {lo} to {hi}"))),
-            }
-        };
-        match var {
-            "POLYRAIL_TRANSPORTS" => self.transports = parse_transports(var, value)?,
-            "POLYRAIL_CMA_THRESHOLD" => self.cma_threshold = parse_class_sizes(var, value)?,
-            "POLYRAIL_ROUTE" => self.routes = parse_routes(var, value)?,
-            "POLYRAIL_TUNING" => {
-                let text = read_small_file(value)
-                    .map_err(|e| bad(&format!("a readable file written by `polyrail tune` ({e})")))?;
-                let sizes =
-                    parse_tuning(&text).map_err(|why| bad(&format!("a file written by `polyrail tune` ({why})")))?;
-                self.tuning = Some((value.to_owned(), sizes));
-            }
-            "POLYRAIL_SPLIT_THRESHOLD" => {
-                self.split_threshold = match auto_off_size(4096, 1 << 40)? {
-                    AutoOffSize::Auto => SplitThreshold::Auto,
-                    AutoOffSize::Off => SplitThreshold::Off,
-                    AutoOffSize::Size(n) => SplitThreshold::From(n),
-                }
-            }
-            "POLYRAIL_SPLIT_SHARE" => {
-                self.split_share = match value {
-                    "auto" => SplitShare::Auto,
-                    _ => SplitShare::Percent(
-                        count_in(1, 99).map_err(|_| bad("`auto` or a percentage from 1 to 99"))? as u8
-                    ),
-                }
-            }
-            "POLYRAIL_STREAM_EAGER" => {
-                self.stream_eager = match auto_off_size(0, MAX_EAGER_MESSAGE)? {
-                    AutoOffSize::Auto => StreamEager::Auto,
-                    AutoOffSize::Off => StreamEager::Off,
-                    AutoOffSize::Size(n) => StreamEager::UpTo(n),
-                }
-            }
-            "POLYRAIL_NEAR_EAGER" => {
-                self.near_eager = match auto_off_size(0, MAX_EAGER_MESSAGE)? {
-                    AutoOffSize::Auto => NearEager::Auto,
-                    AutoOffSize::Off => NearEager::Off,
-                    AutoOffSize::Size(n) => NearEager::UpTo(n),
-                }
-            }
-            "POLYRAIL_APART_SINGLE_COPY" => {
-                self.apart_single_copy = match auto_off_size(1, 1 << 40)? {
-                    AutoOffSize::Auto => ApartSingleCopy::Auto,
-                    AutoOffSize::Off => ApartSingleCopy::Off,
-                    AutoOffSize::Size(n) => ApartSingleCopy::From(n),
-                }
-            }
-            "POLYRAIL_PLACEMENT" => {
-                self.placement = match value {
-                    "measure" => PlacementMode::Measure,
-                    "near" => PlacementMode::Near,
-                    "middle" => PlacementMode::Middle,
-                    "apart" => PlacementMode::Apart,
-                    _ => return Err(bad("`measure`, `near`, `middle` or `apart`")),
-                }
-            }
-            "POLYRAIL_EAGER_LIMIT" => self.eager_limit = size_in(0, MAX_EAGER_MESSAGE)?,
-            "POLYRAIL_SHM_SLOTS" => {
-                let n = count_in(16, 65536)?;
-                if !n.is_power_of_two() {
-                    return Err(bad("a power of two from 16 to 65536"));
-                }
-                self.shm_slots = n;
-            }
-            "POLYRAIL_SHM_CELL_SIZE" => self.shm_cell_size = size_in(4096, 1 << 20)?,
-            "POLYRAIL_SHM_CELLS" => self.shm_cells = count_in(4, 65536)?,
-            "POLYRAIL_LOG" => {
-                self.log = match value.to_ascii_lowercase().as_str() {
-                    "error" => LogLevel::Error,
-                    "warn" => LogLevel::Warn,
-                    "info" => LogLevel::Info,
-                    "debug" => LogLevel::Debug,
-                    "trace" => LogLevel::Trace,
-                    _ => return Err(bad("error, warn, info, debug or trace")),
-                }
-            }
-            "POLYRAIL_PMI" => {
-                self.pmi = match value {
-                    "1" | "pmi1" => PmiVersion::Pmi1,
-                    "2" | "pmi2" => PmiVersion::Pmi2,
-                    _ => return Err(bad("1 or 2")),
-                }
-            }
-            "POLYRAIL_SKEW" => {
-                let accepted = "`off` or LIMIT:WINDOW:SIZE such as 0:8:64k (WINDOW >= 1)";
-                self.skew = if value == "off" {
-                    None
-                } else {
-                    let f: Vec<&str> = value.split(':').collect();
-                    let (Some(limit), Some(window), Some(eager_up_to)) = (
-                        f.first().and_then(|x| x.parse::<usize>().ok()),
-                        f.get(1).and_then(|x| x.parse().ok()).filter(|&n: &u32| n >= 1),
-                        f.get(2).and_then(|x| parse_size(x)),
-                    ) else {
-                        return Err(bad(accepted));
-                    };
-                    if f.len() != 3 {
-                        return Err(bad(accepted));
-                    }
-                    Some(SkewPolicy { limit, window, eager_up_to })
-                }
-            }
-            "POLYRAIL_PMI_TIMEOUT" => {
-                let accepted = "`off` or a number of seconds from 0.001 to a year, such as 600 or 2.5";
-                self.pmi_timeout = if value == "off" {
-                    None
-                } else {
-                    let secs = value.parse::<f64>().ok().filter(|s| (0.001..=365.0 * 86400.0).contains(s));
-                    Some(std::time::Duration::from_secs_f64(secs.ok_or_else(|| bad(accepted))?))
-                };
-            }
-            "POLYRAIL_WAIT" => {
-                self.wait = match value {
-                    "spin" => WaitMode::Spin,
-                    "block" => WaitMode::Block,
-                    "adaptive" => WaitMode::Adaptive,
-                    _ => return Err(bad("spin, block or adaptive")),
-                }
-            }
-            "POLYRAIL_POLL" => {
-                let accepted = "all, static:R or dynamic:H with R, H from 1 to 100000";
-                let n = |x: &str| x.parse::<u32>().ok().filter(|n| (1..=100_000).contains(n));
-                self.poll = match value.split_once(':') {
-                    None if value == "all" => PollPolicy::All,
-                    Some(("static", r)) => PollPolicy::Static(n(r).ok_or_else(|| bad(accepted))?),
-                    Some(("dynamic", h)) => PollPolicy::Dynamic(n(h).ok_or_else(|| bad(accepted))?),
-                    _ => return Err(bad(accepted)),
-                }
-            }
-            "POLYRAIL_NODE" => self.node = Some(value.parse().map_err(|_| bad("a node number from 0"))?),
-            "POLYRAIL_IB_PROVIDER" => {
-                self.ib.provider = match value {
-                    "auto" => IbProvider::Auto,
-                    "verbs" => IbProvider::Verbs,
-                    "soft" => IbProvider::Soft,
-                    _ => return Err(bad("auto, verbs or soft")),
-                }
-            }
-            "POLYRAIL_IB_DEVICE" => {
-                let (name, port) = match value.split_once(':') {
-                    Some((n, p)) => (n, p.parse::<u8>().ok().filter(|&p| p >= 1)),
-                    None => (value, Some(1)),
-                };
-                match port {
-                    Some(port) if !name.is_empty() => self.ib.device = Some((name.to_owned(), port)),
-                    _ => return Err(bad("NAME or NAME:PORT with PORT from 1, e.g. rxe0:1")),
-                }
-            }
-            "POLYRAIL_IB_GID_INDEX" => self.ib.gid_index = value.parse().map_err(|_| bad("an index from 0 to 255"))?,
-            "POLYRAIL_IB_CREDITS" => self.ib.credits = count_in(4, 4096)?,
-            "POLYRAIL_IB_BLOCK" => {
-                let n = size_in(256, 1 << 20)?;
-                if n % 64 != 0 {
-                    return Err(bad("a multiple of 64 bytes from 256 to 1m"));
-                }
-                self.ib.block = n;
-            }
-            "POLYRAIL_IB_EAGER_LIMIT" => self.ib.eager_limit = size_in(0, MAX_EAGER_MESSAGE)?,
-            "POLYRAIL_IB_SYNC_LIMIT" => self.ib.sync_limit = count_in(2, 4096)?,
-            "POLYRAIL_IB_BOUNCE" => self.ib.bounce = size_in(0, 16 << 20)?,
-            // 0 would be an infinite timeout: a peer that is gone would never be noticed.
-            "POLYRAIL_IB_ACK_TIMEOUT" => self.ib.ack_timeout = count_in(1, 31)? as u8,
-            "POLYRAIL_IB_COMPACT" => {
-                self.ib.compact = match value {
-                    "on" => true,
-                    "off" => false,
-                    _ => return Err(bad("on or off")),
-                }
-            }
-            _ => {
-                let known: Vec<&str> = VARIABLES.iter().map(|(n, _)| *n).collect();
-                return Err(Error::config(
-                    var,
-                    value,
-                    format!("no such variable; polyrail reads {}", known.join(", ")),
-                ));
+        match vars::var(var) {
+            Some(v) => v.apply(self, value),
+            None => {
+                let known: Vec<&str> = VARS.iter().map(|v| v.name).collect();
+                let hint = vars::did_you_mean(var).map(|n| format!("did you mean {n}? ")).unwrap_or_default();
+                Err(Error::config(var, value, format!("{hint}no such variable; polyrail reads {}", known.join(", "))))
             }
         }
-        Ok(())
     }
 }
 
@@ -855,7 +617,7 @@ fn channel_named(name: &str) -> std::result::Result<TransportKind, String> {
     }
 }
 
-fn parse_transports(var: &str, value: &str) -> Result<TransportFilter> {
+pub(crate) fn parse_transports(var: &str, value: &str) -> Result<TransportFilter> {
     let accepted = || format!("`all`, or a comma-separated list of {} (prefix `^` to deny them)", kind_names());
     let v = value.trim();
     if v == "all" {
@@ -892,12 +654,19 @@ fn parse_transports(var: &str, value: &str) -> Result<TransportFilter> {
 
 /// The text of the regular file at `path`, of at most 64 KiB (a tuning file has a few lines;
 /// a device or a pipe could be endless or never end).
-fn read_small_file(path: &str) -> std::io::Result<String> {
+pub(crate) fn read_small_file(path: &str) -> std::io::Result<String> {
     use std::io::Read;
     const LIMIT: u64 = 64 << 10;
-    let file = std::fs::File::open(path)?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let not_regular = || std::io::Error::other("not a regular file");
+    // Checked before opening: opening a FIFO waits for a writer. Opened without blocking too, in
+    // case the name was replaced by one in between, and checked again on what was opened.
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(not_regular());
+    }
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
     if !file.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
+        return Err(not_regular());
     }
     let mut text = String::new();
     file.take(LIMIT + 1).read_to_string(&mut text)?;
@@ -946,7 +715,7 @@ pub fn format_tuning(header: &str, sizes: &ClassSizes) -> String {
     s
 }
 
-fn parse_routes(var: &str, value: &str) -> Result<Vec<RouteRule>> {
+pub(crate) fn parse_routes(var: &str, value: &str) -> Result<Vec<RouteRule>> {
     let classes: Vec<&str> = TopoClass::NAMED.iter().map(|c| c.name()).collect();
     let accepted = |why: String| {
         Error::config(
@@ -995,7 +764,7 @@ fn parse_routes(var: &str, value: &str) -> Result<Vec<RouteRule>> {
     Ok(rules)
 }
 
-fn parse_class_sizes(var: &str, value: &str) -> Result<ClassSizes> {
+pub(crate) fn parse_class_sizes(var: &str, value: &str) -> Result<ClassSizes> {
     let classes: Vec<&str> = TopoClass::NAMED.iter().map(|c| c.name()).collect();
     let accepted = || {
         format!(
@@ -1150,6 +919,18 @@ mod tests {
         assert!(e.contains("POLYRAIL_TUNING") && e.contains("/nonexistent/tuning"), "{e}");
     }
 
+    /// A FIFO is refused at once: opening it would wait for a writer for ever.
+    #[test]
+    fn a_tuning_file_that_is_a_fifo_is_refused_without_waiting() {
+        let path = std::env::temp_dir().join(format!("polyrail-tuning-fifo-{}", std::process::id()));
+        let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mkfifo only creates a file.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        let e = cfg(&[("POLYRAIL_TUNING", path.to_str().unwrap())]).unwrap_err().to_string();
+        std::fs::remove_file(&path).unwrap();
+        assert!(e.contains("POLYRAIL_TUNING") && e.contains("not a regular file"), "{e}");
+    }
+
     #[test]
     fn route_rules() {
         let c = cfg(&[("POLYRAIL_ROUTE", "all:0-64k:shm, socket:1m-:cma/get")]).unwrap();
@@ -1239,6 +1020,9 @@ mod tests {
         assert!(e.contains("below POLYRAIL_IB_CREDITS (8)"), "{e}");
         let e = cfg(&[("POLYRAIL_FROBNICATE", "1")]).unwrap_err().to_string();
         assert!(e.contains("POLYRAIL_FROBNICATE") && e.contains("POLYRAIL_TRANSPORTS"), "{e}");
+        assert!(!e.contains("did you mean"), "{e}");
+        let e = cfg(&[("POLYRAIL_TRANSPORT", "shm")]).unwrap_err().to_string();
+        assert!(e.contains("did you mean POLYRAIL_TRANSPORTS?"), "{e}");
     }
 
     proptest::proptest! {
@@ -1246,10 +1030,10 @@ mod tests {
         /// and the value; parsing never panics.
         #[test]
         fn every_value_is_accepted_or_named(
-            var in 0..VARIABLES.len(),
+            var in 0..VARS.len(),
             value in "[-0-9a-z:,/^.+ kKmMgG_]{0,24}|\\PC{0,12}",
         ) {
-            let name = VARIABLES[var].0;
+            let name = VARS[var].name;
             if let Err(e) = cfg(&[(name, value.as_str())]) {
                 let (text, shown) = (e.to_string(), format!("{value:?}"));
                 proptest::prop_assert!(text.contains(name) && text.contains(&shown), "{}", text);

@@ -1,0 +1,519 @@
+//! Every `POLYRAIL_*` variable, declared once: its name, its default, what it does and how a
+//! value applies to a [`Config`].
+
+use super::{
+    parse_class_sizes, parse_routes, parse_transports, parse_tuning, read_small_file, ApartSingleCopy, Config,
+    IbProvider, LogLevel, NearEager, PlacementMode, PmiVersion, PollPolicy, SkewPolicy, SplitShare, SplitThreshold,
+    StreamEager, WaitMode, MAX_EAGER_MESSAGE,
+};
+use crate::error::{Error, Result};
+use crate::size::{format_size, parse_size};
+
+/// One variable: declared once, with its default, what it does and how a value applies.
+pub struct Var {
+    /// The variable's name (`POLYRAIL_...`).
+    pub name: &'static str,
+    /// The default, as the variable would write it (or what decides it).
+    pub default: &'static str,
+    /// What it does, in one line (for `--help`, `polyrail info --config` and errors).
+    pub doc: &'static str,
+    /// Checks a value and applies it; the error names the variable, the value and what is
+    /// accepted.
+    apply: fn(&mut Config, &Value<'_>) -> Result<()>,
+}
+
+impl std::fmt::Debug for Var {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+impl Var {
+    /// Applies `value` to `cfg`.
+    pub fn apply(&self, cfg: &mut Config, value: &str) -> Result<()> {
+        (self.apply)(cfg, &Value { var: self.name, text: value })
+    }
+}
+
+/// A value given to a variable, with the checks the table's entries share.
+pub(super) struct Value<'a> {
+    var: &'static str,
+    text: &'a str,
+}
+
+/// `auto`, `off` or a size.
+enum AutoOffSize {
+    Auto,
+    Off,
+    Size(usize),
+}
+
+impl Value<'_> {
+    /// The error for this value: `accepted` says what would do.
+    fn bad(&self, accepted: &str) -> Error {
+        Error::config(self.var, self.text, accepted)
+    }
+
+    /// A size from `lo` to `hi`.
+    fn size_in(&self, lo: usize, hi: usize) -> Result<usize> {
+        match parse_size(self.text) {
+            Some(n) if (lo..=hi).contains(&n) => Ok(n),
+            _ => Err(self.bad(&format!(
+                "a size from {} to {} (bytes, or with a k, m or g suffix)",
+                format_size(lo),
+                format_size(hi)
+            ))),
+        }
+    }
+
+    /// `auto`, `off`, or a size from `lo` to `hi`.
+    fn auto_off_size(&self, lo: usize, hi: usize) -> Result<AutoOffSize> {
+        match self.text {
+            "auto" => Ok(AutoOffSize::Auto),
+            "off" => Ok(AutoOffSize::Off),
+            _ => self.size_in(lo, hi).map(AutoOffSize::Size).map_err(|_| {
+                self.bad(&format!("`auto`, `off` or a size from {} to {}", format_size(lo), format_size(hi)))
+            }),
+        }
+    }
+
+    /// A whole number from `lo` to `hi`.
+    fn count_in(&self, lo: usize, hi: usize) -> Result<usize> {
+        match self.text.parse::<usize>() {
+            Ok(n) if (lo..=hi).contains(&n) => Ok(n),
+            _ => Err(self.bad(&format!("a whole number from {lo} to {hi}"))),
+        }
+    }
+
+    /// One of `choices` (word, meaning); `accepted` lists them for the error.
+    fn one_of<T: Copy>(&self, choices: &[(&str, T)], accepted: &str) -> Result<T> {
+        choices.iter().find(|(w, _)| *w == self.text).map(|&(_, t)| t).ok_or_else(|| self.bad(accepted))
+    }
+}
+
+/// Stores a checked value in its field.
+fn set<T>(field: &mut T, value: Result<T>) -> Result<()> {
+    *field = value?;
+    Ok(())
+}
+
+/// Every variable polyrail reads, in the order `polyrail info --config` lists them.
+pub static VARS: &[Var] = &[
+    Var {
+        name: "POLYRAIL_TRANSPORTS",
+        default: "all",
+        doc: "channels to use: `all`, a list such as `shm,cma`, or `^cma` to deny",
+        apply: |c, v| set(&mut c.transports, parse_transports(v.var, v.text)),
+    },
+    Var {
+        name: "POLYRAIL_CMA_THRESHOLD",
+        default: "by topology class",
+        doc: "smallest single-copy message: `32k` or `shared-l3:16k,socket:4k`",
+        apply: |c, v| set(&mut c.cma_threshold, parse_class_sizes(v.var, v.text)),
+    },
+    Var {
+        name: "POLYRAIL_ROUTE",
+        default: "none",
+        doc: "route overrides CLASS:LO-HI:CHANNEL[/PROTOCOL],... e.g. all:0-64k:shm,socket:1m-:cma/get",
+        apply: |c, v| set(&mut c.routes, parse_routes(v.var, v.text)),
+    },
+    Var {
+        name: "POLYRAIL_TUNING",
+        default: "none",
+        doc: "file of measured thresholds written by `polyrail tune`",
+        apply: |c, v| {
+            let text = read_small_file(v.text)
+                .map_err(|e| v.bad(&format!("a readable file written by `polyrail tune` ({e})")))?;
+            let sizes =
+                parse_tuning(&text).map_err(|why| v.bad(&format!("a file written by `polyrail tune` ({why})")))?;
+            c.tuning = Some((v.text.to_owned(), sizes));
+            Ok(())
+        },
+    },
+    Var {
+        name: "POLYRAIL_SPLIT_THRESHOLD",
+        default: "auto",
+        doc: "smallest single-copy message both processes copy: auto, off or a size",
+        apply: |c, v| {
+            c.split_threshold = match v.auto_off_size(4096, 1 << 40)? {
+                AutoOffSize::Auto => SplitThreshold::Auto,
+                AutoOffSize::Off => SplitThreshold::Off,
+                AutoOffSize::Size(n) => SplitThreshold::From(n),
+            };
+            Ok(())
+        },
+    },
+    Var {
+        name: "POLYRAIL_SPLIT_SHARE",
+        default: "auto",
+        doc: "receiver's part of a split single copy: auto (measured per peer and size) or a percentage",
+        apply: |c, v| {
+            c.split_share = match v.text {
+                "auto" => SplitShare::Auto,
+                _ => SplitShare::Percent(
+                    v.count_in(1, 99).map_err(|_| v.bad("`auto` or a percentage from 1 to 99"))? as u8
+                ),
+            };
+            Ok(())
+        },
+    },
+    Var {
+        name: "POLYRAIL_STREAM_EAGER",
+        default: "off",
+        doc: "largest single-copy message sent eagerly in a stream of sends to a peer: off, auto or a size",
+        apply: |c, v| {
+            c.stream_eager = match v.auto_off_size(0, MAX_EAGER_MESSAGE)? {
+                AutoOffSize::Auto => StreamEager::Auto,
+                AutoOffSize::Off => StreamEager::Off,
+                AutoOffSize::Size(n) => StreamEager::UpTo(n),
+            };
+            Ok(())
+        },
+    },
+    Var {
+        name: "POLYRAIL_NEAR_EAGER",
+        default: "auto",
+        doc:
+            "largest single-copy message sent eagerly while the peer's core shares a cache: auto (128k), off or a size",
+        apply: |c, v| {
+            c.near_eager = match v.auto_off_size(0, MAX_EAGER_MESSAGE)? {
+                AutoOffSize::Auto => NearEager::Auto,
+                AutoOffSize::Off => NearEager::Off,
+                AutoOffSize::Size(n) => NearEager::UpTo(n),
+            };
+            Ok(())
+        },
+    },
+    Var {
+        name: "POLYRAIL_APART_SINGLE_COPY",
+        default: "auto",
+        doc: "while the peer's core shares no cache (or copies to it run slowly), messages from this size by \
+              single copy and smaller ones eagerly: auto (64k), off or a size",
+        apply: |c, v| {
+            c.apart_single_copy = match v.auto_off_size(1, 1 << 40)? {
+                AutoOffSize::Auto => ApartSingleCopy::Auto,
+                AutoOffSize::Off => ApartSingleCopy::Off,
+                AutoOffSize::Size(n) => ApartSingleCopy::From(n),
+            };
+            Ok(())
+        },
+    },
+    Var {
+        name: "POLYRAIL_PLACEMENT",
+        default: "measure",
+        doc: "placement of the peers' cores for those two and shm's cell filling: measure, near, middle or apart",
+        apply: |c, v| {
+            let choices = [
+                ("measure", PlacementMode::Measure),
+                ("near", PlacementMode::Near),
+                ("middle", PlacementMode::Middle),
+                ("apart", PlacementMode::Apart),
+            ];
+            set(&mut c.placement, v.one_of(&choices, "`measure`, `near`, `middle` or `apart`"))
+        },
+    },
+    Var {
+        name: "POLYRAIL_EAGER_LIMIT",
+        default: "64k",
+        doc: "largest eager message through send cells",
+        apply: |c, v| set(&mut c.eager_limit, v.size_in(0, MAX_EAGER_MESSAGE)),
+    },
+    Var {
+        name: "POLYRAIL_SHM_SLOTS",
+        default: "64",
+        doc: "records and 64-byte body slots per shared-memory ring (power of two)",
+        apply: |c, v| {
+            let n = v.count_in(16, 65536)?;
+            if !n.is_power_of_two() {
+                return Err(v.bad("a power of two from 16 to 65536"));
+            }
+            set(&mut c.shm_slots, Ok(n))
+        },
+    },
+    Var {
+        name: "POLYRAIL_SHM_CELL_SIZE",
+        default: "16k",
+        doc: "bytes per send cell",
+        apply: |c, v| set(&mut c.shm_cell_size, v.size_in(4096, 1 << 20)),
+    },
+    Var {
+        name: "POLYRAIL_SHM_CELLS",
+        default: "128",
+        doc: "send cells per process",
+        apply: |c, v| set(&mut c.shm_cells, v.count_in(4, 65536)),
+    },
+    Var {
+        name: "POLYRAIL_LOG",
+        default: "warn",
+        doc: "log level: error, warn, info, debug, trace",
+        apply: |c, v| {
+            let choices = [
+                ("error", LogLevel::Error),
+                ("warn", LogLevel::Warn),
+                ("info", LogLevel::Info),
+                ("debug", LogLevel::Debug),
+                ("trace", LogLevel::Trace),
+            ];
+            let lower = v.text.to_ascii_lowercase();
+            let level = choices.iter().find(|(w, _)| *w == lower).map(|&(_, l)| l);
+            set(&mut c.log, level.ok_or_else(|| v.bad("error, warn, info, debug or trace")))
+        },
+    },
+    Var {
+        name: "POLYRAIL_PMI",
+        default: "1",
+        doc: "PMI protocol spoken to the launcher: 1 or 2",
+        apply: |c, v| {
+            let choices = [
+                ("1", PmiVersion::Pmi1),
+                ("pmi1", PmiVersion::Pmi1),
+                ("2", PmiVersion::Pmi2),
+                ("pmi2", PmiVersion::Pmi2),
+            ];
+            set(&mut c.pmi, v.one_of(&choices, "1 or 2"))
+        },
+    },
+    Var {
+        name: "POLYRAIL_PMI_TIMEOUT",
+        default: "off",
+        doc: "seconds an answer of the launcher (or the connection to PMI_PORT) may take (a fence waits for \
+              every rank), or off",
+        apply: |c, v| {
+            let accepted = "`off` or a number of seconds from 0.001 to a year, such as 600 or 2.5";
+            c.pmi_timeout = if v.text == "off" {
+                None
+            } else {
+                let secs = v.text.parse::<f64>().ok().filter(|s| (0.001..=365.0 * 86400.0).contains(s));
+                Some(std::time::Duration::from_secs_f64(secs.ok_or_else(|| v.bad(accepted))?))
+            };
+            Ok(())
+        },
+    },
+    Var {
+        name: "POLYRAIL_WAIT",
+        default: "adaptive",
+        doc: "how to wait for arrivals: spin, block or adaptive",
+        apply: |c, v| {
+            let choices = [("spin", WaitMode::Spin), ("block", WaitMode::Block), ("adaptive", WaitMode::Adaptive)];
+            set(&mut c.wait, v.one_of(&choices, "spin, block or adaptive"))
+        },
+    },
+    Var {
+        name: "POLYRAIL_SKEW",
+        default: "0:8:64k",
+        doc: "skew feedback LIMIT:WINDOW:SIZE or off",
+        apply: |c, v| {
+            let accepted = "`off` or LIMIT:WINDOW:SIZE such as 0:8:64k (WINDOW >= 1)";
+            if v.text == "off" {
+                c.skew = None;
+                return Ok(());
+            }
+            let f: Vec<&str> = v.text.split(':').collect();
+            let (Some(limit), Some(window), Some(eager_up_to)) = (
+                f.first().and_then(|x| x.parse::<usize>().ok()),
+                f.get(1).and_then(|x| x.parse().ok()).filter(|&n: &u32| n >= 1),
+                f.get(2).and_then(|x| parse_size(x)),
+            ) else {
+                return Err(v.bad(accepted));
+            };
+            if f.len() != 3 {
+                return Err(v.bad(accepted));
+            }
+            set(&mut c.skew, Ok(Some(SkewPolicy { limit, window, eager_up_to })))
+        },
+    },
+    Var {
+        name: "POLYRAIL_POLL",
+        default: "dynamic:8",
+        doc: "polling priority between channels: all, static:R or dynamic:H",
+        apply: |c, v| {
+            let accepted = "all, static:R or dynamic:H with R, H from 1 to 100000";
+            let n = |x: &str| x.parse::<u32>().ok().filter(|n| (1..=100_000).contains(n));
+            c.poll = match v.text.split_once(':') {
+                None if v.text == "all" => PollPolicy::All,
+                Some(("static", r)) => PollPolicy::Static(n(r).ok_or_else(|| v.bad(accepted))?),
+                Some(("dynamic", h)) => PollPolicy::Dynamic(n(h).ok_or_else(|| v.bad(accepted))?),
+                _ => return Err(v.bad(accepted)),
+            };
+            Ok(())
+        },
+    },
+    Var {
+        name: "POLYRAIL_NODE",
+        default: "unset",
+        doc: "virtual node of this process (set by `polyrail run --layout`)",
+        apply: |c, v| set(&mut c.node, v.text.parse().map(Some).map_err(|_| v.bad("a node number from 0"))),
+    },
+    Var {
+        name: "POLYRAIL_IB_PROVIDER",
+        default: "auto",
+        doc: "RDMA provider of the ib channel: auto, verbs or soft",
+        apply: |c, v| {
+            let choices = [("auto", IbProvider::Auto), ("verbs", IbProvider::Verbs), ("soft", IbProvider::Soft)];
+            set(&mut c.ib.provider, v.one_of(&choices, "auto, verbs or soft"))
+        },
+    },
+    Var {
+        name: "POLYRAIL_IB_DEVICE",
+        default: "the first device",
+        doc: "RDMA device and port NAME[:PORT], e.g. rxe0:1",
+        apply: |c, v| {
+            let (name, port) = match v.text.split_once(':') {
+                Some((n, p)) => (n, p.parse::<u8>().ok().filter(|&p| p >= 1)),
+                None => (v.text, Some(1)),
+            };
+            match port {
+                Some(port) if !name.is_empty() => set(&mut c.ib.device, Ok(Some((name.to_owned(), port)))),
+                _ => Err(v.bad("NAME or NAME:PORT with PORT from 1, e.g. rxe0:1")),
+            }
+        },
+    },
+    Var {
+        name: "POLYRAIL_IB_GID_INDEX",
+        default: "0",
+        doc: "GID index for RoCE addressing",
+        apply: |c, v| set(&mut c.ib.gid_index, v.text.parse().map_err(|_| v.bad("an index from 0 to 255"))),
+    },
+    Var {
+        name: "POLYRAIL_IB_CREDITS",
+        default: "64",
+        doc: "blocks per peer in the ib eager ring",
+        apply: |c, v| set(&mut c.ib.credits, v.count_in(4, 4096)),
+    },
+    Var {
+        name: "POLYRAIL_IB_BLOCK",
+        default: "8k",
+        doc: "payload bytes per ib eager ring block",
+        apply: |c, v| {
+            let n = v.size_in(256, 1 << 20)?;
+            if n % 64 != 0 {
+                return Err(v.bad("a multiple of 64 bytes from 256 to 1m"));
+            }
+            set(&mut c.ib.block, Ok(n))
+        },
+    },
+    Var {
+        name: "POLYRAIL_IB_EAGER_LIMIT",
+        default: "8k",
+        doc: "largest message sent eagerly over ib",
+        apply: |c, v| set(&mut c.ib.eager_limit, v.size_in(0, MAX_EAGER_MESSAGE)),
+    },
+    Var {
+        name: "POLYRAIL_IB_SYNC_LIMIT",
+        default: "2",
+        doc: "free blocks under which a receiver returns credits at once",
+        apply: |c, v| set(&mut c.ib.sync_limit, v.count_in(2, 4096)),
+    },
+    Var {
+        name: "POLYRAIL_IB_BOUNCE",
+        default: "64k",
+        doc: "largest ib rendezvous copied through pre-registered buffers, 0 = never",
+        apply: |c, v| set(&mut c.ib.bounce, v.size_in(0, 16 << 20)),
+    },
+    Var {
+        name: "POLYRAIL_IB_ACK_TIMEOUT",
+        default: "14",
+        doc: "verbs queue pairs' ack timeout, 4.096 us x 2^N (14: 67 ms)",
+        // 0 would be an infinite timeout: a peer that is gone would never be noticed.
+        apply: |c, v| set(&mut c.ib.ack_timeout, v.count_in(1, 31).map(|n| n as u8)),
+    },
+    Var {
+        name: "POLYRAIL_IB_COMPACT",
+        default: "on",
+        doc: "on or off: MTU-sized ib packets without header in streams of like messages",
+        apply: |c, v| set(&mut c.ib.compact, v.one_of(&[("on", true), ("off", false)], "on or off")),
+    },
+];
+
+/// A variable's effective value in one process, for `polyrail info --config` (as `ucx_info -c`).
+#[derive(Clone, Debug)]
+pub struct Effective {
+    /// The variable.
+    pub var: &'static Var,
+    /// Its value as it applies.
+    pub value: String,
+    /// Where the value comes from: `environment`, `tuning file PATH` or `default`.
+    pub source: String,
+}
+
+/// Every variable's effective value in `cfg`, with `given` telling which the environment set.
+pub fn effective(cfg: &Config, given: &dyn Fn(&str) -> Option<String>) -> Vec<Effective> {
+    VARS.iter()
+        .map(|var| {
+            let (value, source) = match (given(var.name), &cfg.tuning) {
+                (Some(v), _) => (v, "environment".to_string()),
+                (None, Some((path, sizes))) if var.name == "POLYRAIL_CMA_THRESHOLD" => {
+                    (sizes.to_string(), format!("tuning file {path}"))
+                }
+                (None, _) => (var.default.to_string(), "default".to_string()),
+            };
+            Effective { var, value, source }
+        })
+        .collect()
+}
+
+/// The variable named `name`.
+pub fn var(name: &str) -> Option<&'static Var> {
+    VARS.iter().find(|v| v.name == name)
+}
+
+/// The variable `name` most likely misspells: the nearest name within three edits, or one that
+/// holds it or that it holds (`POLYRAIL_CMA` for `POLYRAIL_CMA_THRESHOLD`).
+pub fn did_you_mean(name: &str) -> Option<&'static str> {
+    let upper = name.to_ascii_uppercase();
+    let nearest = VARS.iter().map(|v| (edit_distance(&upper, v.name), v.name)).min_by_key(|&(d, _)| d);
+    match nearest {
+        Some((d, n)) if d <= 3 => Some(n),
+        _ => VARS
+            .iter()
+            .map(|v| v.name)
+            .find(|n| n.len() > 9 && upper.len() > 9 && (n.contains(&upper) || upper.contains(n))),
+    }
+}
+
+/// Levenshtein distance between two ASCII-ish strings (by chars).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let next = (diag + usize::from(ca != cb)).min(row[j] + 1).min(row[j + 1] + 1);
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_defaults_apply() {
+        for (i, v) in VARS.iter().enumerate() {
+            assert!(v.name.starts_with("POLYRAIL_"), "{}", v.name);
+            assert!(VARS[..i].iter().all(|w| w.name != v.name), "{} twice", v.name);
+            assert!(!v.doc.is_empty());
+        }
+        // A default written as a value gives the default configuration.
+        for v in
+            VARS.iter().filter(|v| !matches!(v.default, "none" | "unset" | "by topology class" | "the first device"))
+        {
+            let mut c = Config::default();
+            v.apply(&mut c, v.default).unwrap_or_else(|e| panic!("{}={}: {e}", v.name, v.default));
+            assert_eq!(format!("{c:?}"), format!("{:?}", Config::default()), "{}={}", v.name, v.default);
+        }
+    }
+
+    #[test]
+    fn misspellings_find_their_variable() {
+        assert_eq!(did_you_mean("POLYRAIL_TRANSPORT"), Some("POLYRAIL_TRANSPORTS"));
+        assert_eq!(did_you_mean("POLYRAIL_CMA_THRESHOLDS"), Some("POLYRAIL_CMA_THRESHOLD"));
+        assert_eq!(did_you_mean("polyrail_wait"), Some("POLYRAIL_WAIT"));
+        assert_eq!(did_you_mean("POLYRAIL_IB_EAGER"), Some("POLYRAIL_IB_EAGER_LIMIT"));
+        assert_eq!(did_you_mean("POLYRAIL_FROBNICATE"), None);
+    }
+}
