@@ -71,6 +71,8 @@ timeout 300 target/release/polyrail-bench overlap --quick --sizes 1m
 timeout 300 target/release/polyrail-bench latency --quick --transport ib --sizes 8,64k,1m
 timeout 300 target/release/polyrail-bench bw --quick --transport ib --registered --sizes 64k,1m
 timeout 300 target/release/polyrail-bench discovery --quick --policies all,dynamic:8
+# A rank waiting on a stopped peer sleeps rather than spins.
+scripts/stopped-peer-test.sh
 csv=$(mktemp -d)/points.csv
 timeout 300 target/release/polyrail-bench compare --quick --sizes 8,64k --csv "$csv"
 grep -q '^latency,' "$csv"

@@ -289,9 +289,10 @@ const FRESH: &str = "auto+fresh";
 /// buffers and heap blocks, and its latency with fresh data) and prints one table.
 fn compare(sizes: &str, quick: bool, csv: Option<PathBuf>) -> anyhow::Result<i32> {
     let list = osu::parse_sizes(sizes)?;
-    let guard = TempFile(std::env::temp_dir().join(format!("polyrail-compare-{}.csv", std::process::id())));
-    let tmp = &guard.0;
-    let _ = std::fs::remove_file(tmp);
+    // The jobs append their rows to a file of a fresh private directory (removed on return).
+    let dir =
+        tempfile::Builder::new().prefix("polyrail-compare-").tempdir().context("creating a temporary directory")?;
+    let tmp = &dir.path().join("measurements.csv");
     let mut failed = None;
     let runs = ["latency", "bw"].into_iter().flat_map(|b| COMPARED.map(|c| (b, c))).chain([("latency", FRESH)]);
     for (bench, column) in runs {
@@ -351,12 +352,3 @@ fn compare(sizes: &str, quick: bool, csv: Option<PathBuf>) -> anyhow::Result<i32
 const COMPARE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 /// Signals that stop `compare`'s series when they stopped a job (the user's Ctrl-C and the like).
 const STOPPED_BY_SIGNAL: [i32; 4] = [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP];
-
-/// A file removed when dropped (also on an early return).
-struct TempFile(PathBuf);
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}

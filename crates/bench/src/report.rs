@@ -484,24 +484,24 @@ mod tests {
     /// plot would never end its log axis) is refused with the file, the line and the value.
     #[test]
     fn bad_comparison_files_are_refused() {
-        let path = std::env::temp_dir().join(format!("polyrail-report-test-{}.csv", std::process::id()));
+        let file = tempfile::Builder::new().prefix("polyrail-report-test-").suffix(".csv").tempfile().unwrap();
+        let path = file.path();
         let refused = |text: &str| {
-            std::fs::write(&path, text).unwrap();
-            match read(&path) {
+            std::fs::write(path, text).unwrap();
+            match read(path) {
                 Ok(rows) => panic!("{text:?} was read as {} rows", rows.len()),
                 Err(e) => format!("{e:#}"),
             }
         };
         let good = format!("{HEADER}\npolyrail,auto,lat_us,8,1,0.19\n");
-        std::fs::write(&path, &good).unwrap();
-        assert_eq!(read(&path).unwrap().len(), 1);
+        std::fs::write(path, &good).unwrap();
+        assert_eq!(read(path).unwrap().len(), 1);
         assert!(refused("bench,transport,size,value,unit\nlatency,auto,8,0.19,us\n").contains("first line"));
         assert!(refused(&format!("{HEADER}\n")).contains("no measurements"));
         for bad in ["inf", "NaN", "-inf"] {
             let e = refused(&format!("{HEADER}\npolyrail,auto,lat_us,8,1,0.19\nucx,default,lat_us,8,1,{bad}\n"));
             assert!(e.contains(":3:") && e.contains(bad) && e.contains("finite"), "{e}");
         }
-        let _ = std::fs::remove_file(&path);
     }
 
     /// The fresh-data table puts polyrail beside the better of the two MPIs and its own

@@ -3,7 +3,10 @@
 //! file behind such memory when other processes of the machine may map it.
 
 use crate::error::{Error, Result};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use memmap2::{MmapOptions, MmapRaw};
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::io::Errno;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A memory file that other processes of this machine may map: a sealed memfd, reachable as
@@ -18,31 +21,14 @@ pub struct SharedFile {
 
 /// Zero-filled, page-aligned memory from `mmap`, unmapped on drop: private anonymous memory
 /// ([`AnonMemory::new`]) or a sealed memory file mapped shared ([`AnonMemory::shared`]).
+/// A raw mapping: its bytes are only reached through [`AnonMemory::ptr`], and whoever shares
+/// that address (other threads, other processes, an adapter) synchronizes the accesses.
 #[derive(Debug)]
 pub struct AnonMemory {
-    ptr: *mut u8,
-    len: usize,
+    /// Declared before `file`: unmapped before the file closes.
+    map: MmapRaw,
     /// The memory file behind a shared mapping, and its inode number.
     file: Option<(OwnedFd, u64)>,
-}
-
-// SAFETY: the mapping is plain memory owned by this value; which thread unmaps it does not
-// matter, and whoever shares its address synchronizes the accesses.
-unsafe impl Send for AnonMemory {}
-
-/// Maps `len` bytes of `fd` (or anonymous memory when `None`) read-write.
-fn map(len: usize, fd: Option<RawFd>, what: &str) -> Result<*mut u8> {
-    let (flags, fd) = match fd {
-        Some(fd) => (libc::MAP_SHARED, fd),
-        None => (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1),
-    };
-    // SAFETY: a fresh mapping with no address hint, of an open descriptor at least `len` bytes
-    // long or of anonymous memory; the result is checked.
-    let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, fd, 0) };
-    if ptr == libc::MAP_FAILED {
-        return Err(Error::last_os(format_args!("mapping {len} bytes for {what}")));
-    }
-    Ok(ptr.cast())
 }
 
 /// Creates a memory file of `len` bytes (`memfd_create`, close-on-exec), sealed against
@@ -50,64 +36,46 @@ fn map(len: usize, fd: Option<RawFd>, what: &str) -> Result<*mut u8> {
 /// it with its inode number, or the step that failed and why. Allocates nothing (the global
 /// allocator of the facade calls it).
 pub fn memory_file(len: usize) -> std::result::Result<(OwnedFd, u64), (&'static str, std::io::Error)> {
-    let failed = |step| (step, std::io::Error::last_os_error());
+    // `Errno` to `io::Error` is a raw OS error: no allocation.
+    let failed = |step| move |e: Errno| (step, std::io::Error::from(e));
     if !fits_file_size_limit(len) {
-        return Err(("sizing past the file-size limit (ulimit -f)", std::io::Error::from_raw_os_error(libc::EFBIG)));
+        return Err(("sizing past the file-size limit (ulimit -f)", Errno::FBIG.into()));
     }
-    let fd = create_memfd();
-    if fd < 0 {
-        return Err(failed("memfd_create"));
-    }
-    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let raw = fd.as_raw_fd();
-    // SAFETY: plain system calls on our own descriptor; `st` is written by fstat before use.
-    unsafe {
-        if libc::ftruncate(raw, len as libc::off_t) != 0 {
-            return Err(failed("sizing"));
-        }
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-        if libc::fcntl(raw, libc::F_ADD_SEALS, seals) != 0 {
-            return Err(failed("sealing"));
-        }
-        let mut st: libc::stat = std::mem::zeroed();
-        if libc::fstat(raw, &mut st) != 0 {
-            return Err(failed("fstat"));
-        }
-        Ok((fd, st.st_ino))
-    }
+    let fd = create_memfd().map_err(failed("memfd_create"))?;
+    rustix::fs::ftruncate(&fd, len as u64).map_err(failed("sizing"))?;
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+        .map_err(failed("sealing"))?;
+    let inode = rustix::fs::fstat(&fd).map_err(failed("fstat"))?.st_ino;
+    Ok((fd, inode))
 }
 
-/// `MFD_NOEXEC_SEAL` (Linux 6.3): a memory file that can never be executed. Where
-/// `vm.memfd_noexec` is 2, `memfd_create` refuses files without it; older kernels refuse the
-/// flag itself (`EINVAL`).
-const MFD_NOEXEC_SEAL: libc::c_uint = 0x0008;
-
-/// A new memory file's descriptor (close-on-exec, sealable, not executable where the kernel
-/// knows the flag), or -1 with `errno` set. Allocates nothing.
-fn create_memfd() -> libc::c_int {
-    // Whether the kernel refused MFD_NOEXEC_SEAL once (then it is not asked again). Relaxed:
-    // a stale read only costs one refused call.
+/// A new memory file (close-on-exec, sealable, not executable where the kernel knows
+/// `MFD_NOEXEC_SEAL`). Allocates nothing (the name is a C string already).
+fn create_memfd() -> rustix::io::Result<OwnedFd> {
+    // `MFD_NOEXEC_SEAL` (Linux 6.3): a memory file that can never be executed. Where
+    // `vm.memfd_noexec` is 2, `memfd_create` refuses files without it; older kernels refuse the
+    // flag itself (`EINVAL`). Whether the kernel refused it once (then it is not asked again).
+    // Relaxed: a stale read only costs one refused call.
     static NO_NOEXEC: AtomicBool = AtomicBool::new(false);
-    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    let flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
     if !NO_NOEXEC.load(Ordering::Relaxed) {
-        // SAFETY: the name is a NUL-terminated literal; the result is checked.
-        let fd = unsafe { libc::memfd_create(c"polyrail-memory".as_ptr(), flags | MFD_NOEXEC_SEAL) };
-        if fd >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
-            return fd;
+        match rustix::fs::memfd_create(c"polyrail-memory", flags | MemfdFlags::NOEXEC_SEAL) {
+            Err(Errno::INVAL) => NO_NOEXEC.store(true, Ordering::Relaxed),
+            done => return done,
         }
-        NO_NOEXEC.store(true, Ordering::Relaxed);
     }
-    // SAFETY: as above.
-    unsafe { libc::memfd_create(c"polyrail-memory".as_ptr(), flags) }
+    rustix::fs::memfd_create(c"polyrail-memory", flags)
 }
 
 /// Whether a file of `len` bytes stays within this process's file-size limit (`ulimit -f`,
 /// `RLIMIT_FSIZE`): sizing a file past it sends SIGXFSZ, which ends the process before the
 /// call can fail. Allocates nothing.
 pub fn fits_file_size_limit(len: usize) -> bool {
+    // Raw libc: rustix's `getrlimit` takes the call for infallible (it panics in debug builds
+    // when the call fails, and uses the unwritten result otherwise), and this runs inside the
+    // facade's global allocator, where a refusal (a seccomp filter) must mean "no known limit".
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: `lim` is valid for writes.
+    // SAFETY: `lim` is valid for writes; the result is checked before `lim` is read.
     let read = unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut lim) } == 0;
     !read || lim.rlim_cur == libc::RLIM_INFINITY || len as u64 <= lim.rlim_cur
 }
@@ -116,7 +84,8 @@ impl AnonMemory {
     /// Maps `len` bytes (at least one) of private memory; `what` names the use in the error.
     pub fn new(len: usize, what: &str) -> Result<AnonMemory> {
         let len = len.max(1);
-        Ok(AnonMemory { ptr: map(len, None, what)?, len, file: None })
+        let map = MmapOptions::new().len(len).map_anon().map_err(|e| mapping_failed(len, what, e))?;
+        Ok(AnonMemory { map: map.into(), file: None })
     }
 
     /// Maps `len` bytes (at least one) of a new memory file (`memfd_create`), sealed against
@@ -127,18 +96,20 @@ impl AnonMemory {
         let len = len.max(1);
         let (fd, inode) = memory_file(len)
             .map_err(|(step, e)| Error::io(format_args!("{step} of a {len}-byte memory file for {what}"), e))?;
-        let raw = fd.as_raw_fd();
-        Ok(AnonMemory { ptr: map(len, Some(raw), what)?, len, file: Some((fd, inode)) })
+        // Shared and read-write, of a file exactly `len` bytes long that can neither shrink nor
+        // grow: no access within the mapping can fault past the file's end.
+        let map = MmapOptions::new().len(len).map_raw(&fd).map_err(|e| mapping_failed(len, what, e))?;
+        Ok(AnonMemory { map, file: Some((fd, inode)) })
     }
 
     /// Start of the memory.
     pub fn ptr(&self) -> *mut u8 {
-        self.ptr
+        self.map.as_mut_ptr()
     }
 
     /// Length in bytes (at least one).
     pub fn len(&self) -> usize {
-        self.len
+        self.map.len()
     }
 
     /// Always false: a mapping holds at least one byte.
@@ -152,12 +123,8 @@ impl AnonMemory {
     }
 }
 
-impl Drop for AnonMemory {
-    fn drop(&mut self) {
-        // SAFETY: `ptr..ptr + len` is the mapping made in `new` or `shared`, unmapped once; the
-        // file (if any) closes after, when `self.file` drops.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
+fn mapping_failed(len: usize, what: &str, e: std::io::Error) -> Error {
+    Error::io(format_args!("mapping {len} bytes for {what}"), e)
 }
 
 #[cfg(test)]
@@ -193,16 +160,12 @@ mod tests {
         let f = m.file().unwrap();
         // SAFETY: `m` is 5000 writable bytes.
         unsafe { m.ptr().add(4999).write(7) };
-        // SAFETY: plain queries of an open descriptor; `st` is written by fstat.
-        let (size, ino, seals) = unsafe {
-            let mut st: libc::stat = std::mem::zeroed();
-            assert_eq!(libc::fstat(f.fd, &mut st), 0);
-            (st.st_size, st.st_ino, libc::fcntl(f.fd, libc::F_GET_SEALS))
-        };
-        assert_eq!((size, ino), (5000, f.inode));
-        assert_eq!(seals & libc::F_SEAL_SHRINK, libc::F_SEAL_SHRINK);
-        // SAFETY: as above: ftruncate on our own descriptor.
-        assert_ne!(unsafe { libc::ftruncate(f.fd, 1) }, 0, "a sealed file must not shrink");
+        // SAFETY: `f.fd` stays open while `m` lives.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(f.fd) };
+        let st = rustix::fs::fstat(fd).unwrap();
+        assert_eq!((st.st_size, st.st_ino), (5000, f.inode));
+        assert!(rustix::fs::fcntl_get_seals(fd).unwrap().contains(SealFlags::SHRINK | SealFlags::GROW));
+        assert!(rustix::fs::ftruncate(fd, 1).is_err(), "a sealed file must not shrink");
         assert!(AnonMemory::new(10, "a test").unwrap().file().is_none());
     }
 }

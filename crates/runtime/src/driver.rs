@@ -6,7 +6,7 @@ use polyrail_core::observe::{says_yes, Observation, Observe};
 use polyrail_core::policy::{ChannelId, ChannelSet};
 use polyrail_core::{Caps, Error, Header, Issued, Rank, Region, Result, SharedFile, Transport};
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
 /// Idle polls before a waiting process that cannot sleep starts yielding its core to others.
@@ -42,10 +42,11 @@ const SYSCALL_POLL_EVERY: u32 = 256;
 
 /// Whether the socket `fd` was closed or shut down by its other end.
 fn hung_up(fd: &OwnedFd) -> bool {
-    let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLRDHUP, revents: 0 };
-    // SAFETY: poll reads and writes the one pollfd passed; a timeout of 0 does not block.
-    let n = unsafe { libc::poll(&mut p, 1, 0) };
-    n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let mut p = [PollFd::new(fd, PollFlags::RDHUP)];
+    // A zero timeout: poll does not block.
+    let n = poll(&mut p, Some(&Timespec { tv_sec: 0, tv_nsec: 0 })).unwrap_or(0);
+    n > 0 && p[0].revents().intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR)
 }
 
 /// The engine, the channels, and the sends that could not leave yet.
@@ -515,10 +516,17 @@ impl Driver {
                         }
                     };
                 if !(may_sleep && self.can_sleep()) {
-                    if idle > SPIN_BEFORE_YIELD {
+                    if may_sleep {
+                        // Idle long enough to sleep, but a send waits for room a peer makes
+                        // (which rings no doorbell), or for a message to ourselves: nap and
+                        // poll between naps, so that a stopped peer costs no CPU time.
+                        std::thread::sleep(nap);
+                        slept = true;
+                        nap = (nap * 2).min(MAX_NAP);
+                    } else if idle > SPIN_BEFORE_YIELD {
                         std::thread::yield_now();
                     }
-                    if idle % 256 == 0 && self.last_liveness.elapsed() >= LIVENESS_PERIOD {
+                    if (slept || idle % 256 == 0) && self.last_liveness.elapsed() >= LIVENESS_PERIOD {
                         self.check_liveness(&mut done)?;
                     }
                     continue;

@@ -8,7 +8,11 @@ use std::path::Path;
 /// ids of its core, L2, L3, package and NUMA node (`None` where hwloc reports no such object).
 #[derive(Clone, Debug, Default)]
 pub struct Topology {
+    /// Indexed by the CPU's OS index; CPUs hwloc does not list (not allowed to this process)
+    /// have no place.
     cpus: Vec<CpuPlace>,
+    /// How many CPUs hwloc lists.
+    pus: usize,
     /// One line per level, for `polyrail info`.
     pub summary: String,
     /// RDMA devices and the CPUs next to them.
@@ -27,10 +31,10 @@ struct CpuPlace {
 impl Topology {
     /// Reads the topology with hwloc. Never fails: without hwloc data every pair is `unbound`.
     pub fn detect() -> Topology {
-        let mut t = match detect_hwloc() {
-            Some(t) => t,
-            None => Topology { summary: "hwloc gave no topology".into(), ..Topology::default() },
-        };
+        // The binding is young (a pre-release): a panic in it must not end the job either.
+        let detected = std::panic::catch_unwind(detect_hwloc)
+            .unwrap_or_else(|_| Err("hwloc gave no topology: its binding panicked".into()));
+        let mut t = detected.unwrap_or_else(|summary| Topology { summary, ..Topology::default() });
         t.devices = rdma_devices(Path::new(RDMA_CLASS_DIR));
         t
     }
@@ -47,12 +51,12 @@ impl Topology {
                 numa: Some(package),
             })
             .collect();
-        Topology { cpus, summary: format!("synthetic, {} cpus", places.len()), devices: Vec::new() }
+        Topology { cpus, pus: places.len(), summary: format!("synthetic, {} cpus", places.len()), devices: Vec::new() }
     }
 
     /// Number of logical CPUs known.
     pub fn num_cpus(&self) -> usize {
-        self.cpus.len()
+        self.pus
     }
 
     /// The closest shared level between two processes bound to `a` and `b` (CPU lists).
@@ -95,39 +99,45 @@ impl Topology {
     }
 }
 
-fn detect_hwloc() -> Option<Topology> {
-    use hwloc2::{ObjectType, Topology as Hw};
-    let topo = Hw::new()?;
-    let n = topo.objects_with_type(&ObjectType::PU).ok()?.len();
-    let mut cpus = vec![CpuPlace::default(); n];
+/// The topology from hwloc, or why there is none. hwloc lists only the PUs this process is
+/// allowed to use (a cgroup cpuset may leave gaps), so places are indexed by OS index.
+fn detect_hwloc() -> Result<Topology, String> {
+    use hwlocality::object::types::ObjectType;
+    let topo = hwlocality::Topology::new().map_err(|e| format!("hwloc gave no topology: {e}"))?;
+    let pus: Vec<usize> = topo.objects_with_type(ObjectType::PU).filter_map(|pu| pu.os_index()).collect();
+    let Some(&max) = pus.iter().max() else { return Err("hwloc lists no CPUs".into()) };
+    let mut cpus = vec![CpuPlace::default(); max + 1];
     let mut summary = Vec::new();
-    // NUMA nodes are not queried by type (hwloc2 2.2 panics on that, see ARCHITECTURE.md);
-    // the package (or machine) carries the locality this classification needs.
     type Field = fn(&mut CpuPlace) -> &mut Option<usize>;
-    // (type, its name for one, for several, where a CPU's index at that level goes)
-    let levels: [(ObjectType, &str, &str, Field); 4] = [
+    // (type, its name for one, for several, where a CPU's index at that level goes). NUMA nodes
+    // are memory children in hwloc 2, listed with their cpusets like the levels above; a CPU
+    // near several (DRAM and HBM of one package) takes the first.
+    let levels: [(ObjectType, &str, &str, Field); 5] = [
         (ObjectType::Core, "core", "cores", |p| &mut p.core),
         (ObjectType::L2Cache, "L2", "L2", |p| &mut p.l2),
         (ObjectType::L3Cache, "L3", "L3", |p| &mut p.l3),
         (ObjectType::Package, "package", "packages", |p| &mut p.package),
+        (ObjectType::NUMANode, "NUMA node", "NUMA nodes", |p| &mut p.numa),
     ];
     for (ty, one, several, field) in levels {
-        let Ok(objs) = topo.objects_with_type(&ty) else { continue };
+        let objs = topo.objects_with_type(ty);
+        if objs.len() == 0 {
+            continue;
+        }
         summary.push(format!("{} {}", objs.len(), if objs.len() == 1 { one } else { several }));
-        for (i, obj) in objs.iter().enumerate() {
+        for obj in objs {
             let Some(set) = obj.cpuset() else { continue };
-            for cpu in set {
-                if let Some(place) = cpus.get_mut(cpu as usize) {
-                    *field(place) = Some(i);
+            for cpu in set.iter_set() {
+                if let Some(slot) = cpus.get_mut(usize::from(cpu)).map(field) {
+                    slot.get_or_insert(obj.logical_index());
                 }
             }
         }
     }
-    for p in &mut cpus {
-        p.numa = p.package;
-    }
-    Some(Topology {
+    let n = pus.len();
+    Ok(Topology {
         cpus,
+        pus: n,
         summary: format!("{n} {}: {}", if n == 1 { "cpu" } else { "cpus" }, summary.join(", ")),
         devices: Vec::new(),
     })
@@ -175,7 +185,8 @@ impl DeviceLocality {
 
 /// The RDMA devices listed in `class_dir` (normally [`RDMA_CLASS_DIR`]) with their PCI
 /// locality, read from the files hwloc's Linux backend reads (`device/local_cpulist`,
-/// `device/numa_node`): the hwloc2 binding does not expose hwloc's I/O object filter.
+/// `device/numa_node`): this spares [`Topology::detect`] hwloc's PCI enumeration (its I/O
+/// objects are filtered out by default) and can be tested on a directory of such files.
 pub fn rdma_devices(class_dir: &Path) -> Vec<DeviceLocality> {
     let Ok(entries) = std::fs::read_dir(class_dir) else { return Vec::new() };
     let mut devices: Vec<DeviceLocality> = entries
@@ -227,15 +238,12 @@ fn cpu_ranges(cpus: &[usize]) -> String {
     out.join(",")
 }
 
-/// The logical CPUs this process may run on (its binding).
+/// The logical CPUs this process may run on (its binding); empty when the kernel does not say
+/// (or the machine has more CPUs than a `cpu_set_t` holds, 1024).
 pub fn current_binding() -> Vec<usize> {
-    // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most its size.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return Vec::new();
-        }
-        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+    match rustix::thread::sched_getaffinity(None) {
+        Ok(set) => (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect(),
+        Err(_) => Vec::new(),
     }
 }
 
@@ -258,7 +266,8 @@ mod tests {
 
     #[test]
     fn rdma_device_locality_from_sysfs() {
-        let root = std::env::temp_dir().join(format!("polyrail-sysfs-{}", std::process::id()));
+        let dir = tempfile::Builder::new().prefix("polyrail-sysfs-").tempdir().unwrap();
+        let root = dir.path();
         let hca = root.join("mlx5_0/device");
         std::fs::create_dir_all(&hca).unwrap();
         std::fs::write(hca.join("local_cpulist"), "0-3,8-11\n").unwrap();
@@ -268,8 +277,8 @@ mod tests {
         std::fs::create_dir_all(&bad).unwrap();
         std::fs::write(bad.join("local_cpulist"), "3-1").unwrap();
         std::fs::write(bad.join("numa_node"), "-1").unwrap();
-        let devs = rdma_devices(&root);
-        std::fs::remove_dir_all(&root).unwrap();
+        let devs = rdma_devices(root);
+        dir.close().unwrap();
         assert_eq!(devs.len(), 3);
         let (hca, rxe, bad) = (&devs[0], &devs[1], &devs[2]);
         assert_eq!(hca.cpus, [0, 1, 2, 3, 8, 9, 10, 11]);
@@ -285,9 +294,43 @@ mod tests {
         assert!(rdma_devices(Path::new("/nonexistent/polyrail")).is_empty());
     }
 
+    /// hwloc's NUMA nodes are read for real: under a synthetic hwloc topology of 2 packages of
+    /// 2 NUMA nodes (one per L3) each, every CPU gets its node.
+    #[test]
+    fn reads_numa_nodes_from_hwloc() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "topology::tests::helper_synthetic_numa", "--ignored"])
+            .env("HWLOC_SYNTHETIC", "pack:2 numa:2 l3:1 l2:2 core:1 pu:2")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "{out:?}");
+    }
+
+    #[test]
+    #[ignore = "run by reads_numa_nodes_from_hwloc under HWLOC_SYNTHETIC"]
+    fn helper_synthetic_numa() {
+        let t = Topology::detect();
+        assert_eq!(t.summary, "16 cpus: 8 cores, 8 L2, 4 L3, 2 packages, 4 NUMA nodes");
+        let numa: Vec<_> = t.cpus.iter().map(|p| p.numa.unwrap()).collect();
+        assert_eq!(numa, [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]);
+        assert_eq!(t.classify(&[0], &[1]), TopoClass::SameCore);
+        assert_eq!(t.classify(&[0], &[2]), TopoClass::SharedL3);
+        assert_eq!(t.classify(&[0], &[4]), TopoClass::Socket);
+        assert_eq!(t.classify(&[0], &[8]), TopoClass::CrossSocket);
+    }
+
     #[test]
     fn detects_this_machine() {
         let t = Topology::detect();
         assert!(t.num_cpus() >= 1, "{}", t.summary);
+        // hwloc 2 gives every machine a NUMA node at least, and every CPU one near it.
+        assert!(t.summary.contains("NUMA node"), "{}", t.summary);
+        let binding = current_binding();
+        assert!(!binding.is_empty());
+        for cpu in binding {
+            let place = t.cpus.get(cpu).copied().unwrap_or_default();
+            assert!(place.numa.is_some(), "cpu {cpu}: {place:?} in {}", t.summary);
+        }
     }
 }

@@ -1,12 +1,23 @@
-//! Thin wrappers over the few system calls the node-local channels need: process liveness (`pidfd_open` + `poll`), `errno` text.
+//! Thin wrappers over the few system calls the node-local channels need: process liveness
+//! (`pidfd_open` + `poll`), futexes on shared memory, the global membarrier.
 
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::io::Errno;
+use rustix::process::{Pid, PidfdFlags};
+use rustix::thread::{futex, MembarrierCommand, MembarrierQuery};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::AtomicU32;
+use std::time::Duration;
 
 /// This process's effective user id.
 pub(crate) fn uid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
+    rustix::process::geteuid().as_raw()
+}
+
+/// `pid` as the kernel's pid type: `None` for 0 and for values past `i32::MAX` (which would be
+/// a process group or mean "this process" to the kernel).
+fn kernel_pid(pid: u32) -> Option<Pid> {
+    i32::try_from(pid).ok().and_then(Pid::from_raw)
 }
 
 /// This process's pid namespace: the inode of `/proc/self/ns/pid` (0 when it cannot be read).
@@ -29,14 +40,9 @@ pub(crate) enum ProcessWatch {
 impl ProcessWatch {
     /// Starts watching `pid`. Never fails: falls back to `kill(pid, 0)` without pidfds.
     pub(crate) fn new(pid: u32) -> ProcessWatch {
-        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; no memory
-        // is passed.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-        if fd >= 0 {
-            // SAFETY: the kernel just returned this descriptor to us; nobody else owns it.
-            ProcessWatch::PidFd(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
-        } else {
-            ProcessWatch::Kill(pid)
+        match kernel_pid(pid).map(|p| rustix::process::pidfd_open(p, PidfdFlags::empty())) {
+            Some(Ok(fd)) => ProcessWatch::PidFd(fd),
+            _ => ProcessWatch::Kill(pid),
         }
     }
 
@@ -44,10 +50,10 @@ impl ProcessWatch {
     pub(crate) fn exited(&self) -> bool {
         match self {
             ProcessWatch::PidFd(fd) => {
-                let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-                // SAFETY: `pfd` is one valid pollfd; timeout 0 makes poll return at once.
-                let n = unsafe { libc::poll(&mut pfd, 1, 0) };
-                n > 0 && pfd.revents & (libc::POLLIN | libc::POLLHUP) != 0
+                let mut pfd = [PollFd::new(fd, PollFlags::IN)];
+                // A zero timeout: poll returns at once.
+                let n = rustix::event::poll(&mut pfd, Some(&Timespec { tv_sec: 0, tv_nsec: 0 })).unwrap_or(0);
+                n > 0 && pfd[0].revents().intersects(PollFlags::IN | PollFlags::HUP)
             }
             ProcessWatch::Kill(pid) => !pid_alive(*pid),
         }
@@ -56,39 +62,20 @@ impl ProcessWatch {
 
 /// Whether a process with this pid exists (`kill(pid, 0)` does not fail with `ESRCH`).
 pub(crate) fn pid_alive(pid: u32) -> bool {
-    if pid == 0 || pid > i32::MAX as u32 {
-        return false;
-    }
-    // SAFETY: signal 0 only checks that the process exists and may be signalled.
-    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    rc == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    kernel_pid(pid).is_some_and(|p| rustix::process::test_kill_process(p) != Err(Errno::SRCH))
 }
 
 /// Sleeps while `*word == expected`, at most `timeout` (futex on shared memory: the word may be
-/// in a mapping other processes wake through).
-pub(crate) fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32, timeout: std::time::Duration) {
-    let ts =
-        libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
-    // SAFETY: `word` is a valid, aligned u32 for the duration of the call; the kernel only reads
-    // it and the timespec. Errors (EAGAIN when the value changed, EINTR, ETIMEDOUT) all mean
-    // "stop sleeping", which is what the caller does next anyway.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            expected,
-            &ts as *const libc::timespec,
-            0usize,
-            0u32,
-        );
-    }
+/// in a mapping other processes wake through, so the futex is not process-private).
+pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = Timespec {
+        tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(timeout.subsec_nanos()),
+    };
+    // Errors (EAGAIN when the value changed, EINTR, ETIMEDOUT) all mean "stop sleeping", which is
+    // what the caller does next anyway.
+    let _ = futex::wait(word, futex::Flags::empty(), expected, Some(&ts));
 }
-
-/// membarrier(2) commands (linux/membarrier.h).
-const MEMBARRIER_CMD_QUERY: libc::c_long = 0;
-const MEMBARRIER_CMD_GLOBAL_EXPEDITED: libc::c_long = 1 << 1;
-const MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED: libc::c_long = 1 << 2;
 
 /// Registers this process, once, for [`global_barrier`] (membarrier's `GLOBAL_EXPEDITED`);
 /// whether the kernel offers it and took the registration (a seccomp filter or an old kernel
@@ -96,14 +83,9 @@ const MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED: libc::c_long = 1 << 2;
 pub(crate) fn global_barrier_registered() -> bool {
     static REGISTERED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *REGISTERED.get_or_init(|| {
-        // SAFETY: membarrier takes no pointers; an unknown command or a refused call only returns
-        // an error.
-        unsafe {
-            let cmds = libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_QUERY, 0u32, 0i32);
-            cmds > 0
-                && cmds & MEMBARRIER_CMD_GLOBAL_EXPEDITED != 0
-                && libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0u32, 0i32) == 0
-        }
+        // The query gives no commands when it fails.
+        rustix::thread::membarrier_query().contains(MembarrierQuery::GLOBAL_EXPEDITED)
+            && rustix::thread::membarrier(MembarrierCommand::RegisterGlobalExpedited).is_ok()
     })
 }
 
@@ -111,14 +93,10 @@ pub(crate) fn global_barrier_registered() -> bool {
 /// [`global_barrier_registered`] pass a full memory barrier before this returns (a thread not
 /// running passes one when it is switched in); `false` when the call failed.
 pub(crate) fn global_barrier() -> bool {
-    // SAFETY: as in global_barrier_registered.
-    unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0u32, 0i32) == 0 }
+    rustix::thread::membarrier(MembarrierCommand::GlobalExpedited).is_ok()
 }
 
 /// Wakes one process sleeping in [`futex_wait`] on `word`.
-pub(crate) fn futex_wake(word: &std::sync::atomic::AtomicU32) {
-    // SAFETY: as for futex_wait; FUTEX_WAKE does not access user memory beyond the address.
-    unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, 1, 0usize, 0usize, 0u32);
-    }
+pub(crate) fn futex_wake(word: &AtomicU32) {
+    let _ = futex::wake(word, futex::Flags::empty(), 1);
 }
