@@ -31,9 +31,13 @@ struct CpuPlace {
 impl Topology {
     /// Reads the topology with hwloc. Never fails: without hwloc data every pair is `unbound`.
     pub fn detect() -> Topology {
+        #[cfg(feature = "hwloc")]
         // The binding is young (a pre-release): a panic in it must not end the job either.
         let detected = std::panic::catch_unwind(detect_hwloc)
-            .unwrap_or_else(|_| Err("hwloc gave no topology: its binding panicked".into()));
+            .unwrap_or_else(|_| Err("hwloc gave no topology: its binding panicked".into()))
+            .or_else(|hwloc| detect_sysfs(Path::new(SYSFS_CPU), Path::new(SYSFS_NODE)).map_err(|s| format!("{hwloc}; {s}")));
+        #[cfg(not(feature = "hwloc"))]
+        let detected = detect_sysfs(Path::new(SYSFS_CPU), Path::new(SYSFS_NODE));
         let mut t = detected.unwrap_or_else(|summary| Topology { summary, ..Topology::default() });
         t.devices = rdma_devices(Path::new(RDMA_CLASS_DIR));
         t
@@ -99,8 +103,97 @@ impl Topology {
     }
 }
 
+/// Where Linux lists CPUs and NUMA nodes.
+const SYSFS_CPU: &str = "/sys/devices/system/cpu";
+const SYSFS_NODE: &str = "/sys/devices/system/node";
+
+/// The topology from Linux's sysfs (what hwloc's Linux backend reads), or why there is none:
+/// per online CPU its core (`topology/core_id` within `topology/physical_package_id`), its L2
+/// and L3 (`cache/index*/level` and `shared_cpu_list`), its package and its NUMA node
+/// (`node*/cpulist`). Used without the `hwloc` feature, and where hwloc gives nothing.
+fn detect_sysfs(cpu_dir: &Path, node_dir: &Path) -> Result<Topology, String> {
+    let read = |p: &Path| std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned());
+    let online = read(&cpu_dir.join("online"))
+        .and_then(|s| parse_cpu_list(&s))
+        .ok_or_else(|| format!("{} lists no online CPUs", cpu_dir.display()))?;
+    let Some(&max) = online.iter().max() else { return Err("no online CPUs".into()) };
+    let mut cpus = vec![CpuPlace::default(); max + 1];
+    // Distinct keys per level, numbered in the order first seen.
+    let mut ids: [Vec<String>; 4] = Default::default();
+    let mut id_of = |level: usize, key: String| -> usize {
+        let list = &mut ids[level];
+        list.iter().position(|k| *k == key).unwrap_or_else(|| {
+            list.push(key);
+            list.len() - 1
+        })
+    };
+    for &cpu in &online {
+        let dir = cpu_dir.join(format!("cpu{cpu}"));
+        let package = read(&dir.join("topology/physical_package_id"));
+        let core = read(&dir.join("topology/core_id"));
+        let place = &mut cpus[cpu];
+        if let Some(p) = &package {
+            place.package = Some(id_of(3, p.clone()));
+            if let Some(c) = &core {
+                place.core = Some(id_of(0, format!("{p}/{c}")));
+            }
+        }
+        for index in 0..8 {
+            let cache = dir.join(format!("cache/index{index}"));
+            let (Some(level), Some(shared)) = (read(&cache.join("level")), read(&cache.join("shared_cpu_list"))) else {
+                continue;
+            };
+            match level.as_str() {
+                "2" => place.l2 = Some(id_of(1, shared)),
+                "3" => place.l3 = Some(id_of(2, shared)),
+                _ => {}
+            }
+        }
+    }
+    let mut numa = 0;
+    if let Ok(entries) = std::fs::read_dir(node_dir) {
+        let mut nodes: Vec<(usize, Vec<usize>)> = entries
+            .flatten()
+            .filter_map(|e| {
+                let n = e.file_name().to_str()?.strip_prefix("node")?.parse().ok()?;
+                Some((n, parse_cpu_list(&read(&e.path().join("cpulist"))?)?))
+            })
+            .collect();
+        nodes.sort();
+        numa = nodes.len();
+        for (i, (_, list)) in nodes.iter().enumerate() {
+            for &cpu in list {
+                if let Some(place) = cpus.get_mut(cpu) {
+                    place.numa.get_or_insert(i);
+                }
+            }
+        }
+    }
+    let count = |n: usize, one: &str, several: &str| format!("{n} {}", if n == 1 { one } else { several });
+    let mut summary = Vec::new();
+    for (n, one, several) in [
+        (ids[0].len(), "core", "cores"),
+        (ids[1].len(), "L2", "L2"),
+        (ids[2].len(), "L3", "L3"),
+        (ids[3].len(), "package", "packages"),
+        (numa, "NUMA node", "NUMA nodes"),
+    ] {
+        if n > 0 {
+            summary.push(count(n, one, several));
+        }
+    }
+    let n = online.len();
+    Ok(Topology {
+        cpus,
+        pus: n,
+        summary: format!("{}: {} (from sysfs)", count(n, "cpu", "cpus"), summary.join(", ")),
+        devices: Vec::new(),
+    })
+}
+
 /// The topology from hwloc, or why there is none. hwloc lists only the PUs this process is
 /// allowed to use (a cgroup cpuset may leave gaps), so places are indexed by OS index.
+#[cfg(feature = "hwloc")]
 fn detect_hwloc() -> Result<Topology, String> {
     use hwlocality::object::types::ObjectType;
     let topo = hwlocality::Topology::new().map_err(|e| format!("hwloc gave no topology: {e}"))?;
@@ -294,9 +387,45 @@ mod tests {
         assert!(rdma_devices(Path::new("/nonexistent/polyrail")).is_empty());
     }
 
+    /// sysfs as Linux writes it: two packages, each of one L3 and two cores of two threads
+    /// sharing an L2, each package its NUMA node; CPU 7 offline.
+    #[test]
+    fn reads_the_topology_from_sysfs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cpu, node) = (dir.path().join("cpu"), dir.path().join("node"));
+        let write = |p: std::path::PathBuf, text: &str| {
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        };
+        write(cpu.join("online"), "0-6\n");
+        for c in 0..8 {
+            let (package, core) = (c / 4, c / 2 % 2);
+            let d = cpu.join(format!("cpu{c}"));
+            write(d.join("topology/physical_package_id"), &format!("{package}\n"));
+            write(d.join("topology/core_id"), &format!("{core}\n"));
+            write(d.join("cache/index0/level"), "1\n");
+            write(d.join("cache/index0/shared_cpu_list"), &format!("{}-{}\n", c / 2 * 2, c / 2 * 2 + 1));
+            write(d.join("cache/index2/level"), "2\n");
+            write(d.join("cache/index2/shared_cpu_list"), &format!("{}-{}\n", c / 2 * 2, c / 2 * 2 + 1));
+            write(d.join("cache/index3/level"), "3\n");
+            write(d.join("cache/index3/shared_cpu_list"), &format!("{}-{}\n", package * 4, package * 4 + 3));
+        }
+        write(node.join("node0/cpulist"), "0-3\n");
+        write(node.join("node1/cpulist"), "4-7\n");
+        let t = detect_sysfs(&cpu, &node).unwrap();
+        assert_eq!(t.summary, "7 cpus: 4 cores, 4 L2, 2 L3, 2 packages, 2 NUMA nodes (from sysfs)");
+        assert_eq!(t.classify(&[0], &[1]), TopoClass::SameCore);
+        assert_eq!(t.classify(&[0], &[2]), TopoClass::SharedL3);
+        assert_eq!(t.classify(&[0], &[4]), TopoClass::CrossSocket);
+        assert_eq!(t.classify(&[0], &[7]), TopoClass::Unknown, "offline");
+        assert_eq!(t.cpus[5].numa, Some(1));
+        assert!(detect_sysfs(&dir.path().join("none"), &node).is_err());
+    }
+
     /// hwloc's NUMA nodes are read for real: under a synthetic hwloc topology of 2 packages of
     /// 2 NUMA nodes (one per L3) each, every CPU gets its node.
     #[test]
+    #[cfg(feature = "hwloc")]
     fn reads_numa_nodes_from_hwloc() {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "topology::tests::helper_synthetic_numa", "--ignored"])
@@ -308,6 +437,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "hwloc")]
     #[ignore = "run by reads_numa_nodes_from_hwloc under HWLOC_SYNTHETIC"]
     fn helper_synthetic_numa() {
         let t = Topology::detect();
@@ -324,7 +454,7 @@ mod tests {
     fn detects_this_machine() {
         let t = Topology::detect();
         assert!(t.num_cpus() >= 1, "{}", t.summary);
-        // hwloc 2 gives every machine a NUMA node at least, and every CPU one near it.
+        // hwloc 2 and Linux give every machine a NUMA node at least, and every CPU one near it.
         assert!(t.summary.contains("NUMA node"), "{}", t.summary);
         let binding = current_binding();
         assert!(!binding.is_empty());
