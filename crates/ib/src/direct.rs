@@ -822,35 +822,44 @@ impl<P: Provider> DirectIb<P> {
         Ok(if ordered { Issued::Ordered } else { Issued::Pending })
     }
 
-    /// Polls completions into `sink`; returns how many.
-    fn poll_completions(&mut self, sink: &mut dyn Sink) -> usize {
+    /// Polls up to `budget` completions into `sink`; returns how many.
+    fn poll_completions(&mut self, budget: usize, sink: &mut dyn Sink) -> usize {
         // Without requests in flight the queue holds only receive completions, of compact
         // packets: none come when the provider does not cut transfers into packets.
         if self.in_flight == 0 && self.mtu.is_none() {
             return 0;
         }
         let mut done = 0;
-        loop {
+        while done < budget {
+            let want = (budget - done).min(64);
             self.completions.clear();
             let mut batch = std::mem::take(&mut self.completions);
-            let n = self.provider.poll(&mut batch, 64);
+            let n = self.provider.poll(&mut batch, want);
             for c in batch.drain(..) {
                 self.complete(c, sink);
             }
             self.completions = batch;
             done += n;
-            if n < 64 {
-                return done;
+            if n < want {
+                break;
             }
         }
+        done
     }
 
-    /// Delivers the rings of peers whose compact packets landed.
+    /// Delivers up to `budget` packets from the rings of peers whose compact packets landed; a
+    /// peer whose ring may hold more stays on the list.
     fn poll_compact(&mut self, budget: usize, sink: &mut dyn Sink) -> usize {
         let mut n = 0;
-        while let Some(peer) = self.compact_ready.pop() {
-            n += self.poll_ring(peer, budget, sink);
+        while n < budget {
+            let Some(peer) = self.compact_ready.pop() else { break };
+            let left = budget - n;
+            let got = self.poll_ring(peer, left, sink);
             self.maybe_sync(peer);
+            if got == left {
+                self.compact_ready.push(peer);
+            }
+            n += got;
         }
         n
     }
@@ -1012,18 +1021,21 @@ impl<P: Provider> Transport for DirectIb<P> {
     }
 
     fn progress(&mut self, budget: usize, sink: &mut dyn Sink) -> Result<usize> {
-        let mut n = self.poll_completions(sink);
-        n += self.poll_compact(budget, sink);
+        // Every part takes what the parts before it left of the budget.
+        let mut n = self.poll_completions(budget, sink);
+        n += self.poll_compact(budget.saturating_sub(n), sink);
         // Polling priority (Chai Ch. 7): the ring that delivered last on every call, all of
         // them now and then, so that idle peers do not make every call slower. Credits are
         // returned as rings are read (a SYNC that would block is retried at the ring's next poll).
         let mut sweep = std::mem::take(&mut self.sweep);
         let active = std::mem::take(&mut self.active);
-        n += sweep.run(&active, budget, |peer, left| {
-            let got = self.poll_ring(peer, left, sink);
-            self.maybe_sync(peer);
-            got
-        });
+        if n < budget {
+            n += sweep.run(&active, budget - n, |peer, left| {
+                let got = self.poll_ring(peer, left, sink);
+                self.maybe_sync(peer);
+                got
+            });
+        }
         (self.sweep, self.active) = (sweep, active);
         if !self.lost.is_empty() {
             self.report_lost(sink);
@@ -1116,7 +1128,7 @@ impl<P: Provider> Transport for DirectIb<P> {
                 self.in_flight += 1;
             }
         }
-        self.poll_completions(sink);
+        self.poll_completions(usize::MAX, sink);
         self.report_lost(sink);
     }
 
@@ -1140,7 +1152,7 @@ impl<P: Provider> Transport for DirectIb<P> {
         let start = Instant::now();
         while (byes_left || self.peers.iter().flatten().any(|p| p.outstanding > 0)) && start.elapsed() < FINALIZE_DRAIN
         {
-            if self.poll_completions(&mut Ignore) == 0 {
+            if self.poll_completions(usize::MAX, &mut Ignore) == 0 {
                 std::thread::yield_now();
             }
             if byes_left {
