@@ -3,6 +3,7 @@
 //! `Pair::name` when the channel breaks the contract of [`Transport`].
 
 use crate::pair::{other, Pair, Side};
+use crate::reach::Capabilities;
 use crate::{has, Case, Outcome};
 use polyrail_core::observe::{Observation, Observe};
 use polyrail_core::{
@@ -319,6 +320,9 @@ fn attr_is_consistent(p: &mut Pair) -> Outcome {
     if at.split_from.is_some() {
         assert!(caps.contains(Caps::CPU_COPY), "{n}: split_from without CPU_COPY (a NIC gains nothing from it)");
     }
+    let one_sided = caps.contains(Caps::GET) || caps.contains(Caps::PUT);
+    assert_eq!(p.a().memory().is_some(), one_sided, "{n}: one-sided memory exactly with GET or PUT");
+    assert_eq!(p.a().wakeup().is_some(), caps.contains(Caps::WAKEUP), "{n}: a wake-up exactly with WAKEUP");
     if caps.contains(Caps::SELF_ONLY) {
         assert!(p.is_loopback(), "{n}: SELF_ONLY, yet two endpoints were connected");
     }

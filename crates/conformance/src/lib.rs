@@ -32,6 +32,7 @@
 
 mod cases;
 mod pair;
+mod reach;
 
 pub use pair::Pair;
 
@@ -165,8 +166,7 @@ impl fmt::Display for Report {
 
 /// Whether `CONFORMANCE_REQUIRE` says channel `name` must not be skipped.
 fn required(name: &str) -> bool {
-    std::env::var("CONFORMANCE_REQUIRE")
-        .is_ok_and(|v| v.split(',').map(str::trim).any(|n| n == "all" || n == name))
+    std::env::var("CONFORMANCE_REQUIRE").is_ok_and(|v| v.split(',').map(str::trim).any(|n| n == "all" || n == name))
 }
 
 /// The text of a panic's payload.

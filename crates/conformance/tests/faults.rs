@@ -3,8 +3,8 @@
 
 use polyrail_conformance::{maker, run_suite, CountingAllocator, FnMaker, Pair, Report};
 use polyrail_core::{
-    Address, Caps, Error, Header, Issued, OpId, PeerAccess, PeerInfo, Rank, Reach, Region, RegionMut, RemoteKey,
-    Result, Sink, Transport, TransportAttr,
+    Address, Caps, Error, Header, Issued, OneSided, OpId, PeerAccess, PeerInfo, Rank, Reach, Region, RegionMut,
+    RemoteKey, Result, Sink, Transport, TransportAttr, Wakeup,
 };
 use polyrail_shm::Loopback;
 use std::ops::Range;
@@ -145,28 +145,12 @@ impl Transport for Faulty {
         Ok(owed.len() + self.inner.progress(budget, &mut Tamper { sink, fault: self.fault })?)
     }
 
-    fn expose(&mut self, region: Region, access: PeerAccess) -> Result<RemoteKey> {
-        self.inner.expose(region, access)
+    fn memory(&mut self) -> Option<&mut dyn OneSided> {
+        Some(self)
     }
 
-    fn unexpose(&mut self, key: &RemoteKey, written: Range<usize>) {
-        self.inner.unexpose(key, written)
-    }
-
-    fn get(&mut self, peer: Rank, key: &RemoteKey, offset: usize, into: RegionMut, op: OpId) -> Result<Issued> {
-        let issued = self.inner.get(peer, key, offset, into, op);
-        self.rma(op, issued)
-    }
-
-    fn put(&mut self, peer: Rank, from: Region, key: &RemoteKey, offset: usize, op: OpId) -> Result<Issued> {
-        // The suite's sources have guard bytes after them: reading one more is in bounds.
-        let from = if self.fault == Fault::PutOverruns { Region { len: from.len + 1, ..from } } else { from };
-        let issued = self.inner.put(peer, from, key, offset, op);
-        self.rma(op, issued)
-    }
-
-    fn arm(&mut self) -> bool {
-        self.fault == Fault::ArmsOverArrivals
+    fn wakeup(&mut self) -> Option<&mut dyn Wakeup> {
+        self.attr.caps.contains(Caps::WAKEUP).then_some(self as &mut dyn Wakeup)
     }
 
     fn describe(&self) -> String {
@@ -175,6 +159,41 @@ impl Transport for Faulty {
             _ => self.inner.describe(),
         }
     }
+}
+
+impl OneSided for Faulty {
+    fn expose(&mut self, region: Region, access: PeerAccess) -> Result<RemoteKey> {
+        OneSided::expose(&mut self.inner, region, access)
+    }
+
+    fn unexpose(&mut self, key: &RemoteKey, written: Range<usize>) {
+        OneSided::unexpose(&mut self.inner, key, written)
+    }
+
+    fn get(&mut self, peer: Rank, key: &RemoteKey, offset: usize, into: RegionMut, op: OpId) -> Result<Issued> {
+        let issued = OneSided::get(&mut self.inner, peer, key, offset, into, op);
+        self.rma(op, issued)
+    }
+
+    fn put(&mut self, peer: Rank, from: Region, key: &RemoteKey, offset: usize, op: OpId) -> Result<Issued> {
+        // The suite's sources have guard bytes after them: reading one more is in bounds.
+        let from = if self.fault == Fault::PutOverruns { Region { len: from.len + 1, ..from } } else { from };
+        let issued = OneSided::put(&mut self.inner, peer, from, key, offset, op);
+        self.rma(op, issued)
+    }
+}
+
+/// Only with [`Fault::ArmsOverArrivals`], which claims `WAKEUP` and arms over arrivals.
+impl Wakeup for Faulty {
+    fn arm(&mut self) -> bool {
+        self.fault == Fault::ArmsOverArrivals
+    }
+
+    fn sleep(&mut self, timeout: Duration) {
+        std::thread::sleep(timeout.min(Duration::from_millis(1)));
+    }
+
+    fn disarm(&mut self) {}
 }
 
 fn faulty(fault: Fault) -> FnMaker<impl Fn() -> Result<Pair, String>> {

@@ -334,6 +334,53 @@ pub trait Sink {
     fn peer_lost(&mut self, peer: Rank, why: Error);
 }
 
+/// One-sided memory of a channel ([`Transport::memory`]): memory this process lends its peers,
+/// and reads and writes of theirs. Completions of operations that answered
+/// [`Issued::Pending`] come through [`Transport::progress`].
+pub trait OneSided {
+    /// Makes local memory accessible to peers' `get` (`PeerAccess::Read`) or `put`
+    /// (`PeerAccess::Write`); returns its key. A channel may expose a stand-in buffer instead
+    /// (a copy of a source, a bounce area for a destination, see [`OneSided::unexpose`]).
+    fn expose(&mut self, region: Region, access: PeerAccess) -> Result<RemoteKey>;
+
+    /// Ends the exposure of memory exposed with `expose`. `written` is the part of the region
+    /// (offsets from its start) that peers wrote and the owner wants: a channel that exposed a
+    /// stand-in for a destination copies that part into the region before it returns.
+    fn unexpose(&mut self, _key: &RemoteKey, _written: Range<usize>) {}
+
+    /// Registers long-lived memory once, so that `expose`, `get` and `put` on any part of it
+    /// skip their per-operation registration (channels that need none keep the default).
+    /// `file`, when given, is a memory file of exactly this region (from
+    /// [`crate::AnonMemory::shared`]) that node-local channels may let peers map, so that they
+    /// copy with plain loads and stores. The memory (and the file) must stay valid until
+    /// [`OneSided::unregister_memory`].
+    fn register_memory(&mut self, _region: Region, _file: Option<SharedFile>) -> Result<()> {
+        Ok(())
+    }
+
+    /// Ends a registration made with [`OneSided::register_memory`].
+    fn unregister_memory(&mut self, _region: Region) {}
+
+    /// Reads `into.len` bytes at `offset` of a peer's exposed memory.
+    fn get(&mut self, peer: Rank, key: &RemoteKey, offset: usize, into: RegionMut, op: OpId) -> Result<Issued>;
+
+    /// Writes `from.len` bytes at `offset` of a peer's exposed memory.
+    fn put(&mut self, peer: Rank, from: Region, key: &RemoteKey, offset: usize, op: OpId) -> Result<Issued>;
+}
+
+/// How a process sleeps until a peer's arrival on a channel wakes it ([`Transport::wakeup`]).
+pub trait Wakeup {
+    /// Prepares to sleep: from now on, senders wake this process. Returns false when something
+    /// arrived already (then do not sleep); always call [`Wakeup::disarm`] afterwards.
+    fn arm(&mut self) -> bool;
+
+    /// Sleeps until a sender woke this process or `timeout` passed; only after `arm` said yes.
+    fn sleep(&mut self, timeout: std::time::Duration);
+
+    /// Ends what `arm` started.
+    fn disarm(&mut self);
+}
+
 /// A channel. See the module documentation.
 ///
 /// Implementations must not block, and must not allocate on `try_send` or `progress`.
@@ -355,49 +402,22 @@ pub trait Transport: Send {
         Ok(())
     }
 
-    /// Sends an active message: the engine header and a payload (at most `attr().max_eager`
-    /// bytes). Returns [`Issued::Done`] (the payload was copied or sent) or
+    /// Sends an active message ([`Caps::AM`]): the engine header and a payload (at most
+    /// `attr().max_eager` bytes). Returns [`Issued::Done`] (the payload was copied or sent) or
     /// [`Issued::WouldBlock`]. The transport carries the header as it likes (encoded with
     /// [`Header::encode`], or in a compact form, [`Header::is_compact`]) and hands the same
-    /// header to the peer's [`Sink::message`].
-    fn try_send(&mut self, peer: Rank, hdr: &Header, payload: &[u8]) -> Result<Issued>;
+    /// header to the peer's [`Sink::message`]. Active messages stay a method of their own (not an
+    /// accessor as the capabilities below) because every small message passes here: one dynamic
+    /// call, not two. A channel without them keeps the default, an error.
+    fn try_send(&mut self, peer: Rank, _hdr: &Header, _payload: &[u8]) -> Result<Issued> {
+        Err(Error::Transport {
+            kind: self.attr().kind.name(),
+            what: format!("no active messages (to rank {peer}): this channel only reads and writes memory"),
+        })
+    }
 
     /// Delivers up to `budget` arrivals and completions to `sink`; returns how many.
     fn progress(&mut self, budget: usize, sink: &mut dyn Sink) -> Result<usize>;
-
-    /// Makes local memory accessible to peers' `get` (`PeerAccess::Read`) or `put`
-    /// (`PeerAccess::Write`); returns its key. A transport may expose a stand-in buffer instead
-    /// (a copy of a source, a bounce area for a destination, see [`Transport::unexpose`]).
-    fn expose(&mut self, _region: Region, _access: PeerAccess) -> Result<RemoteKey> {
-        Err(Error::Transport { kind: self.attr().kind.name(), what: "cannot expose memory".into() })
-    }
-
-    /// Ends the exposure of memory exposed with `expose`. `written` is the part of the region
-    /// (offsets from its start) that peers wrote and the owner wants: a transport that exposed a
-    /// stand-in for a destination copies that part into the region before it returns.
-    fn unexpose(&mut self, _key: &RemoteKey, _written: Range<usize>) {}
-
-    /// Registers long-lived memory once, so that `expose`, `get` and `put` on any part of it
-    /// skip their per-operation registration (channels that need none ignore this). `file`, when
-    /// given, is a memory file of exactly this region (from [`crate::AnonMemory::shared`]) that
-    /// node-local channels may let peers map, so that they copy with plain loads and stores. The
-    /// memory (and the file) must stay valid until [`Transport::unregister_memory`].
-    fn register_memory(&mut self, _region: Region, _file: Option<SharedFile>) -> Result<()> {
-        Ok(())
-    }
-
-    /// Ends a registration made with [`Transport::register_memory`].
-    fn unregister_memory(&mut self, _region: Region) {}
-
-    /// Reads `into.len` bytes at `offset` of a peer's exposed memory.
-    fn get(&mut self, peer: Rank, _key: &RemoteKey, _offset: usize, _into: RegionMut, _op: OpId) -> Result<Issued> {
-        Err(Error::Transport { kind: self.attr().kind.name(), what: format!("cannot read memory of rank {peer}") })
-    }
-
-    /// Writes `from.len` bytes at `offset` of a peer's exposed memory.
-    fn put(&mut self, peer: Rank, _from: Region, _key: &RemoteKey, _offset: usize, _op: OpId) -> Result<Issued> {
-        Err(Error::Transport { kind: self.attr().kind.name(), what: format!("cannot write memory of rank {peer}") })
-    }
 
     /// What the channel observed about `peer` ([`Observe`] says which observation); `None`
     /// when it has no such observation (the default). The runtime asks; the selection decides
@@ -406,18 +426,15 @@ pub trait Transport: Send {
         None
     }
 
-    /// Prepares to sleep until an arrival (channels with [`Caps::WAKEUP`]): from now on, senders
-    /// wake this process. Returns false when something arrived already (then do not sleep);
-    /// always call [`Transport::disarm`] afterwards.
-    fn arm(&mut self) -> bool {
-        false
+    /// One-sided memory ([`Caps::GET`], [`Caps::PUT`]); `None` without it (the default).
+    fn memory(&mut self) -> Option<&mut dyn OneSided> {
+        None
     }
 
-    /// Sleeps until a sender woke this process or `timeout` passed; only after `arm` said yes.
-    fn sleep(&mut self, _timeout: std::time::Duration) {}
-
-    /// Ends what `arm` started.
-    fn disarm(&mut self) {}
+    /// Sleeping until an arrival ([`Caps::WAKEUP`]); `None` without it (the default).
+    fn wakeup(&mut self) -> Option<&mut dyn Wakeup> {
+        None
+    }
 
     /// Checks that connected peers are alive; reports lost ones through `sink`. Called from
     /// waits that made no progress for a while, never on the hot path.

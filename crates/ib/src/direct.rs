@@ -23,8 +23,8 @@ use polyrail_core::config::IbSettings;
 use polyrail_core::observe::{Observation, Observe};
 use polyrail_core::sweep::PeerSweep;
 use polyrail_core::{
-    format_size, Address, AnonMemory, Caps, Cost, Error, Header, Issued, OpId, PeerAccess, PeerInfo, Rank, Reach,
-    Region, RegionMut, RemoteKey, Result, SharedFile, Sink, Transport, TransportAttr, TransportKind,
+    format_size, Address, AnonMemory, Caps, Cost, Error, Header, Issued, OneSided, OpId, PeerAccess, PeerInfo, Rank,
+    Reach, Region, RegionMut, RemoteKey, Result, SharedFile, Sink, Transport, TransportAttr, TransportKind,
 };
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
@@ -1043,56 +1043,6 @@ impl<P: Provider> Transport for DirectIb<P> {
         Ok(n)
     }
 
-    /// A source is copied into a bounce slot now; a destination's slot is copied out at
-    /// `unexpose`. Registrations made here allow only `access`.
-    fn expose(&mut self, region: Region, access: PeerAccess) -> Result<RemoteKey> {
-        let (reads, flags) = match access {
-            PeerAccess::Read => (true, Access::REMOTE_READ),
-            PeerAccess::Write => (false, Access::REMOTE_WRITE | Access::LOCAL_WRITE),
-        };
-        let (addr, mr, local) = self.local_memory(region.ptr as *mut u8, region.len, flags, reads)?;
-        if !matches!(local, Local::Pinned) {
-            self.exposed.insert((mr.rkey, addr), local);
-        }
-        let mut k = [0u8; KEY_LEN];
-        k[..4].copy_from_slice(&mr.rkey.to_le_bytes());
-        k[4..12].copy_from_slice(&addr.to_le_bytes());
-        k[12..20].copy_from_slice(&(region.len as u64).to_le_bytes());
-        RemoteKey::new(&k).ok_or_else(|| Error::InvalidArgument("remote key too long".into()))
-    }
-
-    fn unexpose(&mut self, key: &RemoteKey, written: Range<usize>) {
-        if let Ok((rkey, addr, _)) = Self::decode_key(self.rank, key) {
-            if let Some(local) = self.exposed.remove(&(rkey, addr)) {
-                self.release_local(local, written);
-            }
-        }
-    }
-
-    fn register_memory(&mut self, region: Region, _file: Option<SharedFile>) -> Result<()> {
-        // SAFETY: the caller keeps the memory valid until unregister_memory (the trait's
-        // contract).
-        let mr = unsafe { self.provider.register(region.ptr as *mut u8, region.len.max(1), Access::ALL)? };
-        self.pinned.push(mr);
-        Ok(())
-    }
-
-    fn unregister_memory(&mut self, region: Region) {
-        if let Some(i) = self.pinned.iter().position(|m| m.addr == region.ptr as u64 && m.len == region.len.max(1)) {
-            let mr = self.pinned.swap_remove(i);
-            self.provider.deregister(&mr);
-        }
-    }
-
-    fn get(&mut self, peer: Rank, key: &RemoteKey, offset: usize, into: RegionMut, op: OpId) -> Result<Issued> {
-        self.rma(peer, Opcode::Read, (into.ptr, into.len), key, offset, op)
-    }
-
-    fn put(&mut self, peer: Rank, from: Region, key: &RemoteKey, offset: usize, op: OpId) -> Result<Issued> {
-        // An RDMA write only reads the local buffer: the cast to *mut does not write.
-        self.rma(peer, Opcode::Write, (from.ptr as *mut u8, from.len), key, offset, op)
-    }
-
     fn observe(&mut self, peer: Rank, what: Observe) -> Option<Observation> {
         (what == Observe::Unread).then(|| Observation::Unread(self.has_unread(peer)))
     }
@@ -1183,6 +1133,62 @@ impl<P: Provider> Transport for DirectIb<P> {
             self.active.len(),
             if lost > 0 { format!(", {lost} lost") } else { String::new() }
         )
+    }
+
+    fn memory(&mut self) -> Option<&mut dyn OneSided> {
+        Some(self)
+    }
+}
+
+impl<P: Provider> OneSided for DirectIb<P> {
+    /// A source is copied into a bounce slot now; a destination's slot is copied out at
+    /// `unexpose`. Registrations made here allow only `access`.
+    fn expose(&mut self, region: Region, access: PeerAccess) -> Result<RemoteKey> {
+        let (reads, flags) = match access {
+            PeerAccess::Read => (true, Access::REMOTE_READ),
+            PeerAccess::Write => (false, Access::REMOTE_WRITE | Access::LOCAL_WRITE),
+        };
+        let (addr, mr, local) = self.local_memory(region.ptr as *mut u8, region.len, flags, reads)?;
+        if !matches!(local, Local::Pinned) {
+            self.exposed.insert((mr.rkey, addr), local);
+        }
+        let mut k = [0u8; KEY_LEN];
+        k[..4].copy_from_slice(&mr.rkey.to_le_bytes());
+        k[4..12].copy_from_slice(&addr.to_le_bytes());
+        k[12..20].copy_from_slice(&(region.len as u64).to_le_bytes());
+        RemoteKey::new(&k).ok_or_else(|| Error::InvalidArgument("remote key too long".into()))
+    }
+
+    fn unexpose(&mut self, key: &RemoteKey, written: Range<usize>) {
+        if let Ok((rkey, addr, _)) = Self::decode_key(self.rank, key) {
+            if let Some(local) = self.exposed.remove(&(rkey, addr)) {
+                self.release_local(local, written);
+            }
+        }
+    }
+
+    fn register_memory(&mut self, region: Region, _file: Option<SharedFile>) -> Result<()> {
+        // SAFETY: the caller keeps the memory valid until unregister_memory (the trait's
+        // contract).
+        let mr = unsafe { self.provider.register(region.ptr as *mut u8, region.len.max(1), Access::ALL)? };
+        self.pinned.push(mr);
+        Ok(())
+    }
+
+    fn unregister_memory(&mut self, region: Region) {
+        if let Some(i) = self.pinned.iter().position(|m| m.addr == region.ptr as u64 && m.len == region.len.max(1)) {
+            let mr = self.pinned.swap_remove(i);
+            self.provider.deregister(&mr);
+        }
+    }
+
+    fn get(&mut self, peer: Rank, key: &RemoteKey, offset: usize, into: RegionMut, op: OpId) -> Result<Issued> {
+        self.rma(peer, Opcode::Read, (into.ptr, into.len), key, offset, op)
+    }
+
+    fn put(&mut self, peer: Rank, from: Region, key: &RemoteKey, offset: usize, op: OpId) -> Result<Issued> {
+        // An RDMA write only reads the local buffer: the cast to *mut does not write.
+        self.rma(peer, Opcode::Write, (from.ptr as *mut u8, from.len), key, offset, op)
     }
 }
 

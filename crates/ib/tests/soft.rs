@@ -1,7 +1,7 @@
 //! The DirectIB channel over the software provider, two endpoints in one process.
 
 use polyrail_core::config::IbSettings;
-use polyrail_core::{Error, Issued, PeerAccess, Reach, Region, RegionMut, Transport};
+use polyrail_core::{Error, Issued, OneSided, PeerAccess, Reach, Region, RegionMut, Transport};
 use polyrail_ib::provider::{Access, Completion, Opcode, Provider, WcStatus, WorkRequest};
 use polyrail_ib::{DirectIb, SoftProvider};
 

@@ -10,7 +10,7 @@ mod common;
 
 use common::{pair, request, until, Recorder};
 use polyrail_core::config::IbSettings;
-use polyrail_core::{Error, Issued, PeerAccess, Region, RegionMut, Transport};
+use polyrail_core::{Error, Issued, OneSided, PeerAccess, Region, RegionMut, Transport};
 use polyrail_ib::provider::{Access, Completion, MemoryRegion, Opcode, Provider, QpId, WcStatus, WorkRequest};
 use polyrail_ib::verbs::VerbsProvider;
 use polyrail_ib::{DirectIb, Unavailable};

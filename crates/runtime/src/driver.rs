@@ -4,7 +4,7 @@ use polyrail_core::config::{PollPolicy, WaitMode};
 use polyrail_core::engine::{Action, Engine, Payload, ReqId, SplitTiming, Status, Unparked};
 use polyrail_core::observe::{says_yes, Observation, Observe};
 use polyrail_core::policy::{ChannelId, ChannelSet};
-use polyrail_core::{Caps, Error, Header, Issued, Rank, Region, Result, SharedFile, Transport};
+use polyrail_core::{Caps, Error, Header, Issued, OneSided, Rank, Region, Result, SharedFile, Transport};
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
@@ -39,6 +39,13 @@ const KEYS_SETTLE: Duration = Duration::from_secs(10);
 /// every this many rounds anyway, so that messages nobody waits for yet (and credits for
 /// peers' sends) do not sit in it forever.
 const SYSCALL_POLL_EVERY: u32 = 256;
+
+/// The one-sided memory of `channel`, or the error the engine gets for an operation the
+/// channel cannot do (the selection routes none there; a faulty route would).
+fn memory_of(channel: &mut Box<dyn Transport>) -> Result<&mut dyn OneSided> {
+    let name = channel.attr().kind.name();
+    channel.memory().ok_or_else(|| Error::Transport { kind: name, what: "no one-sided memory".into() })
+}
 
 /// Whether the socket `fd` was closed or shut down by its other end.
 fn hung_up(fd: &OwnedFd) -> bool {
@@ -263,11 +270,14 @@ impl Driver {
             Action::Send { to, .. } => *to,
             Action::Get { peer, .. } | Action::Put { peer, .. } => *peer,
             Action::Expose { channel, region, access, op } => {
-                let key = self.channels[*channel as usize].expose(*region, *access);
+                let key = memory_of(&mut self.channels[*channel as usize]).and_then(|m| m.expose(*region, *access));
                 return self.engine.handle_exposed(*op, key);
             }
             Action::Unexpose { channel, key, written } => {
-                return self.channels[*channel as usize].unexpose(key, written.clone())
+                if let Ok(m) = memory_of(&mut self.channels[*channel as usize]) {
+                    m.unexpose(key, written.clone());
+                }
+                return;
             }
         };
         let q = &mut self.blocked[peer as usize];
@@ -303,12 +313,14 @@ impl Driver {
                 }
                 return None;
             }
-            Action::Get { channel, peer, key, offset, into, op } => {
-                (self.channels[*channel as usize].get(*peer, key, *offset, *into, *op), *op)
-            }
-            Action::Put { channel, peer, from, key, offset, op } => {
-                (self.channels[*channel as usize].put(*peer, *from, key, *offset, *op), *op)
-            }
+            Action::Get { channel, peer, key, offset, into, op } => (
+                memory_of(&mut self.channels[*channel as usize]).and_then(|m| m.get(*peer, key, *offset, *into, *op)),
+                *op,
+            ),
+            Action::Put { channel, peer, from, key, offset, op } => (
+                memory_of(&mut self.channels[*channel as usize]).and_then(|m| m.put(*peer, *from, key, *offset, *op)),
+                *op,
+            ),
             Action::Expose { .. } | Action::Unexpose { .. } => {
                 self.execute(a);
                 return None;
@@ -350,9 +362,12 @@ impl Driver {
     /// memory file, tells the engine that peers map it.
     pub fn register_memory(&mut self, region: Region, file: Option<SharedFile>) -> Result<()> {
         for i in 0..self.channels.len() {
-            if let Err(e) = self.channels[i].register_memory(region, file) {
+            let Some(m) = self.channels[i].memory() else { continue };
+            if let Err(e) = m.register_memory(region, file) {
                 for ch in &mut self.channels[..i] {
-                    ch.unregister_memory(region);
+                    if let Some(m) = ch.memory() {
+                        m.unregister_memory(region);
+                    }
                 }
                 return Err(e);
             }
@@ -367,7 +382,9 @@ impl Driver {
     pub fn unregister_memory(&mut self, region: Region) {
         self.engine.remove_mapped_memory(region);
         for ch in &mut self.channels {
-            ch.unregister_memory(region);
+            if let Some(m) = ch.memory() {
+                m.unregister_memory(region);
+            }
         }
     }
 
@@ -615,11 +632,14 @@ impl Driver {
             return;
         };
         let timeout = if self.naps() { nap } else { LIVENESS_PERIOD };
-        let ch = &mut self.channels[i];
-        if ch.arm() {
-            ch.sleep(timeout);
+        let Some(w) = self.channels[i].wakeup() else {
+            std::thread::sleep(nap);
+            return;
+        };
+        if w.arm() {
+            w.sleep(timeout);
         }
-        ch.disarm();
+        w.disarm();
     }
 
     /// Sends a small eager message at once when nothing is queued to `to`; `None` when the

@@ -35,7 +35,9 @@ impl Topology {
         // The binding is young (a pre-release): a panic in it must not end the job either.
         let detected = std::panic::catch_unwind(detect_hwloc)
             .unwrap_or_else(|_| Err("hwloc gave no topology: its binding panicked".into()))
-            .or_else(|hwloc| detect_sysfs(Path::new(SYSFS_CPU), Path::new(SYSFS_NODE)).map_err(|s| format!("{hwloc}; {s}")));
+            .or_else(|hwloc| {
+                detect_sysfs(Path::new(SYSFS_CPU), Path::new(SYSFS_NODE)).map_err(|s| format!("{hwloc}; {s}"))
+            });
         #[cfg(not(feature = "hwloc"))]
         let detected = detect_sysfs(Path::new(SYSFS_CPU), Path::new(SYSFS_NODE));
         let mut t = detected.unwrap_or_else(|summary| Topology { summary, ..Topology::default() });

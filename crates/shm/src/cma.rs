@@ -22,8 +22,8 @@ use std::os::unix::fs::MetadataExt;
 
 use polyrail_core::observe::{Observation, Observe};
 use polyrail_core::{
-    Address, AnonMemory, Caps, Cost, Error, Header, Issued, OpId, PeerAccess, PeerInfo, Rank, Reach, Region, RegionMut,
-    RemoteKey, Result, SharedFile, Sink, Transport, TransportAttr, TransportKind,
+    Address, AnonMemory, Caps, Cost, Error, Issued, OneSided, OpId, PeerAccess, PeerInfo, Rank, Reach, Region,
+    RegionMut, RemoteKey, Result, SharedFile, Sink, Transport, TransportAttr, TransportKind,
 };
 
 use crate::key::{FileRef, PidKey};
@@ -487,62 +487,13 @@ impl Transport for CmaTransport {
         }
     }
 
-    fn try_send(&mut self, peer: Rank, _hdr: &Header, _payload: &[u8]) -> Result<Issued> {
-        Err(Error::Transport {
-            kind: "cma",
-            what: format!("no active messages (to rank {peer}): cma only reads and writes"),
-        })
-    }
-
     fn progress(&mut self, _budget: usize, _sink: &mut dyn Sink) -> Result<usize> {
         Ok(0)
-    }
-
-    fn expose(&mut self, region: Region, _access: PeerAccess) -> Result<RemoteKey> {
-        let (addr, len) = (region.ptr as u64, region.len as u64);
-        let file = self.own_files.iter().find(|f| addr >= f.addr && addr + len <= f.addr + f.len).map(|f| FileRef {
-            fd: f.file.fd as u32,
-            inode: f.file.inode,
-            offset: addr - f.addr,
-        });
-        Ok(PidKey { pid: self.pid, addr, len, file }.encode())
-    }
-
-    fn register_memory(&mut self, region: Region, file: Option<SharedFile>) -> Result<()> {
-        if let Some(file) = file {
-            self.own_files.push(OwnFile { addr: region.ptr as u64, len: region.len as u64, file });
-        }
-        Ok(())
-    }
-
-    fn unregister_memory(&mut self, region: Region) {
-        self.own_files.retain(|f| f.addr != region.ptr as u64 || f.len != region.len as u64);
     }
 
     // The copies through a peer's mapped file are ordered against the owner's own use of the
     // memory by the engine's messages about it (RTS, CTS, FIN through the shm ring, whose slots
     // are published with Release and read with Acquire), as a CMA copy is.
-
-    fn get(&mut self, peer: Rank, key: &RemoteKey, offset: usize, into: RegionMut, _op: OpId) -> Result<Issued> {
-        match self.check_key(peer, key, offset, into.len)? {
-            // SAFETY: `src..src + len` is inside the peer's mapped file (check_key); `into` is
-            // valid for writes (the Region's promise) and private, so the two cannot overlap.
-            (_, _, Some(src)) => unsafe { std::ptr::copy_nonoverlapping(src, into.ptr, into.len) },
-            (pid, remote, None) => transfer(peer, pid, into.ptr, remote, into.len, false)?,
-        }
-        Ok(Issued::Done)
-    }
-
-    fn put(&mut self, peer: Rank, from: Region, key: &RemoteKey, offset: usize, _op: OpId) -> Result<Issued> {
-        match self.check_key(peer, key, offset, from.len)? {
-            // SAFETY: as in `get`, with the roles swapped: `dst..dst + len` is inside the mapped
-            // file, `from` is valid for reads.
-            (_, _, Some(dst)) => unsafe { std::ptr::copy_nonoverlapping(from.ptr, dst, from.len) },
-            // process_vm_writev only reads the local iovec: the cast to *mut does not write.
-            (pid, remote, None) => transfer(peer, pid, from.ptr as *mut u8, remote, from.len, true)?,
-        }
-        Ok(Issued::Done)
-    }
 
     /// Unmaps the files that their owners closed (freed registered memory, or the process
     /// ended), so that their memory is not kept alive here.
@@ -575,5 +526,53 @@ impl Transport for CmaTransport {
         } else {
             format!("{probes}; {files}; registered memory copied with CMA for {}", refused.join("; "))
         }
+    }
+
+    fn memory(&mut self) -> Option<&mut dyn OneSided> {
+        Some(self)
+    }
+}
+
+impl OneSided for CmaTransport {
+    fn expose(&mut self, region: Region, _access: PeerAccess) -> Result<RemoteKey> {
+        let (addr, len) = (region.ptr as u64, region.len as u64);
+        let file = self.own_files.iter().find(|f| addr >= f.addr && addr + len <= f.addr + f.len).map(|f| FileRef {
+            fd: f.file.fd as u32,
+            inode: f.file.inode,
+            offset: addr - f.addr,
+        });
+        Ok(PidKey { pid: self.pid, addr, len, file }.encode())
+    }
+
+    fn register_memory(&mut self, region: Region, file: Option<SharedFile>) -> Result<()> {
+        if let Some(file) = file {
+            self.own_files.push(OwnFile { addr: region.ptr as u64, len: region.len as u64, file });
+        }
+        Ok(())
+    }
+
+    fn unregister_memory(&mut self, region: Region) {
+        self.own_files.retain(|f| f.addr != region.ptr as u64 || f.len != region.len as u64);
+    }
+
+    fn get(&mut self, peer: Rank, key: &RemoteKey, offset: usize, into: RegionMut, _op: OpId) -> Result<Issued> {
+        match self.check_key(peer, key, offset, into.len)? {
+            // SAFETY: `src..src + len` is inside the peer's mapped file (check_key); `into` is
+            // valid for writes (the Region's promise) and private, so the two cannot overlap.
+            (_, _, Some(src)) => unsafe { std::ptr::copy_nonoverlapping(src, into.ptr, into.len) },
+            (pid, remote, None) => transfer(peer, pid, into.ptr, remote, into.len, false)?,
+        }
+        Ok(Issued::Done)
+    }
+
+    fn put(&mut self, peer: Rank, from: Region, key: &RemoteKey, offset: usize, _op: OpId) -> Result<Issued> {
+        match self.check_key(peer, key, offset, from.len)? {
+            // SAFETY: as in `get`, with the roles swapped: `dst..dst + len` is inside the mapped
+            // file, `from` is valid for reads.
+            (_, _, Some(dst)) => unsafe { std::ptr::copy_nonoverlapping(from.ptr, dst, from.len) },
+            // process_vm_writev only reads the local iovec: the cast to *mut does not write.
+            (pid, remote, None) => transfer(peer, pid, from.ptr as *mut u8, remote, from.len, true)?,
+        }
+        Ok(Issued::Done)
     }
 }

@@ -4,8 +4,8 @@ use std::collections::VecDeque;
 use std::ops::Range;
 
 use polyrail_core::{
-    Address, Caps, Cost, Error, Header, Issued, OpId, PeerAccess, PeerInfo, Rank, Reach, Region, RegionMut, RemoteKey,
-    Result, Sink, Transport, TransportAttr, TransportKind,
+    Address, Caps, Cost, Error, Header, Issued, OneSided, OpId, PeerAccess, PeerInfo, Rank, Reach, Region, RegionMut,
+    RemoteKey, Result, Sink, Transport, TransportAttr, TransportKind,
 };
 
 use crate::key::PidKey;
@@ -135,6 +135,16 @@ impl Transport for Loopback {
         Ok(done)
     }
 
+    fn describe(&self) -> String {
+        format!("queue of {QUEUE_DEPTH} messages of up to {MAX_EAGER} B, {} regions exposed", self.exposed.len())
+    }
+
+    fn memory(&mut self) -> Option<&mut dyn OneSided> {
+        Some(self)
+    }
+}
+
+impl OneSided for Loopback {
     fn expose(&mut self, region: Region, _access: PeerAccess) -> Result<RemoteKey> {
         self.exposed.push((region.ptr as u64, region.len as u64));
         Ok(PidKey { pid: self.pid, addr: region.ptr as u64, len: region.len as u64, file: None }.encode())
@@ -162,9 +172,5 @@ impl Transport for Loopback {
         // SAFETY: as in `get`, with the roles of the two regions swapped.
         unsafe { std::ptr::copy(from.ptr, dst, from.len) };
         Ok(Issued::Done)
-    }
-
-    fn describe(&self) -> String {
-        format!("queue of {QUEUE_DEPTH} messages of up to {MAX_EAGER} B, {} regions exposed", self.exposed.len())
     }
 }

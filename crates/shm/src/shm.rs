@@ -17,7 +17,7 @@ use polyrail_core::observe::{LineSamples, Observation, Observe, Placement, LOCAL
 use polyrail_core::sweep::PeerSweep;
 use polyrail_core::{
     Address, Caps, Config, Cost, Error, Header, Issued, PeerInfo, Rank, Reach, Result, Sink, Transport, TransportAttr,
-    TransportKind,
+    TransportKind, Wakeup,
 };
 
 use crate::cells::{CellArea, SendCells};
@@ -559,44 +559,6 @@ impl Transport for ShmTransport {
         }
     }
 
-    fn arm(&mut self) -> bool {
-        let me = &self.seg.map;
-        // Acquire: a wake-up counted after this read makes `sleep` return at once.
-        self.armed_at = me.doorbell().load(Ordering::Acquire);
-        if self.never_sleep {
-            // Not sleeping, but giving the core away like a sleep would.
-            std::thread::yield_now();
-            return false;
-        }
-        me.sleeping().store(1, Ordering::Relaxed);
-        // SeqCst fence: orders the `sleeping` store before the stamp loads below; pairs with the
-        // fence in `ring_doorbell` (a sender's stamp store, then its `sleeping` load). Either we
-        // see its message here, or it sees us sleeping and rings. Senders that skip their fence
-        // (`Peer::fenceless`) are made to pass one by the global barrier: after it, each such
-        // sender's stamp stores before its last `sleeping` load are visible to the loads below,
-        // or its later `sleeping` loads see our store.
-        fence(Ordering::SeqCst);
-        if self.sleep_barrier && !sys::global_barrier() {
-            self.never_sleep = true;
-            me.sleeping().store(0, Ordering::Relaxed);
-            tracing::warn!("shm: the global memory barrier failed; this process no longer sleeps while it waits");
-            return false;
-        }
-        let arrived = self
-            .active
-            .iter()
-            .any(|&r| self.peers[r as usize].as_ref().is_some_and(|p| !p.failed && p.inc.may_have_arrival()));
-        !arrived
-    }
-
-    fn sleep(&mut self, timeout: std::time::Duration) {
-        sys::futex_wait(self.seg.map.doorbell(), self.armed_at, timeout);
-    }
-
-    fn disarm(&mut self) {
-        self.seg.map.sleeping().store(0, Ordering::Relaxed);
-    }
-
     fn check_peers(&mut self, sink: &mut dyn Sink) {
         for i in 0..self.active.len() {
             let rank = self.active[i];
@@ -650,5 +612,49 @@ impl Transport for ShmTransport {
                 ""
             }
         )
+    }
+
+    fn wakeup(&mut self) -> Option<&mut dyn Wakeup> {
+        Some(self)
+    }
+}
+
+impl Wakeup for ShmTransport {
+    fn arm(&mut self) -> bool {
+        let me = &self.seg.map;
+        // Acquire: a wake-up counted after this read makes `sleep` return at once.
+        self.armed_at = me.doorbell().load(Ordering::Acquire);
+        if self.never_sleep {
+            // Not sleeping, but giving the core away like a sleep would.
+            std::thread::yield_now();
+            return false;
+        }
+        me.sleeping().store(1, Ordering::Relaxed);
+        // SeqCst fence: orders the `sleeping` store before the stamp loads below; pairs with the
+        // fence in `ring_doorbell` (a sender's stamp store, then its `sleeping` load). Either we
+        // see its message here, or it sees us sleeping and rings. Senders that skip their fence
+        // (`Peer::fenceless`) are made to pass one by the global barrier: after it, each such
+        // sender's stamp stores before its last `sleeping` load are visible to the loads below,
+        // or its later `sleeping` loads see our store.
+        fence(Ordering::SeqCst);
+        if self.sleep_barrier && !sys::global_barrier() {
+            self.never_sleep = true;
+            me.sleeping().store(0, Ordering::Relaxed);
+            tracing::warn!("shm: the global memory barrier failed; this process no longer sleeps while it waits");
+            return false;
+        }
+        let arrived = self
+            .active
+            .iter()
+            .any(|&r| self.peers[r as usize].as_ref().is_some_and(|p| !p.failed && p.inc.may_have_arrival()));
+        !arrived
+    }
+
+    fn sleep(&mut self, timeout: std::time::Duration) {
+        sys::futex_wait(self.seg.map.doorbell(), self.armed_at, timeout);
+    }
+
+    fn disarm(&mut self) {
+        self.seg.map.sleeping().store(0, Ordering::Relaxed);
     }
 }

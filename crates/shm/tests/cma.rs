@@ -3,7 +3,9 @@
 mod common;
 
 use common::*;
-use polyrail_core::{AnonMemory, Caps, Error, Issued, PeerAccess, Reach, Region, RegionMut, RemoteKey, Transport};
+use polyrail_core::{
+    AnonMemory, Caps, Error, Issued, OneSided, PeerAccess, Reach, Region, RegionMut, RemoteKey, Transport,
+};
 use polyrail_shm::CmaTransport;
 
 const LEN: usize = (1 << 20) + 3;

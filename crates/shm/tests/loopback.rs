@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use polyrail_core::{Issued, PeerAccess, Reach, Region, RegionMut, RemoteKey, Transport, TransportKind};
+use polyrail_core::{Issued, OneSided, PeerAccess, Reach, Region, RegionMut, RemoteKey, Transport, TransportKind};
 use polyrail_shm::Loopback;
 
 #[test]

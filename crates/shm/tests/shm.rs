@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use polyrail_core::config::PlacementMode;
 use polyrail_core::observe::{Observation, Observe};
-use polyrail_core::{Caps, Config, Envelope, Error, Issued, PeerInfo, Reach, Transport, TransportKind};
+use polyrail_core::{Caps, Config, Envelope, Error, Issued, PeerInfo, Reach, Transport, TransportKind, Wakeup};
 use polyrail_shm::ShmTransport;
 
 fn cfg(slots: usize, cells: usize, cell_size: usize) -> Config {
