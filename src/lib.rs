@@ -14,7 +14,7 @@
 //! ```
 //!
 //! Start the processes with `polyrail run -n 4 ./program` (or `mpiexec.hydra`, or Slurm's
-//! `srun --mpi=pmi2`); steer with `POLYRAIL_*` variables (see [`config::VARIABLES`]); see which
+//! `srun --mpi=pmi2`); steer with `POLYRAIL_*` variables (see [`config::VARS`]); see which
 //! channel carries what with `polyrail info`.
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -54,6 +54,20 @@ pub fn channels() -> Vec<&'static dyn polyrail_core::ChannelFactory> {
     #[cfg(feature = "ib")]
     list.push(&polyrail_ib::IbFactory);
     list
+}
+
+/// The settings of the `POLYRAIL_*` variables, checked against every variable this build's
+/// channels declare, as [`Context::init`] reads them: for a program that reports a bad variable
+/// once, before it starts anything.
+pub fn settings() -> Result<Config> {
+    let config = Config::from_env()?;
+    polyrail_runtime::check_settings(&channels(), &config)?;
+    Ok(config)
+}
+
+/// Every `POLYRAIL_*` variable of this build's channels (the core's are [`config::VARS`]).
+pub fn channel_variables() -> Vec<config::VarInfo> {
+    channels().iter().flat_map(|f| f.variables()).collect()
 }
 
 /// `MPI_ANY_SOURCE`: receive from any rank.

@@ -153,7 +153,7 @@ pub fn transport_env(transport: &str) -> anyhow::Result<Vec<(OsString, OsString)
 
 /// The configuration from the environment with [`channel_settings`] of `transport` applied.
 fn env_config_with(transport: &str) -> anyhow::Result<polyrail::Config> {
-    let mut cfg = polyrail::Config::from_env()?;
+    let mut cfg = polyrail::settings()?;
     for (k, v) in channel_settings(transport)? {
         cfg.set(k, v)?;
     }

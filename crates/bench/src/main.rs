@@ -163,7 +163,7 @@ fn relaunch(
 fn run(cli: Cli) -> anyhow::Result<i32> {
     if !under_launcher() && !matches!(cli.cmd, Cmd::Report { .. }) {
         // A bad variable is reported once, here, rather than by every rank of every job.
-        polyrail::Config::from_env()?;
+        polyrail::settings()?;
     }
     use polyrail_bench::CommonOption::{Iters, Quick, Ranks, Sizes, Transport, Validate};
     // Only latency and bw check the data they move.

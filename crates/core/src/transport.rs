@@ -480,4 +480,16 @@ pub trait ChannelFactory: Sync {
     /// Starts the channel in this process; `Err` when starting failed (reported, and the job
     /// goes on without the channel).
     fn open(&self, start: &ChannelStart<'_>) -> Result<Opened>;
+
+    /// The `POLYRAIL_*` variables the channel's crate declares (its own settings, read from
+    /// [`Config::others`]); none by default.
+    fn variables(&self) -> Vec<crate::config::VarInfo> {
+        Vec::new()
+    }
+
+    /// Checks the channel's variables in `config` as `open` will read them (each value, and
+    /// how they go together); the error names the variable, the value and what is accepted.
+    fn check_settings(&self, _config: &Config) -> Result<()> {
+        Ok(())
+    }
 }

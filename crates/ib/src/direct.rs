@@ -19,7 +19,7 @@
 use crate::bounce::{self, BouncePool};
 use crate::packet::{self, Kind, COMPACT_MAX_CREDITS, DATA_OFFSET, HEADER_OFFSET, OVERHEAD};
 use crate::provider::{Access, Completion, MemoryRegion, Opcode, Provider, QpId, WcStatus, WorkRequest};
-use polyrail_core::config::IbSettings;
+use crate::settings::IbSettings;
 use polyrail_core::observe::{Observation, Observe};
 use polyrail_core::sweep::PeerSweep;
 use polyrail_core::{

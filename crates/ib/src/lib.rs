@@ -18,15 +18,16 @@ mod bounce;
 mod direct;
 mod packet;
 pub mod provider;
+pub mod settings;
 mod soft;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
 pub use direct::DirectIb;
 pub use provider::Provider;
+pub use settings::{IbProvider, IbSettings};
 pub use soft::SoftProvider;
 
-use polyrail_core::config::IbProvider;
 use polyrail_core::{ChannelFactory, ChannelStart, Config, Opened, Rank, Result, Transport, TransportKind};
 
 /// Starts `ib` in a process that has peers, as [`open`] does.
@@ -36,6 +37,14 @@ impl ChannelFactory for IbFactory {
     fn kind(&self) -> TransportKind {
         TransportKind::Ib
     }
+    fn variables(&self) -> Vec<polyrail_core::config::VarInfo> {
+        settings::variables()
+    }
+
+    fn check_settings(&self, config: &Config) -> Result<()> {
+        IbSettings::from_config(config).map(drop)
+    }
+
     fn open(&self, start: &ChannelStart<'_>) -> Result<Opened> {
         if start.size == 1 {
             return Ok(Opened::Absent("a job of one process has no peer to reach".into()));
@@ -55,16 +64,17 @@ pub struct Unavailable(pub String);
 /// Opens the `ib` channel as `POLYRAIL_IB_PROVIDER` says: `Ok(Err(_))` when there is nothing to
 /// open (no RDMA device, and no reason to use the software provider); `Err` when opening failed.
 pub fn open(config: &Config, rank: Rank, size: u32) -> Result<std::result::Result<Box<dyn Transport>, Unavailable>> {
+    let settings = IbSettings::from_config(config)?;
     let soft =
-        || -> Result<Box<dyn Transport>> { Ok(Box::new(DirectIb::new(SoftProvider::new(), &config.ib, rank, size)?)) };
-    match config.ib.provider {
+        || -> Result<Box<dyn Transport>> { Ok(Box::new(DirectIb::new(SoftProvider::new(), &settings, rank, size)?)) };
+    match settings.provider {
         IbProvider::Soft => soft().map(Ok),
-        IbProvider::Verbs => match open_verbs(config)? {
-            Ok(p) => Ok(Ok(Box::new(DirectIb::new(p, &config.ib, rank, size)?))),
+        IbProvider::Verbs => match open_verbs(&settings)? {
+            Ok(p) => Ok(Ok(Box::new(DirectIb::new(p, &settings, rank, size)?))),
             Err(Unavailable(why)) => Err(polyrail_core::Error::Transport { kind: "ib", what: why }),
         },
-        IbProvider::Auto => match open_verbs(config)? {
-            Ok(p) => Ok(Ok(Box::new(DirectIb::new(p, &config.ib, rank, size)?))),
+        IbProvider::Auto => match open_verbs(&settings)? {
+            Ok(p) => Ok(Ok(Box::new(DirectIb::new(p, &settings, rank, size)?))),
             Err(_) if config.node.is_some() => soft().map(Ok),
             Err(why) => Ok(Err(why)),
         },
@@ -72,11 +82,11 @@ pub fn open(config: &Config, rank: Rank, size: u32) -> Result<std::result::Resul
 }
 
 #[cfg(feature = "verbs")]
-fn open_verbs(config: &Config) -> Result<std::result::Result<verbs::VerbsProvider, Unavailable>> {
-    verbs::VerbsProvider::open(&config.ib)
+fn open_verbs(settings: &IbSettings) -> Result<std::result::Result<verbs::VerbsProvider, Unavailable>> {
+    verbs::VerbsProvider::open(settings)
 }
 
 #[cfg(not(feature = "verbs"))]
-fn open_verbs(_config: &Config) -> Result<std::result::Result<SoftProvider, Unavailable>> {
+fn open_verbs(_settings: &IbSettings) -> Result<std::result::Result<SoftProvider, Unavailable>> {
     Ok(Err(Unavailable("no RDMA device (this build has no verbs provider: build with the `verbs` feature)".into())))
 }

@@ -60,9 +60,9 @@
 //!   [`Provider::post`] rather than completing with a length error.
 
 use crate::provider::{Access, Completion, MemoryRegion, Opcode, Provider, QpId, WcStatus, WorkRequest};
+use crate::settings::IbSettings;
 use crate::Unavailable;
 use ibverbs_sys as ffi;
-use polyrail_core::config::IbSettings;
 use polyrail_core::{Error, Result};
 use std::collections::HashMap;
 use std::ffi::CStr;

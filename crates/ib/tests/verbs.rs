@@ -9,20 +9,21 @@
 mod common;
 
 use common::{pair, request, until, Recorder};
-use polyrail_core::config::IbSettings;
 use polyrail_core::{Error, Issued, OneSided, PeerAccess, Region, RegionMut, Transport};
 use polyrail_ib::provider::{Access, Completion, MemoryRegion, Opcode, Provider, QpId, WcStatus, WorkRequest};
 use polyrail_ib::verbs::VerbsProvider;
+use polyrail_ib::IbSettings;
 use polyrail_ib::{DirectIb, Unavailable};
 use std::time::{Duration, Instant};
 
 /// The settings from the environment, or `None` (test skipped) when there is no RDMA device.
 fn settings(test: &str) -> Option<IbSettings> {
     let cfg = polyrail_core::Config::from_env().expect("POLYRAIL_* variables");
-    match VerbsProvider::open(&cfg.ib) {
+    let ib = IbSettings::from_config(&cfg).expect("POLYRAIL_IB_* variables");
+    match VerbsProvider::open(&ib) {
         Ok(Ok(p)) => {
             eprintln!("{test}: on {}", p.describe());
-            Some(cfg.ib)
+            Some(ib)
         }
         Ok(Err(Unavailable(why))) => {
             if std::env::var_os("IB_TEST_REQUIRE_DEVICE").is_some_and(|v| v == "1") {

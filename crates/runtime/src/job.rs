@@ -2,6 +2,7 @@
 
 use crate::driver::Driver;
 use crate::topology::{current_binding, DeviceLocality, Topology};
+use polyrail_core::config::VarInfo;
 use polyrail_core::engine::Engine;
 use polyrail_core::observe::{says_yes, Observe};
 use polyrail_core::policy::topology::TopoClass;
@@ -120,6 +121,15 @@ fn get_long(boot: &mut dyn Bootstrap, key: &str) -> Result<String> {
         out.push_str(&boot.get(&format!("{key}.{i}"))?);
     }
     Ok(out)
+}
+
+/// Checks `config` against the variables the channels of `factories` declare: each channel's
+/// own values, and that every `POLYRAIL_*` name is one some table declares (else an error that
+/// suggests the nearest).
+pub fn check_settings(factories: &[&dyn ChannelFactory], config: &Config) -> Result<()> {
+    let declared: Vec<VarInfo> = factories.iter().flat_map(|f| f.variables()).collect();
+    config.check_names(&declared)?;
+    factories.iter().try_for_each(|f| f.check_settings(config))
 }
 
 /// Starts the channels of `factories` that `config` allows; reports the others.

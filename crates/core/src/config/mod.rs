@@ -5,7 +5,7 @@
 
 mod vars;
 
-pub use vars::{did_you_mean, effective, Effective, Var, VARS};
+pub use vars::{did_you_mean, effective, set, AutoOffSize, Effective, Value, Var, VarInfo, VARS};
 
 use crate::error::{Error, Result};
 use crate::policy::topology::TopoClass;
@@ -264,86 +264,6 @@ pub enum PmiVersion {
     Pmi2,
 }
 
-/// Which RDMA provider the `ib` channel uses (`POLYRAIL_IB_PROVIDER`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum IbProvider {
-    /// Real verbs when an RDMA device is present; otherwise the software provider when the
-    /// process was placed on a virtual node (`polyrail run --layout`), else no `ib` channel
-    /// (the default).
-    #[default]
-    Auto,
-    /// Real verbs through rdma-core (`verbs`).
-    Verbs,
-    /// The software RDMA provider between processes of one machine (`soft`).
-    Soft,
-}
-
-/// Settings of the `ib` channel (`POLYRAIL_IB_*`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct IbSettings {
-    /// `POLYRAIL_IB_PROVIDER`: `auto` (default), `verbs` or `soft`.
-    pub provider: IbProvider,
-    /// `POLYRAIL_IB_DEVICE`: `NAME[:PORT]`, e.g. `rxe0:1`. Default: the first device, port 1.
-    pub device: Option<(String, u8)>,
-    /// `POLYRAIL_IB_GID_INDEX`: GID table index used for RoCE addressing. Default 0.
-    pub gid_index: u8,
-    /// `POLYRAIL_IB_CREDITS`: blocks in each peer's eager ring (DCFA's MaxCredit). Default 64.
-    pub credits: usize,
-    /// `POLYRAIL_IB_BLOCK`: payload bytes per eager ring block (each block has 64 bytes of
-    /// header and tail on top). Default 8k, DCFA-MPI's block.
-    pub block: usize,
-    /// `POLYRAIL_IB_EAGER_LIMIT`: largest message sent to a peer eagerly through the ring
-    /// (larger ones go by rendezvous). Default 8k (DCFA-MPI's EagerUpperLimit): with the
-    /// default block, one packet.
-    pub eager_limit: usize,
-    /// `POLYRAIL_IB_SYNC_LIMIT`: a receiver sends a credit-only SYNC packet when the sender's
-    /// view of free blocks would fall under this (DCFA's CreditSyncLimit). Default 2.
-    pub sync_limit: usize,
-    /// `POLYRAIL_IB_BOUNCE`: largest rendezvous message copied through pre-registered bounce
-    /// buffers instead of registering the user's memory; 0 never bounces. Default 64k.
-    pub bounce: usize,
-    /// `POLYRAIL_IB_ACK_TIMEOUT`: the local ack timeout of the verbs provider's queue pairs,
-    /// 4.096 µs × 2^N for N from 1 to 31 (the verbs unit; Open MPI's `btl_openib_ib_timeout`).
-    /// Default 14 (67 ms): a peer that is gone fails a write after the retries, about half a
-    /// second. The software provider has no timeout (a gone peer fails its next operation).
-    pub ack_timeout: u8,
-    /// `POLYRAIL_IB_COMPACT` (`on` / `off`): whether eager packets of whole path-MTU packets
-    /// may leave their header out (RDMA write with immediate) in streams of like messages.
-    /// Default on; off for comparisons (a process with it off also takes none: its address says so).
-    pub compact: bool,
-}
-
-impl IbSettings {
-    /// Where `ib` starts one-sided copies: above its largest eager message.
-    pub fn rndv_from(&self) -> Vec<RndvFrom> {
-        vec![RndvFrom {
-            class: None,
-            from: self.eager_limit.saturating_add(1),
-            reason: format!(
-                "POLYRAIL_IB_EAGER_LIMIT={}, the largest eager message; DCFA-MPI's 8k by default",
-                format_size(self.eager_limit)
-            ),
-        }]
-    }
-}
-
-impl Default for IbSettings {
-    fn default() -> Self {
-        IbSettings {
-            provider: IbProvider::Auto,
-            device: None,
-            gid_index: 0,
-            credits: 64,
-            block: 8 << 10,
-            eager_limit: 8 << 10,
-            sync_limit: 2,
-            bounce: 64 << 10,
-            ack_timeout: 14,
-            compact: true,
-        }
-    }
-}
-
 /// polyrail's settings. `Default` is what polyrail does without any variable set.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -453,8 +373,10 @@ pub struct Config {
     /// `POLYRAIL_NODE`: the virtual node this process is on, set by `polyrail run --layout`.
     /// Processes on different nodes never use node-local channels. Default: unset (node 0).
     pub node: Option<u32>,
-    /// `POLYRAIL_IB_*`: the `ib` channel.
-    pub ib: IbSettings,
+    /// `POLYRAIL_*` variables no variable of this table is: the channels' own, which the channel
+    /// crates that declare them parse ([`crate::ChannelFactory::check_settings`]). In the order
+    /// given; a name set again replaces its value.
+    pub others: Vec<(String, String)>,
 }
 
 impl Default for Config {
@@ -481,7 +403,7 @@ impl Default for Config {
             skew: Some(SkewPolicy { limit: 0, window: 8, eager_up_to: 64 << 10 }),
             poll: PollPolicy::Dynamic(8),
             node: None,
-            ib: IbSettings::default(),
+            others: Vec::new(),
         }
     }
 }
@@ -500,18 +422,6 @@ impl Config {
             add(sizes, &format!("measured by `polyrail tune`, POLYRAIL_TUNING={path}"));
         }
         out
-    }
-
-    /// Where `ib` starts one-sided copies: above its largest eager message.
-    pub fn ib_rndv_from(&self) -> Vec<RndvFrom> {
-        vec![RndvFrom {
-            class: None,
-            from: self.ib.eager_limit.saturating_add(1),
-            reason: format!(
-                "POLYRAIL_IB_EAGER_LIMIT={}, the largest eager message; DCFA-MPI's 8k by default",
-                format_size(self.ib.eager_limit)
-            ),
-        }]
     }
 
     /// Reads the process environment.
@@ -569,15 +479,6 @@ impl Config {
                 ),
             ));
         }
-        // At or above the credits, the one block a SYNC takes would make its receiver SYNC
-        // back at once: two idle processes would trade SYNCs for ever.
-        if c.ib.sync_limit >= c.ib.credits {
-            return Err(Error::config(
-                "POLYRAIL_IB_SYNC_LIMIT",
-                c.ib.sync_limit.to_string(),
-                format!("below POLYRAIL_IB_CREDITS ({})", c.ib.credits),
-            ));
-        }
         Ok(c)
     }
 
@@ -590,17 +491,30 @@ impl Config {
         probe.set("POLYRAIL_SHM_CELLS", &self.shm_cells.to_string())
     }
 
-    /// Sets one variable ([`VARS`] says which there are and what each accepts). An unknown
-    /// name is an error that lists the variables, suggesting the one it most likely misspells.
+    /// Sets one variable ([`VARS`] says which there are and what each accepts); a name no
+    /// variable of the table has is kept in [`Config::others`] for the channels, which
+    /// [`Config::check_names`] checks.
     pub fn set(&mut self, var: &str, value: &str) -> Result<()> {
         match vars::var(var) {
             Some(v) => v.apply(self, value),
             None => {
-                let known: Vec<&str> = VARS.iter().map(|v| v.name).collect();
-                let hint = vars::did_you_mean(var).map(|n| format!("did you mean {n}? ")).unwrap_or_default();
-                Err(Error::config(var, value, format!("{hint}no such variable; polyrail reads {}", known.join(", "))))
+                self.others.retain(|(k, _)| k != var);
+                self.others.push((var.to_owned(), value.to_owned()));
+                Ok(())
             }
         }
+    }
+
+    /// Checks that every variable in [`Config::others`] is one of `declared` (the channels'
+    /// own): an unknown name is an error that lists the variables, suggesting the one it most
+    /// likely misspells.
+    pub fn check_names(&self, declared: &[VarInfo]) -> Result<()> {
+        let Some((var, value)) = self.others.iter().find(|(k, _)| !declared.iter().any(|d| d.name == k)) else {
+            return Ok(());
+        };
+        let known: Vec<&str> = VARS.iter().map(|v| v.info.name).chain(declared.iter().map(|d| d.name)).collect();
+        let hint = did_you_mean(var, &known).map(|n| format!("did you mean {n}? ")).unwrap_or_default();
+        Err(Error::config(var, value, format!("{hint}no such variable; polyrail reads {}", known.join(", "))))
     }
 }
 
@@ -882,7 +796,7 @@ mod tests {
         assert_eq!(cfg(&[]).unwrap().near_eager, NearEager::Auto);
         assert_eq!(cfg(&[("POLYRAIL_NEAR_EAGER", "96k")]).unwrap().near_eager, NearEager::UpTo(96 << 10));
         assert_eq!(cfg(&[("POLYRAIL_NEAR_EAGER", "off")]).unwrap().near_eager, NearEager::Off);
-        for var in ["POLYRAIL_NEAR_EAGER", "POLYRAIL_STREAM_EAGER", "POLYRAIL_EAGER_LIMIT", "POLYRAIL_IB_EAGER_LIMIT"] {
+        for var in ["POLYRAIL_NEAR_EAGER", "POLYRAIL_STREAM_EAGER", "POLYRAIL_EAGER_LIMIT"] {
             let e = cfg(&[(var, "512m")]).unwrap_err().to_string();
             assert!(e.contains(var) && e.contains("256m"), "{e}");
         }
@@ -985,44 +899,26 @@ mod tests {
             let e = cfg(&[("POLYRAIL_POLL", bad)]).unwrap_err().to_string();
             assert!(e.contains("POLYRAIL_POLL") && e.contains("dynamic:H"), "{bad}: {e}");
         }
-        let ib =
-            cfg(&[("POLYRAIL_IB_DEVICE", "rxe0:2"), ("POLYRAIL_IB_CREDITS", "16"), ("POLYRAIL_NODE", "3")]).unwrap();
-        assert_eq!((ib.ib.device, ib.ib.credits, ib.node), (Some(("rxe0".into(), 2)), 16, Some(3)));
-        assert_eq!(cfg(&[("POLYRAIL_IB_BOUNCE", "0")]).unwrap().ib.bounce, 0);
-        assert!(!cfg(&[("POLYRAIL_IB_COMPACT", "off")]).unwrap().ib.compact);
-        let e = cfg(&[("POLYRAIL_IB_COMPACT", "yes")]).unwrap_err().to_string();
-        assert!(e.contains("POLYRAIL_IB_COMPACT") && e.contains("on or off"), "{e}");
-        assert_eq!(cfg(&[("POLYRAIL_IB_ACK_TIMEOUT", "20")]).unwrap().ib.ack_timeout, 20);
-        let e = cfg(&[("POLYRAIL_IB_SYNC_LIMIT", "1")]).unwrap_err().to_string();
-        assert!(e.contains("a whole number from 2 to 4096"), "{e}");
+        assert_eq!(cfg(&[("POLYRAIL_NODE", "3")]).unwrap().node, Some(3));
         let e = cfg(&[("POLYRAIL_EAGER_LIMIT", "2g")]).unwrap_err().to_string();
         assert!(e.contains("a size from 0 to 256m (bytes, or with a k, m or g suffix)"), "{e}");
-        for (var, bad) in [
-            ("POLYRAIL_IB_PROVIDER", "hca"),
-            ("POLYRAIL_IB_DEVICE", "rxe0:0"),
-            ("POLYRAIL_IB_DEVICE", ":1"),
-            ("POLYRAIL_IB_BLOCK", "1000"),
-            ("POLYRAIL_IB_CREDITS", "2"),
-            ("POLYRAIL_IB_SYNC_LIMIT", "1"),
-            ("POLYRAIL_IB_BOUNCE", "32m"),
-            ("POLYRAIL_IB_ACK_TIMEOUT", "0"),
-            ("POLYRAIL_IB_ACK_TIMEOUT", "32"),
-            ("POLYRAIL_IB_BOUNCE", "some"),
-            ("POLYRAIL_NODE", "-1"),
-        ] {
+        for (var, bad) in [("POLYRAIL_NODE", "-1")] {
             let e = cfg(&[(var, bad)]).unwrap_err().to_string();
             assert!(e.contains(var) && e.contains(bad), "{var}={bad}: {e}");
         }
-        let e = cfg(&[("POLYRAIL_IB_CREDITS", "8"), ("POLYRAIL_IB_SYNC_LIMIT", "9")]).unwrap_err().to_string();
-        assert!(e.contains("POLYRAIL_IB_SYNC_LIMIT") && e.contains("below POLYRAIL_IB_CREDITS"), "{e}");
-        // Equal: a SYNC's own block would make its receiver SYNC back, for ever.
-        let e = cfg(&[("POLYRAIL_IB_CREDITS", "8"), ("POLYRAIL_IB_SYNC_LIMIT", "8")]).unwrap_err().to_string();
-        assert!(e.contains("below POLYRAIL_IB_CREDITS (8)"), "{e}");
-        let e = cfg(&[("POLYRAIL_FROBNICATE", "1")]).unwrap_err().to_string();
+        // Names no table declares: kept for the channels, refused by the check of names.
+        let named = |vars: &[(&str, &str)]| cfg(vars).and_then(|c| c.check_names(&[]));
+        let ib = [VarInfo { name: "POLYRAIL_IB_CREDITS", default: "64", doc: "blocks" }];
+        let c = cfg(&[("POLYRAIL_IB_CREDITS", "8"), ("POLYRAIL_IB_CREDITS", "16")]).unwrap();
+        assert_eq!(c.others, [("POLYRAIL_IB_CREDITS".to_string(), "16".to_string())], "the last value");
+        c.check_names(&ib).unwrap();
+        let e = named(&[("POLYRAIL_FROBNICATE", "1")]).unwrap_err().to_string();
         assert!(e.contains("POLYRAIL_FROBNICATE") && e.contains("POLYRAIL_TRANSPORTS"), "{e}");
         assert!(!e.contains("did you mean"), "{e}");
-        let e = cfg(&[("POLYRAIL_TRANSPORT", "shm")]).unwrap_err().to_string();
+        let e = named(&[("POLYRAIL_TRANSPORT", "shm")]).unwrap_err().to_string();
         assert!(e.contains("did you mean POLYRAIL_TRANSPORTS?"), "{e}");
+        let e = cfg(&[("POLYRAIL_IB_CREDIT", "8")]).unwrap().check_names(&ib).unwrap_err().to_string();
+        assert!(e.contains("did you mean POLYRAIL_IB_CREDITS?"), "{e}");
     }
 
     proptest::proptest! {
@@ -1033,7 +929,7 @@ mod tests {
             var in 0..VARS.len(),
             value in "[-0-9a-z:,/^.+ kKmMgG_]{0,24}|\\PC{0,12}",
         ) {
-            let name = VARS[var].name;
+            let name = VARS[var].info.name;
             if let Err(e) = cfg(&[(name, value.as_str())]) {
                 let (text, shown) = (e.to_string(), format!("{value:?}"));
                 proptest::prop_assert!(text.contains(name) && text.contains(&shown), "{}", text);

@@ -3,59 +3,72 @@
 
 use super::{
     parse_class_sizes, parse_routes, parse_transports, parse_tuning, read_small_file, ApartSingleCopy, Config,
-    IbProvider, LogLevel, NearEager, PlacementMode, PmiVersion, PollPolicy, SkewPolicy, SplitShare, SplitThreshold,
-    StreamEager, WaitMode, MAX_EAGER_MESSAGE,
+    LogLevel, NearEager, PlacementMode, PmiVersion, PollPolicy, SkewPolicy, SplitShare, SplitThreshold, StreamEager,
+    WaitMode, MAX_EAGER_MESSAGE,
 };
 use crate::error::{Error, Result};
 use crate::size::{format_size, parse_size};
 
-/// One variable: declared once, with its default, what it does and how a value applies.
-pub struct Var {
+/// What a variable is, for lists and errors: its name, its default and what it does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VarInfo {
     /// The variable's name (`POLYRAIL_...`).
     pub name: &'static str,
     /// The default, as the variable would write it (or what decides it).
     pub default: &'static str,
     /// What it does, in one line (for `--help`, `polyrail info --config` and errors).
     pub doc: &'static str,
+}
+
+/// One variable of the settings `S` (core's [`Config`], or a channel crate's own): declared
+/// once, with its default, what it does and how a value applies.
+pub struct Var<S: 'static = Config> {
+    /// Name, default and doc.
+    pub info: VarInfo,
     /// Checks a value and applies it; the error names the variable, the value and what is
     /// accepted.
-    apply: fn(&mut Config, &Value<'_>) -> Result<()>,
+    pub apply: fn(&mut S, &Value<'_>) -> Result<()>,
 }
 
-impl std::fmt::Debug for Var {
+impl<S> std::fmt::Debug for Var<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name)
+        f.write_str(self.info.name)
     }
 }
 
-impl Var {
-    /// Applies `value` to `cfg`.
-    pub fn apply(&self, cfg: &mut Config, value: &str) -> Result<()> {
-        (self.apply)(cfg, &Value { var: self.name, text: value })
+impl<S> Var<S> {
+    /// Applies `value` to `settings`.
+    pub fn apply(&self, settings: &mut S, value: &str) -> Result<()> {
+        (self.apply)(settings, &Value { var: self.info.name, text: value })
     }
 }
 
-/// A value given to a variable, with the checks the table's entries share.
-pub(super) struct Value<'a> {
-    var: &'static str,
-    text: &'a str,
+/// A value given to a variable, with the checks the tables' entries share.
+pub struct Value<'a> {
+    /// The variable's name.
+    pub var: &'static str,
+    /// The value as given.
+    pub text: &'a str,
 }
 
-/// `auto`, `off` or a size.
-enum AutoOffSize {
+/// A setting that is `auto`, `off` or a size ([`Value::auto_off_size`]).
+pub enum AutoOffSize {
+    /// `auto`.
     Auto,
+    /// `off`.
     Off,
+    /// A size.
     Size(usize),
 }
 
 impl Value<'_> {
     /// The error for this value: `accepted` says what would do.
-    fn bad(&self, accepted: &str) -> Error {
+    pub fn bad(&self, accepted: &str) -> Error {
         Error::config(self.var, self.text, accepted)
     }
 
     /// A size from `lo` to `hi`.
-    fn size_in(&self, lo: usize, hi: usize) -> Result<usize> {
+    pub fn size_in(&self, lo: usize, hi: usize) -> Result<usize> {
         match parse_size(self.text) {
             Some(n) if (lo..=hi).contains(&n) => Ok(n),
             _ => Err(self.bad(&format!(
@@ -67,7 +80,7 @@ impl Value<'_> {
     }
 
     /// `auto`, `off`, or a size from `lo` to `hi`.
-    fn auto_off_size(&self, lo: usize, hi: usize) -> Result<AutoOffSize> {
+    pub fn auto_off_size(&self, lo: usize, hi: usize) -> Result<AutoOffSize> {
         match self.text {
             "auto" => Ok(AutoOffSize::Auto),
             "off" => Ok(AutoOffSize::Off),
@@ -78,7 +91,7 @@ impl Value<'_> {
     }
 
     /// A whole number from `lo` to `hi`.
-    fn count_in(&self, lo: usize, hi: usize) -> Result<usize> {
+    pub fn count_in(&self, lo: usize, hi: usize) -> Result<usize> {
         match self.text.parse::<usize>() {
             Ok(n) if (lo..=hi).contains(&n) => Ok(n),
             _ => Err(self.bad(&format!("a whole number from {lo} to {hi}"))),
@@ -86,13 +99,13 @@ impl Value<'_> {
     }
 
     /// One of `choices` (word, meaning); `accepted` lists them for the error.
-    fn one_of<T: Copy>(&self, choices: &[(&str, T)], accepted: &str) -> Result<T> {
+    pub fn one_of<T: Copy>(&self, choices: &[(&str, T)], accepted: &str) -> Result<T> {
         choices.iter().find(|(w, _)| *w == self.text).map(|&(_, t)| t).ok_or_else(|| self.bad(accepted))
     }
 }
 
 /// Stores a checked value in its field.
-fn set<T>(field: &mut T, value: Result<T>) -> Result<()> {
+pub fn set<T>(field: &mut T, value: Result<T>) -> Result<()> {
     *field = value?;
     Ok(())
 }
@@ -100,27 +113,35 @@ fn set<T>(field: &mut T, value: Result<T>) -> Result<()> {
 /// Every variable polyrail reads, in the order `polyrail info --config` lists them.
 pub static VARS: &[Var] = &[
     Var {
-        name: "POLYRAIL_TRANSPORTS",
-        default: "all",
-        doc: "channels to use: `all`, a list such as `shm,cma`, or `^cma` to deny",
+        info: VarInfo {
+            name: "POLYRAIL_TRANSPORTS",
+            default: "all",
+            doc: "channels to use: `all`, a list such as `shm,cma`, or `^cma` to deny",
+        },
         apply: |c, v| set(&mut c.transports, parse_transports(v.var, v.text)),
     },
     Var {
-        name: "POLYRAIL_CMA_THRESHOLD",
-        default: "by topology class",
-        doc: "smallest single-copy message: `32k` or `shared-l3:16k,socket:4k`",
+        info: VarInfo {
+            name: "POLYRAIL_CMA_THRESHOLD",
+            default: "by topology class",
+            doc: "smallest single-copy message: `32k` or `shared-l3:16k,socket:4k`",
+        },
         apply: |c, v| set(&mut c.cma_threshold, parse_class_sizes(v.var, v.text)),
     },
     Var {
-        name: "POLYRAIL_ROUTE",
-        default: "none",
-        doc: "route overrides CLASS:LO-HI:CHANNEL[/PROTOCOL],... e.g. all:0-64k:shm,socket:1m-:cma/get",
+        info: VarInfo {
+            name: "POLYRAIL_ROUTE",
+            default: "none",
+            doc: "route overrides CLASS:LO-HI:CHANNEL[/PROTOCOL],... e.g. all:0-64k:shm,socket:1m-:cma/get",
+        },
         apply: |c, v| set(&mut c.routes, parse_routes(v.var, v.text)),
     },
     Var {
-        name: "POLYRAIL_TUNING",
-        default: "none",
-        doc: "file of measured thresholds written by `polyrail tune`",
+        info: VarInfo {
+            name: "POLYRAIL_TUNING",
+            default: "none",
+            doc: "file of measured thresholds written by `polyrail tune`",
+        },
         apply: |c, v| {
             let text = read_small_file(v.text)
                 .map_err(|e| v.bad(&format!("a readable file written by `polyrail tune` ({e})")))?;
@@ -131,9 +152,11 @@ pub static VARS: &[Var] = &[
         },
     },
     Var {
-        name: "POLYRAIL_SPLIT_THRESHOLD",
-        default: "auto",
-        doc: "smallest single-copy message both processes copy: auto, off or a size",
+        info: VarInfo {
+            name: "POLYRAIL_SPLIT_THRESHOLD",
+            default: "auto",
+            doc: "smallest single-copy message both processes copy: auto, off or a size",
+        },
         apply: |c, v| {
             c.split_threshold = match v.auto_off_size(4096, 1 << 40)? {
                 AutoOffSize::Auto => SplitThreshold::Auto,
@@ -144,9 +167,11 @@ pub static VARS: &[Var] = &[
         },
     },
     Var {
-        name: "POLYRAIL_SPLIT_SHARE",
-        default: "auto",
-        doc: "receiver's part of a split single copy: auto (measured per peer and size) or a percentage",
+        info: VarInfo {
+            name: "POLYRAIL_SPLIT_SHARE",
+            default: "auto",
+            doc: "receiver's part of a split single copy: auto (measured per peer and size) or a percentage",
+        },
         apply: |c, v| {
             c.split_share = match v.text {
                 "auto" => SplitShare::Auto,
@@ -158,9 +183,11 @@ pub static VARS: &[Var] = &[
         },
     },
     Var {
-        name: "POLYRAIL_STREAM_EAGER",
-        default: "off",
-        doc: "largest single-copy message sent eagerly in a stream of sends to a peer: off, auto or a size",
+        info: VarInfo {
+            name: "POLYRAIL_STREAM_EAGER",
+            default: "off",
+            doc: "largest single-copy message sent eagerly in a stream of sends to a peer: off, auto or a size",
+        },
         apply: |c, v| {
             c.stream_eager = match v.auto_off_size(0, MAX_EAGER_MESSAGE)? {
                 AutoOffSize::Auto => StreamEager::Auto,
@@ -171,10 +198,12 @@ pub static VARS: &[Var] = &[
         },
     },
     Var {
-        name: "POLYRAIL_NEAR_EAGER",
-        default: "auto",
-        doc:
-            "largest single-copy message sent eagerly while the peer's core shares a cache: auto (128k), off or a size",
+        info: VarInfo {
+            name: "POLYRAIL_NEAR_EAGER",
+            default: "auto",
+            doc: "largest single-copy message sent eagerly while the peer's core shares a cache: auto (128k), off or \
+                  a size",
+        },
         apply: |c, v| {
             c.near_eager = match v.auto_off_size(0, MAX_EAGER_MESSAGE)? {
                 AutoOffSize::Auto => NearEager::Auto,
@@ -185,10 +214,12 @@ pub static VARS: &[Var] = &[
         },
     },
     Var {
-        name: "POLYRAIL_APART_SINGLE_COPY",
-        default: "auto",
-        doc: "while the peer's core shares no cache (or copies to it run slowly), messages from this size by \
+        info: VarInfo {
+            name: "POLYRAIL_APART_SINGLE_COPY",
+            default: "auto",
+            doc: "while the peer's core shares no cache (or copies to it run slowly), messages from this size by \
               single copy and smaller ones eagerly: auto (64k), off or a size",
+        },
         apply: |c, v| {
             c.apart_single_copy = match v.auto_off_size(1, 1 << 40)? {
                 AutoOffSize::Auto => ApartSingleCopy::Auto,
@@ -199,9 +230,11 @@ pub static VARS: &[Var] = &[
         },
     },
     Var {
-        name: "POLYRAIL_PLACEMENT",
-        default: "measure",
-        doc: "placement of the peers' cores for those two and shm's cell filling: measure, near, middle or apart",
+        info: VarInfo {
+            name: "POLYRAIL_PLACEMENT",
+            default: "measure",
+            doc: "placement of the peers' cores for those two and shm's cell filling: measure, near, middle or apart",
+        },
         apply: |c, v| {
             let choices = [
                 ("measure", PlacementMode::Measure),
@@ -213,15 +246,15 @@ pub static VARS: &[Var] = &[
         },
     },
     Var {
-        name: "POLYRAIL_EAGER_LIMIT",
-        default: "64k",
-        doc: "largest eager message through send cells",
+        info: VarInfo { name: "POLYRAIL_EAGER_LIMIT", default: "64k", doc: "largest eager message through send cells" },
         apply: |c, v| set(&mut c.eager_limit, v.size_in(0, MAX_EAGER_MESSAGE)),
     },
     Var {
-        name: "POLYRAIL_SHM_SLOTS",
-        default: "64",
-        doc: "records and 64-byte body slots per shared-memory ring (power of two)",
+        info: VarInfo {
+            name: "POLYRAIL_SHM_SLOTS",
+            default: "64",
+            doc: "records and 64-byte body slots per shared-memory ring (power of two)",
+        },
         apply: |c, v| {
             let n = v.count_in(16, 65536)?;
             if !n.is_power_of_two() {
@@ -231,21 +264,15 @@ pub static VARS: &[Var] = &[
         },
     },
     Var {
-        name: "POLYRAIL_SHM_CELL_SIZE",
-        default: "16k",
-        doc: "bytes per send cell",
+        info: VarInfo { name: "POLYRAIL_SHM_CELL_SIZE", default: "16k", doc: "bytes per send cell" },
         apply: |c, v| set(&mut c.shm_cell_size, v.size_in(4096, 1 << 20)),
     },
     Var {
-        name: "POLYRAIL_SHM_CELLS",
-        default: "128",
-        doc: "send cells per process",
+        info: VarInfo { name: "POLYRAIL_SHM_CELLS", default: "128", doc: "send cells per process" },
         apply: |c, v| set(&mut c.shm_cells, v.count_in(4, 65536)),
     },
     Var {
-        name: "POLYRAIL_LOG",
-        default: "warn",
-        doc: "log level: error, warn, info, debug, trace",
+        info: VarInfo { name: "POLYRAIL_LOG", default: "warn", doc: "log level: error, warn, info, debug, trace" },
         apply: |c, v| {
             let choices = [
                 ("error", LogLevel::Error),
@@ -260,9 +287,7 @@ pub static VARS: &[Var] = &[
         },
     },
     Var {
-        name: "POLYRAIL_PMI",
-        default: "1",
-        doc: "PMI protocol spoken to the launcher: 1 or 2",
+        info: VarInfo { name: "POLYRAIL_PMI", default: "1", doc: "PMI protocol spoken to the launcher: 1 or 2" },
         apply: |c, v| {
             let choices = [
                 ("1", PmiVersion::Pmi1),
@@ -274,10 +299,12 @@ pub static VARS: &[Var] = &[
         },
     },
     Var {
-        name: "POLYRAIL_PMI_TIMEOUT",
-        default: "off",
-        doc: "seconds an answer of the launcher (or the connection to PMI_PORT) may take (a fence waits for \
+        info: VarInfo {
+            name: "POLYRAIL_PMI_TIMEOUT",
+            default: "off",
+            doc: "seconds an answer of the launcher (or the connection to PMI_PORT) may take (a fence waits for \
               every rank), or off",
+        },
         apply: |c, v| {
             let accepted = "`off` or a number of seconds from 0.001 to a year, such as 600 or 2.5";
             c.pmi_timeout = if v.text == "off" {
@@ -290,18 +317,18 @@ pub static VARS: &[Var] = &[
         },
     },
     Var {
-        name: "POLYRAIL_WAIT",
-        default: "adaptive",
-        doc: "how to wait for arrivals: spin, block or adaptive",
+        info: VarInfo {
+            name: "POLYRAIL_WAIT",
+            default: "adaptive",
+            doc: "how to wait for arrivals: spin, block or adaptive",
+        },
         apply: |c, v| {
             let choices = [("spin", WaitMode::Spin), ("block", WaitMode::Block), ("adaptive", WaitMode::Adaptive)];
             set(&mut c.wait, v.one_of(&choices, "spin, block or adaptive"))
         },
     },
     Var {
-        name: "POLYRAIL_SKEW",
-        default: "0:8:64k",
-        doc: "skew feedback LIMIT:WINDOW:SIZE or off",
+        info: VarInfo { name: "POLYRAIL_SKEW", default: "0:8:64k", doc: "skew feedback LIMIT:WINDOW:SIZE or off" },
         apply: |c, v| {
             let accepted = "`off` or LIMIT:WINDOW:SIZE such as 0:8:64k (WINDOW >= 1)";
             if v.text == "off" {
@@ -323,9 +350,11 @@ pub static VARS: &[Var] = &[
         },
     },
     Var {
-        name: "POLYRAIL_POLL",
-        default: "dynamic:8",
-        doc: "polling priority between channels: all, static:R or dynamic:H",
+        info: VarInfo {
+            name: "POLYRAIL_POLL",
+            default: "dynamic:8",
+            doc: "polling priority between channels: all, static:R or dynamic:H",
+        },
         apply: |c, v| {
             let accepted = "all, static:R or dynamic:H with R, H from 1 to 100000";
             let n = |x: &str| x.parse::<u32>().ok().filter(|n| (1..=100_000).contains(n));
@@ -339,89 +368,12 @@ pub static VARS: &[Var] = &[
         },
     },
     Var {
-        name: "POLYRAIL_NODE",
-        default: "unset",
-        doc: "virtual node of this process (set by `polyrail run --layout`)",
+        info: VarInfo {
+            name: "POLYRAIL_NODE",
+            default: "unset",
+            doc: "virtual node of this process (set by `polyrail run --layout`)",
+        },
         apply: |c, v| set(&mut c.node, v.text.parse().map(Some).map_err(|_| v.bad("a node number from 0"))),
-    },
-    Var {
-        name: "POLYRAIL_IB_PROVIDER",
-        default: "auto",
-        doc: "RDMA provider of the ib channel: auto, verbs or soft",
-        apply: |c, v| {
-            let choices = [("auto", IbProvider::Auto), ("verbs", IbProvider::Verbs), ("soft", IbProvider::Soft)];
-            set(&mut c.ib.provider, v.one_of(&choices, "auto, verbs or soft"))
-        },
-    },
-    Var {
-        name: "POLYRAIL_IB_DEVICE",
-        default: "the first device",
-        doc: "RDMA device and port NAME[:PORT], e.g. rxe0:1",
-        apply: |c, v| {
-            let (name, port) = match v.text.split_once(':') {
-                Some((n, p)) => (n, p.parse::<u8>().ok().filter(|&p| p >= 1)),
-                None => (v.text, Some(1)),
-            };
-            match port {
-                Some(port) if !name.is_empty() => set(&mut c.ib.device, Ok(Some((name.to_owned(), port)))),
-                _ => Err(v.bad("NAME or NAME:PORT with PORT from 1, e.g. rxe0:1")),
-            }
-        },
-    },
-    Var {
-        name: "POLYRAIL_IB_GID_INDEX",
-        default: "0",
-        doc: "GID index for RoCE addressing",
-        apply: |c, v| set(&mut c.ib.gid_index, v.text.parse().map_err(|_| v.bad("an index from 0 to 255"))),
-    },
-    Var {
-        name: "POLYRAIL_IB_CREDITS",
-        default: "64",
-        doc: "blocks per peer in the ib eager ring",
-        apply: |c, v| set(&mut c.ib.credits, v.count_in(4, 4096)),
-    },
-    Var {
-        name: "POLYRAIL_IB_BLOCK",
-        default: "8k",
-        doc: "payload bytes per ib eager ring block",
-        apply: |c, v| {
-            let n = v.size_in(256, 1 << 20)?;
-            if n % 64 != 0 {
-                return Err(v.bad("a multiple of 64 bytes from 256 to 1m"));
-            }
-            set(&mut c.ib.block, Ok(n))
-        },
-    },
-    Var {
-        name: "POLYRAIL_IB_EAGER_LIMIT",
-        default: "8k",
-        doc: "largest message sent eagerly over ib",
-        apply: |c, v| set(&mut c.ib.eager_limit, v.size_in(0, MAX_EAGER_MESSAGE)),
-    },
-    Var {
-        name: "POLYRAIL_IB_SYNC_LIMIT",
-        default: "2",
-        doc: "free blocks under which a receiver returns credits at once",
-        apply: |c, v| set(&mut c.ib.sync_limit, v.count_in(2, 4096)),
-    },
-    Var {
-        name: "POLYRAIL_IB_BOUNCE",
-        default: "64k",
-        doc: "largest ib rendezvous copied through pre-registered buffers, 0 = never",
-        apply: |c, v| set(&mut c.ib.bounce, v.size_in(0, 16 << 20)),
-    },
-    Var {
-        name: "POLYRAIL_IB_ACK_TIMEOUT",
-        default: "14",
-        doc: "verbs queue pairs' ack timeout, 4.096 us x 2^N (14: 67 ms)",
-        // 0 would be an infinite timeout: a peer that is gone would never be noticed.
-        apply: |c, v| set(&mut c.ib.ack_timeout, v.count_in(1, 31).map(|n| n as u8)),
-    },
-    Var {
-        name: "POLYRAIL_IB_COMPACT",
-        default: "on",
-        doc: "on or off: MTU-sized ib packets without header in streams of like messages",
-        apply: |c, v| set(&mut c.ib.compact, v.one_of(&[("on", true), ("off", false)], "on or off")),
     },
 ];
 
@@ -429,16 +381,19 @@ pub static VARS: &[Var] = &[
 #[derive(Clone, Debug)]
 pub struct Effective {
     /// The variable.
-    pub var: &'static Var,
+    pub var: VarInfo,
     /// Its value as it applies.
     pub value: String,
     /// Where the value comes from: `environment`, `tuning file PATH` or `default`.
     pub source: String,
 }
 
-/// Every variable's effective value in `cfg`, with `given` telling which the environment set.
-pub fn effective(cfg: &Config, given: &dyn Fn(&str) -> Option<String>) -> Vec<Effective> {
+/// The effective value in `cfg` of every variable of this table and of `channels` (the
+/// channels' own), with `given` telling which the environment set.
+pub fn effective(cfg: &Config, channels: &[VarInfo], given: &dyn Fn(&str) -> Option<String>) -> Vec<Effective> {
     VARS.iter()
+        .map(|v| v.info)
+        .chain(channels.iter().copied())
         .map(|var| {
             let (value, source) = match (given(var.name), &cfg.tuning) {
                 (Some(v), _) => (v, "environment".to_string()),
@@ -454,20 +409,19 @@ pub fn effective(cfg: &Config, given: &dyn Fn(&str) -> Option<String>) -> Vec<Ef
 
 /// The variable named `name`.
 pub fn var(name: &str) -> Option<&'static Var> {
-    VARS.iter().find(|v| v.name == name)
+    VARS.iter().find(|v| v.info.name == name)
 }
 
-/// The variable `name` most likely misspells: the nearest name within three edits, or one that
-/// holds it or that it holds (`POLYRAIL_CMA` for `POLYRAIL_CMA_THRESHOLD`).
-pub fn did_you_mean(name: &str) -> Option<&'static str> {
+/// The name of `known` that `name` most likely misspells: the nearest within three edits, or
+/// one that holds it or that it holds (`POLYRAIL_CMA` for `POLYRAIL_CMA_THRESHOLD`).
+pub fn did_you_mean<'a>(name: &str, known: &[&'a str]) -> Option<&'a str> {
     let upper = name.to_ascii_uppercase();
-    let nearest = VARS.iter().map(|v| (edit_distance(&upper, v.name), v.name)).min_by_key(|&(d, _)| d);
+    let nearest = known.iter().map(|&k| (edit_distance(&upper, k), k)).min_by_key(|&(d, _)| d);
     match nearest {
-        Some((d, n)) if d <= 3 => Some(n),
-        _ => VARS
-            .iter()
-            .map(|v| v.name)
-            .find(|n| n.len() > 9 && upper.len() > 9 && (n.contains(&upper) || upper.contains(n))),
+        Some((d, k)) if d <= 3 => Some(k),
+        _ => {
+            known.iter().copied().find(|k| k.len() > 9 && upper.len() > 9 && (k.contains(&upper) || upper.contains(k)))
+        }
     }
 }
 
@@ -493,27 +447,29 @@ mod tests {
 
     #[test]
     fn names_are_unique_and_defaults_apply() {
-        for (i, v) in VARS.iter().enumerate() {
+        for (i, v) in VARS.iter().map(|v| v.info).enumerate() {
             assert!(v.name.starts_with("POLYRAIL_"), "{}", v.name);
-            assert!(VARS[..i].iter().all(|w| w.name != v.name), "{} twice", v.name);
+            assert!(VARS[..i].iter().all(|w| w.info.name != v.name), "{} twice", v.name);
             assert!(!v.doc.is_empty());
         }
         // A default written as a value gives the default configuration.
-        for v in
-            VARS.iter().filter(|v| !matches!(v.default, "none" | "unset" | "by topology class" | "the first device"))
-        {
+        for v in VARS.iter().filter(|v| !matches!(v.info.default, "none" | "unset" | "by topology class")) {
+            let (name, default) = (v.info.name, v.info.default);
             let mut c = Config::default();
-            v.apply(&mut c, v.default).unwrap_or_else(|e| panic!("{}={}: {e}", v.name, v.default));
-            assert_eq!(format!("{c:?}"), format!("{:?}", Config::default()), "{}={}", v.name, v.default);
+            v.apply(&mut c, default).unwrap_or_else(|e| panic!("{name}={default}: {e}"));
+            assert_eq!(format!("{c:?}"), format!("{:?}", Config::default()), "{name}={default}");
         }
     }
 
     #[test]
     fn misspellings_find_their_variable() {
-        assert_eq!(did_you_mean("POLYRAIL_TRANSPORT"), Some("POLYRAIL_TRANSPORTS"));
-        assert_eq!(did_you_mean("POLYRAIL_CMA_THRESHOLDS"), Some("POLYRAIL_CMA_THRESHOLD"));
-        assert_eq!(did_you_mean("polyrail_wait"), Some("POLYRAIL_WAIT"));
-        assert_eq!(did_you_mean("POLYRAIL_IB_EAGER"), Some("POLYRAIL_IB_EAGER_LIMIT"));
-        assert_eq!(did_you_mean("POLYRAIL_FROBNICATE"), None);
+        let mut known: Vec<&str> = VARS.iter().map(|v| v.info.name).collect();
+        known.push("POLYRAIL_IB_EAGER_LIMIT");
+        let guess = |name: &str| did_you_mean(name, &known);
+        assert_eq!(guess("POLYRAIL_TRANSPORT"), Some("POLYRAIL_TRANSPORTS"));
+        assert_eq!(guess("POLYRAIL_CMA_THRESHOLDS"), Some("POLYRAIL_CMA_THRESHOLD"));
+        assert_eq!(guess("polyrail_wait"), Some("POLYRAIL_WAIT"));
+        assert_eq!(guess("POLYRAIL_IB_EAGER"), Some("POLYRAIL_IB_EAGER_LIMIT"));
+        assert_eq!(guess("POLYRAIL_FROBNICATE"), None);
     }
 }

@@ -563,7 +563,7 @@ mod tests {
                 let mut a = c.attr.clone();
                 a.rndv_from = match a.kind {
                     TransportKind::Cma => cfg.cma_rndv_from(),
-                    TransportKind::Ib => cfg.ib.rndv_from(),
+                    TransportKind::Ib => ib_rndv_from(cfg),
                     _ => Vec::new(),
                 };
                 a
@@ -572,6 +572,15 @@ mod tests {
         let with: Vec<Candidate<'_>> =
             candidates.iter().zip(&attrs).map(|(c, attr)| Candidate { id: c.id, attr }).collect();
         super::build_route(class, &with, cfg)
+    }
+
+    /// What the ib channel reports for `POLYRAIL_IB_EAGER_LIMIT` (a setting of its own crate,
+    /// kept among the configuration's others here).
+    fn ib_rndv_from(cfg: &Config) -> Vec<crate::RndvFrom> {
+        let given = cfg.others.iter().find(|(k, _)| k == "POLYRAIL_IB_EAGER_LIMIT");
+        let limit = given.and_then(|(_, v)| crate::parse_size(v)).unwrap_or(8 << 10);
+        let reason = format!("POLYRAIL_IB_EAGER_LIMIT={}, the largest eager message", format_size(limit));
+        vec![crate::RndvFrom { class: None, from: limit + 1, reason }]
     }
 
     fn attr(kind: TransportKind, caps: Caps, max_eager: usize) -> TransportAttr {

@@ -2,11 +2,11 @@
 //! the credit scenarios that every provider must pass.
 #![allow(dead_code)]
 
-use polyrail_core::config::IbSettings;
 use polyrail_core::{
     Error, Header, Issued, OpId, PacketKind, PeerInfo, Rank, Reach, RemoteKey, Result, Sink, Transport,
 };
 use polyrail_ib::provider::{Opcode, WorkRequest};
+use polyrail_ib::IbSettings;
 use polyrail_ib::{DirectIb, Provider};
 use std::time::{Duration, Instant};
 

@@ -108,7 +108,8 @@ enum BindArg {
 
 fn variables_help() -> String {
     let mut s = String::from("Environment variables:\n");
-    for v in polyrail::config::VARS {
+    let core = polyrail::config::VARS.iter().map(|v| v.info);
+    for v in core.chain(polyrail::channel_variables()) {
         s.push_str(&format!("  {:<26} {} (default {})\n", v.name, v.doc, v.default));
     }
     s
@@ -167,7 +168,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             }
         }
         Cmd::Info { config: true, .. } => {
-            let cfg = polyrail::Config::from_env()?;
+            let cfg = polyrail::settings()?;
             print!("{}", format_config(&cfg));
             Ok(0)
         }
@@ -175,7 +176,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             let under_launcher = std::env::var_os("PMI_FD").is_some() || std::env::var_os("PMI_PORT").is_some();
             if !under_launcher && ranks > 1 {
                 // A bad variable is reported once, here, rather than by every rank.
-                polyrail::Config::from_env()?;
+                polyrail::settings()?;
                 let exe = std::env::current_exe().context("cannot find the polyrail executable")?;
                 let mut opts = LaunchOptions::new(ranks, exe);
                 opts.args = vec!["info".into(), "-n".into(), "1".into()];
@@ -204,7 +205,7 @@ fn format_config(cfg: &polyrail::Config) -> String {
     use std::fmt::Write;
     let given = |name: &str| std::env::var(name).ok();
     let mut s = String::new();
-    for e in polyrail::config::effective(cfg, &given) {
+    for e in polyrail::config::effective(cfg, &polyrail::channel_variables(), &given) {
         let _ = writeln!(s, "# {}", e.var.doc);
         let _ = writeln!(s, "# default: {}; from: {}", e.var.default, e.source);
         let _ = writeln!(s, "{}={}\n", e.var.name, e.value);

@@ -75,7 +75,7 @@ pub fn measure(out: &Path, quick: bool) -> anyhow::Result<()> {
 /// Runs the measurement jobs, compares the modes and writes the tuning file.
 pub fn tune(output: &Path, quick: bool) -> anyhow::Result<i32> {
     // A bad variable is reported once, here, rather than by both ranks of a measurement job.
-    polyrail::Config::from_env()?;
+    polyrail::settings()?;
     let exe = std::env::current_exe().context("cannot find the polyrail executable")?;
     let repeats = if quick { 1 } else { 3 };
     // results[mode][size index] = (latencies, bandwidths)
