@@ -1,5 +1,6 @@
 //! 2-D five-point stencil (Jacobi) with halo exchange on a process grid, checked against the
-//! same computation done serially on rank 0.
+//! same computation done serially on rank 0. The edges and blocks travel as `f64`s (typed
+//! messages), not as bytes.
 //!
 //! `polyrail run -n 4 target/release/examples/halo [N] [STEPS]`
 
@@ -28,14 +29,6 @@ fn step(u: &[f64], w: usize, h: usize) -> Vec<f64> {
         }
     }
     v
-}
-
-fn to_bytes(v: &[f64]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn from_bytes(b: &[u8]) -> Vec<f64> {
-    b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()
 }
 
 /// Argument `i` (after the program's name) as a whole number, or `default` when absent; a
@@ -74,22 +67,22 @@ fn main() -> polyrail::Result<()> {
     for _ in 0..steps {
         // Post receives first, then sends: left, right, up, down.
         let dirs: [(i64, i64, u32); 4] = [(-1, 0, 0), (1, 0, 1), (0, -1, 2), (0, 1, 3)];
-        let mut recvs: Vec<(usize, Request)> = Vec::new();
-        let mut sends: Vec<Request> = Vec::new();
+        let mut recvs: Vec<(usize, Request<f64>)> = Vec::new();
+        let mut sends: Vec<Request<f64>> = Vec::new();
         for (k, &(dx, dy, tag)) in dirs.iter().enumerate() {
             let Some(peer) = rank_at(cx as i64 + dx, cy as i64 + dy) else { continue };
             let len = if dx != 0 { h } else { w };
-            recvs.push((k, ctx.irecv(peer, tag ^ 1, vec![0u8; len * 8])?));
+            recvs.push((k, ctx.irecv_typed(peer, tag ^ 1, vec![0.0f64; len])?));
             let edge: Vec<f64> = match (dx, dy) {
                 (-1, 0) => (1..=h).map(|y| u[y * (w + 2) + 1]).collect(),
                 (1, 0) => (1..=h).map(|y| u[y * (w + 2) + w]).collect(),
                 (0, -1) => (1..=w).map(|x| u[(w + 2) + x]).collect(),
                 _ => (1..=w).map(|x| u[h * (w + 2) + x]).collect(),
             };
-            sends.push(ctx.isend(peer, tag, to_bytes(&edge))?);
+            sends.push(ctx.isend_typed(peer, tag, edge)?);
         }
         for (k, r) in recvs {
-            let halo = from_bytes(&ctx.wait(r)?.buf);
+            let halo = ctx.wait(r)?.buf;
             for (i, v) in halo.into_iter().enumerate() {
                 let idx = match k {
                     0 => (i + 1) * (w + 2),
@@ -106,16 +99,16 @@ fn main() -> polyrail::Result<()> {
     // Gather the interior on rank 0 and compare with a serial run.
     let interior: Vec<f64> = (1..=h).flat_map(|y| u[y * (w + 2) + 1..y * (w + 2) + w + 1].to_vec()).collect();
     if me != 0 {
-        ctx.send(0, 99, &to_bytes(&interior))?;
+        ctx.send_typed(0, 99, &interior)?;
     } else {
         let mut global = vec![0.0f64; gw * gh];
         for r in 0..size {
             let block = if r == 0 {
                 interior.clone()
             } else {
-                let mut b = vec![0u8; w * h * 8];
-                ctx.recv(r, 99, &mut b)?;
-                from_bytes(&b)
+                let mut b = vec![0.0f64; w * h];
+                ctx.recv_typed(r, 99, &mut b)?;
+                b
             };
             let (bx, by) = ((r % px) as usize * w, (r / px) as usize * h);
             for y in 0..h {

@@ -1,9 +1,15 @@
-//! The user-facing endpoint: `Context`.
+//! This process's endpoint in the job: [`World`] (the channels, the engine, the requests'
+//! buffers) and [`Context`], the communicator over the whole job. The calls themselves are
+//! [`Comm`]'s, written once for the world and every space; here are the engine-level
+//! operations they reach, in a matching context and with job ranks.
 
 use crate::buffer::RegisteredBuffer;
+use crate::comm::Comm;
 use crate::dropped::DropBox;
 use crate::heap::HeapRegistrations;
-use crate::space::{status_in, InSpace, Members, Space, SplitEntry};
+use crate::pod::{self, Owned};
+use crate::space::{status_in, Members, Space, SplitEntry};
+use bytemuck::Pod;
 use polyrail_core::engine::{CancelRecv, Engine, ReqId, Source, Status, TagMatch};
 use polyrail_core::{Config, Error, Rank, Region, RegionMut, Result};
 use polyrail_pmi::Bootstrap;
@@ -11,11 +17,9 @@ use polyrail_runtime::{Driver, Job, JobReport, ParkedEnd};
 use std::io::Write;
 use std::sync::Arc;
 
-/// Context id of user messages.
-const USER_CTX: u16 = 0;
 /// Context id of the barrier's messages, and of whole-job splits'.
 pub(crate) const BARRIER_CTX: u16 = 1;
-const _: () = assert!(USER_CTX == Space::WORLD.ctx && BARRIER_CTX < Space::FIRST_MADE);
+const _: () = assert!(BARRIER_CTX != Space::WORLD.ctx && BARRIER_CTX < Space::FIRST_MADE);
 /// Tag of a split's messages in its space's control context (the barrier's tags are its
 /// rounds, below 32).
 const SPLIT_TAG: u32 = u32::MAX;
@@ -27,9 +31,11 @@ const SWEEP_MIN: usize = 64;
 const FINALIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A non-blocking send or receive in flight, or one that finished when it started (a small eager
-/// send that left at once, a receive whose message was here). Finish it with [`Context::wait`]
-/// (which gives the buffer back) or poll it with [`Context::test`], on the context that made it
-/// (another context of the process refuses it with [`Error::InvalidArgument`]).
+/// send that left at once, a receive whose message was here). Finish it with [`Comm::wait`]
+/// (which gives the buffer back) or poll it with [`Comm::test`], on the context that made it or
+/// any space of it (another context of the process refuses it with [`Error::InvalidArgument`]).
+/// `T` is the element type of its buffer: bytes unless it was started with
+/// [`Comm::isend_typed`] or [`Comm::irecv_typed`].
 ///
 /// Dropping a `Request` detaches it (`MPI_Request_free`): the transfer still completes, and the
 /// context frees the request and its buffer after it finished: at once if it finished when it was
@@ -37,19 +43,19 @@ const FINALIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// many as its last look through them left (so fewer than 64 may stay until the context ends). Its
 /// result, an error included, goes nowhere. (A dropped [`crate::ScopedRequest`] is waited for by
 /// its scope's end instead.) The buffer is owned by the context meanwhile, so it cannot be freed or
-/// reused under the transfer (the memory of a raw request, [`Context::isend_raw`], must stay valid
+/// reused under the transfer (the memory of a raw request, [`Comm::isend_raw`], must stay valid
 /// until the context ends). A call that refuses a request made by another context consumes it as a
 /// drop does.
 #[derive(Debug)]
 #[must_use = "a request must be waited for to get its buffer and its result"]
-pub struct Request {
-    state: RequestState,
+pub struct Request<T = u8> {
+    state: RequestState<T>,
     /// Started in a [`crate::Scope`], whose end waits for it: its drop hands nothing back
     /// (the scope's end takes its result, so an id handed back would outlive the request).
     scoped: bool,
 }
 
-/// What [`Context::take_buf_or`] does when a peer may still write a raw request's memory.
+/// What [`World::take_buf_or`] does when a peer may still write a raw request's memory.
 #[derive(Clone, Copy)]
 enum LentRaw {
     /// Stops the process: the memory is about to go back to the caller.
@@ -58,7 +64,7 @@ enum LentRaw {
     Warn,
 }
 
-/// Which [`Context`] of this process made a request (engine ids are only unique inside one).
+/// Which [`World`] of this process made a request (engine ids are only unique inside one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ContextMark(u32);
 
@@ -71,20 +77,20 @@ impl ContextMark {
 }
 
 #[derive(Debug)]
-enum RequestState {
+enum RequestState<T> {
     /// In the engine of the context marked so: running, or finished with its result not taken
     /// yet. Started in a split [`Space`], it carries the space's ranks, which its status is to
     /// name.
     Engine(ReqId, ContextMark, Option<Arc<Members>>),
     /// Finished when it was started (an eager send that left at once, a receive whose message
     /// was here already): nothing runs, the buffer is free again.
-    Done(Completion),
+    Done(Completion<T>),
     /// [`RequestState::Done`] for a raw operation, which has no buffer to give back: the
     /// smallest thing to hand back from a small `isend_raw`, which makes many.
     Finished(Status),
 }
 
-impl Drop for Request {
+impl<T> Drop for Request<T> {
     fn drop(&mut self) {
         match self.state {
             RequestState::Engine(id, mark, _) if !self.scoped => DropBox::post(mark, id),
@@ -93,10 +99,10 @@ impl Drop for Request {
     }
 }
 
-impl Request {
+impl<T> Request<T> {
     /// Its state, leaving nothing for its drop to hand back (it is being waited for, or
     /// cancelled).
-    fn into_state(mut self) -> RequestState {
+    fn into_state(mut self) -> RequestState<T> {
         std::mem::replace(&mut self.state, RequestState::Finished(Status { source: 0, tag: 0, len: 0 }))
     }
 
@@ -106,24 +112,24 @@ impl Request {
     }
 
     /// The request, started in a scope (whose end waits for it, should it be dropped).
-    pub(crate) fn scoped(mut self) -> Request {
+    pub(crate) fn scoped(mut self) -> Request<T> {
         self.scoped = true;
         self
     }
 
     /// An operation that finished when it started, with `status`; `buf` is given back.
-    fn done(status: Status, buf: Vec<u8>) -> Request {
+    fn done(status: Status, buf: Vec<T>) -> Request<T> {
         Request { state: RequestState::Done(Completion { status, buf }), scoped: false }
     }
 
     /// A raw operation that finished when it started, with `status`.
-    fn finished(status: Status) -> Request {
+    fn finished(status: Status) -> Request<T> {
         Request { state: RequestState::Finished(status), scoped: false }
     }
 
     /// The request, started in the space of `members` (with job ranks): its status is to name
     /// ranks of that space.
-    pub(crate) fn in_space(self, members: &Option<Arc<Members>>) -> Result<Request> {
+    pub(crate) fn in_space(self, members: Option<&Arc<Members>>) -> Result<Request<T>> {
         let Some(m) = members else { return Ok(self) };
         let scoped = self.scoped;
         let state = match self.into_state() {
@@ -166,54 +172,52 @@ const _: () = {
     const fn send<T: Send>() {}
     send::<Context>();
     send::<Request>();
+    send::<Request<f64>>();
 };
 
 /// Requests to look through more than once, from a slice or from a collection holding them.
-pub(crate) trait Requests<'r>: IntoIterator<Item = &'r Request> + Clone {}
+pub(crate) trait Requests<'r, T: 'r>: IntoIterator<Item = &'r Request<T>> + Clone {}
 
-impl<'r, I: IntoIterator<Item = &'r Request> + Clone> Requests<'r> for I {}
+impl<'r, T: 'r, I: IntoIterator<Item = &'r Request<T>> + Clone> Requests<'r, T> for I {}
 
 /// Index of the first of `reqs` that has finished (or failed).
-fn first_finished<'r>(engine: &Engine, reqs: impl Requests<'r>) -> Option<usize> {
+fn first_finished<'r, T: 'r>(engine: &Engine, reqs: impl Requests<'r, T>) -> Option<usize> {
     reqs.into_iter().position(|r| r.has_finished(engine))
 }
 
-/// What [`Context::cancel`] did with a request.
+/// What [`Comm::cancel`] did with a request.
 #[derive(Debug)]
 #[must_use = "a request that was not cancelled must still be waited for"]
-pub enum Cancel {
+pub enum Cancel<T = u8> {
     /// The receive was withdrawn before any message matched it; its buffer (empty for a raw
     /// receive). A message meant for it goes to the next matching receive.
-    Cancelled(Vec<u8>),
+    Cancelled(Vec<T>),
     /// It could not be cancelled (a send; a receive that a message matched or that finished,
     /// also while it was being withdrawn; a receive whose peer was lost): wait for it as
     /// before.
-    NotCancelled(Request),
+    NotCancelled(Request<T>),
 }
 
 /// A finished non-blocking operation: its status and its buffer.
 #[derive(Debug)]
-pub struct Completion {
-    /// Source, tag and length of the message (for sends: the destination, the tag and the
-    /// length sent).
+pub struct Completion<T = u8> {
+    /// Source, tag and length in bytes of the message (for sends: the destination, the tag and
+    /// the length sent).
     pub status: Status,
-    /// The buffer given to `isend`/`irecv`.
-    pub buf: Vec<u8>,
+    /// The buffer given to `isend`/`irecv` (or their `_typed` forms), whole.
+    pub buf: Vec<T>,
 }
 
-/// One process's endpoint in a job: its rank, the job size, and point-to-point messaging.
-///
-/// Created once per process with [`Context::init`]; dropped at the end of the program (which
-/// finishes outstanding sends and tells the process manager that this rank ends normally).
-/// It may move to another thread (`Send`, as its requests may), but its calls take `&mut self`:
-/// one thread at a time, as MPI's `MPI_THREAD_SERIALIZED`.
-pub struct Context {
+/// One process's endpoint in a job: its channels, its engine (matching and requests) and the
+/// buffers its requests own. It is reached through a communicator: [`Context`], which owns it
+/// and spans the whole job, or a space of it ([`crate::InSpace`]).
+pub struct World {
     driver: Driver,
     bootstrap: Box<dyn Bootstrap>,
     report: JobReport,
     config: Config,
     /// Buffers of non-blocking requests, by request index.
-    owned: Vec<Option<Vec<u8>>>,
+    owned: Vec<Option<Owned>>,
     /// Blocks of the [`crate::MappedHeap`] registered with the channels.
     heap: HeapRegistrations,
     /// Carried by this context's requests.
@@ -226,17 +230,69 @@ pub struct Context {
     sweep_at: usize,
     /// Matching contexts given out by [`Context::new_space`] so far.
     spaces: u16,
-    /// The highest matching context not given to a space of [`InSpace::split`] yet.
+    /// The highest matching context not given to a split space yet.
     next_split: u16,
     finalized: bool,
 }
 
+/// One process's endpoint in a job, as the communicator of the whole job: its rank, the job
+/// size and point-to-point messaging ([`Comm`]'s calls, the same as in every space), and what
+/// only the whole job does: start, make spaces, finish.
+///
+/// Created once per process with [`Context::init`]; dropped at the end of the program (which
+/// finishes outstanding sends and tells the process manager that this rank ends normally).
+/// It may move to another thread (`Send`, as its requests may), but its calls take `&mut self`:
+/// one thread at a time, as MPI's `MPI_THREAD_SERIALIZED`.
+pub type Context = Comm<World>;
+
 impl Context {
-    /// Allocates `len` bytes registered once with every channel: messages sent from it or
-    /// received into it skip per-message registration on `ib`, and `cma` copies them without
-    /// the kernel (peers map the buffer; see [`RegisteredBuffer`]). Give it back with
-    /// [`Context::free_registered`].
-    pub fn alloc_registered(&mut self, len: usize) -> Result<RegisteredBuffer> {
+    /// Joins the job described by the environment: a PMI process manager (`polyrail run`,
+    /// `mpiexec.hydra`, `srun --mpi=pmi2`) or, without one, a job of size 1. Configuration
+    /// comes from the `POLYRAIL_*` variables.
+    pub fn init() -> Result<Context> {
+        Self::init_with(Config::from_env()?)
+    }
+
+    /// Like [`Context::init`] with an explicit configuration.
+    pub fn init_with(config: Config) -> Result<Context> {
+        World::start(config, None).map(Comm::new)
+    }
+
+    /// Joins a job through an explicit bootstrap (e.g. from `polyrail_cli::launch::spawn_peers`, or
+    /// a runtime's own process manager) instead of the environment's.
+    pub fn init_with_bootstrap(config: Config, bootstrap: Box<dyn Bootstrap>) -> Result<Context> {
+        World::start(config, Some(bootstrap)).map(Comm::new)
+    }
+
+    /// Makes a new matching [`Space`] over the whole job. Every rank must make its spaces in
+    /// the same order (the n-th space of each rank is the same space): like `MPI_Comm_dup`, but
+    /// without a message. Spaces made here and by splits share 65534 matching contexts (a split
+    /// takes two); beyond, an [`Error::InvalidArgument`].
+    pub fn new_space(&mut self) -> Result<Space> {
+        let world = self.world_mut();
+        let ctx = u32::from(Space::FIRST_MADE) + u32::from(world.spaces);
+        let Some(ctx) = u16::try_from(ctx).ok().filter(|&c| c <= world.next_split) else {
+            return Err(Error::InvalidArgument(format!(
+                "no matching context left for a new space ({} made, the splits took {})",
+                world.spaces,
+                Space::FIRST_SPLIT - world.next_split
+            )));
+        };
+        world.spaces += 1;
+        Ok(Space { ctx, members: None })
+    }
+
+    /// Finishes: withdraws receives that matched nothing, waits (at most 10 s) for the other
+    /// outstanding requests, tells peers and the process manager that this rank ends normally.
+    /// Called by `drop`; call it to see its error.
+    pub fn finalize(mut self) -> Result<()> {
+        self.world_mut().finish()
+    }
+}
+
+impl World {
+    /// [`Comm::alloc_registered`].
+    pub(crate) fn alloc_registered(&mut self, len: usize) -> Result<RegisteredBuffer> {
         let buf = RegisteredBuffer::map(len, self.mark)?;
         if let Err(e) = self.driver.register_memory(buf.region(), buf.file()) {
             buf.unmap();
@@ -245,10 +301,8 @@ impl Context {
         Ok(buf)
     }
 
-    /// Ends the registrations of a buffer from [`Context::alloc_registered`] and frees it. No
-    /// request may still use it. A buffer of another context of this process is refused and
-    /// stays mapped, as one dropped without this call (its registrations are that context's).
-    pub fn free_registered(&mut self, buf: RegisteredBuffer) -> Result<()> {
+    /// [`Comm::free_registered`].
+    pub(crate) fn free_registered(&mut self, buf: RegisteredBuffer) -> Result<()> {
         if buf.made_by() != self.mark {
             drop(buf);
             return Err(Error::InvalidArgument(
@@ -260,29 +314,11 @@ impl Context {
         Ok(())
     }
 
-    /// Joins the job described by the environment: a PMI process manager (`polyrail run`,
-    /// `mpiexec.hydra`, `srun --mpi=pmi2`) or, without one, a job of size 1. Configuration
-    /// comes from the `POLYRAIL_*` variables.
-    pub fn init() -> Result<Context> {
-        Self::init_with(Config::from_env()?)
-    }
-
-    /// Like [`Context::init`] with an explicit configuration.
-    pub fn init_with(config: Config) -> Result<Context> {
-        Self::start(config, None)
-    }
-
-    /// Joins a job through an explicit bootstrap (e.g. from `polyrail_cli::launch::spawn_peers`, or
-    /// a runtime's own process manager) instead of the environment's.
-    pub fn init_with_bootstrap(config: Config, bootstrap: Box<dyn Bootstrap>) -> Result<Context> {
-        Self::start(config, Some(bootstrap))
-    }
-
-    fn start(config: Config, boot: Option<Box<dyn Bootstrap>>) -> Result<Context> {
+    fn start(config: Config, boot: Option<Box<dyn Bootstrap>>) -> Result<World> {
         polyrail_runtime::log::init(config.log);
         let Job { bootstrap, driver, report, config } = Job::start(&crate::channels(), config, boot)?;
         let mark = ContextMark::next();
-        let mut ctx = Context {
+        let mut world = World {
             driver,
             bootstrap,
             report,
@@ -297,54 +333,34 @@ impl Context {
             next_split: Space::FIRST_SPLIT,
             finalized: false,
         };
-        ctx.barrier()?;
-        Job::connected(&mut ctx.driver, &mut ctx.report)?;
-        Ok(ctx)
+        world.barrier_in(None, BARRIER_CTX)?;
+        Job::connected(&mut world.driver, &mut world.report)?;
+        Ok(world)
     }
 
-    /// This process's rank, from 0 to `size() - 1`.
-    pub fn rank(&self) -> Rank {
+    /// This process's rank in the job.
+    pub(crate) fn rank(&self) -> Rank {
         self.bootstrap.rank()
     }
 
     /// Number of processes in the job.
-    pub fn size(&self) -> u32 {
+    pub(crate) fn size(&self) -> u32 {
         self.bootstrap.size()
     }
 
     /// The configuration in use.
-    pub fn config(&self) -> &Config {
+    pub(crate) fn config(&self) -> &Config {
         &self.config
     }
 
-    /// What the job learned at start: topology, channels, and the route table to every peer.
-    pub fn report(&self) -> &JobReport {
+    /// What the job learned at start.
+    pub(crate) fn report(&self) -> &JobReport {
         &self.report
     }
 
-    /// Makes a new matching [`Space`] over the whole job. Every rank must make its spaces in
-    /// the same order (the n-th space of each rank is the same space): like `MPI_Comm_dup`, but
-    /// without a message. Spaces made here and by splits share 65534 matching contexts (a split
-    /// takes two); beyond, an [`Error::InvalidArgument`].
-    pub fn new_space(&mut self) -> Result<Space> {
-        let ctx = u32::from(Space::FIRST_MADE) + u32::from(self.spaces);
-        let Some(ctx) = u16::try_from(ctx).ok().filter(|&c| c <= self.next_split) else {
-            return Err(Error::InvalidArgument(format!(
-                "no matching context left for a new space ({} made, the splits took {})",
-                self.spaces,
-                Space::FIRST_SPLIT - self.next_split
-            )));
-        };
-        self.spaces += 1;
-        Ok(Space { ctx, members: None })
-    }
-
-    /// This context's point-to-point calls in `space`: `ctx.in_space(&s)?.send(1, 7, b"x")`.
-    /// A space this context cannot have made (its matching context is not among those this
-    /// context gave out, or a split space does not hold this rank) is an
-    /// [`Error::InvalidArgument`]; a space of another `Context` of this process whose number
-    /// is among them is not told apart.
-    pub fn in_space<'a>(&'a mut self, space: &'a Space) -> Result<InSpace<'a>> {
+    /// An [`Error::InvalidArgument`] unless this context can have made `space` (see
+    /// [`Comm::in_space`]).
+    pub(crate) fn check_space(&self, space: &Space) -> Result<()> {
         let made = match &space.members {
             None => {
                 space.ctx == Space::WORLD.ctx
@@ -355,17 +371,7 @@ impl Context {
         if !made {
             return Err(Error::InvalidArgument(format!("space {} was not made by this context", space.ctx)));
         }
-        Ok(InSpace { ctx: self, space })
-    }
-
-    /// Splits the whole job: [`InSpace::split`] in [`Space::WORLD`].
-    pub fn split(&mut self, color: Option<u32>, key: u32) -> Result<Option<Space>> {
-        self.in_space(&Space::WORLD)?.split(color, key)
-    }
-
-    /// Splits the whole job by node: [`InSpace::split_by_node`] in [`Space::WORLD`].
-    pub fn split_by_node(&mut self) -> Result<Space> {
-        self.in_space(&Space::WORLD)?.split_by_node()
+        Ok(())
     }
 
     /// Sends this rank's split entry (`color`, `key` and the next free split context) to the
@@ -420,18 +426,13 @@ impl Context {
         Ok(())
     }
 
-    /// Whether skew feedback has messages to `peer` sent eagerly now (the peer reported that it
-    /// lags behind this process; see `POLYRAIL_SKEW`).
-    pub fn sends_eagerly_to(&self, peer: Rank) -> bool {
+    /// Whether skew feedback has messages to job rank `peer` sent eagerly now.
+    pub(crate) fn sends_eagerly_to(&self, peer: Rank) -> bool {
         self.driver.engine.peer_lags(peer)
     }
 
-    /// Sends `buf` to `to` with `tag`; returns when `buf` may be reused.
-    pub fn send(&mut self, to: Rank, tag: u32, buf: &[u8]) -> Result<()> {
-        self.send_in(USER_CTX, to, tag, buf)
-    }
-
-    /// [`Context::send`] in matching context `space`.
+    /// Sends `buf` to job rank `to` in matching context `space`; returns when `buf` may be
+    /// reused.
     #[inline]
     pub(crate) fn send_in(&mut self, space: u16, to: Rank, tag: u32, buf: &[u8]) -> Result<()> {
         self.heap.before_post(&mut self.driver, buf.as_ptr(), buf.len());
@@ -445,18 +446,8 @@ impl Context {
         self.driver.wait(id).map(|_| ())
     }
 
-    /// Receives into `buf` a message from `from` (a rank or [`Source::Any`]) whose tag matches
-    /// `tag` (a tag or [`TagMatch::Any`]). A longer message is an [`Error::Truncated`].
-    ///
-    /// Should the wait give up (the process manager died) while a live peer holds `buf`'s key
-    /// (it may be writing there through cma, which cannot be revoked), or the peer holding it
-    /// break the protocol (it may still run), the process stops with a message saying so
-    /// rather than hand `buf` back under that write.
-    pub fn recv(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>, buf: &mut [u8]) -> Result<Status> {
-        self.recv_in(USER_CTX, from.into(), tag.into(), buf)
-    }
-
-    /// [`Context::recv`] in matching context `space`.
+    /// Receives into `buf` in matching context `space` (see [`Comm::recv`]); the status names
+    /// the job rank of the sender.
     pub(crate) fn recv_in(&mut self, space: u16, from: Source, tag: TagMatch, buf: &mut [u8]) -> Result<Status> {
         if let Source::Rank(r) = from {
             self.driver.before_recv(r, buf.len());
@@ -481,7 +472,7 @@ impl Context {
                 }
             }
         } else {
-            // SAFETY: as in `send`; the request ends before `buf`'s borrow does.
+            // SAFETY: as in `send_in`; the request ends before `buf`'s borrow does.
             let id = unsafe { self.driver.engine.post_recv(from, tag, space, region_mut(buf))? };
             self.driver.drain();
             id
@@ -493,68 +484,18 @@ impl Context {
         status
     }
 
-    /// Sends `send_buf` to `to` with `send_tag` and receives into `recv_buf` from `from` with
-    /// `recv_tag` at once (`MPI_Sendrecv`): neither waits for the other, so ranks that exchange
-    /// with each other (a ring shift, a halo) cannot deadlock whatever the sizes. The receive's
-    /// status; a longer message is an [`Error::Truncated`].
-    pub fn sendrecv(
-        &mut self,
-        to: Rank,
-        send_tag: u32,
-        send_buf: &[u8],
-        from: impl Into<Source>,
-        recv_tag: impl Into<TagMatch>,
-        recv_buf: &mut [u8],
-    ) -> Result<Status> {
-        self.sendrecv_in(USER_CTX, to, send_tag, send_buf, from.into(), recv_tag.into(), recv_buf)
-    }
-
-    /// [`Context::sendrecv`] in matching context `space`.
-    #[allow(clippy::too_many_arguments)] // sendrecv's six, and the space
-    pub(crate) fn sendrecv_in(
-        &mut self,
-        space: u16,
-        to: Rank,
-        send_tag: u32,
-        send_buf: &[u8],
-        from: Source,
-        recv_tag: TagMatch,
-        recv_buf: &mut [u8],
-    ) -> Result<Status> {
-        // Ranks here are job ranks: the space's members do not come along.
-        crate::scope::scope_in(self, &Space { ctx: space, members: None }, |s| {
-            let received = s.irecv(from, recv_tag, recv_buf)?;
-            let sent = match s.isend(to, send_tag, send_buf) {
-                Ok(sent) => sent,
-                Err(e) => {
-                    // Not left for the scope's end to wait for: its message may never come.
-                    // One that matched already is waited for there, and ends.
-                    let _ = s.cancel(received);
-                    return Err(e);
-                }
-            };
-            // Both are waited for, then the receive's error (if any) comes first.
-            let (status, sent) = (s.wait(received), s.wait(sent));
-            let status = status?;
-            sent.map(|_| status)
-        })
-    }
-
-    /// Starts sending `buf` (owned by the request until it finishes). A small eager message
-    /// leaves at once when the channel has room; its request is then finished already.
-    pub fn isend(&mut self, to: Rank, tag: u32, buf: Vec<u8>) -> Result<Request> {
-        self.isend_in(USER_CTX, to, tag, buf)
-    }
-
-    /// [`Context::isend`] in matching context `space`.
+    /// Starts sending `buf` (owned by the request until it finishes) to job rank `to` in
+    /// matching context `space`.
     #[inline]
-    pub(crate) fn isend_in(&mut self, space: u16, to: Rank, tag: u32, buf: Vec<u8>) -> Result<Request> {
-        self.heap.before_post(&mut self.driver, buf.as_ptr(), buf.len());
+    pub(crate) fn isend_in<T: Pod>(&mut self, space: u16, to: Rank, tag: u32, buf: Vec<T>) -> Result<Request<T>> {
+        let bytes = pod::bytes(&buf);
+        let (ptr, len) = (bytes.as_ptr(), bytes.len());
+        self.heap.before_post(&mut self.driver, ptr, len);
         // SAFETY: if a request is made, the Vec is stored in `self.owned` until its result is
         // taken; its heap memory does not move when the Vec value moves.
-        if let Some(started) = unsafe { self.driver.start_send_inline(to, tag, space, buf.as_ptr(), buf.len()) } {
+        if let Some(started) = unsafe { self.driver.start_send_inline(to, tag, space, ptr, len) } {
             return Ok(match started? {
-                None => Request::done(Status { source: to, tag, len: buf.len() }, buf),
+                None => Request::done(Status { source: to, tag, len }, buf),
                 Some(id) => {
                     self.keep(id, buf);
                     self.request(id)
@@ -563,53 +504,42 @@ impl Context {
         }
         // SAFETY: the Vec is stored in `self.owned` until the request's result is taken; its
         // heap memory does not move when the Vec value moves.
-        let id = unsafe { self.driver.engine.post_send(to, tag, space, region(&buf))? };
+        let id = unsafe { self.driver.engine.post_send(to, tag, space, Region { ptr, len })? };
         self.keep(id, buf);
         self.driver.drain();
         Ok(self.request(id))
     }
 
-    /// Starts receiving into `buf` (owned by the request until it finishes); the message may
-    /// be at most `buf.len()` bytes. When a matching eager message is here already, it is
-    /// copied at once and the request is finished already.
-    pub fn irecv(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>, buf: Vec<u8>) -> Result<Request> {
-        self.irecv_in(USER_CTX, from.into(), tag.into(), buf)
-    }
-
-    /// [`Context::irecv`] in matching context `space`.
+    /// Starts receiving into `buf` (owned by the request until it finishes) in matching
+    /// context `space`.
     #[inline]
-    pub(crate) fn irecv_in(&mut self, space: u16, from: Source, tag: TagMatch, mut buf: Vec<u8>) -> Result<Request> {
+    pub(crate) fn irecv_in<T: Pod>(
+        &mut self,
+        space: u16,
+        from: Source,
+        tag: TagMatch,
+        mut buf: Vec<T>,
+    ) -> Result<Request<T>> {
+        let region = region_mut(pod::bytes_mut(&mut buf));
         if let Source::Rank(r) = from {
-            self.driver.before_recv(r, buf.len());
+            self.driver.before_recv(r, region.len);
         }
-        self.heap.before_post(&mut self.driver, buf.as_ptr(), buf.len());
-        // SAFETY: `buf` is borrowed for the call.
-        if let Some(status) = unsafe { self.take_arrived(from, tag, space, region_mut(&mut buf)) } {
+        self.heap.before_post(&mut self.driver, region.ptr, region.len);
+        // SAFETY: `buf` is owned here for the call.
+        if let Some(status) = unsafe { self.take_arrived(from, tag, space, region) } {
             return Ok(Request::done(status, buf));
         }
-        // SAFETY: as in `isend`.
-        let id = unsafe { self.driver.engine.post_recv(from, tag, space, region_mut(&mut buf))? };
+        // SAFETY: as in `isend_in`.
+        let id = unsafe { self.driver.engine.post_recv(from, tag, space, region)? };
         self.keep(id, buf);
         self.driver.drain();
         Ok(self.request(id))
     }
 
-    /// Starts sending `len` bytes at `ptr`, for runtimes that manage their own memory (the
-    /// buffer given back by [`Context::wait`] is empty). Several sends may share one buffer.
+    /// Starts sending `len` bytes at `ptr` to job rank `to` in matching context `space`.
     ///
     /// # Safety
-    /// The memory must stay valid and unmodified until the request was waited for (or, for a
-    /// request dropped without a wait, until the context ends).
-    #[inline]
-    pub unsafe fn isend_raw(&mut self, to: Rank, tag: u32, ptr: *const u8, len: usize) -> Result<Request> {
-        // SAFETY: forwarded to the caller.
-        unsafe { self.isend_raw_in(USER_CTX, to, tag, ptr, len) }
-    }
-
-    /// [`Context::isend_raw`] in matching context `space`.
-    ///
-    /// # Safety
-    /// As for [`Context::isend_raw`].
+    /// As for [`Comm::isend_raw`].
     #[inline]
     pub(crate) unsafe fn isend_raw_in(
         &mut self,
@@ -632,33 +562,10 @@ impl Context {
         Ok(self.request(id))
     }
 
-    /// Starts receiving into `len` bytes at `ptr`; see [`Context::isend_raw`].
+    /// Starts receiving into `region` in matching context `space`.
     ///
     /// # Safety
-    /// The memory must stay valid, and not be read or written by anyone else, until the request was
-    /// waited for (or, for a request dropped without a wait, until the context ends). (Benchmarks
-    /// that let several receives write one buffer, as OSU's do, get unspecified contents in it,
-    /// nothing worse.) Should its wait give up while a live peer holds the buffer's key, the
-    /// process stops, as in [`Context::recv`]. A receive left unwaited whose withdrawal at finalize
-    /// its peer does not answer in time may yet be written by that peer (a warning says so): that
-    /// memory must never be reused. Buffers of [`Context::irecv`] are kept out of use in both cases
-    /// by polyrail itself.
-    #[inline]
-    pub unsafe fn irecv_raw(
-        &mut self,
-        from: impl Into<Source>,
-        tag: impl Into<TagMatch>,
-        ptr: *mut u8,
-        len: usize,
-    ) -> Result<Request> {
-        // SAFETY: forwarded to the caller.
-        unsafe { self.irecv_raw_in(USER_CTX, from.into(), tag.into(), RegionMut { ptr, len }) }
-    }
-
-    /// [`Context::irecv_raw`] in matching context `space`.
-    ///
-    /// # Safety
-    /// As for [`Context::irecv_raw`].
+    /// As for [`Comm::irecv_raw`].
     #[inline]
     pub(crate) unsafe fn irecv_raw_in(
         &mut self,
@@ -694,22 +601,34 @@ impl Context {
         Some(status)
     }
 
-    fn keep(&mut self, id: ReqId, buf: Vec<u8>) {
+    /// Holds `buf` for request `id` until its result is taken. The request handed out for
+    /// `id` is a `Request<T>` of the same `T` ([`World::take_vec`] relies on it).
+    #[inline]
+    fn keep<T: Pod>(&mut self, id: ReqId, buf: Vec<T>) {
         let i = req_index(id);
         if self.owned.len() <= i {
             self.owned.resize_with(i + 1, || None);
         }
-        self.owned[i] = Some(buf);
+        self.owned[i] = Some(Owned::new(buf));
     }
 
-    fn take_buf(&mut self, id: ReqId) -> Vec<u8> {
-        self.take_buf_or(id, LentRaw::Stop)
+    /// The buffer of `id`, whose result was taken, as the vector it was given as (empty for a
+    /// raw request, or when it is kept out of use; see [`World::take_buf_or`]).
+    ///
+    /// # Safety
+    /// `T` is the element type of `id`'s request: a `Request<T>` made by this context for
+    /// `id`, whose buffer, if any, [`World::keep`] holds as the `Vec<T>` it was given.
+    #[inline]
+    unsafe fn take_vec<T: Pod>(&mut self, id: ReqId) -> Vec<T> {
+        let buf = self.take_buf_or(id, LentRaw::Stop);
+        // SAFETY: forwarded to the caller.
+        buf.map(|b| unsafe { b.into_vec() }).unwrap_or_default()
     }
 
     /// The buffer of `id`, whose result was taken: an owned one a peer may still write is
-    /// kept out of use (an empty one comes back); a raw one then stops the process or, for a
-    /// request dropped unwaited, whose memory the caller keeps until the context ends, warns.
-    fn take_buf_or(&mut self, id: ReqId, lent_raw: LentRaw) -> Vec<u8> {
+    /// kept out of use (`None` comes back); a raw one then stops the process or, for a request
+    /// dropped unwaited, whose memory the caller keeps until the context ends, warns.
+    fn take_buf_or(&mut self, id: ReqId, lent_raw: LentRaw) -> Option<Owned> {
         let buf = self.owned.get_mut(req_index(id)).and_then(Option::take);
         if self.driver.engine.take_peer_may_write(id) {
             match (buf, lent_raw) {
@@ -717,9 +636,9 @@ impl Context {
                 (None, LentRaw::Stop) => self.stop_for_lent_buffer(),
                 (None, LentRaw::Warn) => self.quarantine(1, Vec::new()),
             }
-            return Vec::new();
+            return None;
         }
-        buf.unwrap_or_default()
+        buf
     }
 
     /// Waits for request `id` of a scope whose closure panicked until `deadline` (the scope's
@@ -763,8 +682,8 @@ impl Context {
 
     /// Leaks `bufs`, the owned buffers of `receives` receives that failed after their keys went
     /// to live peers: those may still write there, so the memory must never be reused.
-    fn quarantine(&self, receives: usize, bufs: Vec<Vec<u8>>) {
-        let bytes: usize = bufs.iter().map(Vec::capacity).sum();
+    fn quarantine(&self, receives: usize, bufs: Vec<Owned>) {
+        let bytes: usize = bufs.iter().map(Owned::capacity_bytes).sum();
         let kept = match bytes {
             0 => "the caller's buffer must not be reused".to_string(),
             n => format!("{n} B of buffers kept out of use"),
@@ -776,32 +695,24 @@ impl Context {
         bufs.into_iter().for_each(std::mem::forget);
     }
 
-    /// Waits for a request; gives back its status and buffer.
-    pub fn wait(&mut self, req: Request) -> Result<Completion> {
+    /// [`Comm::wait`]: the status names ranks of the space the request was started in.
+    pub(crate) fn wait<T: Pod>(&mut self, req: Request<T>) -> Result<Completion<T>> {
         req.check_made_by(self.mark)?;
         match req.into_state() {
             RequestState::Engine(id, _, members) => {
                 let r = self.driver.wait(id);
-                let buf = self.take_buf(id);
-                Ok(Completion { status: status_in(members.as_deref(), r?)?, buf })
+                // SAFETY: `req` was a `Request<T>` of this context for `id`.
+                let buf = unsafe { self.take_vec::<T>(id) };
+                let status = pod::whole::<T>(status_in(members.as_deref(), r?)?)?;
+                Ok(Completion { status, buf })
             }
-            RequestState::Done(done) => Ok(done),
+            RequestState::Done(done) => pod::whole::<T>(done.status).map(|_| done),
             RequestState::Finished(status) => Ok(Completion { status, buf: Vec::new() }),
         }
     }
 
-    /// Cancels a receive that no message has matched yet (`MPI_Cancel`), e.g. an ANY_SOURCE
-    /// receive for control messages at shutdown: [`Cancel::Cancelled`] gives its buffer back.
-    /// A send and a matched or finished receive are given back as [`Cancel::NotCancelled`].
-    ///
-    /// A large receive posted before its message gave the sender its buffer's key (so the
-    /// data can be written straight into it), and so may one posted before it: then the
-    /// sender is asked to drop the key, and this waits for its answer (a round trip, or the
-    /// peer's loss). A message that matches the receive meanwhile wins: `NotCancelled`, and
-    /// the receive finishes with it. Should that wait fail, the receive is given up as after a
-    /// failed [`Context::wait`] (a buffer the peer may still write is kept out of use, or, for
-    /// a raw one, the process stops).
-    pub fn cancel(&mut self, req: Request) -> Result<Cancel> {
+    /// [`Comm::cancel`].
+    pub(crate) fn cancel<T: Pod>(&mut self, req: Request<T>) -> Result<Cancel<T>> {
         req.check_made_by(self.mark)?;
         let RequestState::Engine(id, ..) = req.state else { return Ok(Cancel::NotCancelled(req)) };
         let withdrawn = match self.driver.engine.cancel_recv(id) {
@@ -813,7 +724,7 @@ impl Context {
                     // As a failed wait: the receive is given up, and a buffer a peer may still
                     // write is kept out of use (or, the caller's, stops the process).
                     self.driver.abandon(id);
-                    drop(self.take_buf(id));
+                    drop(self.take_buf_or(id, LentRaw::Stop));
                     req.disarm();
                     return Err(e);
                 }
@@ -828,43 +739,12 @@ impl Context {
             return Ok(Cancel::NotCancelled(req));
         }
         req.disarm();
-        Ok(Cancel::Cancelled(self.take_buf(id)))
+        // SAFETY: `req` was a `Request<T>` of this context for `id`.
+        Ok(Cancel::Cancelled(unsafe { self.take_vec::<T>(id) }))
     }
 
-    /// Makes progress once; whether `req` finished (then [`Context::wait`] returns at once). A
-    /// request whose peer was lost counts as finished (its wait gives the error): a loop of
-    /// tests checks the peers' liveness every so often, as a wait does, and fails when the
-    /// process manager is gone.
-    pub fn test(&mut self, req: &Request) -> Result<bool> {
-        self.test_all(std::slice::from_ref(req))
-    }
-
-    /// Waits until one of `reqs` has finished (or failed) and returns its index; its result is
-    /// then taken with [`Context::wait`], which returns at once. The first finished request in
-    /// `reqs` order is named. A request that failed (e.g. its peer was lost) counts as
-    /// finished: `wait` returns its error. An empty `reqs` is an [`Error::InvalidArgument`].
-    ///
-    /// ```no_run
-    /// # fn main() -> polyrail::Result<()> {
-    /// # let mut ctx = polyrail::Context::init()?;
-    /// let mut reqs = Vec::new();
-    /// for peer in 1..ctx.size() {
-    ///     reqs.push(ctx.irecv(peer, 0, vec![0u8; 4096])?);
-    /// }
-    /// while !reqs.is_empty() {
-    ///     let i = ctx.wait_any(&reqs)?;
-    ///     let done = ctx.wait(reqs.swap_remove(i))?;
-    ///     println!("{} bytes from rank {}", done.status.len, done.status.source);
-    /// }
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn wait_any(&mut self, reqs: &[Request]) -> Result<usize> {
-        self.wait_any_of(reqs)
-    }
-
-    /// [`Context::wait_any`] over requests held in something else (a [`crate::Scope`]'s).
-    pub(crate) fn wait_any_of<'r>(&mut self, reqs: impl Requests<'r>) -> Result<usize> {
+    /// [`Comm::wait_any`] over requests held in a slice or elsewhere (a [`crate::Scope`]'s).
+    pub(crate) fn wait_any_of<'r, T: 'r>(&mut self, reqs: impl Requests<'r, T>) -> Result<usize> {
         self.check_made_here(reqs.clone())?;
         if reqs.clone().into_iter().next().is_none() {
             return Err(Error::InvalidArgument("wait_any was given no request to wait for".into()));
@@ -877,14 +757,8 @@ impl Context {
         found.ok_or_else(|| Error::InvalidArgument("wait_any ended without a finished request".into()))
     }
 
-    /// Makes progress once; the index of the first of `reqs` that has finished (or failed), if
-    /// any (then [`Context::wait`] on it returns at once).
-    pub fn test_any(&mut self, reqs: &[Request]) -> Result<Option<usize>> {
-        self.test_any_of(reqs)
-    }
-
-    /// [`Context::test_any`] over requests held in something else.
-    pub(crate) fn test_any_of<'r>(&mut self, reqs: impl Requests<'r>) -> Result<Option<usize>> {
+    /// [`Comm::test_any`] over requests held in a slice or elsewhere.
+    pub(crate) fn test_any_of<'r, T: 'r>(&mut self, reqs: impl Requests<'r, T>) -> Result<Option<usize>> {
         self.check_made_here(reqs.clone())?;
         if let Some(i) = first_finished(&self.driver.engine, reqs.clone()) {
             return Ok(Some(i));
@@ -893,14 +767,8 @@ impl Context {
         Ok(first_finished(&self.driver.engine, reqs))
     }
 
-    /// Makes progress once; whether every one of `reqs` has finished (or failed): then
-    /// [`Context::wait_all`] returns at once.
-    pub fn test_all(&mut self, reqs: &[Request]) -> Result<bool> {
-        self.test_all_of(reqs)
-    }
-
-    /// [`Context::test_all`] over requests held in something else.
-    pub(crate) fn test_all_of<'r>(&mut self, reqs: impl Requests<'r>) -> Result<bool> {
+    /// [`Comm::test_all`] over requests held in a slice or elsewhere.
+    pub(crate) fn test_all_of<'r, T: 'r>(&mut self, reqs: impl Requests<'r, T>) -> Result<bool> {
         self.check_made_here(reqs.clone())?;
         let all_done = |e: &Engine| reqs.clone().into_iter().all(|r| r.has_finished(e));
         if all_done(&self.driver.engine) {
@@ -912,14 +780,15 @@ impl Context {
 
     /// An error if one of `reqs` was made by another context of this process: its engine id
     /// would name whatever request has that id here.
-    fn check_made_here<'r>(&self, reqs: impl Requests<'r>) -> Result<()> {
+    fn check_made_here<'r, T: 'r>(&self, reqs: impl Requests<'r, T>) -> Result<()> {
         reqs.into_iter().try_for_each(|r| r.check_made_by(self.mark))
     }
 
-    /// A request of this context for the engine's `id`. Takes the requests dropped since the
-    /// last one, and frees the finished ones among them when enough are held.
+    /// A request of this context for the engine's `id`, whose buffer (if any) is a `Vec<T>`
+    /// held by [`World::keep`]. Takes the requests dropped since the last one, and frees the
+    /// finished ones among them when enough are held.
     #[inline]
-    pub(crate) fn request(&mut self, id: ReqId) -> Request {
+    pub(crate) fn request<T>(&mut self, id: ReqId) -> Request<T> {
         if self.dropped.pending() {
             self.free_dropped();
         }
@@ -954,10 +823,8 @@ impl Context {
         self.detached = detached;
     }
 
-    /// Waits for every request; the completions are in the order of `reqs`. If any failed, all
-    /// are still waited for and the first error is returned (an error of the waiting itself, a
-    /// channel failing or the process manager gone, abandons the unfinished ones).
-    pub fn wait_all(&mut self, reqs: Vec<Request>) -> Result<Vec<Completion>> {
+    /// [`Comm::wait_all`].
+    pub(crate) fn wait_all<T: Pod>(&mut self, reqs: Vec<Request<T>>) -> Result<Vec<Completion<T>>> {
         self.check_made_here(&reqs)?;
         let mut ids = Vec::with_capacity(reqs.len());
         ids.extend(reqs.iter().filter_map(Request::engine_id));
@@ -983,7 +850,12 @@ impl Context {
             let (id, members) = match req.into_state() {
                 RequestState::Engine(id, _, members) => (id, members),
                 RequestState::Done(done) => {
-                    out.push(done);
+                    match pod::whole::<T>(done.status) {
+                        Ok(_) => out.push(done),
+                        Err(e) => {
+                            first_err.get_or_insert(e);
+                        }
+                    }
                     continue;
                 }
                 RequestState::Finished(status) => {
@@ -991,9 +863,10 @@ impl Context {
                     continue;
                 }
             };
-            let buf = self.take_buf(id);
+            // SAFETY: `req` was a `Request<T>` of this context for `id`.
+            let buf = unsafe { self.take_vec::<T>(id) };
             let result = self.driver.engine.take_result(id);
-            match result.map(|r| r.and_then(|status| status_in(members.as_deref(), status))) {
+            match result.map(|r| r.and_then(|status| pod::whole::<T>(status_in(members.as_deref(), status)?))) {
                 Some(Ok(status)) => out.push(Completion { status, buf }),
                 Some(Err(e)) => {
                     first_err.get_or_insert(e);
@@ -1009,13 +882,7 @@ impl Context {
         }
     }
 
-    /// Waits until a message matching `(from, tag)` can be received; returns its status
-    /// without receiving it.
-    pub fn probe(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Status> {
-        self.probe_in(USER_CTX, from.into(), tag.into())
-    }
-
-    /// [`Context::probe`] in matching context `space`.
+    /// [`Comm::probe`] in matching context `space`, with job ranks.
     pub(crate) fn probe_in(&mut self, space: u16, from: Source, tag: TagMatch) -> Result<Status> {
         self.check_source(from)?;
         let mut found = None;
@@ -1034,15 +901,7 @@ impl Context {
         })
     }
 
-    /// Whether a message matching `(from, tag)` can be received now, and its status. An error
-    /// when none is here and the rank named (for [`Source::Any`], a rank that may send in the
-    /// space) was lost: a loop of probes ends as a wait would. A rank that finished is no error
-    /// (`None`: what it sent before it finished was matched already).
-    pub fn iprobe(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Option<Status>> {
-        self.iprobe_in(USER_CTX, from.into(), tag.into())
-    }
-
-    /// [`Context::iprobe`] in matching context `space`.
+    /// [`Comm::iprobe`] in matching context `space`, with job ranks.
     pub(crate) fn iprobe_in(&mut self, space: u16, from: Source, tag: TagMatch) -> Result<Option<Status>> {
         self.check_source(from)?;
         if let Some(s) = self.driver.engine.probe(from, tag, space) {
@@ -1064,16 +923,16 @@ impl Context {
         }
     }
 
-    /// Waits until every rank called `barrier` (dissemination barrier over the channels).
-    pub fn barrier(&mut self) -> Result<()> {
-        let (me, n) = (self.rank(), self.size());
-        self.barrier_among(BARRIER_CTX, me, n, |r| r)
-    }
-
-    /// [`Context::barrier`] among the ranks of a space (their job ranks `job`, this one at
-    /// `me`), in its `control` context.
-    pub(crate) fn barrier_over(&mut self, control: u16, me: Rank, job: &[Rank]) -> Result<()> {
-        self.barrier_among(control, me, job.len() as u32, |r| job[r as usize])
+    /// A barrier among the ranks of a space: the whole job (in [`BARRIER_CTX`]) when `members`
+    /// is `None`, else those members in the space's `control` context.
+    pub(crate) fn barrier_in(&mut self, members: Option<&Members>, control: u16) -> Result<()> {
+        match members {
+            None => {
+                let (me, n) = (self.rank(), self.size());
+                self.barrier_among(BARRIER_CTX, me, n, |r| r)
+            }
+            Some(m) => self.barrier_among(control, m.me, m.job.len() as u32, |r| m.job[r as usize]),
+        }
     }
 
     /// A dissemination barrier in matching context `ctx` among `n` ranks numbered from 0,
@@ -1098,13 +957,7 @@ impl Context {
         Ok(())
     }
 
-    /// Finishes: withdraws receives that matched nothing, waits (at most 10 s) for the other
-    /// outstanding requests, tells peers and the process manager that this rank ends normally.
-    /// Called by `drop`; call it to see its error.
-    pub fn finalize(mut self) -> Result<()> {
-        self.finish()
-    }
-
+    /// [`Context::finalize`], once (later calls do nothing).
     fn finish(&mut self) -> Result<()> {
         if self.finalized {
             return Ok(());
@@ -1142,7 +995,7 @@ impl Context {
     }
 }
 
-impl Drop for Context {
+impl Drop for World {
     fn drop(&mut self) {
         if let Err(e) = self.finish() {
             // Not `eprintln!`, which panics when stderr is gone (as it is when the launcher
@@ -1211,8 +1064,8 @@ mod tests {
             assert_eq!(ctx.recv(0, 9, &mut got).unwrap().len, 1 << 20);
             assert!(got == big, "a dropped send delivered its message");
         }
-        let live = ctx.driver.engine.active_requests();
-        let kept = ctx.owned.iter().flatten().count();
+        let live = ctx.kind.driver.engine.active_requests();
+        let kept = ctx.kind.owned.iter().flatten().count();
         assert!(live <= 2 * SWEEP_MIN && kept <= 2 * SWEEP_MIN, "{live} requests and {kept} buffers held");
         ctx.finalize().unwrap();
     }
@@ -1231,7 +1084,7 @@ mod tests {
         })
         .unwrap();
         assert_eq!(&buf[..4], b"late");
-        assert!(!ctx.dropped.pending() && ctx.detached.is_empty(), "the scope's request was handed back");
+        assert!(!ctx.kind.dropped.pending() && ctx.kind.detached.is_empty(), "the scope's request was handed back");
         ctx.finalize().unwrap();
     }
 

@@ -5,10 +5,14 @@
 //! let mut ctx = Context::init()?;
 //! if ctx.rank() == 0 {
 //!     ctx.send(1, 7, b"hello")?;
+//!     ctx.send_typed(1, 8, &[1.5f64, -2.0])?;
 //! } else if ctx.rank() == 1 {
 //!     let mut buf = [0u8; 16];
 //!     let st = ctx.recv(Source::Any, TagMatch::Tag(7), &mut buf)?;
 //!     assert_eq!(&buf[..st.len], b"hello");
+//!     let mut xs = [0.0f64; 2];
+//!     ctx.recv_typed(0, 8, &mut xs)?;
+//!     assert_eq!(xs, [1.5, -2.0]);
 //! }
 //! # Ok::<(), polyrail::Error>(())
 //! ```
@@ -21,14 +25,18 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod buffer;
+mod comm;
 mod context;
 mod dropped;
 mod heap;
+mod pod;
 mod scope;
 mod space;
 
 pub use buffer::RegisteredBuffer;
-pub use context::{Cancel, Completion, Context, Request};
+pub use bytemuck::{self, Pod};
+pub use comm::{Comm, CommKind, Within};
+pub use context::{Cancel, Completion, Context, Request, World};
 pub use heap::MappedHeap;
 pub use polyrail_core::engine::{Source, Status, TagMatch};
 pub use polyrail_core::policy::{topology::TopoClass, PeerRoute, Protocol, RouteEntry};

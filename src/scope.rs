@@ -1,22 +1,26 @@
-//! Non-blocking operations on borrowed buffers: [`Context::scope`].
+//! Non-blocking operations on borrowed buffers: [`Comm::scope`].
 //!
 //! The owned form (`isend(to, tag, Vec<u8>)`) moves a buffer into the request; a scope lets the
 //! requests borrow instead, the way `std::thread::scope` lets threads borrow: every request
-//! started in the scope has ended when [`Context::scope`] returns (it waits for those the
+//! started in the scope has ended when [`Comm::scope`] returns (it waits for those the
 //! closure did not wait for, also when the closure panics), and the buffers stay borrowed until
 //! then, so safe code cannot change, free or reuse a buffer under a transfer.
 
 use std::cell::{RefCell, RefMut};
 use std::marker::PhantomData;
 
+use bytemuck::Pod;
 use polyrail_core::engine::{ReqId, Source, Status, TagMatch};
 use polyrail_core::{Error, Rank, Result};
 
-use crate::context::{Cancel, Context, Request, UNWIND_WAIT};
-use crate::space::{job_rank_in, source_in, Space};
+use crate::comm::{Comm, CommKind};
+use crate::context::{Cancel, Request, World, UNWIND_WAIT};
+use crate::pod;
+use crate::space::At;
 
-/// The requests of one [`Context::scope`] call: start them with [`Scope::isend`] and
-/// [`Scope::irecv`] on buffers borrowed for the whole scope.
+/// The requests of one [`Comm::scope`] call: start them with [`Scope::isend`] and
+/// [`Scope::irecv`] (or their `_typed` forms) on buffers borrowed for the whole scope, in the
+/// communicator's space and with its ranks.
 ///
 /// A buffer cannot change while a send may still read it:
 ///
@@ -41,9 +45,9 @@ use crate::space::{job_rank_in, source_in, Space};
 /// # }
 /// ```
 pub struct Scope<'scope, 'env: 'scope> {
-    ctx: RefCell<&'scope mut Context>,
-    /// The space of its sends and receives.
-    space: &'scope Space,
+    ctx: RefCell<&'scope mut World>,
+    /// Where its sends and receives go.
+    at: At<'scope>,
     /// The requests started here and not yet waited for.
     running: RefCell<Running>,
     // Invariant in both lifetimes, as `std::thread::Scope`: neither may be shortened to let a
@@ -68,12 +72,14 @@ pub struct ScopedRequest<'scope> {
     req: Request,
     /// Its place in [`Scope::running`] (`None`: it finished when it started).
     slot: Option<usize>,
+    /// Checks that the received length is a whole number of the buffer's elements.
+    whole: fn(Status) -> Result<Status>,
     // Invariant, as the scope: a request cannot pass for one of another scope, whose end would
     // then not wait for its own request in that slot.
     scope: PhantomData<&'scope mut &'scope ()>,
 }
 
-impl Context {
+impl<K: CommKind> Comm<K> {
     /// Runs `f` with a [`Scope`] whose non-blocking operations borrow their buffers instead of
     /// owning them; returns when `f` has returned and every request started in the scope has
     /// ended (those `f` did not wait for are waited for here, their results dropped; also when
@@ -82,7 +88,7 @@ impl Context {
     /// A closure that returns early on an error with receives still posted should cancel them
     /// itself ([`Scope::cancel`]): the scope's end waits for them, and a peer that fails alike
     /// would wait for this one. Should a receive's wait give up while a live peer may still
-    /// write its buffer, the process stops, as in [`Context::recv`].
+    /// write its buffer, the process stops, as in [`Comm::recv`].
     ///
     /// ```no_run
     /// # fn main() -> polyrail::Result<()> {
@@ -103,26 +109,19 @@ impl Context {
     where
         F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> T,
     {
-        scope_in(self, &Space::WORLD, f)
+        let (world, at) = self.parts();
+        let scope = Scope {
+            ctx: RefCell::new(world),
+            at,
+            running: RefCell::new(Running::default()),
+            scope: PhantomData,
+            env: PhantomData,
+        };
+        let ending = EndOfScope(&scope);
+        let result = f(&scope);
+        drop(ending);
+        result
     }
-}
-
-/// [`Context::scope`] whose sends and receives are in `space`.
-pub(crate) fn scope_in<'env, F, T>(ctx: &mut Context, space: &Space, f: F) -> T
-where
-    F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> T,
-{
-    let scope = Scope {
-        ctx: RefCell::new(ctx),
-        space,
-        running: RefCell::new(Running::default()),
-        scope: PhantomData,
-        env: PhantomData,
-    };
-    let ending = EndOfScope(&scope);
-    let result = f(&scope);
-    drop(ending);
-    result
 }
 
 /// Waits for a scope's requests when dropped: at its end, or while `f` unwinds.
@@ -142,7 +141,7 @@ impl Drop for EndOfScope<'_, '_, '_> {
                 ctx.wait_while_unwinding(id, deadline);
             }
             // The result goes nowhere: the closure did not ask for it.
-            let req = ctx.request(id).scoped();
+            let req = ctx.request::<u8>(id).scoped();
             let _ = ctx.wait(req);
         }
     }
@@ -152,12 +151,18 @@ impl<'scope> Scope<'scope, '_> {
     /// Starts sending `buf`, borrowed until the scope ends. A small message may leave at once;
     /// its request is then finished already.
     pub fn isend(&'scope self, to: Rank, tag: u32, buf: &'scope [u8]) -> Result<ScopedRequest<'scope>> {
-        let to = job_rank_in(self.space.members.as_deref(), to)?;
+        self.isend_typed(to, tag, buf)
+    }
+
+    /// [`Scope::isend`] of plain-old-data elements (`&[f64]`, ...), as their bytes.
+    pub fn isend_typed<T: Pod>(&'scope self, to: Rank, tag: u32, buf: &'scope [T]) -> Result<ScopedRequest<'scope>> {
+        let to = self.at.job_rank(to)?;
+        let buf = pod::bytes(buf);
         let mut ctx = self.context()?;
         // SAFETY: `buf` is borrowed (shared, so unchanged) until the scope ends, and the scope
         // waits for every request it started before it ends.
-        let req = unsafe { ctx.isend_raw_in(self.space.ctx, to, tag, buf.as_ptr(), buf.len())? };
-        self.started(req)
+        let req = unsafe { ctx.isend_raw_in(self.at.ctx, to, tag, buf.as_ptr(), buf.len())? };
+        self.started(req, pod::whole::<T>)
     }
 
     /// Starts receiving into `buf`, borrowed until the scope ends; the message may be at most
@@ -168,20 +173,32 @@ impl<'scope> Scope<'scope, '_> {
         tag: impl Into<TagMatch>,
         buf: &'scope mut [u8],
     ) -> Result<ScopedRequest<'scope>> {
-        let from = source_in(self.space.members.as_deref(), from.into())?;
+        self.irecv_typed(from, tag, buf)
+    }
+
+    /// [`Scope::irecv`] into plain-old-data elements; [`Scope::wait`] checks the received
+    /// length as [`Comm::recv_typed`] does.
+    pub fn irecv_typed<T: Pod>(
+        &'scope self,
+        from: impl Into<Source>,
+        tag: impl Into<TagMatch>,
+        buf: &'scope mut [T],
+    ) -> Result<ScopedRequest<'scope>> {
+        let from = self.at.source(from.into())?;
+        let buf = pod::bytes_mut(buf);
         let mut ctx = self.context()?;
         let region = polyrail_core::RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() };
         // SAFETY: `buf` is borrowed exclusively until the scope ends, and the scope waits for
         // every request it started before it ends.
-        let req = unsafe { ctx.irecv_raw_in(self.space.ctx, from, tag.into(), region)? };
-        self.started(req)
+        let req = unsafe { ctx.irecv_raw_in(self.at.ctx, from, tag.into(), region)? };
+        self.started(req, pod::whole::<T>)
     }
 
     /// Waits for a request of this scope; its status.
     pub fn wait(&self, req: ScopedRequest<'scope>) -> Result<Status> {
         let mut ctx = self.context()?;
         self.ended(req.slot);
-        ctx.wait(req.req).map(|done| done.status)
+        ctx.wait(req.req).and_then(|done| (req.whole)(done.status))
     }
 
     /// Makes progress once; whether `req` finished (then [`Scope::wait`] returns at once).
@@ -190,55 +207,57 @@ impl<'scope> Scope<'scope, '_> {
     }
 
     /// Waits for every request; the statuses are in the order of `reqs`. If any failed, all
-    /// are still waited for and the first error is returned (as [`Context::wait_all`]).
+    /// are still waited for and the first error is returned (as [`Comm::wait_all`]).
     pub fn wait_all(&self, reqs: Vec<ScopedRequest<'scope>>) -> Result<Vec<Status>> {
         let mut ctx = self.context()?;
         reqs.iter().for_each(|r| self.ended(r.slot));
+        let checks: Vec<_> = reqs.iter().map(|r| r.whole).collect();
         let reqs = reqs.into_iter().map(|r| r.req).collect();
-        Ok(ctx.wait_all(reqs)?.into_iter().map(|done| done.status).collect())
+        ctx.wait_all(reqs)?.into_iter().zip(checks).map(|(done, whole)| whole(done.status)).collect()
     }
 
-    /// Cancels a receive that no message has matched yet, as [`Context::cancel`]: `None` when
+    /// Cancels a receive that no message has matched yet, as [`Comm::cancel`]: `None` when
     /// it was withdrawn (its buffer stays borrowed until the scope ends), else the request to
     /// wait for as before.
     pub fn cancel(&self, req: ScopedRequest<'scope>) -> Result<Option<ScopedRequest<'scope>>> {
         let mut ctx = self.context()?;
-        let ScopedRequest { req: inner, slot, scope } = req;
+        let ScopedRequest { req: inner, slot, whole, scope } = req;
         Ok(match ctx.cancel(inner)? {
             Cancel::Cancelled(_) => {
                 self.ended(slot);
                 None
             }
-            Cancel::NotCancelled(req) => Some(ScopedRequest { req, slot, scope }),
+            Cancel::NotCancelled(req) => Some(ScopedRequest { req, slot, whole, scope }),
         })
     }
 
     /// Waits until one of `reqs` has finished (or failed); its index (then [`Scope::wait`] on
-    /// it returns at once). As [`Context::wait_any`].
+    /// it returns at once). As [`Comm::wait_any`].
     pub fn wait_any(&self, reqs: &[ScopedRequest<'scope>]) -> Result<usize> {
         self.context()?.wait_any_of(reqs.iter().map(|r| &r.req))
     }
 
     /// Makes progress once; the index of the first of `reqs` that has finished (or failed), if
-    /// any. As [`Context::test_any`].
+    /// any. As [`Comm::test_any`].
     pub fn test_any(&self, reqs: &[ScopedRequest<'scope>]) -> Result<Option<usize>> {
         self.context()?.test_any_of(reqs.iter().map(|r| &r.req))
     }
 
     /// Makes progress once; whether every one of `reqs` has finished (or failed). As
-    /// [`Context::test_all`].
+    /// [`Comm::test_all`].
     pub fn test_all(&self, reqs: &[ScopedRequest<'scope>]) -> Result<bool> {
         self.context()?.test_all_of(reqs.iter().map(|r| &r.req))
     }
 
-    fn context(&self) -> Result<RefMut<'_, &'scope mut Context>> {
+    fn context(&self) -> Result<RefMut<'_, &'scope mut World>> {
         // Each method holds the borrow only while it runs and calls none of the caller's code,
         // so this does not fail; were it to, it is an error rather than a panic.
         self.ctx.try_borrow_mut().map_err(|_| Error::InvalidArgument("the scope's context is in use".into()))
     }
 
-    fn started(&self, req: Request) -> Result<ScopedRequest<'scope>> {
-        let req = req.scoped().in_space(&self.space.members)?;
+    /// A request started here, with the check of its received length.
+    fn started(&self, req: Request, whole: fn(Status) -> Result<Status>) -> Result<ScopedRequest<'scope>> {
+        let req = self.at.request(req.scoped())?;
         let slot = req.engine_id().map(|id| {
             let mut running = self.running.borrow_mut();
             match running.free.pop() {
@@ -252,7 +271,7 @@ impl<'scope> Scope<'scope, '_> {
                 }
             }
         });
-        Ok(ScopedRequest { req, slot, scope: PhantomData })
+        Ok(ScopedRequest { req, slot, whole, scope: PhantomData })
     }
 
     /// The request in `slot` is being waited for (or was cancelled): the scope's end need not,

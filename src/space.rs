@@ -3,18 +3,18 @@
 
 use std::sync::Arc;
 
-use crate::context::{Context, Request, BARRIER_CTX};
-use crate::scope::{scope_in, Scope};
-use polyrail_core::engine::{Source, Status, TagMatch};
+use crate::comm::{Comm, CommKind, Within};
+use crate::context::{Request, BARRIER_CTX};
+use polyrail_core::engine::{Source, Status};
 use polyrail_core::policy::topology::TopoClass;
-use polyrail_core::{Error, Rank, RegionMut, Result};
+use polyrail_core::{Error, Rank, Result};
 
 /// A matching space: a message sent in one matches only receives and probes in the same one,
-/// whatever its tag. The calls of [`Context`] itself use [`Space::WORLD`]; a library sharing
-/// the job with its caller makes its own with [`Context::new_space`] (as `MPI_Comm_dup` of the
-/// whole job: the same ranks, separate traffic), so that no `ANY_TAG` receive of either can
-/// take the other's messages. [`InSpace::split`] makes spaces over some of the ranks (as
-/// `MPI_Comm_split`), numbered from 0 in each. Use one with [`Context::in_space`].
+/// whatever its tag. The calls of [`crate::Context`] itself use [`Space::WORLD`]; a library
+/// sharing the job with its caller makes its own with [`crate::Context::new_space`] (as
+/// `MPI_Comm_dup` of the whole job: the same ranks, separate traffic), so that no `ANY_TAG`
+/// receive of either can take the other's messages. [`Comm::split`] makes spaces over some of
+/// the ranks (as `MPI_Comm_split`), numbered from 0 in each. Use one with [`Comm::in_space`].
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Space {
     /// The engine's matching context of its messages.
@@ -24,11 +24,12 @@ pub struct Space {
 }
 
 impl Space {
-    /// The space of [`Context`]'s own calls.
+    /// The space of [`crate::Context`]'s own calls.
     pub const WORLD: Space = Space { ctx: 0, members: None };
-    /// The first space [`Context::new_space`] makes (the one before it carries the barrier).
+    /// The first space [`crate::Context::new_space`] makes (the one before it carries the
+    /// barrier).
     pub(crate) const FIRST_MADE: u16 = 2;
-    /// The matching context of the first spaces [`InSpace::split`] makes; later splits count
+    /// The matching context of the first spaces [`Comm::split`] makes; later splits count
     /// down from it, two contexts each (its messages, and its barrier's and splits').
     pub(crate) const FIRST_SPLIT: u16 = u16::MAX;
 
@@ -39,15 +40,87 @@ impl Space {
     }
 }
 
-/// The ranks of a space made by [`InSpace::split`].
+/// The communicator of one [`Space`] of a [`crate::Context`] (from [`Comm::in_space`]): the
+/// same calls as the context's, in that space. Ranks given to them and named in their statuses
+/// are ranks of the space, as are those named in the statuses of the requests they start
+/// (which any communicator of the context waits for, tests and cancels); errors name job ranks.
+pub type InSpace<'a> = Comm<Within<'a>>;
+
+/// Where a communicator's calls go: the matching context of its messages, and its ranks when
+/// it does not span the whole job. Constant for the world, so that its calls translate nothing.
+#[derive(Clone, Copy)]
+pub(crate) struct At<'s> {
+    /// The engine's matching context of its messages.
+    pub(crate) ctx: u16,
+    /// Its members, when it does not span the whole job with the job's numbering.
+    pub(crate) members: Option<&'s Arc<Members>>,
+}
+
+impl<'s> At<'s> {
+    /// The whole job.
+    pub(crate) const WORLD: At<'static> = At { ctx: Space::WORLD.ctx, members: None };
+
+    /// `space`, or the whole job when `None`.
+    #[inline]
+    pub(crate) fn of(space: Option<&'s Space>) -> At<'s> {
+        match space {
+            None => At::WORLD,
+            Some(s) => At { ctx: s.ctx, members: s.members.as_ref() },
+        }
+    }
+
+    /// Its members (borrowed from the space, not from `self`).
+    #[inline]
+    pub(crate) fn members(&self) -> Option<&'s Members> {
+        self.members.map(|m| &**m)
+    }
+
+    /// The job rank of its rank `r`; an error naming `r` when it has no such rank.
+    #[inline]
+    pub(crate) fn job_rank(&self, r: Rank) -> Result<Rank> {
+        self.members().map_or(Ok(r), |m| m.job_rank(r))
+    }
+
+    /// `from`, a source in it, as a source in the whole job.
+    #[inline]
+    pub(crate) fn source(&self, from: Source) -> Result<Source> {
+        self.members().map_or(Ok(from), |m| m.source(from))
+    }
+
+    /// `status`, of a message in it, with the source's rank in it.
+    #[inline]
+    pub(crate) fn status(&self, status: Status) -> Result<Status> {
+        status_in(self.members(), status)
+    }
+
+    /// `req`, started in it: its status is to name ranks of it.
+    #[inline]
+    pub(crate) fn request<T>(&self, req: Request<T>) -> Result<Request<T>> {
+        match self.members {
+            None => Ok(req),
+            members => req.in_space(members),
+        }
+    }
+
+    /// Matching context of the barrier and splits: the whole job's for a space over the whole
+    /// job, else the one below the space's own (a split takes both).
+    pub(crate) fn control(&self) -> u16 {
+        match self.members {
+            None => BARRIER_CTX,
+            Some(_) => self.ctx - 1,
+        }
+    }
+}
+
+/// The ranks of a space made by [`Comm::split`].
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Members {
     /// Job rank of each member, by its rank in the space.
-    job: Vec<Rank>,
+    pub(crate) job: Vec<Rank>,
     /// `(job rank, space rank)` of each member, sorted by job rank.
     by_job: Vec<(Rank, Rank)>,
     /// This process's rank in the space.
-    me: Rank,
+    pub(crate) me: Rank,
 }
 
 impl Members {
@@ -90,145 +163,17 @@ impl Members {
     }
 }
 
-/// The job rank of rank `r` of the space of `members` (the whole job when `None`).
-pub(crate) fn job_rank_in(members: Option<&Members>, r: Rank) -> Result<Rank> {
-    members.map_or(Ok(r), |m| m.job_rank(r))
-}
-
-/// `from`, a source in the space of `members`, as a source in the whole job.
-pub(crate) fn source_in(members: Option<&Members>, from: Source) -> Result<Source> {
-    members.map_or(Ok(from), |m| m.source(from))
-}
-
 /// `status`, of a message in the space of `members`, with the source's rank in that space.
 pub(crate) fn status_in(members: Option<&Members>, status: Status) -> Result<Status> {
     members.map_or(Ok(status), |m| m.status(status))
 }
 
-/// [`Context`]'s point-to-point calls in one [`Space`] (from [`Context::in_space`]). Ranks
-/// given to them and named in their statuses are ranks of the space. Requests they start are
-/// waited for, tested and cancelled through the context as any other (their statuses, too,
-/// name ranks of the space); errors name job ranks.
-pub struct InSpace<'a> {
-    pub(crate) ctx: &'a mut Context,
-    pub(crate) space: &'a Space,
-}
-
-impl<'a> InSpace<'a> {
-    /// This process's rank in the space.
-    pub fn rank(&self) -> Rank {
-        self.members().map_or_else(|| self.ctx.rank(), |m| m.me)
-    }
-
-    /// The number of ranks in the space.
-    pub fn size(&self) -> u32 {
-        self.members().map_or_else(|| self.ctx.size(), |m| m.job.len() as u32)
-    }
-
-    /// [`Context::send`] in this space.
-    pub fn send(&mut self, to: Rank, tag: u32, buf: &[u8]) -> Result<()> {
-        let to = self.job_rank(to)?;
-        self.ctx.send_in(self.space.ctx, to, tag, buf)
-    }
-
-    /// [`Context::recv`] in this space.
-    pub fn recv(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>, buf: &mut [u8]) -> Result<Status> {
-        let from = self.source(from.into())?;
-        let status = self.ctx.recv_in(self.space.ctx, from, tag.into(), buf)?;
-        status_in(self.members(), status)
-    }
-
-    /// [`Context::isend`] in this space.
-    pub fn isend(&mut self, to: Rank, tag: u32, buf: Vec<u8>) -> Result<Request> {
-        let to = self.job_rank(to)?;
-        let req = self.ctx.isend_in(self.space.ctx, to, tag, buf)?;
-        self.tagged(req)
-    }
-
-    /// [`Context::irecv`] in this space.
-    pub fn irecv(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>, buf: Vec<u8>) -> Result<Request> {
-        let from = self.source(from.into())?;
-        let req = self.ctx.irecv_in(self.space.ctx, from, tag.into(), buf)?;
-        self.tagged(req)
-    }
-
-    /// [`Context::isend_raw`] in this space.
-    ///
-    /// # Safety
-    /// As for [`Context::isend_raw`].
-    pub unsafe fn isend_raw(&mut self, to: Rank, tag: u32, ptr: *const u8, len: usize) -> Result<Request> {
-        let to = self.job_rank(to)?;
-        // SAFETY: forwarded to the caller.
-        let req = unsafe { self.ctx.isend_raw_in(self.space.ctx, to, tag, ptr, len)? };
-        self.tagged(req)
-    }
-
-    /// [`Context::irecv_raw`] in this space.
-    ///
-    /// # Safety
-    /// As for [`Context::irecv_raw`].
-    pub unsafe fn irecv_raw(
-        &mut self,
-        from: impl Into<Source>,
-        tag: impl Into<TagMatch>,
-        ptr: *mut u8,
-        len: usize,
-    ) -> Result<Request> {
-        let from = self.source(from.into())?;
-        // SAFETY: forwarded to the caller.
-        let req = unsafe { self.ctx.irecv_raw_in(self.space.ctx, from, tag.into(), RegionMut { ptr, len })? };
-        self.tagged(req)
-    }
-
-    /// [`Context::sendrecv`] in this space.
-    pub fn sendrecv(
-        &mut self,
-        to: Rank,
-        send_tag: u32,
-        send_buf: &[u8],
-        from: impl Into<Source>,
-        recv_tag: impl Into<TagMatch>,
-        recv_buf: &mut [u8],
-    ) -> Result<Status> {
-        let (to, from) = (self.job_rank(to)?, self.source(from.into())?);
-        let status = self.ctx.sendrecv_in(self.space.ctx, to, send_tag, send_buf, from, recv_tag.into(), recv_buf)?;
-        status_in(self.members(), status)
-    }
-
-    /// [`Context::scope`] whose [`Scope::isend`] and [`Scope::irecv`] are in this space.
-    pub fn scope<'env, F, T>(&mut self, f: F) -> T
-    where
-        F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> T,
-    {
-        scope_in(self.ctx, self.space, f)
-    }
-
-    /// [`Context::probe`] in this space.
-    pub fn probe(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Status> {
-        let from = self.source(from.into())?;
-        let status = self.ctx.probe_in(self.space.ctx, from, tag.into())?;
-        status_in(self.members(), status)
-    }
-
-    /// [`Context::iprobe`] in this space.
-    pub fn iprobe(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Option<Status>> {
-        let from = self.source(from.into())?;
-        let status = self.ctx.iprobe_in(self.space.ctx, from, tag.into())?;
-        status.map(|s| status_in(self.members(), s)).transpose()
-    }
-
-    /// Waits until every rank of the space called `barrier` on it.
-    pub fn barrier(&mut self) -> Result<()> {
-        match self.members() {
-            None => self.ctx.barrier(),
-            Some(m) => self.ctx.barrier_over(self.control(), m.me, &m.job),
-        }
-    }
-
-    /// Splits the space (`MPI_Comm_split`): every rank of it calls `split`, and those giving the
-    /// same `Some(color)` get a new space of their own, ranked by `key` (ties by their rank
-    /// here); `None` takes part and gets no space. The new spaces' messages never meet those of
-    /// any other space. A collective call: each rank sends its color and key to every other.
+impl<K: CommKind> Comm<K> {
+    /// Splits the communicator's ranks (`MPI_Comm_split`): every rank of it calls `split`, and
+    /// those giving the same `Some(color)` get a new space of their own, ranked by `key` (ties
+    /// by their rank here); `None` takes part and gets no space. The new spaces' messages never
+    /// meet those of any other space. A collective call: each rank sends its color and key to
+    /// every other.
     ///
     /// ```no_run
     /// # fn main() -> polyrail::Result<()> {
@@ -243,18 +188,19 @@ impl<'a> InSpace<'a> {
     /// # }
     /// ```
     pub fn split(&mut self, color: Option<u32>, key: u32) -> Result<Option<Space>> {
+        let (world, at) = self.parts();
         let whole_job: Vec<Rank>;
-        let (control, job, me) = match self.members() {
+        let (job, me) = match at.members() {
             None => {
-                whole_job = (0..self.ctx.size()).collect();
-                (BARRIER_CTX, &whole_job[..], self.ctx.rank())
+                whole_job = (0..world.size()).collect();
+                (&whole_job[..], world.rank())
             }
-            Some(m) => (self.control(), &m.job[..], m.me),
+            Some(m) => (&m.job[..], m.me),
         };
-        let entries = self.ctx.exchange_split(control, me, job, color, key)?;
+        let entries = world.exchange_split(at.control(), me, job, color, key)?;
         // Every rank of the space now knows every entry, so all reach the same contexts.
         let ctx = entries.iter().map(|e| e.next).min().unwrap_or(Space::FIRST_SPLIT);
-        self.ctx.take_split_contexts(ctx)?;
+        world.take_split_contexts(ctx)?;
         let Some(color) = color else { return Ok(None) };
         let mut mine: Vec<(u32, Rank)> =
             entries.iter().zip(0..).filter(|(e, _)| e.color == Some(color)).map(|(e, r)| (e.key, r)).collect();
@@ -262,52 +208,29 @@ impl<'a> InSpace<'a> {
         // This rank's own entry, at `me`, has its color.
         let new_me = mine.iter().position(|&(_, r)| r == me).unwrap_or_default() as Rank;
         let members = Members::new(mine.iter().map(|&(_, r)| job[r as usize]).collect(), new_me);
-        self.ctx.note_members(ctx, &members.job);
+        world.note_members(ctx, &members.job);
         Ok(Some(Space { ctx, members: Some(Arc::new(members)) }))
     }
 
-    /// Splits the space by node (`MPI_Comm_split_type` with `MPI_COMM_TYPE_SHARED`): every rank
-    /// of it calls this and gets the space of its ranks on this rank's node (the same machine
-    /// and virtual node, `POLYRAIL_NODE`), in their order here. A collective call, as
-    /// [`InSpace::split`].
+    /// Splits the communicator's ranks by node (`MPI_Comm_split_type` with
+    /// `MPI_COMM_TYPE_SHARED`): every rank of it calls this and gets the space of its ranks on
+    /// this rank's node (the same machine and virtual node, `POLYRAIL_NODE`), in their order
+    /// here. A collective call, as [`Comm::split`].
     pub fn split_by_node(&mut self) -> Result<Space> {
-        let peers = &self.ctx.report().peers;
+        let (world, at) = self.parts_ref();
+        let peers = &world.report().peers;
         let on_my_node = |j: &Rank| peers.get(*j as usize).is_some_and(|p| p.class != TopoClass::RemoteNode);
-        let (me, first) = match self.members() {
-            None => (self.ctx.rank(), (0..self.ctx.size()).find(on_my_node)),
+        let (me, first) = match at.members() {
+            None => (world.rank(), (0..world.size()).find(on_my_node)),
             Some(m) => (m.me, m.job.iter().copied().find(on_my_node)),
         };
         // The same color on every rank of a node: its first job rank in the space.
         let color = first.unwrap_or(me);
         self.split(Some(color), me)?.ok_or_else(|| Error::InvalidArgument("a split with a color gave no space".into()))
     }
-
-    /// Matching context of the barrier and splits of a split space: the one below its own
-    /// (a split takes both).
-    fn control(&self) -> u16 {
-        self.space.ctx - 1
-    }
-
-    /// The space's ranks (borrowed from the space, not from `self`).
-    fn members(&self) -> Option<&'a Members> {
-        self.space.members.as_deref()
-    }
-
-    fn job_rank(&self, r: Rank) -> Result<Rank> {
-        job_rank_in(self.members(), r)
-    }
-
-    fn source(&self, from: Source) -> Result<Source> {
-        source_in(self.members(), from)
-    }
-
-    /// `req`, whose status is to name ranks of this space.
-    fn tagged(&self, req: Request) -> Result<Request> {
-        req.in_space(&self.space.members)
-    }
 }
 
-/// What a rank tells the others in [`InSpace::split`].
+/// What a rank tells the others in [`Comm::split`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SplitEntry {
     /// Its color (`None`: no new space for it).

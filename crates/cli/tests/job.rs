@@ -6,7 +6,9 @@
 //! named by its argument. Survivors of the fault scenarios write what they saw to files the
 //! parent checks.
 
-use polyrail::{Cancel, Context, Error, MappedHeap, Source, Space, TagMatch, TransportKind, ANY_SOURCE, ANY_TAG};
+use polyrail::{
+    Cancel, Comm, CommKind, Context, Error, MappedHeap, Source, Space, TagMatch, TransportKind, ANY_SOURCE, ANY_TAG,
+};
 use polyrail_cli::launch::{launch, nodes_in_blocks, Bind, LaunchOptions};
 
 // The `heap` scenario's buffers come from memory files; every other scenario turns them off
@@ -412,8 +414,8 @@ fn any_finished(ctx: &mut Context) -> polyrail::Result<()> {
         assert_eq!((done.status.source, done.status.len), (p, len(p)));
         assert!(done.buf == stamp(p, 61, len(p)), "corrupted message from {p}");
     }
-    assert!(matches!(ctx.wait_any(&[]), Err(Error::InvalidArgument(_))));
-    assert!(ctx.test_all(&[])?, "no request: all finished");
+    assert!(matches!(ctx.wait_any::<u8>(&[]), Err(Error::InvalidArgument(_))));
+    assert!(ctx.test_all::<u8>(&[])?, "no request: all finished");
     // Every peer sends one more: test_all turns true once all are here.
     let mut more = Vec::new();
     for p in 1..n {
@@ -846,7 +848,41 @@ fn split_spaces(ctx: &mut Context) -> polyrail::Result<()> {
     let mut buf = [0u8; 64];
     let st = ctx.in_space(&c)?.sendrecv(next, 8, &stamp(me, 4320, 64), prev, ANY_TAG, &mut buf)?;
     assert!(st.source == prev && buf[..] == stamp(prev, 4320, 64), "rank {me}: a new space after the splits");
-    Ok(())
+    typed_ring(ctx, 4400)?;
+    typed_ring(&mut ctx.in_space(&half)?, 4500)
+}
+
+/// Typed messages in any communicator (the world, a split space): a ring shift of `f64`s by
+/// `sendrecv_typed` and of `u32`s by `isend_typed`/`irecv_typed`, eager to rendezvous sizes,
+/// values checked; 12 bytes received as `f64`s are an error naming the sizes.
+fn typed_ring(c: &mut Comm<impl CommKind>, salt: u32) -> polyrail::Result<()> {
+    let (me, n) = (c.rank(), c.size());
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    let floats = |from: u32, len: usize| -> Vec<f64> {
+        (0..len).map(|i| f64::from(from) * 1e6 + f64::from(salt) + i as f64 * 0.125).collect()
+    };
+    let words = |from: u32, len: usize| -> Vec<u32> {
+        (0..len as u32).map(|i| i.wrapping_mul(2654435761) ^ (from << 24) ^ salt).collect()
+    };
+    for len in [1usize, 100, 5000, 40_000] {
+        let mut got = vec![0.0f64; len];
+        let st = c.sendrecv_typed(next, 1, &floats(me, len), ANY_SOURCE, 1, &mut got)?;
+        assert_eq!((st.source, st.len), (prev, len * 8), "salt {salt}: status of {len} f64s");
+        assert!(got == floats(prev, len), "salt {salt}: {len} f64s from {prev} corrupted");
+        let r = c.irecv_typed(prev, 2, vec![0u32; len])?;
+        let s = c.isend_typed(next, 2, words(me, len))?;
+        let done = c.wait(r)?;
+        assert_eq!((done.status.source, done.status.len), (prev, len * 4), "salt {salt}: status of {len} u32s");
+        assert!(done.buf == words(prev, len), "salt {salt}: {len} u32s from {prev} corrupted");
+        assert!(c.wait(s)?.buf == words(me, len), "salt {salt}: a typed send's vector given back");
+    }
+    let r = c.irecv_typed(prev, 3, vec![0.0f64; 2])?;
+    let s = c.isend(next, 3, vec![7u8; 12])?;
+    match c.wait(r) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("12-byte") && m.contains("8-byte"), "{m}"),
+        other => panic!("salt {salt}: 12 bytes received as f64s gave {other:?}"),
+    }
+    c.wait(s).map(|_| ())
 }
 
 /// A space whose other members finished: the job in pairs, the second of each pair finalizing at

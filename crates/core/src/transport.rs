@@ -168,7 +168,7 @@ pub struct TransportAttr {
     /// channel; `None` when splitting gains nothing. `POLYRAIL_SPLIT_THRESHOLD` overrides it.
     pub split_from: Option<usize>,
     /// Smallest message worth a one-sided copy when its source is registered memory with a
-    /// memory file (see [`Transport::register_memory`]), which this channel copies through a
+    /// memory file (see [`OneSided::register_memory`]), which this channel copies through a
     /// mapping without the kernel, as measured for it; `None` when the channel does not map
     /// such memory.
     pub mapped_from: Option<usize>,

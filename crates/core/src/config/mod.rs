@@ -902,10 +902,8 @@ mod tests {
         assert_eq!(cfg(&[("POLYRAIL_NODE", "3")]).unwrap().node, Some(3));
         let e = cfg(&[("POLYRAIL_EAGER_LIMIT", "2g")]).unwrap_err().to_string();
         assert!(e.contains("a size from 0 to 256m (bytes, or with a k, m or g suffix)"), "{e}");
-        for (var, bad) in [("POLYRAIL_NODE", "-1")] {
-            let e = cfg(&[(var, bad)]).unwrap_err().to_string();
-            assert!(e.contains(var) && e.contains(bad), "{var}={bad}: {e}");
-        }
+        let e = cfg(&[("POLYRAIL_NODE", "-1")]).unwrap_err().to_string();
+        assert!(e.contains("POLYRAIL_NODE") && e.contains("-1"), "{e}");
         // Names no table declares: kept for the channels, refused by the check of names.
         let named = |vars: &[(&str, &str)]| cfg(vars).and_then(|c| c.check_names(&[]));
         let ib = [VarInfo { name: "POLYRAIL_IB_CREDITS", default: "64", doc: "blocks" }];
