@@ -4,8 +4,8 @@
 //! with small rings and compact packets.
 
 use polyrail_conformance::{maker, run_suite, CountingAllocator, Pair};
-use polyrail_ib::IbSettings;
 use polyrail_core::{Config, PeerInfo, Rank};
+use polyrail_ib::IbSettings;
 use polyrail_ib::{DirectIb, SoftProvider};
 use polyrail_shm::{CmaTransport, Loopback, ShmTransport};
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,8 +1,8 @@
 //! The DirectIB channel over the software provider, two endpoints in one process.
 
-use polyrail_ib::IbSettings;
 use polyrail_core::{Error, Issued, OneSided, PeerAccess, Reach, Region, RegionMut, Transport};
 use polyrail_ib::provider::{Access, Completion, Opcode, Provider, WcStatus, WorkRequest};
+use polyrail_ib::IbSettings;
 use polyrail_ib::{DirectIb, SoftProvider};
 
 mod common;
