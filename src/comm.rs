@@ -109,7 +109,7 @@ impl<K: CommKind> Comm<K> {
     }
 
     /// The endpoint, and where this communicator's calls go.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn parts(&mut self) -> (&mut World, At<'_>) {
         let (world, space) = self.kind.parts();
         (world, At::of(space))
@@ -187,13 +187,13 @@ impl<K: CommKind> Comm<K> {
     }
 
     /// Sends `buf` to `to` with `tag`; returns when `buf` may be reused.
-    #[inline]
+    #[inline(always)]
     pub fn send(&mut self, to: Rank, tag: u32, buf: &[u8]) -> Result<()> {
         self.send_typed(to, tag, buf)
     }
 
     /// [`Comm::send`] of plain-old-data elements (`&[f64]`, `&[u32]`, ...), as their bytes.
-    #[inline]
+    #[inline(always)]
     pub fn send_typed<T: Pod>(&mut self, to: Rank, tag: u32, buf: &[T]) -> Result<()> {
         let (world, at) = self.parts();
         let to = at.job_rank(to)?;
@@ -207,7 +207,7 @@ impl<K: CommKind> Comm<K> {
     /// (it may be writing there through cma, which cannot be revoked), or the peer holding it
     /// break the protocol (it may still run), the process stops with a message saying so
     /// rather than hand `buf` back under that write.
-    #[inline]
+    #[inline(always)]
     pub fn recv(&mut self, from: impl Into<Source>, tag: impl Into<TagMatch>, buf: &mut [u8]) -> Result<Status> {
         self.recv_typed(from, tag, buf)
     }
@@ -216,7 +216,7 @@ impl<K: CommKind> Comm<K> {
     /// received: `len / size_of::<T>()`); a message whose length is not a whole number of
     /// elements is an [`crate::Error::InvalidArgument`] naming both sizes (its bytes were
     /// written into `buf`).
-    #[inline]
+    #[inline(always)]
     pub fn recv_typed<T: Pod>(
         &mut self,
         from: impl Into<Source>,
