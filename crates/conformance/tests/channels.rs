@@ -30,7 +30,11 @@ fn job() -> String {
 
 fn shm_pair() -> Result<Pair, String> {
     let job = job();
-    let cfg = Config { shm_slots: 64, shm_cells: 8, shm_cell_size: 20000, ..Config::default() };
+    let mut cfg = Config::default();
+    for (var, value) in [("POLYRAIL_SHM_SLOTS", "64"), ("POLYRAIL_SHM_CELLS", "8"), ("POLYRAIL_SHM_CELL_SIZE", "20000")]
+    {
+        cfg.set(var, value).expect("shm settings");
+    }
     let open = |rank| {
         ShmTransport::new(&cfg, &job, rank, 3).map(|t| t.with_host(HOST)).map_err(|e| format!("shm segment: {e}"))
     };

@@ -462,6 +462,14 @@ pub struct ChannelStart<'a> {
     pub size: u32,
 }
 
+impl ChannelStart<'_> {
+    /// [`Opened::Absent`] when the job is this process alone, for channels that only reach
+    /// other processes.
+    pub fn without_peers(&self) -> Option<Opened> {
+        (self.size == 1).then(|| Opened::Absent("a job of one process has no peer to reach".into()))
+    }
+}
+
 /// What starting a channel gave.
 pub enum Opened {
     /// The channel runs in this process.

@@ -46,8 +46,8 @@ impl ChannelFactory for IbFactory {
     }
 
     fn open(&self, start: &ChannelStart<'_>) -> Result<Opened> {
-        if start.size == 1 {
-            return Ok(Opened::Absent("a job of one process has no peer to reach".into()));
+        if let Some(absent) = start.without_peers() {
+            return Ok(absent);
         }
         Ok(match open(start.config, start.rank, start.size)? {
             Ok(t) => Opened::Channel(t),

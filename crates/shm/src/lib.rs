@@ -25,11 +25,13 @@ mod key;
 mod loopback;
 mod ring;
 mod segment;
+pub mod settings;
 mod shm;
 mod sys;
 
 pub use cma::CmaTransport;
 pub use loopback::Loopback;
+pub use settings::ShmSettings;
 pub use shm::ShmTransport;
 
 use polyrail_core::{ChannelFactory, ChannelStart, Opened, Result, TransportKind};
@@ -53,9 +55,15 @@ impl ChannelFactory for ShmFactory {
     fn kind(&self) -> TransportKind {
         TransportKind::Shm
     }
+    fn variables(&self) -> Vec<polyrail_core::config::VarInfo> {
+        settings::variables()
+    }
+    fn check_settings(&self, config: &polyrail_core::Config) -> Result<()> {
+        ShmSettings::from_config(config).map(drop)
+    }
     fn open(&self, start: &ChannelStart<'_>) -> Result<Opened> {
-        if start.size == 1 {
-            return Ok(Opened::Absent(ALONE.into()));
+        if let Some(absent) = start.without_peers() {
+            return Ok(absent);
         }
         Ok(Opened::Channel(Box::new(ShmTransport::new(start.config, start.job_id, start.rank, start.size)?)))
     }
@@ -69,12 +77,9 @@ impl ChannelFactory for CmaFactory {
         TransportKind::Cma
     }
     fn open(&self, start: &ChannelStart<'_>) -> Result<Opened> {
-        if start.size == 1 {
-            return Ok(Opened::Absent(ALONE.into()));
+        if let Some(absent) = start.without_peers() {
+            return Ok(absent);
         }
         Ok(Opened::Channel(Box::new(CmaTransport::new().with_rndv_from(start.config.cma_rndv_from()))))
     }
 }
-
-/// Why a channel between processes is not started in a job of one.
-const ALONE: &str = "a job of one process has no peer to reach";

@@ -12,6 +12,7 @@
 use std::sync::atomic::{compiler_fence, fence, Ordering};
 use std::time::Instant;
 
+use crate::settings::ShmSettings;
 use polyrail_core::config::WaitMode;
 use polyrail_core::observe::{LineSamples, Observation, Observe, Placement, LOCAL_NS};
 use polyrail_core::sweep::PeerSweep;
@@ -206,8 +207,8 @@ impl ShmTransport {
     }
 
     /// Creates this process's segment for rank `rank` of a job of `size` ranks, named
-    /// `/polyrail-<uid>-<job_id>-<rank>`, with `cfg.shm_slots` slots per ring and
-    /// `cfg.shm_cells` cells of `cfg.shm_cell_size` bytes.
+    /// `/polyrail-<uid>-<job_id>-<rank>`, with the ring slots and send cells of `cfg`'s
+    /// [`ShmSettings`] (`POLYRAIL_SHM_*`).
     ///
     /// Fails with [`Error::Io`] (naming the path and size) when the segment cannot be created,
     /// e.g. `/dev/shm` is full or a live job uses the same id.
@@ -216,16 +217,16 @@ impl ShmTransport {
     }
 
     /// [`ShmTransport::new`] with inline messages of up to `max_slots` body slots (clamped to
-    /// `2..=shm_slots / 4` and 1023); for measurements. Every process of a job must use the same
+    /// `2..=slots / 4` and 1023); for measurements. Every process of a job must use the same
     /// value.
     #[doc(hidden)]
     pub fn with_inline_slots(cfg: &Config, job_id: &str, rank: u32, size: u32, max_slots: u32) -> Result<ShmTransport> {
         if size == 0 || rank >= size {
             return Err(Error::InvalidArgument(format!("shm: rank {rank} in a job of {size} ranks")));
         }
-        cfg.check_shm()?;
-        let geo = Geometry::new(cfg.shm_slots as u32, max_slots);
-        let layout = SegLayout::new(size, geo, cfg.shm_cells as u32, cfg.shm_cell_size as u32).ok_or_else(|| {
+        let shm = ShmSettings::from_config(cfg)?;
+        let geo = Geometry::new(shm.slots as u32, max_slots);
+        let layout = SegLayout::new(size, geo, shm.cells as u32, shm.cell_size as u32).ok_or_else(|| {
             Error::InvalidArgument(format!("shm segment for {size} ranks overflows the address space"))
         })?;
         // Segments of earlier jobs killed while they started go first (nothing else would

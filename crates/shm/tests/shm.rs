@@ -13,7 +13,17 @@ use polyrail_core::{Caps, Config, Envelope, Error, Issued, PeerInfo, Reach, Tran
 use polyrail_shm::ShmTransport;
 
 fn cfg(slots: usize, cells: usize, cell_size: usize) -> Config {
-    Config { shm_slots: slots, shm_cells: cells, shm_cell_size: cell_size, ..Config::default() }
+    shm_config(Config::default(), slots, cells, cell_size)
+}
+
+/// `base` with these ring slots and send cells (checked when a transport starts).
+fn shm_config(mut base: Config, slots: usize, cells: usize, cell_size: usize) -> Config {
+    for (var, value) in
+        [("POLYRAIL_SHM_SLOTS", slots), ("POLYRAIL_SHM_CELLS", cells), ("POLYRAIL_SHM_CELL_SIZE", cell_size)]
+    {
+        base.set(var, &value.to_string()).unwrap();
+    }
+    base
 }
 
 /// The stream configuration: a small ring (many laps), few cells (reuse), cells above 20000 B.
@@ -404,7 +414,7 @@ fn refusals_say_why() {
     let cfg = Config::default();
     let mut a = ShmTransport::new(&cfg, &job, 0, 3).unwrap().with_host(HOST);
     let b = ShmTransport::new(&cfg, &job, 1, 3).unwrap().with_host(HOST);
-    let other = ShmTransport::new(&Config { shm_slots: 512, ..cfg.clone() }, &job, 2, 3).unwrap().with_host(HOST);
+    let other = ShmTransport::new(&shm_config(cfg.clone(), 512, 128, 16 << 10), &job, 2, 3).unwrap().with_host(HOST);
     let no = |r: Reach| match r {
         Reach::No(why) => why,
         Reach::Yes(y) => panic!("expected a refusal, got Yes({y})"),

@@ -336,15 +336,6 @@ pub struct Config {
     /// is not used; larger ones wait for the receiver (rendezvous) and stream through cells.
     /// Default 64k.
     pub eager_limit: usize,
-    /// `POLYRAIL_SHM_SLOTS`: records (one per message) and 64-byte body slots in each
-    /// shared-memory ring (power of two, 16..=65536). Default 64: a small ring's lines stay in
-    /// both caches (8 B ping-pong about 10 ns faster than with 256, 1 KiB 40-150 ns), at about
-    /// 10 % of the streaming rate of 64-512 B messages.
-    pub shm_slots: usize,
-    /// `POLYRAIL_SHM_CELL_SIZE`: bytes per send cell (4k..=1m). Default 16k.
-    pub shm_cell_size: usize,
-    /// `POLYRAIL_SHM_CELLS`: send cells per process (4..=65536). Default 128.
-    pub shm_cells: usize,
     /// `POLYRAIL_LOG`: `error`, `warn` (default), `info`, `debug` or `trace`.
     pub log: LogLevel,
     /// `POLYRAIL_PMI`: `1` (default) or `2`.
@@ -393,9 +384,6 @@ impl Default for Config {
             apart_single_copy: ApartSingleCopy::Auto,
             placement: PlacementMode::Measure,
             eager_limit: 64 << 10,
-            shm_slots: 64,
-            shm_cell_size: 16 << 10,
-            shm_cells: 128,
             log: LogLevel::Warn,
             pmi: PmiVersion::Pmi1,
             pmi_timeout: None,
@@ -480,15 +468,6 @@ impl Config {
             ));
         }
         Ok(c)
-    }
-
-    /// Checks the shared-memory sizes as [`Config::set`] does, for a configuration built in
-    /// code rather than read from the environment.
-    pub fn check_shm(&self) -> Result<()> {
-        let mut probe = self.clone();
-        probe.set("POLYRAIL_SHM_SLOTS", &self.shm_slots.to_string())?;
-        probe.set("POLYRAIL_SHM_CELL_SIZE", &self.shm_cell_size.to_string())?;
-        probe.set("POLYRAIL_SHM_CELLS", &self.shm_cells.to_string())
     }
 
     /// Sets one variable ([`VARS`] says which there are and what each accepts); a name no
@@ -877,8 +856,6 @@ mod tests {
 
     #[test]
     fn bad_values_name_variable_value_and_choices() {
-        let e = cfg(&[("POLYRAIL_SHM_SLOTS", "100")]).unwrap_err().to_string();
-        assert!(e.contains("POLYRAIL_SHM_SLOTS") && e.contains("100") && e.contains("power of two"), "{e}");
         assert_eq!(cfg(&[("POLYRAIL_SKEW", "off")]).unwrap().skew, None);
         assert_eq!(
             cfg(&[("POLYRAIL_SKEW", "4:8:128k")]).unwrap().skew,

@@ -250,28 +250,6 @@ pub static VARS: &[Var] = &[
         apply: |c, v| set(&mut c.eager_limit, v.size_in(0, MAX_EAGER_MESSAGE)),
     },
     Var {
-        info: VarInfo {
-            name: "POLYRAIL_SHM_SLOTS",
-            default: "64",
-            doc: "records and 64-byte body slots per shared-memory ring (power of two)",
-        },
-        apply: |c, v| {
-            let n = v.count_in(16, 65536)?;
-            if !n.is_power_of_two() {
-                return Err(v.bad("a power of two from 16 to 65536"));
-            }
-            set(&mut c.shm_slots, Ok(n))
-        },
-    },
-    Var {
-        info: VarInfo { name: "POLYRAIL_SHM_CELL_SIZE", default: "16k", doc: "bytes per send cell" },
-        apply: |c, v| set(&mut c.shm_cell_size, v.size_in(4096, 1 << 20)),
-    },
-    Var {
-        info: VarInfo { name: "POLYRAIL_SHM_CELLS", default: "128", doc: "send cells per process" },
-        apply: |c, v| set(&mut c.shm_cells, v.count_in(4, 65536)),
-    },
-    Var {
         info: VarInfo { name: "POLYRAIL_LOG", default: "warn", doc: "log level: error, warn, info, debug, trace" },
         apply: |c, v| {
             let choices = [
