@@ -75,6 +75,14 @@ pub fn open(config: &Config, rank: Rank, size: u32) -> Result<std::result::Resul
         },
         IbProvider::Auto => match open_verbs(&settings)? {
             Ok(p) => Ok(Ok(Box::new(DirectIb::new(p, &settings, rank, size)?))),
+            // A device named and not found is an error, not a reason to use no device.
+            Err(Unavailable(why)) if settings.device.is_some() => {
+                let (name, port) = settings.device.as_ref().map_or(("", 0), |(n, p)| (n.as_str(), *p));
+                Err(polyrail_core::Error::Transport {
+                    kind: "ib",
+                    what: format!("POLYRAIL_IB_DEVICE={name}:{port}: {why}"),
+                })
+            }
             Err(_) if config.node.is_some() => soft().map(Ok),
             Err(why) => Ok(Err(why)),
         },

@@ -93,6 +93,14 @@ impl IbSettings {
                 var.apply(&mut s, value)?;
             }
         }
+        // The software provider opens no device: a device named for it would be ignored.
+        if let (IbProvider::Soft, Some((name, port))) = (s.provider, &s.device) {
+            return Err(Error::config(
+                "POLYRAIL_IB_DEVICE",
+                format!("{name}:{port}"),
+                "no device with POLYRAIL_IB_PROVIDER=soft (the software provider uses none)",
+            ));
+        }
         // At or above the credits, the one block a SYNC takes would make its receiver SYNC
         // back at once: two idle processes would trade SYNCs for ever.
         if s.sync_limit >= s.credits {
@@ -239,6 +247,8 @@ mod tests {
         // Equal: a SYNC's own block would make its receiver SYNC back, for ever.
         let e = cfg(&[("POLYRAIL_IB_CREDITS", "8"), ("POLYRAIL_IB_SYNC_LIMIT", "8")]).unwrap_err().to_string();
         assert!(e.contains("below POLYRAIL_IB_CREDITS (8)"), "{e}");
+        let e = cfg(&[("POLYRAIL_IB_PROVIDER", "soft"), ("POLYRAIL_IB_DEVICE", "mlx5_0")]).unwrap_err().to_string();
+        assert!(e.contains("POLYRAIL_IB_DEVICE") && e.contains("software provider"), "{e}");
     }
 
     #[test]

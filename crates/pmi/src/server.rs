@@ -376,7 +376,7 @@ impl State {
     fn send(&mut self, i: usize, wire: Wire, reply: &Msg, what: &str) {
         match reply.encode(wire) {
             Ok(bytes) => self.queue(i, &bytes),
-            Err(e) => self.lose(i, format!("its {what} cannot be sent: {e}")),
+            Err(e) => self.lose(i, format!("cannot be sent its {what}: {e}")),
         }
     }
 
@@ -388,7 +388,7 @@ impl State {
         out.extend_from_slice(bytes);
         if out.len() > MAX_QUEUED_ANSWERS {
             let n = out.len();
-            self.lose(i, format!("it does not read its answers ({n} bytes queued)"));
+            self.lose(i, format!("does not read its answers ({n} bytes queued)"));
         }
     }
 

@@ -68,14 +68,18 @@ pub struct Job {
     pub config: Config,
 }
 
-fn info_value(info: &PeerInfo) -> String {
+/// A process's description as published: pid, node, host, CPUs and the channels it started
+/// (whose addresses it published).
+fn info_value(info: &PeerInfo, channels: &[&str]) -> String {
     let cpus: Vec<String> = info.cpus.iter().map(|c| c.to_string()).collect();
-    format!("{}.{}.{}.{}", info.pid, info.node, encode_hex(info.host.as_bytes()), cpus.join("_"))
+    let (pid, node, host) = (info.pid, info.node, encode_hex(info.host.as_bytes()));
+    format!("{pid}.{node}.{host}.{}.{}", cpus.join("_"), channels.join("+"))
 }
 
-fn parse_info(rank: Rank, v: &str) -> Result<PeerInfo> {
+/// Reads [`info_value`]'s description of rank `rank`, and the names of the channels it started.
+fn parse_info(rank: Rank, v: &str) -> Result<(PeerInfo, Vec<String>)> {
     let bad = || Error::Bootstrap(format!("rank {rank} published a malformed process description {v:?}"));
-    let mut it = v.splitn(4, '.');
+    let mut it = v.splitn(5, '.');
     let pid = it.next().and_then(|s| s.parse().ok()).ok_or_else(bad)?;
     let node = it.next().and_then(|s| s.parse().ok()).ok_or_else(bad)?;
     let host = it.next().and_then(decode_hex).and_then(|b| String::from_utf8(b).ok()).ok_or_else(bad)?;
@@ -83,7 +87,8 @@ fn parse_info(rank: Rank, v: &str) -> Result<PeerInfo> {
         Some("") | None => Vec::new(),
         Some(s) => s.split('_').map(|c| c.parse().map_err(|_| bad())).collect::<Result<_>>()?,
     };
-    Ok(PeerInfo { rank, pid, host, node, cpus, own_cpus: true })
+    let channels = it.next().ok_or_else(bad)?.split('+').filter(|c| !c.is_empty()).map(str::to_owned).collect();
+    Ok((PeerInfo { rank, pid, host, node, cpus, own_cpus: true }, channels))
 }
 
 /// Puts a value of any length: one longer than the process manager takes (the ib address grows
@@ -204,7 +209,8 @@ impl Job {
 
         // Publish who we are and every channel's address; one fence makes them visible.
         // Also the description may be long: the CPU list of an unbound rank on a large node.
-        put_long(boot.as_mut(), &format!("pi{rank}"), &info_value(&me))?;
+        let started: Vec<&str> = channels.iter().map(|c| c.attr().kind.name()).collect();
+        put_long(boot.as_mut(), &format!("pi{rank}"), &info_value(&me, &started))?;
         for ch in &channels {
             put_long(boot.as_mut(), &format!("pa{rank}.{}", ch.attr().kind), &encode_hex(&ch.address()))?;
         }
@@ -219,14 +225,14 @@ impl Job {
         let mut infos = Vec::with_capacity(size as usize);
         for r in 0..size {
             infos.push(if r == rank {
-                me.clone()
+                (me.clone(), started.iter().map(|&c| c.to_owned()).collect())
             } else {
                 parse_info(r, &get_long(boot.as_mut(), &format!("pi{r}"))?)?
             });
         }
         // More ranks on this machine than CPUs (virtual nodes of one host share them too): line
         // samples and copy rates mean what sharing a core does (see Engine::set_own_cpus).
-        let same_host = infos.iter().filter(|i| i.host == me.host).count();
+        let same_host = infos.iter().filter(|(i, _)| i.host == me.host).count();
         let own_cpus = same_host <= topology.num_cpus();
         if !own_cpus {
             tracing::debug!(
@@ -235,7 +241,7 @@ impl Job {
             );
             engine.set_own_cpus(false);
         }
-        for (r, mut info) in (0..size).zip(infos) {
+        for (r, (mut info, theirs)) in (0..size).zip(infos) {
             info.own_cpus = own_cpus;
             let class = if r == rank {
                 TopoClass::SameProcess
@@ -252,6 +258,11 @@ impl Job {
                         kind,
                         Reach::No(format!("rank {r} is on virtual node {}, this rank on {}", info.node, me.node)),
                     ));
+                    continue;
+                }
+                if !theirs.iter().any(|c| c == kind.name()) {
+                    // Its POLYRAIL_TRANSPORTS denies the channel, or it failed to start there.
+                    reach.push((kind, Reach::No(format!("rank {r} did not start {kind} (see its log or settings)"))));
                     continue;
                 }
                 let addr = if r == rank {
@@ -455,8 +466,10 @@ mod tests {
         // A process description too: an unbound rank's CPU list on a large node.
         let me =
             PeerInfo { rank: 0, pid: 42, host: "node-17".into(), node: 0, cpus: (0..256).collect(), own_cpus: true };
-        put_long(&mut b, "pi0", &info_value(&me)).unwrap();
-        assert_eq!(parse_info(0, &get_long(&mut b, "pi0").unwrap()).unwrap().cpus, me.cpus);
+        put_long(&mut b, "pi0", &info_value(&me, &["self", "shm"])).unwrap();
+        let (info, channels) = parse_info(0, &get_long(&mut b, "pi0").unwrap()).unwrap();
+        assert_eq!((info.cpus, channels), (me.cpus, vec!["self".to_string(), "shm".to_string()]));
+        assert!(parse_info(1, "1.0.61.0").is_err(), "no channel list");
         // A chunk count beyond any value is refused, not asked for piece by piece.
         b.put("pa1.ib", "chunks:99999999").unwrap();
         assert!(get_long(&mut b, "pa1.ib").unwrap_err().to_string().contains("malformed chunk count"));
