@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A/B of two polyrail-bench builds, run alternately in one session: osu_latency at 8 B, 4 KiB
-# (200000 round trips each) and 4 MiB, osu_bw at 4 KiB and 64 KiB (2000 windows); REPEATS runs of each build; prints the medians, the
-# new/old ratio (latency: lower is better; bandwidth: higher), and keeps every point in OUT.
+# (200000 round trips each) and 4 MiB, osu_bw at 4 KiB and 64 KiB (2000 windows); REPEATS runs of
+# each build; prints the medians, their ratio, and the median of the ratios of each repeat's
+# pair (robust to a host that moves the vCPUs between runs); keeps every point in OUT.
 #
 #   scripts/ab-compare.sh OLD_BENCH NEW_BENCH [REPEATS (5)] [OUT (ab.csv)]
 set -euo pipefail
@@ -26,11 +27,13 @@ python3 - "$out" <<'PY'
 import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 keys = sorted({(r["bench"], int(r["size"])) for r in rows})
-print(f"{'bench':8} {'size':>8} {'old median':>12} {'new median':>12} {'new/old':>8}  unit")
+print(f"{'bench':8} {'size':>8} {'old median':>12} {'new median':>12} {'new/old':>8} {'paired':>8}  unit")
 for bench, size in keys:
-    med = {b: statistics.median(float(r["value"]) for r in rows
-                                if r["build"] == b and r["bench"] == bench and int(r["size"]) == size)
+    val = {b: {int(r["repeat"]): float(r["value"]) for r in rows
+               if r["build"] == b and r["bench"] == bench and int(r["size"]) == size}
            for b in ("old", "new")}
+    med = {b: statistics.median(val[b].values()) for b in val}
+    paired = statistics.median(val["new"][k] / val["old"][k] for k in val["old"] if k in val["new"])
     unit = next(r["unit"] for r in rows if r["bench"] == bench)
-    print(f"{bench:8} {size:>8} {med['old']:>12.4g} {med['new']:>12.4g} {med['new'] / med['old']:>8.3f}  {unit}")
+    print(f"{bench:8} {size:>8} {med['old']:>12.4g} {med['new']:>12.4g} {med['new'] / med['old']:>8.3f} {paired:>8.3f}  {unit}")
 PY

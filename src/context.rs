@@ -448,6 +448,7 @@ impl World {
 
     /// Receives into `buf` in matching context `space` (see [`Comm::recv`]); the status names
     /// the job rank of the sender.
+    #[inline]
     pub(crate) fn recv_in(&mut self, space: u16, from: Source, tag: TagMatch, buf: &mut [u8]) -> Result<Status> {
         if let Source::Rank(r) = from {
             self.driver.before_recv(r, buf.len());
