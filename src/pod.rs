@@ -110,6 +110,7 @@ impl Owned {
     /// `T` is the element type it was made from.
     #[inline]
     pub(crate) unsafe fn into_vec<T: Pod>(self) -> Vec<T> {
+        debug_assert_eq!(self.element.size, size_of::<T>(), "taken back as another element type");
         let me = ManuallyDrop::new(self);
         // SAFETY: the parts of a `Vec<T>` (the caller's promise), owned by nothing else.
         unsafe { Vec::from_raw_parts(me.ptr.cast::<T>().as_ptr(), me.len, me.cap) }
