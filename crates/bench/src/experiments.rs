@@ -290,7 +290,7 @@ pub fn discovery(c: &Common, pattern: DiscoveryPattern, burst: usize) -> anyhow:
         (0, DiscoveryPattern::PingPong) => {
             for peer in 1..3 {
                 // About a second per phase: a round trip took 0.6-1 us with the shm peer, 8-11 us
-                // with the network peer (docs/benchmarks.md).
+                // with the network peer (an earlier record, in git history).
                 let full = if peer == 1 { 1_000_000 } else { 100_000 };
                 let (iters, warmup) =
                     c.iters.map_or(if c.quick { (100, 10) } else { (full, full / 10) }, |n| (n, n / 10));

@@ -1,6 +1,6 @@
 //! `polyrail-bench`: OSU-style measurements between the processes of a polyrail job.
 //!
-//! Started alone, it launches its own ranks (`polyrail::launch`, 2 by default, bound to one
+//! Started alone, it launches its own ranks (`polyrail_cli::launch`, 2 by default, bound to one
 //! core each); under a launcher (`polyrail run`, `mpiexec.hydra`) it runs as one of the ranks.
 //! One rank prints the results: rank 0 the OSU tables (`# Size  Latency (us)` /
 //! `# Size  Bandwidth (MB/s)`). `compare` and `report` run alone, never under a launcher.

@@ -2,7 +2,7 @@
 //! forced and over the automatic choice.
 //!
 //! This test binary is its own rank program: started by `cargo test` it launches itself with
-//! `polyrail::launch`; started by the launcher (PMI in the environment) it runs the scenario
+//! `polyrail_cli::launch`; started by the launcher (PMI in the environment) it runs the scenario
 //! named by its argument. Survivors of the fault scenarios write what they saw to files the
 //! parent checks.
 

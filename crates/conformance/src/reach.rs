@@ -2,16 +2,9 @@
 //! [`Transport::wakeup`]), answering as a channel without them does: one-sided operations are
 //! errors, registrations need nothing, and `arm` says no.
 
-use polyrail_core::{
-    Error, Issued, OpId, PeerAccess, Rank, Region, RegionMut, RemoteKey, Result, SharedFile, Transport,
-};
+use polyrail_core::{Issued, OpId, PeerAccess, Rank, Region, RegionMut, RemoteKey, Result, SharedFile, Transport};
 use std::ops::Range;
 use std::time::Duration;
-
-/// The error of a one-sided operation on a channel without one-sided memory.
-fn no_memory(t: &dyn Transport) -> Error {
-    Error::Transport { kind: t.attr().kind.name(), what: "no one-sided memory".into() }
-}
 
 /// A channel's capabilities, through its accessors.
 pub(crate) trait Capabilities {
@@ -28,8 +21,7 @@ pub(crate) trait Capabilities {
 
 impl Capabilities for dyn Transport + '_ {
     fn expose(&mut self, region: Region, access: PeerAccess) -> Result<RemoteKey> {
-        let e = no_memory(self);
-        self.memory().ok_or(e)?.expose(region, access)
+        self.one_sided()?.expose(region, access)
     }
     fn unexpose(&mut self, key: &RemoteKey, written: Range<usize>) {
         if let Some(m) = self.memory() {
@@ -45,12 +37,10 @@ impl Capabilities for dyn Transport + '_ {
         }
     }
     fn get(&mut self, peer: Rank, key: &RemoteKey, offset: usize, into: RegionMut, op: OpId) -> Result<Issued> {
-        let e = no_memory(self);
-        self.memory().ok_or(e)?.get(peer, key, offset, into, op)
+        self.one_sided()?.get(peer, key, offset, into, op)
     }
     fn put(&mut self, peer: Rank, from: Region, key: &RemoteKey, offset: usize, op: OpId) -> Result<Issued> {
-        let e = no_memory(self);
-        self.memory().ok_or(e)?.put(peer, from, key, offset, op)
+        self.one_sided()?.put(peer, from, key, offset, op)
     }
     fn arm(&mut self) -> bool {
         self.wakeup().is_some_and(|w| w.arm())

@@ -334,6 +334,15 @@ pub trait Sink {
     fn peer_lost(&mut self, peer: Rank, why: Error);
 }
 
+impl dyn Transport + '_ {
+    /// The channel's one-sided memory ([`Transport::memory`]), or the error of an operation the
+    /// channel cannot do.
+    pub fn one_sided(&mut self) -> Result<&mut dyn OneSided> {
+        let kind = self.attr().kind.name();
+        self.memory().ok_or_else(|| Error::Transport { kind, what: "no one-sided memory".into() })
+    }
+}
+
 /// One-sided memory of a channel ([`Transport::memory`]): memory this process lends its peers,
 /// and reads and writes of theirs. Completions of operations that answered
 /// [`Issued::Pending`] come through [`Transport::progress`].

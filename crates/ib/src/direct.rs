@@ -40,7 +40,7 @@ const KEY_LEN: usize = 20;
 /// Bytes of the heartbeat area per peer, after the rings.
 const HEARTBEAT_BYTES: usize = 8;
 /// Where software RDMA splits a transfer between both processes (see `TransportAttr::split_from`;
-/// `docs/benchmarks.md`): on Soft-RoCE the split wins from 256 KiB (1 MiB: latency halved,
+/// an earlier Soft-RoCE record, in git history): on Soft-RoCE the split wins from 256 KiB (1 MiB: latency halved,
 /// bandwidth 1.5x), at 32 KiB the extra CTS costs more than the halved copy gains; on the soft
 /// provider the gain starts about there too. An adapter's DMA engine gains nothing from it.
 const SPLIT_FROM: usize = 256 << 10;

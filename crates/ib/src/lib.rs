@@ -38,7 +38,7 @@ impl ChannelFactory for IbFactory {
         TransportKind::Ib
     }
     fn variables(&self) -> Vec<polyrail_core::config::VarInfo> {
-        settings::variables()
+        polyrail_core::config::infos(settings::VARS)
     }
 
     fn check_settings(&self, config: &Config) -> Result<()> {

@@ -1,6 +1,6 @@
 //! The `ib` channel's settings: its `POLYRAIL_IB_*` variables, declared once.
 
-use polyrail_core::config::{set, Config, Var, VarInfo, MAX_EAGER_MESSAGE};
+use polyrail_core::config::{apply_others, set, Config, Var, VarInfo, MAX_EAGER_MESSAGE};
 use polyrail_core::{format_size, Error, Result, RndvFrom};
 
 /// Which RDMA provider the `ib` channel uses (`POLYRAIL_IB_PROVIDER`).
@@ -88,11 +88,7 @@ impl IbSettings {
     /// [`Config::others`] applied in order.
     pub fn from_config(config: &Config) -> Result<IbSettings> {
         let mut s = IbSettings::default();
-        for (name, value) in &config.others {
-            if let Some(var) = VARS.iter().find(|v| v.info.name == name) {
-                var.apply(&mut s, value)?;
-            }
-        }
+        apply_others(VARS, config, &mut s)?;
         // The software provider opens no device: a device named for it would be ignored.
         if let (IbProvider::Soft, Some((name, port))) = (s.provider, &s.device) {
             return Err(Error::config(
@@ -112,11 +108,6 @@ impl IbSettings {
         }
         Ok(s)
     }
-}
-
-/// The names, defaults and docs of [`VARS`].
-pub fn variables() -> Vec<VarInfo> {
-    VARS.iter().map(|v| v.info).collect()
 }
 
 /// Every variable of the `ib` channel.

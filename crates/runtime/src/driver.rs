@@ -4,7 +4,7 @@ use polyrail_core::config::{PollPolicy, WaitMode};
 use polyrail_core::engine::{Action, Engine, Payload, ReqId, SplitTiming, Status, Unparked};
 use polyrail_core::observe::{says_yes, Observation, Observe};
 use polyrail_core::policy::{ChannelId, ChannelSet};
-use polyrail_core::{Caps, Error, Header, Issued, OneSided, Rank, Region, Result, SharedFile, Transport};
+use polyrail_core::{Caps, Error, Header, Issued, Rank, Region, Result, SharedFile, Transport};
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
@@ -39,13 +39,6 @@ const KEYS_SETTLE: Duration = Duration::from_secs(10);
 /// every this many rounds anyway, so that messages nobody waits for yet (and credits for
 /// peers' sends) do not sit in it forever.
 const SYSCALL_POLL_EVERY: u32 = 256;
-
-/// The one-sided memory of `channel`, or the error the engine gets for an operation the
-/// channel cannot do (the selection routes none there; a faulty route would).
-fn memory_of(channel: &mut Box<dyn Transport>) -> Result<&mut dyn OneSided> {
-    let name = channel.attr().kind.name();
-    channel.memory().ok_or_else(|| Error::Transport { kind: name, what: "no one-sided memory".into() })
-}
 
 /// Whether the socket `fd` was closed or shut down by its other end.
 fn hung_up(fd: &OwnedFd) -> bool {
@@ -270,11 +263,11 @@ impl Driver {
             Action::Send { to, .. } => *to,
             Action::Get { peer, .. } | Action::Put { peer, .. } => *peer,
             Action::Expose { channel, region, access, op } => {
-                let key = memory_of(&mut self.channels[*channel as usize]).and_then(|m| m.expose(*region, *access));
+                let key = self.channels[*channel as usize].one_sided().and_then(|m| m.expose(*region, *access));
                 return self.engine.handle_exposed(*op, key);
             }
             Action::Unexpose { channel, key, written } => {
-                if let Ok(m) = memory_of(&mut self.channels[*channel as usize]) {
+                if let Some(m) = self.channels[*channel as usize].memory() {
                     m.unexpose(key, written.clone());
                 }
                 return;
@@ -313,14 +306,12 @@ impl Driver {
                 }
                 return None;
             }
-            Action::Get { channel, peer, key, offset, into, op } => (
-                memory_of(&mut self.channels[*channel as usize]).and_then(|m| m.get(*peer, key, *offset, *into, *op)),
-                *op,
-            ),
-            Action::Put { channel, peer, from, key, offset, op } => (
-                memory_of(&mut self.channels[*channel as usize]).and_then(|m| m.put(*peer, *from, key, *offset, *op)),
-                *op,
-            ),
+            Action::Get { channel, peer, key, offset, into, op } => {
+                (self.channels[*channel as usize].one_sided().and_then(|m| m.get(*peer, key, *offset, *into, *op)), *op)
+            }
+            Action::Put { channel, peer, from, key, offset, op } => {
+                (self.channels[*channel as usize].one_sided().and_then(|m| m.put(*peer, *from, key, *offset, *op)), *op)
+            }
             Action::Expose { .. } | Action::Unexpose { .. } => {
                 self.execute(a);
                 return None;

@@ -210,12 +210,9 @@ impl SendCells {
 ///
 /// Ordinary stores into a cell the receiver read last time need each line back from the
 /// receiver's cache first; when the two cores share no cache that read-for-ownership crosses
-/// between them for every line. Non-temporal stores write whole lines without reading them.
-/// `docs/benchmarks/epyc-probes/cell-probe.c` (`NT` 0 and 2, `SAME` 1) on the AMD EPYC host,
-/// apart: a stream of 16 KiB messages through cells 2.4-3.0 GB/s with `memcpy`, 19.4-19.5 with
-/// these stores (8 KiB 3.2-3.5 against 10-12, 4 KiB 2.2 against 11-11.6); near they gain
-/// little in the probe and cost polyrail's osu_bw 16 KiB a third to a half, so the transport
-/// uses them apart only.
+/// between them for every line. Non-temporal stores write whole lines without reading them:
+/// apart, a stream of cells fills several times faster; near they gain little and slow
+/// osu_bw, so the transport uses them apart only.
 ///
 /// # Safety
 /// `dst` is 64-byte aligned and valid for writes of `src.len()` bytes that nothing else

@@ -43,8 +43,8 @@ const RMA_LATENCY_NS: f64 = 1200.0;
 const RMA_OVERHEAD_NS: f64 = 300.0;
 /// Model default: single-copy bandwidth (bytes/s).
 const RMA_BANDWIDTH: f64 = 10e9;
-/// Split copies from here (osu_latency / osu_bw on 2 cores sharing an L3, measured at 781a0f7:
-/// from 32 KiB the two halves copied at once beat one copy; 64-128 KiB 10-24 GB/s against 6-8).
+/// Split copies from here: between two cores sharing an L3, from 32 KiB the two halves copied at
+/// once beat one copy (osu_latency, osu_bw).
 const SPLIT_FROM: usize = 32 << 10;
 /// From here a message from registered memory that the peer maps goes by single copy (the
 /// receiver's memcpy from the mapping) rather than through send cells (osu_latency here with

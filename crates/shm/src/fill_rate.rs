@@ -1,6 +1,6 @@
 //! How fast this process fills send cells for one peer, and whether that is slow just now.
 //!
-//! On the AMD EPYC host of `docs/benchmarks.md`, with both vCPUs in one core complex, the host
+//! On an AMD EPYC host (an earlier record, in git history), with both vCPUs in one core complex, the host
 //! at times slows the transfer of lines between the two cores for seconds to minutes while a
 //! single line still crosses in 40 ns: filling a 16 KiB cell the receiver read last time (each
 //! line taken back from its cache) then runs at 8-14 GB/s instead of 20-45 (timed fills in
@@ -8,7 +8,7 @@
 //! drops from 25-30 GB/s to about 10. Single copy reads the sender's buffer where the receiver's
 //! core cached it last time and does not slow as much (64 KiB 11-15 GB/s, 128 KiB 15-20, in
 //! osu_bw). A sampled fill tells the two states apart; the engine then sends medium messages
-//! as it does to an apart peer ([`polyrail_core::Transport::copies_slow`]).
+//! as it does to an apart peer ([`polyrail_core::observe::Observation::CopiesSlow`]).
 //!
 //! The usual rate starts at half of a copy within this process (measured once; about 90 GB/s
 //! for 16 KiB on that host), so that a process which starts in the slow state sees it, and

@@ -56,7 +56,7 @@ impl ChannelFactory for ShmFactory {
         TransportKind::Shm
     }
     fn variables(&self) -> Vec<polyrail_core::config::VarInfo> {
-        settings::variables()
+        polyrail_core::config::infos(settings::VARS)
     }
     fn check_settings(&self, config: &polyrail_core::Config) -> Result<()> {
         ShmSettings::from_config(config).map(drop)

@@ -377,7 +377,7 @@ impl Producer {
     /// How long, in nanoseconds beyond the timer's own cost, loading the consumer's read
     /// position took, when the consumer published a new one since this producer last loaded it
     /// (so the line had to come from the consumer's cache); `None` otherwise. A cheap measure of
-    /// how near the two cores are: on the AMD EPYC host of `docs/benchmarks.md` 20 ns with both
+    /// how near the two cores are: on an AMD EPYC host (an earlier record, in git history) 20 ns with both
     /// vCPUs in one core complex, 110-120 ns apart.
     ///
     /// Only a position that leaves at most `unread` of our messages unread counts: a consumer
@@ -451,9 +451,8 @@ impl Producer {
             return Ok(false);
         }
         let record = self.mem.record((self.head & self.mem.geo.mask()) as usize);
-        // A call to `memcpy`, on purpose: copying payloads of up to 16 bytes inline (fewer
-        // instructions, no call) made 8 B one way 8-10 % slower in both placements, and 64 B
-        // in 16-byte pieces cost osu_bw apart 16 % (docs/benchmarks.md, f389fd5).
+        // A call to `memcpy`, on purpose: copying small payloads inline (fewer instructions, no
+        // call) measured slower, at 8 B one way and in osu_bw of 64 B messages.
         // SAFETY: plen <= 112: bytes 16..128 of the record, released by the consumer (`reserve`)
         // and read by it only after the stamp is published.
         unsafe { ptr::copy_nonoverlapping(payload.as_ptr(), record.add(OFF_INLINE), plen) };

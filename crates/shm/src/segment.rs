@@ -244,9 +244,8 @@ impl Mapping {
     }
 
     /// Maps `len` bytes of `fd` shared, read-write, faulting pages in as they are used: for
-    /// files of any size of which a message uses a part (pre-faulting a sparse 1 GiB memory
-    /// file took 0.52 s here, and allocated every page the peer had never touched:
-    /// `docs/benchmarks/lazy-mapping-ab.txt`).
+    /// files of any size of which a message uses a part (pre-faulting a sparse memory file
+    /// takes long and allocates every page the peer never touched).
     pub(crate) fn map_lazily(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
         Mapping::map_with(fd, len, 0)
     }

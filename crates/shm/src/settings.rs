@@ -1,6 +1,6 @@
 //! The `shm` channel's settings: its `POLYRAIL_SHM_*` variables, declared once.
 
-use polyrail_core::config::{set, Config, Var, VarInfo};
+use polyrail_core::config::{apply_others, set, Config, Var, VarInfo};
 use polyrail_core::Result;
 
 /// Settings of the `shm` channel (`POLYRAIL_SHM_*`).
@@ -28,18 +28,9 @@ impl ShmSettings {
     /// [`Config::others`] applied in order.
     pub fn from_config(config: &Config) -> Result<ShmSettings> {
         let mut s = ShmSettings::default();
-        for (name, value) in &config.others {
-            if let Some(var) = VARS.iter().find(|v| v.info.name == name) {
-                var.apply(&mut s, value)?;
-            }
-        }
+        apply_others(VARS, config, &mut s)?;
         Ok(s)
     }
-}
-
-/// The names, defaults and docs of [`VARS`].
-pub fn variables() -> Vec<VarInfo> {
-    VARS.iter().map(|v| v.info).collect()
 }
 
 /// Every variable of the `shm` channel.

@@ -5,7 +5,7 @@
 
 mod vars;
 
-pub use vars::{did_you_mean, effective, set, AutoOffSize, Effective, Value, Var, VarInfo, VARS};
+pub use vars::{apply_others, did_you_mean, effective, infos, set, AutoOffSize, Effective, Value, Var, VarInfo, VARS};
 
 use crate::error::{Error, Result};
 use crate::policy::topology::TopoClass;
@@ -283,7 +283,7 @@ pub struct Config {
     /// `POLYRAIL_SPLIT_THRESHOLD`: smallest single-copy message that both processes copy (the
     /// receiver pulls the front, the sender pushes the back). `auto` (default): each channel's
     /// measured size ([`TransportAttr::split_from`](crate::TransportAttr::split_from): 32k for
-    /// cma, 256k for ib over software RDMA, never on an adapter; see `docs/benchmarks.md`); a
+    /// cma, 256k for ib over software RDMA, never on an adapter; measured in an earlier record, in git history); a
     /// size (for every channel whose copies the CPUs make); `off`.
     pub split_threshold: SplitThreshold,
     /// `POLYRAIL_SPLIT_SHARE`: how much of a split message the receiver copies (the front).
@@ -296,7 +296,7 @@ pub struct Config {
     /// `POLYRAIL_STREAM_EAGER`: messages that would go by single copy go eagerly through send
     /// cells instead when no message came from the peer since the last send to it (a stream, as
     /// in osu_bw): there both processes copy at once and no message waits for a handshake.
-    /// `off` (default): on the AMD EPYC host of `docs/benchmarks.md` single copy streams 32 KiB
+    /// `off` (default): on an AMD EPYC host (an earlier record, in git history) single copy streams 32 KiB
     /// faster, 1.1 times with the two cores in one core complex and 3.5 times apart; `auto`: below
     /// 1.5 times the pair's single-copy threshold, at most `POLYRAIL_EAGER_LIMIT` (on the Intel
     /// host measured before, 32 KiB streamed 15 % faster through cells); or the largest such
@@ -307,11 +307,10 @@ pub struct Config {
     /// cores share a cache close by, within 40 ns): both processes copy at once and the copies stay in that cache,
     /// where the kernel's single copy is slow. Measured at run time per peer, on one in eight sends
     /// and receives whose protocol the placement decides, or given by `POLYRAIL_PLACEMENT` (see
-    /// `docs/architecture.md`). `auto` (default): up to 128k (on the
-    /// AMD EPYC host of `docs/benchmarks.md`, near: 32 KiB one way 1.8 against 3.8 µs, streamed
-    /// 25 against 9.5 GB/s; 128 KiB 5.7 against 7.1 µs; at 256 KiB single copy streams faster;
-    /// streams of 64-128 KiB through the cells run at 21-30 GB/s in some runs and about 10 in
-    /// others, see `docs/benchmarks.md`); `off`; or the largest such message.
+    /// `docs/architecture.md`). `auto` (default): up to 128k (near on an AMD EPYC host, an
+    /// earlier record in git history: 32 KiB one way 1.8 against 3.8 µs, streamed 25 against 9.5
+    /// GB/s; 128 KiB 5.7 against 7.1 µs; at 256 KiB single copy streams faster); `off`; or the
+    /// largest such message.
     pub near_eager: NearEager,
     /// `POLYRAIL_APART_SINGLE_COPY`: while a cache line the peer wrote reaches this process
     /// slowly (beyond 100 ns: the two cores share no cache), messages from this size go by single copy and
@@ -321,7 +320,7 @@ pub struct Config {
     /// `POLYRAIL_NEAR_EAGER`. It applies near too while shm times its fills of send cells at
     /// under half their usual rate (the host slows line transfers between the cores at times:
     /// cells then stream at a third of their rate, single copy does not slow).
-    /// `auto` (default): from 64k (on the AMD EPYC host of `docs/benchmarks.md`, apart: 32 KiB
+    /// `auto` (default): from 64k (on an AMD EPYC host (an earlier record, in git history), apart: 32 KiB
     /// one way 3.4-3.8 µs through cells against 5.2-6.0 by single copy, streamed 13-14.5 against
     /// 8.2 GB/s; at 128 KiB single copy streams faster); `off`; or the smallest such message.
     pub apart_single_copy: ApartSingleCopy,
@@ -351,7 +350,7 @@ pub struct Config {
     /// unexpected (no receive posted; the first it sent after our last send to it, which may
     /// answer that send, does not count), the receiver tells the sender, which then sends messages
     /// up to SIZE eagerly instead of by single copy, until WINDOW messages in a row find their
-    /// receive posted (or at most LIMIT waiting). Default `0:8:64k` (see `docs/benchmarks.md`).
+    /// receive posted (or at most LIMIT waiting). Default `0:8:64k` (measured in an earlier record, in git history).
     pub skew: Option<SkewPolicy>,
     /// `POLYRAIL_WAIT`: `spin`, `block` or `adaptive` (default). Senders ring a peer's doorbell
     /// only when it sleeps, which costs them one memory fence per message unless the mode is

@@ -43,6 +43,22 @@ impl<S> Var<S> {
     }
 }
 
+/// The name, default and doc of each of `vars`.
+pub fn infos<S>(vars: &[Var<S>]) -> Vec<VarInfo> {
+    vars.iter().map(|v| v.info).collect()
+}
+
+/// Applies to `settings`, in the order given, the values [`Config::others`] holds for `vars`
+/// (a channel crate's own variables).
+pub fn apply_others<S>(vars: &[Var<S>], config: &Config, settings: &mut S) -> Result<()> {
+    for (name, value) in &config.others {
+        if let Some(var) = vars.iter().find(|v| v.info.name == name) {
+            var.apply(settings, value)?;
+        }
+    }
+    Ok(())
+}
+
 /// A value given to a variable, with the checks the tables' entries share.
 pub struct Value<'a> {
     /// The variable's name.

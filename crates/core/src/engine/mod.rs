@@ -831,7 +831,7 @@ impl Engine {
         let lagging = peer.peer_lags && !route.as_written && skew.is_some_and(|k| buf.len <= k.eager_up_to);
         let stream = streaming && mapped.is_none() && route.stream_eager.as_ref().is_some_and(|r| buf.len <= r.upto);
         // While copies into the cells run slowly, a stream does not send sizes from the apart
-        // rule's eagerly (single copy does not slow; see `Transport::copies_slow`). A lagging
+        // rule's eagerly (single copy does not slow; see `Observation::CopiesSlow`). A lagging
         // receiver still gets them eagerly: a slow copy costs the sender less than waiting for
         // the receiver (polyrail-bench skew near, runs in which the verdict came: the producer
         // took 45.2 us per 64 KiB message with the veto, 27.5 without).

@@ -6,7 +6,7 @@
 //! already (a buffer sent again unchanged, as in osu_latency); when the sender has just written the
 //! message (an application's fresh data) the sender's copy reads its own cache and the receiver's
 //! crosses between the cores, and the receiver should take a quarter to three eighths (Intel Xeon
-//! host, `docs/benchmarks.md`: fresh data 64 KiB-1 MiB 5-30 % faster than halves). An equal finish
+//! host, an earlier record in git history: fresh data 64 KiB-1 MiB 5-30 % faster than halves). An equal finish
 //! of both copies is not the optimum (they slow each other), so the share is searched: each size
 //! class tries every share on a few messages that ran alone, then keeps the fastest for a while.
 //!

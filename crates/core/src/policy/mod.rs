@@ -232,7 +232,7 @@ pub struct Candidate<'a> {
 /// Default shared-memory/single-copy switch point per class (Chai, Fig. 6.2: 32 KB in a
 /// shared cache, 2 KB on one socket, 1 KB across sockets): in a shared cache the two copies
 /// through shared memory stay cheap longer. Checked here (2 cores sharing an L3, Xeon @2.5 GHz,
-/// osu_latency / osu_bw, `docs/benchmarks.md`): below 32 KiB send cells win (16 KiB: 7.6-9.1
+/// osu_latency / osu_bw, an earlier record in git history): below 32 KiB send cells win (16 KiB: 7.6-9.1
 /// GB/s eager against 3.5-7.5 by single copy); from 32 KiB single copy split between both
 /// processes wins (32 KiB latency 3.5-4.6 µs against 6.0 eager; 64-128 KiB 10-24 GB/s against
 /// 6-8), so the shared-cache default stays 32 KiB, with the split from there (see
@@ -255,7 +255,7 @@ fn model_crossover(am: &TransportAttr, rma: &TransportAttr) -> Option<usize> {
 }
 
 /// Where single copy starts while the peer's core shares no cache with ours
-/// (`POLYRAIL_APART_SINGLE_COPY=auto`). On the AMD EPYC host of `docs/benchmarks.md`, apart, with
+/// (`POLYRAIL_APART_SINGLE_COPY=auto`). On an AMD EPYC host (an earlier record, in git history), apart, with
 /// send cells filled by non-temporal stores: osu_bw 32 KiB 13-14.5 GB/s through cells against 8.2
 /// by single copy, 64 KiB 12.7-12.9 by single copy against 14.1-14.4, 128 KiB 17.0-17.8 against
 /// 13.9-14.8; one way 32 KiB 3.4-3.8 µs against 5.2-6.0, 64 KiB 6.2-6.3 against 5.7-6.9.

@@ -108,8 +108,7 @@ enum BindArg {
 
 fn variables_help() -> String {
     let mut s = String::from("Environment variables:\n");
-    let core = polyrail::config::VARS.iter().map(|v| v.info);
-    for v in core.chain(polyrail::channel_variables()) {
+    for v in polyrail::config::infos(polyrail::config::VARS).into_iter().chain(polyrail::channel_variables()) {
         s.push_str(&format!("  {:<26} {} (default {})\n", v.name, v.doc, v.default));
     }
     s
