@@ -428,7 +428,7 @@ impl World {
 
     /// Whether skew feedback has messages to job rank `peer` sent eagerly now.
     pub(crate) fn sends_eagerly_to(&self, peer: Rank) -> bool {
-        self.driver.engine.peer_lags(peer)
+        self.driver.engine.adapters(peer).is_some_and(|a| a.skew.peer_lags())
     }
 
     /// Sends `buf` to job rank `to` in matching context `space`; returns when `buf` may be

@@ -4,6 +4,7 @@
 //! - [`engine`]: the sans-IO protocol engine (tag matching, per-pair ordering, eager and
 //!   rendezvous state machines), driven by `handle_*` calls and read through `poll_*` calls;
 //! - [`policy`]: topology classes and per-peer route tables (size range -> channel, protocol);
+//! - [`adapt`]: the run-time adaptations that move single sends between eager and single copy;
 //! - [`Config`]: every `POLYRAIL_*` setting, parsed once.
 //!
 //! It contains no channel: those live in `polyrail-shm`, `polyrail-ib`, ...
@@ -11,6 +12,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod adapt;
 pub mod config;
 pub mod engine;
 mod error;

@@ -577,11 +577,10 @@ impl Driver {
     fn sample_placement(&mut self, to: Rank, len: usize) {
         if let Some(ch) = self.engine.wants_placement(to, len) {
             let channel = &mut self.channels[ch as usize];
-            if let Some(ns) = channel.observe(to, Observe::LineTransfer).and_then(Observation::line_transfer) {
-                self.engine.note_line_transfer(to, ns);
-            }
-            if let Some(slow) = channel.observe(to, Observe::CopiesSlow).and_then(Observation::flag) {
-                self.engine.note_copies_slow(to, slow);
+            for what in [Observe::LineTransfer, Observe::CopiesSlow] {
+                if let Some(seen) = channel.observe(to, what) {
+                    self.engine.handle_observation(to, seen);
+                }
             }
         }
     }
@@ -600,7 +599,7 @@ impl Driver {
     pub fn note_unread(&mut self, peer: Rank) {
         let channels = &mut self.channels;
         let unread = self.polled.iter().any(|&i| says_yes(channels[i].observe(peer, Observe::Unread)));
-        self.engine.note_unread(peer, unread);
+        self.engine.handle_observation(peer, Observation::Unread(unread));
     }
 
     /// Whether nothing but an arrival can make progress (so sleeping until one is safe).
@@ -845,7 +844,7 @@ mod tests {
     fn job_reaching(reaching: ChannelSet) -> (Driver, Arc<AtomicUsize>, Arc<AtomicUsize>) {
         let (cheap, cheap_polls) = Counted::channel(Caps::empty(), 200.0);
         let (syscall, syscall_polls) = Counted::channel(Caps::POLL_IS_SYSCALL, 2000.0);
-        let mut engine = Engine::new(0, 3);
+        let mut engine = Engine::new(0, 3, polyrail_core::adapt::Tuning::default());
         for (peer, am) in [(1, 0), (2, 1)] {
             let entries =
                 vec![RouteEntry { upto: usize::MAX, protocol: Protocol::Eager, channel: am, reason: String::new() }];

@@ -2,6 +2,7 @@
 
 use crate::driver::Driver;
 use crate::topology::{current_binding, DeviceLocality, Topology};
+use polyrail_core::adapt::Tuning;
 use polyrail_core::config::VarInfo;
 use polyrail_core::engine::Engine;
 use polyrail_core::observe::{says_yes, Observe};
@@ -219,9 +220,6 @@ impl Job {
         let mut peers = Vec::with_capacity(size as usize);
         // Channels that reach another rank: only these can deliver, so only these are polled.
         let mut reaching = ChannelSet::EMPTY;
-        let mut engine = Engine::new(rank, size);
-        engine.set_skew_policy(config.skew);
-        engine.set_split_share(config.split_share);
         let mut infos = Vec::with_capacity(size as usize);
         for r in 0..size {
             infos.push(if r == rank {
@@ -231,7 +229,7 @@ impl Job {
             });
         }
         // More ranks on this machine than CPUs (virtual nodes of one host share them too): line
-        // samples and copy rates mean what sharing a core does (see Engine::set_own_cpus).
+        // samples and copy rates mean what sharing a core does (see adapt::PlacementAdapter).
         let same_host = infos.iter().filter(|(i, _)| i.host == me.host).count();
         let own_cpus = same_host <= topology.num_cpus();
         if !own_cpus {
@@ -239,8 +237,8 @@ impl Job {
                 "rank {rank}: {same_host} ranks on this machine's {} CPUs: local line samples count, cell fill rates do not",
                 topology.num_cpus()
             );
-            engine.set_own_cpus(false);
         }
+        let mut engine = Engine::new(rank, size, Tuning::from_config(&config, own_cpus));
         for (r, (mut info, theirs)) in (0..size).zip(infos) {
             info.own_cpus = own_cpus;
             let class = if r == rank {

@@ -6,6 +6,7 @@ use super::{
     am_of, finish_req, placement_says_eager, Action, Engine, FragTarget, Incoming, Payload, ReqId, Rtr, Source,
     TagMatch, Unexpected, UxBody, MAX_EAGER_LEN, MAX_RTR_PLACE, SEND_HISTORY,
 };
+use crate::adapt::Seen;
 use crate::error::{Error, Rank, Result};
 use crate::header::{Header, PacketKind};
 use crate::policy::Protocol;
@@ -75,8 +76,8 @@ impl Engine {
             PacketKind::Skew => {
                 let lags = hdr.offset != 0;
                 let p = &mut self.peers[from as usize];
-                if p.peer_lags != lags {
-                    p.peer_lags = lags;
+                if p.adapt.skew.peer_lags() != lags {
+                    p.adapt.observe(Seen::PeerLags(lags), p.route.as_ref());
                     tracing::debug!(
                         "rank {}: route to rank {from} changed: the receiver {}",
                         self.me,
@@ -153,35 +154,20 @@ impl Engine {
         self.peers[from as usize].unexpected.push_back(ux);
     }
 
-    /// Skew feedback, receiver side (Chai §6.3.2), called when a receive naming `from` is
-    /// posted: the receiver lags when the message is already there (`waiting` counts the
-    /// messages of `from` that wait unexpected or unread in the channel). After `window`
-    /// receives in a row that find more than `limit` waiting, `from` is told to send eagerly;
-    /// after `window` in a row that find at most `limit`, that the receiver caught up.
+    /// Skew feedback, receiver side ([`crate::adapt::SkewAdapter`]), called when a receive
+    /// naming `from` is posted and `waiting` of its messages wait unexpected or unread in the
+    /// channel: tells `from` when the adapter says so.
     #[inline]
     pub(super) fn watch_skew(&mut self, from: Rank, waiting: usize) {
-        let Some(k) = self.skew else { return };
-        let p = &mut self.peers[from as usize];
-        let lagging_now = waiting > k.limit;
-        if lagging_now == p.told_lagging {
-            p.lag_streak = 0;
-            return;
+        if let Some(lagging_now) = self.peers[from as usize].adapt.skew.note_receive(waiting) {
+            self.tell_skew(from, waiting, lagging_now);
         }
-        self.skew_changing(from, waiting, lagging_now, k.window);
     }
 
-    /// The rare half of [`Engine::watch_skew`] (kept out of the receive path): a receive that
-    /// found the peer's messages waiting (or not) unlike what the peer was told.
+    /// Sends `from` the skew packet saying that we lag (or caught up).
     #[cold]
     #[inline(never)]
-    fn skew_changing(&mut self, from: Rank, waiting: usize, lagging_now: bool, window: u32) {
-        let p = &mut self.peers[from as usize];
-        p.lag_streak = p.lag_streak.saturating_add(1);
-        if p.lag_streak < window {
-            return;
-        }
-        p.lag_streak = 0;
-        p.told_lagging = lagging_now;
+    fn tell_skew(&mut self, from: Rank, waiting: usize, lagging_now: bool) {
         tracing::debug!(
             "rank {}: receives keep finding {waiting} messages of rank {from} waiting: telling it that we {}",
             self.me,

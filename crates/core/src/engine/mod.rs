@@ -38,11 +38,12 @@ mod types;
 
 pub use types::{Action, Payload, ReqId, Source, Status, TagMatch};
 
-use crate::config::{SkewPolicy, SplitShare};
+use crate::adapt::{PeerAdapters, Seen, SendFacts, Tuning};
+use crate::config::SplitShare;
 use crate::error::{Error, Rank, Result};
 use crate::header::{Envelope, Header, PacketKind};
-use crate::observe::{LineSamples, Placement, LOCAL_NS};
-use crate::policy::{ChannelId, ChannelSet, PeerRoute, PlacementRule, Protocol};
+use crate::observe::{Observation, Placement};
+use crate::policy::{ChannelId, ChannelSet, PeerRoute, Protocol};
 use crate::transport::{OpId, PeerAccess, Region, RegionMut, RemoteKey, Sink};
 use requests::{Dir, ExposeFor, Req, Requests, Withdrawal};
 use spare::SpareBuffers;
@@ -60,25 +61,11 @@ const MAX_RTR_PLACE: u32 = 1024;
 /// Largest eager message accepted from a peer (a bigger claimed length is a protocol error).
 const MAX_EAGER_LEN: u64 = crate::config::MAX_EAGER_MESSAGE as u64;
 
-/// What `p`'s measured placement says of a message of `len` bytes: eager (`Some(true)`), single
-/// copy (`Some(false)`), or nothing (`None`: the route table decides). Near, messages up to the
-/// rule's `near_upto` go eagerly; apart, messages from its `apart_from` go by single copy and
-/// smaller ones eagerly (also above the table's threshold); in the middle, the table decides.
+/// What the measured placement of `p`'s core says of a message of `len` bytes
+/// ([`PlacementAdapter::says_eager`](crate::adapt::PlacementAdapter::says_eager)).
 #[inline]
 fn placement_says_eager(p: &Peer, len: usize) -> Option<bool> {
-    let rule = placement_rule(p)?;
-    match p.placement? {
-        // Near, but copies to the peer are slow just now: single copy from the apart size.
-        Placement::Near if p.copies_slow && rule.apart_from.is_some_and(|from| len >= from) => Some(false),
-        Placement::Near => rule.near_upto.filter(|&upto| len <= upto).map(|_| true),
-        Placement::Middle => None,
-        Placement::Apart => rule.apart_from.map(|from| len < from),
-    }
-}
-
-#[inline]
-fn placement_rule(p: &Peer) -> Option<&PlacementRule> {
-    p.route.as_ref()?.placement.as_ref()
+    p.adapt.placement.says_eager(p.route.as_ref()?, len)
 }
 
 /// Why a peer can no longer take part.
@@ -195,24 +182,8 @@ struct Peer {
     gone: Option<Gone>,
     /// Why it was lost (not for a finish), for the errors of later calls that need it.
     lost_why: Option<Box<str>>,
-    /// Receiver side of skew feedback: receives in a row that found the peer's messages
-    /// waiting (or not, once told), whether the peer was told that we lag, and how many of its
-    /// messages the driver saw unread in the channel before the next receive is posted.
-    lag_streak: u32,
-    told_lagging: bool,
-    unread_hint: usize,
-    /// Sender side: the peer said it lags; medium messages go eagerly.
-    peer_lags: bool,
-    /// Where the peer's core was measured to be (`None`: not yet; see
-    /// [`Engine::note_line_transfer`]), and the samples towards it.
-    placement: Option<Placement>,
-    placement_samples: LineSamples,
-    /// Whether the channel measured its copies to the peer slow lately
-    /// ([`Engine::note_copies_slow`]).
-    copies_slow: bool,
-    /// Messages whose protocol the placement decides since the last line was timed (see
-    /// [`Engine::wants_placement`]).
-    unsampled: u8,
+    /// The run-time adaptations' state for this peer.
+    adapt: PeerAdapters,
     /// Whether receives posted behind others for the same messages send an RTR too. They pay
     /// only when receives are posted well before the sends (a window's hints usually arrive
     /// after the sender posted its window, and each costs an exposure and a packet): on after
@@ -226,7 +197,7 @@ struct Peer {
 }
 
 impl Peer {
-    fn new() -> Self {
+    fn new(tuning: &Tuning) -> Self {
         Peer {
             route: None,
             unreachable: None,
@@ -240,14 +211,7 @@ impl Peer {
             withdrawals: 0,
             gone: None,
             lost_why: None,
-            lag_streak: 0,
-            told_lagging: false,
-            unread_hint: 0,
-            peer_lags: false,
-            placement: None,
-            placement_samples: LineSamples::default(),
-            copies_slow: false,
-            unsampled: 0,
+            adapt: PeerAdapters::new(tuning),
             window_rtrs: false,
             last_send_at: None,
             split: None,
@@ -270,7 +234,8 @@ pub struct Engine {
     gone_peers: u32,
     post_counter: u64,
     arrival_counter: u64,
-    skew: Option<SkewPolicy>,
+    /// The settings of the run-time adaptations.
+    tuning: Tuning,
     /// Cache of [`Engine::awaited_channels`]; `None` after anything that may change it.
     awaited: Option<ChannelSet>,
     /// Receives that failed after their buffer's key went to a peer that may still run (alive,
@@ -288,12 +253,8 @@ pub struct Engine {
     mapped: Vec<Range<usize>>,
     /// The blocking receive parked by [`Engine::park_recv`], if any.
     parked: Option<Parked>,
-    /// Whether every rank of this machine has a CPU of its own (see [`Engine::set_own_cpus`]).
-    own_cpus: bool,
     /// Buffers of unexpected eager messages already taken, for the next ones.
     spare: SpareBuffers,
-    /// The receiver's share of split messages (`POLYRAIL_SPLIT_SHARE`).
-    split_share: SplitShare,
     /// The split message whose time the driver measures for its peer's search, if any, and
     /// the latest split message (a message runs alone when that one has ended).
     split_probe: Option<SplitProbe>,
@@ -335,10 +296,10 @@ fn in_ranges(ranges: &[Range<usize>], buf: Region) -> bool {
 impl Engine {
     /// An engine for rank `me` of a job of `size` ranks. Routes are set per peer with
     /// [`Engine::set_route`]; a peer without a route is unreachable.
-    pub fn new(me: Rank, size: u32) -> Self {
+    pub fn new(me: Rank, size: u32, tuning: Tuning) -> Self {
         Engine {
             me,
-            peers: (0..size).map(|_| Peer::new()).collect(),
+            peers: (0..size).map(|_| Peer::new(&tuning)).collect(),
             reqs: Requests::default(),
             actions: VecDeque::new(),
             wild: VecDeque::new(),
@@ -346,16 +307,14 @@ impl Engine {
             gone_peers: 0,
             post_counter: 0,
             arrival_counter: 0,
-            skew: None,
+            tuning,
             awaited: None,
             peer_may_write: Vec::new(),
             zombies: Vec::new(),
             placement_from: usize::MAX,
             mapped: Vec::new(),
             parked: None,
-            own_cpus: true,
             spare: SpareBuffers::default(),
-            split_share: SplitShare::Auto,
             split_probe: None,
             last_split: None,
         }
@@ -373,23 +332,6 @@ impl Engine {
     pub fn remove_mapped_memory(&mut self, region: Region) {
         let start = region.ptr as usize;
         self.mapped.retain(|r| *r != (start..start + region.len));
-    }
-
-    /// Whether every rank of this machine has a CPU of its own (default yes). Then a line sample
-    /// as fast as a local load is a prefetch's doing and not counted
-    /// ([`LOCAL_NS`]), and the channels' verdicts on their copies
-    /// ([`Engine::note_copies_slow`]) change routes. Ranks that share a CPU share its caches
-    /// (such samples are real: counting them keeps a pair on one core near), and a shared core
-    /// slows their copies for other reasons, while single copy waits for the receiver to be
-    /// scheduled (osu_mbw_mr, 4 ranks on the 2-CPU host, 64 KiB: 9.1-9.3 GB/s with the verdict,
-    /// 17.6 without; 14.9 against 17.4 with local samples not counted).
-    pub fn set_own_cpus(&mut self, own: bool) {
-        self.own_cpus = own;
-    }
-
-    /// Sets how much of a split message the receiver copies; see [`SplitShare`].
-    pub fn set_split_share(&mut self, share: SplitShare) {
-        self.split_share = share;
     }
 
     /// Whether a split message is being timed: then call [`Engine::split_timing`] before and
@@ -445,7 +387,7 @@ impl Engine {
     /// the bytes before the returned offset. With [`SplitShare::Auto`] a message that runs
     /// alone may be a trial of the peer's search, timed by the driver.
     fn split_point(&mut self, id: ReqId, peer: Rank, len: usize) -> usize {
-        let split = match self.split_share {
+        let split = match self.tuning.split_share {
             SplitShare::Percent(p) => split_share::percent_of(len, p),
             SplitShare::Auto => {
                 let running = self.last_split.and_then(|r| self.reqs.get(r)).is_some_and(|r| r.result.is_none());
@@ -464,16 +406,30 @@ impl Engine {
         split
     }
 
-    /// Turns skew feedback on (`Some`) or off; see [`SkewPolicy`].
-    pub fn set_skew_policy(&mut self, policy: Option<SkewPolicy>) {
-        self.skew = policy;
-    }
-
-    /// Tells the engine, before a receive naming `peer` is posted, whether messages of `peer`
-    /// wait unread in a channel (for skew feedback: the receive comes late).
-    pub fn note_unread(&mut self, peer: Rank, unread: bool) {
-        if let Some(p) = self.peers.get_mut(peer as usize) {
-            p.unread_hint = unread as usize;
+    /// Takes in what a channel observed of `peer` ([`crate::Transport::observe`]): its
+    /// adapters ([`crate::adapt`]) may send later messages to it otherwise.
+    pub fn handle_observation(&mut self, peer: Rank, seen: Observation) {
+        let me = self.me;
+        let Some(p) = self.peers.get_mut(peer as usize) else { return };
+        let (placement, slow) = (p.adapt.placement.placement(), p.adapt.placement.copies_slow());
+        p.adapt.observe(Seen::Channel(seen), p.route.as_ref());
+        let now = p.adapt.placement.placement();
+        if let (Some(placement), true) = (now, now != placement) {
+            tracing::debug!(
+                "rank {me}: rank {peer}'s core measured {}{}",
+                match placement {
+                    Placement::Near => "near: medium messages go eagerly",
+                    Placement::Middle => "neither near nor apart: the route table decides",
+                    Placement::Apart => "apart: medium messages go by single copy",
+                },
+                seen.line_transfer().map(|ns| format!(" ({ns} ns for a cache line)")).unwrap_or_default()
+            );
+        }
+        if p.adapt.placement.copies_slow() != slow {
+            tracing::debug!(
+                "rank {me}: copies to rank {peer} {}",
+                if slow { "run at their usual rate" } else { "run slowly: large medium messages go by single copy" }
+            );
         }
     }
 
@@ -486,9 +442,8 @@ impl Engine {
     }
 
     /// The channel to time a line transfer from `peer` on before a send of `len` bytes to it,
-    /// or a receive of at most `len` bytes from it ([`Engine::note_line_transfer`]): on every
-    /// [`PlacementRule::SAMPLE_EVERY`]-th message whose protocol the placement of the peer's
-    /// core decides ([`PlacementRule`]).
+    /// or a receive of at most `len` bytes from it (report it with
+    /// [`Engine::handle_observation`]): see [`PlacementAdapter::wants_sample`](crate::adapt::PlacementAdapter::wants_sample).
     #[inline]
     pub fn wants_placement(&mut self, peer: Rank, len: usize) -> Option<ChannelId> {
         if len < self.placement_from {
@@ -496,67 +451,12 @@ impl Engine {
         }
         let p = self.peers.get_mut(peer as usize)?;
         let route = p.route.as_ref()?;
-        let rule = route.placement.as_ref().filter(|r| r.given.is_none())?;
-        let one_sided = route.lookup(len).protocol.is_one_sided();
-        let near_decides = one_sided && rule.near_upto.is_some_and(|upto| len <= upto);
-        let apart_decides = rule.apart_from.is_some_and(|from| one_sided == (len < from));
-        if !(near_decides || apart_decides) {
-            return None;
-        }
-        p.unsampled = p.unsampled.wrapping_add(1);
-        (p.unsampled % PlacementRule::SAMPLE_EVERY == 1).then_some(route.am)
+        p.adapt.placement.wants_sample(route, len).then_some(route.am)
     }
 
-    /// A cache line written by `peer` took `ns` nanoseconds to arrive
-    /// ([`crate::observe::Observation::LineTransfer`]): the verdict is set or changed by seven of the
-    /// latest nine samples in one band ([`LineSamples`], [`Placement::of_line`]).
-    pub fn note_line_transfer(&mut self, peer: Rank, ns: u32) {
-        let me = self.me;
-        let Some(p) = self.peers.get_mut(peer as usize) else { return };
-        if placement_rule(p).is_none_or(|r| r.given.is_some()) || (ns <= LOCAL_NS && self.own_cpus) {
-            return;
-        }
-        let Some(placement) = p.placement_samples.note(ns) else { return };
-        if p.placement != Some(placement) {
-            p.placement = Some(placement);
-            tracing::debug!(
-                "rank {me}: rank {peer}'s core measured {} ({ns} ns for a cache line)",
-                match placement {
-                    Placement::Near => "near: medium messages go eagerly",
-                    Placement::Middle => "neither near nor apart: the route table decides",
-                    Placement::Apart => "apart: medium messages go by single copy",
-                }
-            );
-        }
-    }
-
-    /// Whether the channel's copies to `peer` ran slowly lately
-    /// ([`crate::observe::Observation::CopiesSlow`]): while they do and the peer is near, messages from the
-    /// apart rule's size go by single copy ([`PlacementRule`]).
-    pub fn note_copies_slow(&mut self, peer: Rank, slow: bool) {
-        if !self.own_cpus {
-            return;
-        }
-        let me = self.me;
-        let Some(p) = self.peers.get_mut(peer as usize) else { return };
-        if p.copies_slow != slow {
-            p.copies_slow = slow;
-            tracing::debug!(
-                "rank {me}: copies to rank {peer} {}",
-                if slow { "run slowly: large medium messages go by single copy" } else { "run at their usual rate" }
-            );
-        }
-    }
-
-    /// Where `peer`'s core was last measured (or given) to be; `None`: not yet (see
-    /// [`Engine::note_line_transfer`]).
-    pub fn peer_placement(&self, peer: Rank) -> Option<Placement> {
-        self.peers.get(peer as usize)?.placement
-    }
-
-    /// Whether `peer` told us it lags (so medium messages to it go eagerly).
-    pub fn peer_lags(&self, peer: Rank) -> bool {
-        self.peers.get(peer as usize).is_some_and(|p| p.peer_lags)
+    /// The run-time adaptations' state for `peer`.
+    pub fn adapters(&self, peer: Rank) -> Option<&PeerAdapters> {
+        Some(&self.peers.get(peer as usize)?.adapt)
     }
 
     /// This process's rank.
@@ -598,10 +498,8 @@ impl Engine {
                 let near_from = rule.near_upto.map_or(usize::MAX, |_| threshold);
                 let from = near_from.min(rule.apart_from.map_or(usize::MAX, |f| f.min(threshold)));
                 self.placement_from = self.placement_from.min(from);
-                if rule.given.is_some() {
-                    p.placement = rule.given; // POLYRAIL_PLACEMENT: nothing to measure
-                }
             }
+            p.adapt.observe(Seen::Route, Some(&route));
             p.route = Some(route);
             p.unreachable = None;
         }
@@ -801,7 +699,6 @@ impl Engine {
     /// request failed).
     pub unsafe fn post_send(&mut self, to: Rank, tag: u32, ctx: u16, buf: Region) -> Result<ReqId> {
         self.touched();
-        let skew = self.skew;
         let from_mapped = in_ranges(&self.mapped, buf);
         let peer = self.usable_peer(to)?;
         // A stream: no message came from the peer since our last send to it.
@@ -818,28 +715,10 @@ impl Engine {
         if let Some(m) = mapped.filter(|_| protocol == Protocol::Eager) {
             (protocol, data_ch) = (Protocol::RndvGet, m.channel);
         }
-        // The measured placement of the peer's core (POLYRAIL_NEAR_EAGER,
-        // POLYRAIL_APART_SINGLE_COPY): near, two copies through cells stay in the shared cache,
-        // where the kernel's single copy is slow; apart, the cells' copies cross between the
-        // caches, cheaper than single copy up to a larger size.
-        let placed = if mapped.is_none() { placement_says_eager(peer, buf.len) } else { None };
-        if let Some(rule) = route.placement.as_ref().filter(|_| protocol == Protocol::Eager && placed == Some(false)) {
-            (protocol, data_ch) = (Protocol::RndvGet, rule.rma);
-        }
-        // Skew feedback: a single-copy send would wait for the lagging receiver; an eager one
-        // completes at once. In a stream, eager sends let both processes copy at once.
-        let lagging = peer.peer_lags && !route.as_written && skew.is_some_and(|k| buf.len <= k.eager_up_to);
-        let stream = streaming && mapped.is_none() && route.stream_eager.as_ref().is_some_and(|r| buf.len <= r.upto);
-        // While copies into the cells run slowly, a stream does not send sizes from the apart
-        // rule's eagerly (single copy does not slow; see `Observation::CopiesSlow`). A lagging
-        // receiver still gets them eagerly: a slow copy costs the sender less than waiting for
-        // the receiver (polyrail-bench skew near, runs in which the verdict came: the producer
-        // took 45.2 us per 64 KiB message with the veto, 27.5 without).
-        let cells_slow =
-            peer.copies_slow && route.placement.as_ref().and_then(|r| r.apart_from).is_some_and(|from| buf.len >= from);
-        if protocol.is_one_sided() && (lagging || (!cells_slow && (stream || placed == Some(true)))) {
-            (protocol, data_ch) = (Protocol::Eager, am);
-        }
+        // The run-time adaptations move it between eager and single copy where the route's
+        // rules allow it (placement of the peer's core, skew feedback, streams: crate::adapt).
+        let facts = SendFacts { len: buf.len, route, protocol, mapped: mapped.is_some(), streaming };
+        (protocol, data_ch) = peer.adapt.advise(&facts).apply(protocol, data_ch, am);
         // No setting sends more eagerly than a receiver takes (POLYRAIL_ROUTE, POLYRAIL_SKEW,
         // a CMA threshold or an apart size beyond it): such a message is streamed instead.
         if protocol == Protocol::Eager && buf.len as u64 > MAX_EAGER_LEN {
@@ -1074,7 +953,7 @@ impl Engine {
     fn count_receive(&mut self, src: Source) {
         if let Source::Rank(r) = src {
             let p = &mut self.peers[r as usize];
-            let unread = std::mem::take(&mut p.unread_hint);
+            let unread = p.adapt.skew.take_unread();
             let oldest = p.unexpected.front().map_or(p.expected_seq, |u| u.seq);
             let answer = p.last_send_at == Some(oldest) && p.unexpected.len() + unread > 0;
             let waiting = p.unexpected.len() + unread - usize::from(answer);
@@ -1788,3 +1667,15 @@ impl Sink for ChannelSink<'_> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+impl Engine {
+    /// Changes the adaptations' settings of a running engine (the adapters keep what they
+    /// measured).
+    pub(crate) fn retune(&mut self, change: impl FnOnce(&mut Tuning)) {
+        change(&mut self.tuning);
+        for p in &mut self.peers {
+            p.adapt.retune(&self.tuning);
+        }
+    }
+}

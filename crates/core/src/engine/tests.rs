@@ -2,7 +2,8 @@
 //! queues (channel 0, active messages) and memcpy one-sided copies (channel 1).
 
 use super::*;
-use crate::policy::{PeerRoute, RouteEntry};
+use crate::config::SkewPolicy;
+use crate::policy::{PeerRoute, PlacementRule, RouteEntry};
 use proptest::prelude::*;
 use std::collections::VecDeque;
 
@@ -103,7 +104,7 @@ fn stream_route() -> PeerRoute {
 
 impl Sim {
     fn new(n: u32, r: impl Fn() -> PeerRoute) -> Sim {
-        let mut engines: Vec<Engine> = (0..n).map(|i| Engine::new(i, n)).collect();
+        let mut engines: Vec<Engine> = (0..n).map(|i| Engine::new(i, n, Tuning::default())).collect();
         for e in &mut engines {
             for p in 0..n {
                 e.set_route(p, r());
@@ -1360,15 +1361,15 @@ fn the_measured_placement_changes_medium_messages() {
     // The kind of the first packet of a message of `len` bytes, after the samples.
     let first_kind = |sim: &mut Sim, samples: &[u32], len: usize| -> PacketKind {
         for &ns in samples {
-            sim.engines[0].note_line_transfer(1, ns);
+            sim.engines[0].handle_observation(1, Observation::LineTransfer(ns));
         }
         first_packet_kind(sim, len, 5)
     };
     assert_eq!(first_kind(&mut sim, &[20; 8], 3000), PacketKind::Rts, "eight quick samples are not enough");
-    assert_eq!(sim.engines[0].peer_placement(1), None);
+    assert_eq!(sim.engines[0].adapters(1).and_then(|a| a.placement.placement()), None);
     assert_eq!(first_kind(&mut sim, &[], 600), PacketKind::Eager, "not measured: the route table");
     assert_eq!(first_kind(&mut sim, &[20], 3000), PacketKind::Eager);
-    assert_eq!(sim.engines[0].peer_placement(1), Some(Placement::Near));
+    assert_eq!(sim.engines[0].adapters(1).and_then(|a| a.placement.placement()), Some(Placement::Near));
     assert_eq!(
         first_kind(&mut sim, &[500, 20, 200], 3000),
         PacketKind::Eager,
@@ -1379,13 +1380,13 @@ fn the_measured_placement_changes_medium_messages() {
         PacketKind::Rts,
         "five late: the middle, the table's single copy"
     );
-    assert_eq!(sim.engines[0].peer_placement(1), Some(Placement::Middle));
+    assert_eq!(sim.engines[0].adapters(1).and_then(|a| a.placement.placement()), Some(Placement::Middle));
     assert_eq!(first_kind(&mut sim, &[150; 3], 3000), PacketKind::Rts, "seven of nine beyond 100");
-    assert_eq!(sim.engines[0].peer_placement(1), Some(Placement::Apart));
+    assert_eq!(sim.engines[0].adapters(1).and_then(|a| a.placement.placement()), Some(Placement::Apart));
     assert_eq!(first_kind(&mut sim, &[], 600), PacketKind::Rts, "apart: single copy below the threshold");
     assert_eq!(first_kind(&mut sim, &[], 40), PacketKind::Eager, "below the apart part's size");
     assert_eq!(first_kind(&mut sim, &[0, 20, 1, 20, 2], 3000), PacketKind::Rts, "local loads are no samples");
-    assert_eq!(sim.engines[0].peer_placement(1), Some(Placement::Apart));
+    assert_eq!(sim.engines[0].adapters(1).and_then(|a| a.placement.placement()), Some(Placement::Apart));
     // The small-send fast path leaves such sizes to post_send while apart.
     let buf = [7u8; 80];
     let region = Region { ptr: buf.as_ptr(), len: buf.len() };
@@ -1404,13 +1405,13 @@ fn the_measured_placement_changes_medium_messages() {
     assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
     sim.wires[0].clear();
     for _ in 0..crate::observe::SAMPLES {
-        sim.engines[1].note_line_transfer(0, 20);
+        sim.engines[1].handle_observation(0, Observation::LineTransfer(20));
     }
     let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(7), &mut out);
     sim.run_actions();
     assert_eq!(rtrs(&sim), 0, "near: no offer");
     // The sender thinks otherwise (apart): its RTS still meets the receive.
-    assert_eq!(sim.engines[0].peer_placement(1), Some(Placement::Apart));
+    assert_eq!(sim.engines[0].adapters(1).and_then(|a| a.placement.placement()), Some(Placement::Apart));
     let s = send(&mut sim, 0, 1, 7, &data);
     sim.settle();
     assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
@@ -1433,7 +1434,7 @@ fn the_measured_placement_changes_medium_messages() {
     // Lines that take longer than near and less than apart (a cache shared across a mesh):
     // neither rule, the route table decides.
     assert_eq!(first_kind(&mut sim, &[70, 95, 45], 600), PacketKind::Eager, "middle: the table's eager size");
-    assert_eq!(sim.engines[0].peer_placement(1), Some(Placement::Middle));
+    assert_eq!(sim.engines[0].adapters(1).and_then(|a| a.placement.placement()), Some(Placement::Middle));
     assert_eq!(first_kind(&mut sim, &[], 3000), PacketKind::Rts, "middle: the table's single-copy size");
     assert_eq!(first_kind(&mut sim, &[20; 7], 3000), PacketKind::Eager, "near again");
 }
@@ -1450,7 +1451,7 @@ fn an_apart_rule_above_the_threshold_sends_medium_messages_eagerly() {
     assert_eq!(e.wants_placement(1, 6000), None, "single copy either way");
     for s in &mut sim.engines {
         for _ in 0..crate::observe::SAMPLES {
-            s.note_line_transfer(1 - s.rank(), 150);
+            s.handle_observation(1 - s.rank(), Observation::LineTransfer(150));
         }
     }
     let rtrs = |sim: &Sim| sim.wires[0].iter().filter(|p| p.hdr.kind == PacketKind::Rtr).count();
@@ -1480,30 +1481,30 @@ fn an_apart_rule_above_the_threshold_sends_medium_messages_eagerly() {
 fn slow_copies_send_large_messages_to_a_near_peer_by_single_copy() {
     let mut sim = Sim::new(2, || placed_route(Some(8000), Some(5000)));
     for _ in 0..crate::observe::SAMPLES {
-        sim.engines[0].note_line_transfer(1, 20);
+        sim.engines[0].handle_observation(1, Observation::LineTransfer(20));
     }
     fn first_kind(sim: &mut Sim, len: usize, slow: bool) -> PacketKind {
-        sim.engines[0].note_copies_slow(1, slow);
+        sim.engines[0].handle_observation(1, Observation::CopiesSlow(slow));
         first_packet_kind(sim, len, 3)
     }
     assert_eq!(first_kind(&mut sim, 6000, false), PacketKind::Eager, "near: eager up to 8000");
     assert_eq!(first_kind(&mut sim, 6000, true), PacketKind::Rts, "slow copies: single copy from 5000");
     assert_eq!(first_kind(&mut sim, 3000, true), PacketKind::Eager, "and eager below it");
     assert_eq!(first_kind(&mut sim, 6000, false), PacketKind::Eager, "fast again");
-    assert_eq!(sim.engines[0].peer_placement(1), Some(Placement::Near));
+    assert_eq!(sim.engines[0].adapters(1).and_then(|a| a.placement.placement()), Some(Placement::Near));
     // A receiver that lags gets them eagerly all the same: the sender need not wait for it.
-    sim.engines[0].set_skew_policy(Some(SkewPolicy { limit: 0, window: 8, eager_up_to: 8000 }));
+    sim.engines[0].retune(|t| t.skew = Some(SkewPolicy { limit: 0, window: 8, eager_up_to: 8000 }));
     let mut lag = Header::new(PacketKind::Skew);
     lag.offset = 1;
     sim.engines[0].handle_message(1, &lag, &[]).unwrap();
-    assert!(sim.engines[0].peer_lags(1));
+    assert!(sim.engines[0].adapters(1).is_some_and(|a| a.skew.peer_lags()));
     assert_eq!(first_kind(&mut sim, 6000, true), PacketKind::Eager, "slow copies, lagging receiver");
     lag.offset = 0;
     sim.engines[0].handle_message(1, &lag, &[]).unwrap();
-    sim.engines[0].note_copies_slow(1, false);
+    sim.engines[0].handle_observation(1, Observation::CopiesSlow(false));
     // More ranks than CPUs on the node: the verdict changes nothing.
-    sim.engines[0].set_own_cpus(false);
-    sim.engines[0].note_copies_slow(1, true);
+    sim.engines[0].retune(|t| t.own_cpus = false);
+    sim.engines[0].handle_observation(1, Observation::CopiesSlow(true));
     assert_eq!(first_packet_kind(&mut sim, 6000, 3), PacketKind::Eager, "not counted");
 }
 
@@ -1520,7 +1521,7 @@ fn a_given_placement_needs_no_samples() {
     // Apart, 80 bytes go by single copy (from the rule's 50); otherwise eagerly (the table's).
     for (given, eager_80) in [(Placement::Near, true), (Placement::Middle, true), (Placement::Apart, false)] {
         let mut sim = Sim::new(2, || PeerRoute { placement: Some(rule(given)), ..one_sided_route() });
-        assert_eq!(sim.engines[0].peer_placement(1), Some(given));
+        assert_eq!(sim.engines[0].adapters(1).and_then(|a| a.placement.placement()), Some(given));
         assert_eq!(sim.engines[0].wants_placement(1, 3000), None);
         assert_eq!(sim.engines[0].wants_placement(1, 600), None);
         assert_eq!(first_packet_kind(&mut sim, 3000, 5) == PacketKind::Eager, given == Placement::Near, "{given:?}");
@@ -1529,9 +1530,13 @@ fn a_given_placement_needs_no_samples() {
         assert_eq!(sim.engines[0].inline_send(1, 9, 0, region).is_some(), eager_80, "{given:?}");
         let other = if given == Placement::Apart { 5 } else { 500 };
         for _ in 0..crate::observe::SAMPLES {
-            sim.engines[0].note_line_transfer(1, other);
+            sim.engines[0].handle_observation(1, Observation::LineTransfer(other));
         }
-        assert_eq!(sim.engines[0].peer_placement(1), Some(given), "samples do not change a given placement");
+        assert_eq!(
+            sim.engines[0].adapters(1).and_then(|a| a.placement.placement()),
+            Some(given),
+            "samples do not change a given placement"
+        );
     }
 }
 
@@ -1540,7 +1545,7 @@ fn skewed_sim() -> Sim {
     let mut sim = Sim::new(2, one_sided_route);
     let policy = crate::config::SkewPolicy { limit: 0, window: 3, eager_up_to: 4096 };
     for e in &mut sim.engines {
-        e.set_skew_policy(Some(policy));
+        e.retune(|t| t.skew = Some(policy));
     }
     sim
 }
@@ -1569,10 +1574,10 @@ fn skew_feedback_sends_eagerly_while_the_receiver_lags() {
     // Late receives: after `window` of them the sender is told, and switches to eager.
     let kinds: Vec<PacketKind> = (0..5).map(|_| one(&mut sim, true)).collect();
     assert_eq!(kinds, [PacketKind::Rts, PacketKind::Rts, PacketKind::Rts, PacketKind::Eager, PacketKind::Eager]);
-    assert!(sim.engines[0].peer_lags(1));
+    assert!(sim.engines[0].adapters(1).is_some_and(|a| a.skew.peer_lags()));
     // Receives on time again: after `window` of them, single copy resumes.
     let kinds: Vec<PacketKind> = (0..4).map(|_| one(&mut sim, false)).collect();
-    assert!(!sim.engines[0].peer_lags(1), "the receiver reported that it caught up");
+    assert!(!sim.engines[0].adapters(1).is_some_and(|a| a.skew.peer_lags()), "the receiver reported that it caught up");
     assert_eq!(kinds.last(), Some(&PacketKind::Rts));
     assert_eq!(out, data);
 }
@@ -1584,7 +1589,7 @@ fn skew_feedback_leaves_a_written_route_alone() {
     let mut sim = Sim::new(2, || PeerRoute { as_written: true, ..one_sided_route() });
     let policy = crate::config::SkewPolicy { limit: 0, window: 3, eager_up_to: 4096 };
     for e in &mut sim.engines {
-        e.set_skew_policy(Some(policy));
+        e.retune(|t| t.skew = Some(policy));
     }
     let data = pattern(9, 2000);
     let mut out = vec![0u8; 2000];
@@ -1599,7 +1604,7 @@ fn skew_feedback_leaves_a_written_route_alone() {
         assert_eq!(result(&mut sim, 1, q).unwrap().len, 2000);
         assert!(result(&mut sim, 0, s).is_ok());
     }
-    assert!(sim.engines[0].peer_lags(1), "the receiver lagged, and said so");
+    assert!(sim.engines[0].adapters(1).is_some_and(|a| a.skew.peer_lags()), "the receiver lagged, and said so");
     assert_eq!(out, data);
 }
 
@@ -1625,7 +1630,7 @@ fn a_waiting_answer_is_no_lag() {
         sim.settle();
         assert!(result(&mut sim, 0, q0).is_ok() && result(&mut sim, 1, s1).is_ok());
     }
-    assert!(!sim.engines[1].peer_lags(0));
+    assert!(!sim.engines[1].adapters(0).is_some_and(|a| a.skew.peer_lags()));
     assert_eq!((at0, at1), (pong, ping));
 }
 
@@ -1685,7 +1690,7 @@ fn sends_from_mapped_memory_go_one_sided() {
 /// one range count.
 #[test]
 fn mapped_ranges_are_found_in_any_order() {
-    let mut e = Engine::new(0, 1);
+    let mut e = Engine::new(0, 1, Tuning::default());
     let region = |start: usize, len: usize| Region { ptr: start as *const u8, len };
     for start in [0x9000usize, 0x1000, 0x5000, 0x3000] {
         e.add_mapped_memory(region(start, 0x1000));
@@ -2042,7 +2047,7 @@ fn split_messages_in_flight_together_are_not_trials() {
     assert!(outs.iter().all(|o| *o == data));
 
     let mut sim = Sim::new(2, one_sided_route);
-    sim.engines[0].set_split_share(SplitShare::Percent(30));
+    sim.engines[0].retune(|t| t.split_share = SplitShare::Percent(30));
     let mut out = vec![0u8; len];
     let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut out);
     sim.settle();
@@ -2057,7 +2062,7 @@ fn split_messages_in_flight_together_are_not_trials() {
 /// A rank outside the job is refused by every entry point that takes one, without a panic.
 #[test]
 fn ranks_outside_the_job_are_errors() {
-    let mut e = Engine::new(0, 2);
+    let mut e = Engine::new(0, 2, Tuning::default());
     let mut buf = [0u8; 8];
     let region = RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() };
     for r in [2, 7, Rank::MAX] {
