@@ -1,7 +1,7 @@
 //! Drives the sans-IO engine: executes its actions on the channels, polls the channels, waits.
 
 use polyrail_core::config::{PollPolicy, WaitMode};
-use polyrail_core::engine::{Action, Engine, Payload, ReqId, SplitTiming, Status, Unparked};
+use polyrail_core::engine::{Action, Engine, OpOutcome, Payload, ReqId, SplitTiming, Status, Unparked};
 use polyrail_core::observe::{says_yes, Observation, Observe};
 use polyrail_core::policy::{ChannelId, ChannelSet};
 use polyrail_core::{Caps, Error, Header, Issued, Rank, Region, Result, SharedFile, Transport};
@@ -264,7 +264,7 @@ impl Driver {
             Action::Get { peer, .. } | Action::Put { peer, .. } => *peer,
             Action::Expose { channel, region, access, op } => {
                 let key = self.channels[*channel as usize].one_sided().and_then(|m| m.expose(*region, *access));
-                return self.engine.handle_exposed(*op, key);
+                return self.engine.handle_op(*op, OpOutcome::Exposed(key));
             }
             Action::Unexpose { channel, key, written } => {
                 if let Some(m) = self.channels[*channel as usize].memory() {
@@ -290,7 +290,7 @@ impl Driver {
             Action::Send { channel, to, hdr, payload, op } => {
                 let bytes: &[u8] = match payload {
                     Payload::Empty => &[],
-                    // SAFETY: the engine keeps the user buffer valid until handle_sent(op).
+                    // SAFETY: the engine keeps the user buffer valid until it is told the send left.
                     Payload::User(r) => unsafe { std::slice::from_raw_parts(r.ptr, r.len) },
                     Payload::Key(k) => k.as_bytes(),
                 };
@@ -299,7 +299,7 @@ impl Driver {
                     Ok(Issued::WouldBlock) => return Some(a),
                     Ok(_) => {
                         if let Some(op) = op {
-                            self.engine.handle_sent(*op);
+                            self.engine.handle_op(*op, OpOutcome::Sent);
                         }
                     }
                     Err(e) => self.engine.handle_peer_lost(*to, e),
@@ -318,11 +318,11 @@ impl Driver {
             }
         };
         match issued {
-            Ok(Issued::Done) => self.engine.handle_completion(op, Ok(())),
+            Ok(Issued::Done) => self.engine.handle_op(op, OpOutcome::Done(Ok(()))),
             Ok(Issued::Pending) => {}
-            Ok(Issued::Ordered) => self.engine.handle_ordered(op),
+            Ok(Issued::Ordered) => self.engine.handle_op(op, OpOutcome::Ordered),
             Ok(Issued::WouldBlock) => return Some(a),
-            Err(e) => self.engine.handle_completion(op, Err(e)),
+            Err(e) => self.engine.handle_op(op, OpOutcome::Done(Err(e))),
         }
         None
     }
@@ -775,7 +775,7 @@ impl Driver {
             self.blocked_peers -= 1;
         }
         for op in dropped_reads {
-            self.engine.handle_completion(op, Err(Error::InvalidArgument(why.into())));
+            self.engine.handle_op(op, OpOutcome::Done(Err(Error::InvalidArgument(why.into()))));
         }
     }
 }
@@ -850,7 +850,7 @@ mod tests {
                 vec![RouteEntry { upto: usize::MAX, protocol: Protocol::Eager, channel: am, reason: String::new() }];
             engine.set_route(
                 peer,
-                PeerRoute {
+                Ok(PeerRoute {
                     am,
                     frag: 1024,
                     entries,
@@ -858,7 +858,7 @@ mod tests {
                     placement: None,
                     mapped: None,
                     as_written: false,
-                },
+                }),
             );
         }
         let driver = Driver::new(engine, vec![cheap, syscall], reaching, WaitMode::Spin, PollPolicy::All);

@@ -346,7 +346,7 @@ impl Job {
                             m.reason
                         );
                     }
-                    engine.set_route(r, rt.clone())
+                    engine.set_route(r, Ok(rt.clone()))
                 }
                 None => {
                     // Channels that reach it carry no messages (cma, say, only copies): say so
@@ -371,7 +371,7 @@ impl Job {
                     }));
                     let why = format!("{} (POLYRAIL_TRANSPORTS={})", why.join("; "), config.transports);
                     tracing::warn!("rank {rank}: no channel carries messages to rank {r}: {why}");
-                    engine.set_unreachable(r, why);
+                    engine.set_route(r, Err(why));
                 }
             }
             peers.push(PeerReport { rank: r, class, reach, route });

@@ -3,8 +3,9 @@
 //! The engine matches messages to receives and runs the eager and rendezvous protocols. It does
 //! no I/O and reads no clock: the driver (the `polyrail` facade) feeds it with
 //! - `post_send` / `post_recv` (mutators),
-//! - `handle_message` (through [`crate::Sink`]), `handle_sent`, `handle_exposed`,
-//!   `handle_completion`, `handle_peer_lost` (events),
+//! - `handle_message` (through [`crate::Sink`]), `handle_op` (what became of an action's
+//!   channel work), `handle_observation` (what a channel saw of a peer), `handle_peer_lost`
+//!   (events),
 //!
 //! and reads it with `poll_action` (work to do on a channel) and `take_result` (finished
 //! requests). Call `poll_action` until it returns `None` after every mutator or event.
@@ -36,7 +37,7 @@ mod spare;
 mod split_share;
 mod types;
 
-pub use types::{Action, Payload, ReqId, Source, Status, TagMatch};
+pub use types::{Action, OpOutcome, Payload, ReqId, Source, Status, TagMatch};
 
 use crate::adapt::{PeerAdapters, Seen, SendFacts, Tuning};
 use crate::config::SplitShare;
@@ -164,7 +165,7 @@ struct Incoming {
 /// The engine's state for one peer.
 struct Peer {
     route: Option<PeerRoute>,
-    /// Why no channel reaches the peer ([`Engine::set_unreachable`]).
+    /// Why no channel reaches the peer ([`Engine::set_route`]).
     unreachable: Option<String>,
     next_send_seq: u32,
     expected_seq: u32,
@@ -477,32 +478,29 @@ impl Engine {
         Err(Error::InvalidArgument(format!("rank {r} is out of range (job size {})", self.peers.len())))
     }
 
-    /// Records that no channel reaches `peer`, and why (each channel's reason), in place of a
-    /// route: sends to it and receives naming it fail at once with [`Error::Unreachable`].
-    pub fn set_unreachable(&mut self, peer: Rank, why: String) {
+    /// Sets the route table to `peer`, or records that no channel reaches it and why (`Err`:
+    /// each channel's reason): then sends to it and receives naming it fail at once with
+    /// [`Error::Unreachable`].
+    pub fn set_route(&mut self, peer: Rank, route: std::result::Result<PeerRoute, String>) {
         self.touched();
-        if let Some(p) = self.peers.get_mut(peer as usize) {
-            p.route = None;
-            p.unreachable = Some(why);
-        }
-    }
-
-    /// Sets the route table to `peer`.
-    pub fn set_route(&mut self, peer: Rank, route: PeerRoute) {
-        self.touched();
-        if let Some(p) = self.peers.get_mut(peer as usize) {
-            if let Some(rule) = &route.placement {
-                // Near decides single-copy sizes (from the threshold); apart, eager sizes from
-                // its size or single-copy ones below it.
-                let threshold = route.rndv_threshold().unwrap_or(usize::MAX);
-                let near_from = rule.near_upto.map_or(usize::MAX, |_| threshold);
-                let from = near_from.min(rule.apart_from.map_or(usize::MAX, |f| f.min(threshold)));
-                self.placement_from = self.placement_from.min(from);
+        let Some(p) = self.peers.get_mut(peer as usize) else { return };
+        let route = match route {
+            Ok(route) => route,
+            Err(why) => {
+                (p.route, p.unreachable) = (None, Some(why));
+                return;
             }
-            p.adapt.observe(Seen::Route, Some(&route));
-            p.route = Some(route);
-            p.unreachable = None;
+        };
+        if let Some(rule) = &route.placement {
+            // Near decides single-copy sizes (from the threshold); apart, eager sizes from its
+            // size or single-copy ones below it.
+            let threshold = route.rndv_threshold().unwrap_or(usize::MAX);
+            let near_from = rule.near_upto.map_or(usize::MAX, |_| threshold);
+            let from = near_from.min(rule.apart_from.map_or(usize::MAX, |f| f.min(threshold)));
+            self.placement_from = self.placement_from.min(from);
         }
+        p.adapt.observe(Seen::Route, Some(&route));
+        (p.route, p.unreachable) = (Some(route), None);
     }
 
     /// The route table to `peer`, if any.
@@ -1125,8 +1123,20 @@ impl Engine {
 
     // ---- events -------------------------------------------------------------------------
 
+    /// What became of the channel work `op` of an [`Action`].
+    #[inline]
+    pub fn handle_op(&mut self, op: OpId, outcome: OpOutcome) {
+        match outcome {
+            OpOutcome::Sent => self.op_sent(op),
+            OpOutcome::Exposed(key) => self.op_exposed(op, key),
+            OpOutcome::Ordered => self.op_ordered(op),
+            OpOutcome::Done(result) => self.op_done(op, result),
+        }
+    }
+
     /// A send action with `op` left the process.
-    pub fn handle_sent(&mut self, op: OpId) {
+    #[inline]
+    fn op_sent(&mut self, op: OpId) {
         self.touched();
         if let Some((id, OpKind::Sent)) = split_op(op) {
             self.count_down(id);
@@ -1136,7 +1146,7 @@ impl Engine {
     /// An `Expose` action finished. Call it before polling the next action: what follows from
     /// the key takes the exposure's place in the action order (so an RTS keeps its message's
     /// place among the sends to its peer).
-    pub fn handle_exposed(&mut self, op: OpId, key: Result<RemoteKey>) {
+    fn op_exposed(&mut self, op: OpId, key: Result<RemoteKey>) {
         self.touched();
         let before = self.actions.len();
         self.exposed(op, key);
@@ -1187,16 +1197,16 @@ impl Engine {
     /// A `Put` answered [`Issued::Ordered`](crate::Issued::Ordered): when the request's notice
     /// to the peer goes over the same channel it cannot overtake the data, so the put counts as
     /// done now (its completion, when it comes, is then ignored).
-    pub fn handle_ordered(&mut self, op: OpId) {
+    fn op_ordered(&mut self, op: OpId) {
         let Some((id, OpKind::Copy)) = split_op(op) else { return };
         let Some(req) = self.reqs.get(id) else { return };
         if am_of(&self.peers, req.peer) == req.channel {
-            self.handle_completion(op, Ok(()));
+            self.op_done(op, Ok(()));
         }
     }
 
     /// A `Get` or `Put` finished.
-    pub fn handle_completion(&mut self, op: OpId, result: Result<()>) {
+    fn op_done(&mut self, op: OpId, result: Result<()>) {
         self.touched();
         let Some((id, OpKind::Copy)) = split_op(op) else { return };
         let Some(req) = self.reqs.get_mut(id) else { return };
@@ -1525,7 +1535,7 @@ impl Engine {
             // by rendezvous) still owes the sender its FIN; a sender with nothing to push owes
             // nothing (the receiver does not wait for it).
             return match req.dir {
-                Dir::Recv => self.handle_completion(op, Ok(())),
+                Dir::Recv => self.op_done(op, Ok(())),
                 Dir::Send => self.count_down(id),
             };
         }
@@ -1653,7 +1663,7 @@ impl Sink for ChannelSink<'_> {
 
     #[inline]
     fn completed(&mut self, op: OpId, result: Result<()>) {
-        self.engine.handle_completion(op, result);
+        self.engine.op_done(op, result);
     }
 
     fn peer_lost(&mut self, peer: Rank, why: Error) {

@@ -95,7 +95,7 @@ pub(super) struct Req {
     /// An error to end with once the peer is done with our key: a receive whose own copy
     /// failed while the sender still wrote its part, or whose sender's FIN said its write
     /// failed; a send whose put failed while the receiver still read its part (see
-    /// `Engine::handle_completion`).
+    /// `Engine::handle_op`).
     pub deferred: Option<Box<Error>>,
     /// Receives: whether it is being withdrawn through its sender.
     pub withdrawal: Withdrawal,

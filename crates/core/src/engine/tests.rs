@@ -107,7 +107,7 @@ impl Sim {
         let mut engines: Vec<Engine> = (0..n).map(|i| Engine::new(i, n, Tuning::default())).collect();
         for e in &mut engines {
             for p in 0..n {
-                e.set_route(p, r());
+                e.set_route(p, Ok(r()));
             }
         }
         Sim {
@@ -173,14 +173,14 @@ impl Sim {
                 };
                 self.wires[to as usize].push_back(Packet { from: me, hdr, payload });
                 if let Some(op) = op {
-                    e.handle_sent(op);
+                    e.handle_op(op, OpOutcome::Sent);
                 }
             }
             Action::Expose { channel, region, access, op } => {
                 assert_eq!(channel, RMA);
                 if self.failing_exposures.contains(&me) {
                     let refused = Error::Transport { kind: "sim", what: "cannot register".into() };
-                    return e.handle_exposed(op, Err(refused));
+                    return e.handle_op(op, OpOutcome::Exposed(Err(refused)));
                 }
                 let stand_in = self.stand_ins.then(|| match access {
                     // SAFETY: the engine exposes live request buffers.
@@ -193,7 +193,7 @@ impl Sim {
                 k.extend_from_slice(&(region.len as u64).to_le_bytes());
                 let key = RemoteKey::new(&k).unwrap();
                 self.exposed[me as usize].push(Exposure { key, region, stand_in });
-                e.handle_exposed(op, Ok(key));
+                e.handle_op(op, OpOutcome::Exposed(Ok(key)));
             }
             Action::Unexpose { key, written, .. } => {
                 let x = &mut self.exposed[me as usize];
@@ -215,18 +215,18 @@ impl Sim {
                 self.held_at_get.push((me, self.exposed[me as usize].len()));
                 if self.failing_gets == Some(me) {
                     let refused = Error::Transport { kind: "sim", what: "get refused".into() };
-                    return e.handle_completion(op, Err(refused));
+                    return e.handle_op(op, OpOutcome::Done(Err(refused)));
                 }
                 let (addr, len) = decode_key(&key);
                 assert!(offset + into.len <= len, "get out of the exposed region");
                 // SAFETY: test keys name live buffers of this process, bounds checked above.
                 unsafe { std::ptr::copy_nonoverlapping((addr + offset) as *const u8, into.ptr, into.len) };
-                e.handle_completion(op, Ok(()));
+                e.handle_op(op, OpOutcome::Done(Ok(())));
             }
             Action::Put { from, key, offset, op, .. } => {
                 if self.failing_puts == Some(me) {
                     let refused = Error::Transport { kind: "sim", what: "put refused".into() };
-                    return e.handle_completion(op, Err(refused));
+                    return e.handle_op(op, OpOutcome::Done(Err(refused)));
                 }
                 let (addr, len) = decode_key(&key);
                 assert!(offset + from.len <= len, "put out of the exposed region");
@@ -235,9 +235,9 @@ impl Sim {
                 match &mut self.ordered_puts {
                     Some(late) => {
                         late.push((me, op));
-                        e.handle_ordered(op);
+                        e.handle_op(op, OpOutcome::Ordered);
                     }
-                    None => e.handle_completion(op, Ok(())),
+                    None => e.handle_op(op, OpOutcome::Done(Ok(()))),
                 }
             }
         }
@@ -679,7 +679,7 @@ fn ordered_puts_let_the_notice_leave_early() {
             assert_eq!(sim.engines[1].is_done(q), early, "len {len}");
             for (i, (rank, op)) in late.into_iter().enumerate() {
                 let result = if early && i == 0 { Err(Error::InvalidArgument("late failure".into())) } else { Ok(()) };
-                sim.engines[rank as usize].handle_completion(op, result);
+                sim.engines[rank as usize].handle_op(op, OpOutcome::Done(result));
             }
             sim.settle();
             assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
@@ -841,8 +841,8 @@ fn awaited_channels_follow_what_the_engine_waits_for() {
     const FAR: ChannelId = 2;
     let mut sim = Sim::new(3, one_sided_route);
     let far = PeerRoute { am: FAR, ..one_sided_route() };
-    sim.engines[0].set_route(2, far.clone());
-    sim.engines[2].set_route(0, far);
+    sim.engines[0].set_route(2, Ok(far.clone()));
+    sim.engines[2].set_route(0, Ok(far));
     let awaited = |sim: &mut Sim| {
         let s = sim.engines[0].awaited_channels();
         [AM, RMA, FAR].map(|c| s.contains(c))
@@ -1898,17 +1898,17 @@ proptest! {
                             prop_assert!(within(r.ptr as usize, r.len), "a send from outside the buffers");
                         }
                         if let Some(op) = op {
-                            e.handle_sent(op);
+                            e.handle_op(op, OpOutcome::Sent);
                         }
                     }
                     Action::Expose { region, op, .. } => {
                         prop_assert!(within(region.ptr as usize, region.len), "an exposure outside the buffers");
-                        e.handle_exposed(op, Ok(RemoteKey::new(&[7; 16]).unwrap()));
+                        e.handle_op(op, OpOutcome::Exposed(Ok(RemoteKey::new(&[7; 16]).unwrap())));
                     }
                     Action::Unexpose { .. } => {}
                     Action::Get { into, op, .. } => {
                         prop_assert!(within(into.ptr as usize, into.len), "a get into {} bytes outside the buffers", into.len);
-                        e.handle_completion(op, Ok(()));
+                        e.handle_op(op, OpOutcome::Done(Ok(())));
                     }
                     Action::Put { from, op, .. } => {
                         prop_assert!(within(from.ptr as usize, from.len), "a put of {} bytes from outside the buffers", from.len);
@@ -1942,7 +1942,7 @@ proptest! {
             drain(e, &mut ids, &mut puts)?;
         }
         for op in std::mem::take(&mut puts) {
-            e.handle_completion(op, Ok(()));
+            e.handle_op(op, OpOutcome::Done(Ok(())));
         }
         drain(e, &mut ids, &mut puts)?;
         for id in reqs {
@@ -2085,7 +2085,7 @@ fn ranks_outside_the_job_are_errors() {
 #[test]
 fn an_unreachable_peer_fails_sends_and_receives_at_once() {
     let mut sim = Sim::new(3, stream_route);
-    sim.engines[0].set_unreachable(2, "shm: on another node".into());
+    sim.engines[0].set_route(2, Err("shm: on another node".into()));
     let mut buf = [0u8; 8];
     let unreachable =
         |r: Result<ReqId>| matches!(r, Err(Error::Unreachable { rank: 2, why }) if why == "shm: on another node");
@@ -2135,7 +2135,7 @@ fn a_split_receive_whose_copy_fails_waits_for_the_senders_part() {
         assert_eq!(late.len(), 1, "the sender's put is in flight");
         assert!(!sim.engines[1].is_done(q), "{order}: the receive ended while the sender still wrote its part");
         for (rank, op) in late {
-            sim.engines[rank as usize].handle_completion(op, Ok(()));
+            sim.engines[rank as usize].handle_op(op, OpOutcome::Done(Ok(())));
         }
         sim.settle();
         assert!(matches!(result(&mut sim, 1, q), Err(Error::Transport { kind: "sim", .. })));
@@ -2359,7 +2359,7 @@ fn a_fin_nothing_waits_for_is_a_protocol_error() {
     assert!(!sim.engines[0].is_done(s), "the put is still in flight");
     let late = sim.ordered_puts.replace(Vec::new()).unwrap();
     for (rank, op) in late {
-        sim.engines[rank as usize].handle_completion(op, Ok(()));
+        sim.engines[rank as usize].handle_op(op, OpOutcome::Done(Ok(())));
     }
     sim.settle();
     assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, r).is_ok());
@@ -2584,7 +2584,7 @@ fn a_failed_receive_waits_for_its_read_in_flight() {
     assert!(!sim.engines[1].is_done(q), "failed with its read in flight");
     assert!(sim.engines[1].take_result(q).is_none());
     assert_eq!(sim.engines[1].running_requests(), 1);
-    sim.engines[1].handle_completion(read, Err(Error::Transport { kind: "sim", what: "flushed".into() }));
+    sim.engines[1].handle_op(read, OpOutcome::Done(Err(Error::Transport { kind: "sim", what: "flushed".into() })));
     assert!(matches!(result(&mut sim, 1, q), Err(Error::PeerLost { rank: 0, .. })));
 }
 
@@ -2599,7 +2599,7 @@ fn a_receive_discarded_during_its_read_still_frees_the_sender() {
     let (s, q, read) = pull_held(&mut sim, &data, &mut out);
     sim.engines[1].discard(q);
     assert!(sim.engines[1].take_peer_may_write(q), "its read may still write the buffer");
-    sim.engines[1].handle_completion(read, Ok(()));
+    sim.engines[1].handle_op(read, OpOutcome::Done(Ok(())));
     sim.settle();
     assert!(result(&mut sim, 0, s).is_ok(), "the send ended at the FIN");
     assert_eq!(sim.engines[1].running_requests(), 0, "the discarded receive ended");

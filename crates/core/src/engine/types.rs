@@ -123,6 +123,24 @@ pub(crate) fn split_op(op: OpId) -> Option<(ReqId, OpKind)> {
     Some((ReqId((op >> 8) as u32), kind))
 }
 
+/// What became of the channel work of an [`Action`] that named an [`OpId`]
+/// (`Engine::handle_op`).
+#[derive(Debug)]
+pub enum OpOutcome {
+    /// A [`Action::Send`] left the process.
+    Sent,
+    /// An [`Action::Expose`] finished: the key, or why not. Report it before polling the next
+    /// action: what follows from the key takes the exposure's place in the action order (so
+    /// an RTS keeps its message's place among the sends to its peer).
+    Exposed(crate::Result<RemoteKey>),
+    /// A [`Action::Put`] answered [`Issued::Ordered`](crate::Issued::Ordered): when the
+    /// request's notice to the peer goes over the same channel it cannot overtake the data, so
+    /// the put counts as done now (its completion, when it comes, is then ignored).
+    Ordered,
+    /// A [`Action::Get`] or [`Action::Put`] finished.
+    Done(crate::Result<()>),
+}
+
 /// Payload of a send action.
 #[derive(Clone, Copy, Debug)]
 pub enum Payload {
@@ -137,7 +155,7 @@ pub enum Payload {
 /// Work the engine asks its driver to do on a channel. Drained with `Engine::poll_action`.
 #[derive(Debug)]
 pub enum Action {
-    /// Send an active message. When `op` is set, call `Engine::handle_sent(op)` once it left
+    /// Send an active message. When `op` is set, report `OpOutcome::Sent` once it left
     /// (the payload then points into a user buffer). Sends to one peer must leave in order:
     /// if one would block, later ones to the same peer queue behind it.
     Send {
@@ -152,7 +170,7 @@ pub enum Action {
         /// Completion to report, if any.
         op: Option<OpId>,
     },
-    /// Expose local memory; report the key with `Engine::handle_exposed(op, key)`.
+    /// Expose local memory; report the key with `OpOutcome::Exposed`.
     Expose {
         /// Channel to expose on.
         channel: ChannelId,
@@ -174,7 +192,7 @@ pub enum Action {
         written: Range<usize>,
     },
     /// Read `into.len` bytes at `offset` of the peer's memory named by `key`; report with
-    /// `Engine::handle_completion(op, result)`.
+    /// `OpOutcome::Done`.
     Get {
         /// Channel.
         channel: ChannelId,
@@ -190,7 +208,7 @@ pub enum Action {
         op: OpId,
     },
     /// Write `from` at `offset` of the peer's memory named by `key`; report with
-    /// `Engine::handle_completion(op, result)`.
+    /// `OpOutcome::Done`.
     Put {
         /// Channel.
         channel: ChannelId,
