@@ -178,19 +178,19 @@ pub fn rank_config(transport: &str) -> anyhow::Result<polyrail::Config> {
 /// peer in `report`, this process's job report: a channel refused at start (cma under a
 /// ptrace rule, one denied by `POLYRAIL_TRANSPORTS`) would leave its numbers those of another.
 pub fn check_forced(report: &polyrail::JobReport, me: polyrail::Rank, transport: &str) -> anyhow::Result<()> {
-    use polyrail::TransportKind;
-    let want = match transport {
-        "shm" => TransportKind::Shm,
-        "cma" => TransportKind::Cma,
-        "ib" => TransportKind::Ib,
-        _ => return Ok(()),
-    };
-    let is_wanted = |c: u8| report.channel_kinds.get(usize::from(c)) == Some(&want);
+    if !["shm", "cma", "ib"].contains(&transport) {
+        return Ok(());
+    }
+    let is_wanted = |c: u8| report.channel_kinds.get(usize::from(c)).is_some_and(|k| k.name() == transport);
     for p in report.peers.iter().filter(|p| p.rank != me) {
         let carries =
             p.route.as_ref().is_some_and(|r| is_wanted(r.am) || r.entries.iter().any(|e| is_wanted(e.channel)));
         if !carries {
-            let why = report.channels.iter().find(|c| c.kind == want).map_or("not started", |c| c.status.as_str());
+            let why = report
+                .channels
+                .iter()
+                .find(|c| c.kind.name() == transport)
+                .map_or("not started", |c| c.status.as_str());
             anyhow::bail!(
                 "--transport {transport}: no message to rank {} would go over {transport} ({why}); see `polyrail info`",
                 p.rank

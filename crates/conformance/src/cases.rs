@@ -8,7 +8,7 @@ use crate::{has, Case, Outcome};
 use polyrail_core::observe::{Observation, Observe};
 use polyrail_core::{
     AnonMemory, Caps, Cost, Header, Issued, OpId, PacketKind, PeerAccess, PeerInfo, Rank, Reach, Region, RegionMut,
-    RemoteKey, Result, Sink, Transport, TransportKind,
+    RemoteKey, Result, Sink, Transport,
 };
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -112,7 +112,8 @@ pub(crate) const ALL: &[Case] = &[
     },
     Case {
         name: "rma_registered_memory",
-        about: "GET/PUT: inside memory given to `register_memory` (with a memory file), then unregistered",
+        about: "GET/PUT: inside long-lived registered memory (with a memory file), through its own key and \
+                through transfers' registrations, then deregistered",
         run: rma_registered_memory,
     },
     Case {
@@ -297,7 +298,9 @@ fn attr_is_consistent(p: &mut Pair) -> Outcome {
     let n = p.name.clone();
     assert_eq!(at.kind, bt.kind, "{n}: both endpoints are one channel");
     assert_eq!(at.caps, bt.caps, "{n}: both endpoints claim the same capabilities");
-    assert_eq!(TransportKind::from_name(at.kind.name()), Some(at.kind), "{n}: the kind's name names it");
+    let name = at.kind.name();
+    let writable = !name.is_empty() && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    assert!(writable, "{n}: `{name}` cannot be written in POLYRAIL_TRANSPORTS (lowercase letters, digits, dashes)");
     let caps = at.caps;
     assert!(at.max_inline <= at.max_eager, "{n}: max_inline {} above max_eager {}", at.max_inline, at.max_eager);
     if caps.contains(Caps::AM) {
@@ -619,7 +622,7 @@ fn no_allocation_in_steady_state(p: &mut Pair) -> Outcome {
     let (ia, ib) = (p.index(Side::A), p.index(Side::B));
     let get = has(p.a(), Caps::GET);
     let mut src = Guarded::new(&pattern(5, 4096));
-    let key = if get { p.b().expose(src.region(), PeerAccess::Read).ok() } else { None };
+    let key = if get { p.b().register_transfer(src.region(), PeerAccess::Read).ok() } else { None };
     let mut dsts: Vec<Guarded> = (0..16).map(|_| Guarded::filled(0, 1024)).collect();
     let mut tallies = [Tally::default(), Tally::default()];
     // Allocations in each round; the last one must make none.
@@ -673,7 +676,7 @@ fn no_allocation_in_steady_state(p: &mut Pair) -> Outcome {
         }
     }
     if let Some(key) = key {
-        p.b().unexpose(&key, 0..0);
+        p.b().deregister_transfer(&key, 0..0);
     }
     let t = &tallies;
     assert!(t.iter().all(|t| t.failed == 0 && t.lost == 0), "{}: failures while counting", p.name);
@@ -734,10 +737,16 @@ fn unknown_peers_refused(p: &mut Pair) -> Outcome {
         // Keys of real exposures at the peer (or made up, where it exposes nothing).
         let mut src = Guarded::new(&pattern(60, 4096));
         let mut dst = Guarded::filled(0x5a, 4096);
-        let read_key =
-            if caps.contains(Caps::GET) { p.t(there).expose(src.region(), PeerAccess::Read).ok() } else { None };
-        let write_key =
-            if caps.contains(Caps::PUT) { p.t(there).expose(dst.region(), PeerAccess::Write).ok() } else { None };
+        let read_key = if caps.contains(Caps::GET) {
+            p.t(there).register_transfer(src.region(), PeerAccess::Read).ok()
+        } else {
+            None
+        };
+        let write_key = if caps.contains(Caps::PUT) {
+            p.t(there).register_transfer(dst.region(), PeerAccess::Write).ok()
+        } else {
+            None
+        };
         let mut local = Guarded::filled(0x11, 64);
         for r in strangers(peer) {
             let name = p.name.clone();
@@ -762,7 +771,7 @@ fn unknown_peers_refused(p: &mut Pair) -> Outcome {
             }
         }
         for key in [read_key, write_key].into_iter().flatten() {
-            p.t(there).unexpose(&key, 0..0);
+            p.t(there).deregister_transfer(&key, 0..0);
         }
         assert!(local.contents().iter().all(|&x| x == 0x11) && local.guards_intact(), "{}: bytes moved", p.name);
         assert!(src.contents() == pattern(60, 4096), "{}: a refused operation changed exposed memory", p.name);
@@ -931,7 +940,10 @@ fn rma_get(p: &mut Pair) -> Outcome {
     for (s, size) in [SMALL, LARGE].into_iter().enumerate() {
         let want = pattern(10 + s as u64, size);
         let mut src = Guarded::new(&want);
-        let key = p.b().expose(src.region(), PeerAccess::Read).unwrap_or_else(|e| panic!("{}: expose: {e}", p.name));
+        let key = p
+            .b()
+            .register_transfer(src.region(), PeerAccess::Read)
+            .unwrap_or_else(|e| panic!("{}: register: {e}", p.name));
         for (offset, len) in pieces(size, max) {
             let what = format!("get of {len} bytes at offset {offset} of {size} exposed");
             let mut dst = Guarded::filled(0x11, len);
@@ -950,7 +962,7 @@ fn rma_get(p: &mut Pair) -> Outcome {
             );
             assert!(dst.guards_intact(), "{}: {what} wrote outside its destination", p.name);
         }
-        p.b().unexpose(&key, 0..0);
+        p.b().deregister_transfer(&key, 0..0);
         assert!(src.contents() == want && src.guards_intact(), "{}: gets changed their source", p.name);
     }
     issues.check(p);
@@ -967,7 +979,10 @@ fn rma_put(p: &mut Pair) -> Outcome {
     for size in [SMALL, LARGE] {
         let mut dst = Guarded::filled(0x5a, size);
         let mut want = vec![0x5a; size];
-        let key = p.b().expose(dst.region(), PeerAccess::Write).unwrap_or_else(|e| panic!("{}: expose: {e}", p.name));
+        let key = p
+            .b()
+            .register_transfer(dst.region(), PeerAccess::Write)
+            .unwrap_or_else(|e| panic!("{}: register: {e}", p.name));
         let lens = [1, 7, 100, 4096, 1000, 65536, 65537, 500_000];
         let mut at = 10;
         for len in lens.into_iter().filter(|&len| len <= max) {
@@ -992,7 +1007,7 @@ fn rma_put(p: &mut Pair) -> Outcome {
             want[at..at + len].copy_from_slice(&data);
             at += len;
         }
-        p.b().unexpose(&key, 10..at);
+        p.b().deregister_transfer(&key, 10..at);
         let got = dst.contents();
         assert!(
             got == want,
@@ -1015,7 +1030,8 @@ fn rma_many_in_flight(p: &mut Pair) -> Outcome {
     let peer = p.peer_of(Side::A);
     let want = pattern(70, 64 * 1000 + LEN);
     let mut src = Guarded::new(&want);
-    let key = p.b().expose(src.region(), PeerAccess::Read).unwrap_or_else(|e| panic!("{}: expose: {e}", p.name));
+    let key =
+        p.b().register_transfer(src.region(), PeerAccess::Read).unwrap_or_else(|e| panic!("{}: register: {e}", p.name));
     let mut dsts: Vec<Guarded> = (0..OPS).map(|_| Guarded::filled(0x11, LEN)).collect();
     let id = |i: usize| u64::MAX / 2 + i as u64 * 0x1_0000_0001;
     let mut issues = Issues::default();
@@ -1049,7 +1065,7 @@ fn rma_many_in_flight(p: &mut Pair) -> Outcome {
             first_difference(dst.contents(), w)
         );
     }
-    p.b().unexpose(&key, 0..0);
+    p.b().deregister_transfer(&key, 0..0);
     Outcome::Passed
 }
 
@@ -1064,7 +1080,8 @@ fn rma_progress_respects_budget(p: &mut Pair) -> Outcome {
     let peer = p.peer_of(Side::A);
     let want = pattern(75, 4096);
     let mut src = Guarded::new(&want);
-    let key = p.b().expose(src.region(), PeerAccess::Read).unwrap_or_else(|e| panic!("{}: expose: {e}", p.name));
+    let key =
+        p.b().register_transfer(src.region(), PeerAccess::Read).unwrap_or_else(|e| panic!("{}: register: {e}", p.name));
     let mut dsts: Vec<Guarded> = (0..OPS).map(|_| Guarded::filled(0x11, 512)).collect();
     let mut issues = Issues::default();
     for (i, dst) in dsts.iter_mut().enumerate() {
@@ -1093,7 +1110,7 @@ fn rma_progress_respects_budget(p: &mut Pair) -> Outcome {
     for (i, dst) in dsts.iter().enumerate() {
         assert!(dst.contents() == &want[i * 512..i * 512 + 512], "{}: get {i}: wrong bytes", p.name);
     }
-    p.b().unexpose(&key, 0..0);
+    p.b().deregister_transfer(&key, 0..0);
     Outcome::Passed
 }
 
@@ -1122,7 +1139,7 @@ fn rma_bounds_and_keys(p: &mut Pair) -> Outcome {
     let want = pattern(80, SIZE);
     let mut exposed = Guarded::new(&want);
     let access = if get { PeerAccess::Read } else { PeerAccess::Write };
-    let key = p.b().expose(exposed.region(), access).unwrap_or_else(|e| panic!("{}: expose: {e}", p.name));
+    let key = p.b().register_transfer(exposed.region(), access).unwrap_or_else(|e| panic!("{}: register: {e}", p.name));
     let mut op: OpId = 0xbad0_0000;
     let outside = [(SIZE - 32, 64), (SIZE, 1), (SIZE + 4096, 8), (usize::MAX - 8, 16), (usize::MAX, 1)];
     for (offset, len) in outside {
@@ -1156,7 +1173,7 @@ fn rma_bounds_and_keys(p: &mut Pair) -> Outcome {
     let mut empty: Vec<u8> = Vec::new();
     let nothing = Region { ptr: empty.as_mut_ptr().cast_const(), len: 0 };
     for access in [PeerAccess::Read, PeerAccess::Write] {
-        let Ok(key) = p.b().expose(nothing, access) else { continue };
+        let Ok(key) = p.b().register_transfer(nothing, access) else { continue };
         let mut local = Guarded::filled(0x11, 1);
         op += 1;
         let what = format!("a transfer of 1 byte against an empty exposure ({access:?})");
@@ -1167,13 +1184,13 @@ fn rma_bounds_and_keys(p: &mut Pair) -> Outcome {
             let from = local.region();
             must_fail(p, &what, op, |t| t.put(peer, from, &key, 0, op));
         }
-        p.b().unexpose(&key, 0..0);
+        p.b().deregister_transfer(&key, 0..0);
         assert!(local.contents() == [0x11] && local.guards_intact(), "{}: {what} moved bytes", p.name);
     }
-    p.b().unexpose(&key, 0..0);
+    p.b().deregister_transfer(&key, 0..0);
     // Ending it twice, or ending what was never exposed, does nothing.
-    p.b().unexpose(&key, 0..0);
-    p.b().unexpose(&RemoteKey::new(&[1, 2, 3]).expect("fits"), 0..3);
+    p.b().deregister_transfer(&key, 0..0);
+    p.b().deregister_transfer(&RemoteKey::new(&[1, 2, 3]).expect("fits"), 0..3);
     assert!(exposed.contents() == want && exposed.guards_intact(), "{}: refused transfers moved bytes", p.name);
     Outcome::Passed
 }
@@ -1235,21 +1252,34 @@ fn rma_registered_memory(p: &mut Pair) -> Outcome {
     write(&mut ours, 0, &vec![0x11; LEN]);
     let whole = |m: &AnonMemory| Region { ptr: m.ptr(), len: m.len() };
     let name = p.name.clone();
-    p.b().register_memory(whole(&theirs), theirs.file()).unwrap_or_else(|e| panic!("{name}: register_memory: {e}"));
-    if !p.is_loopback() {
-        p.a().register_memory(whole(&ours), ours.file()).unwrap_or_else(|e| panic!("{name}: register_memory: {e}"));
+    let lasting = |p: &mut Pair, side: Side, m: &AnonMemory| {
+        p.t(side).register_lasting(whole(m), m.file()).unwrap_or_else(|e| panic!("{name}: lasting registration: {e}"))
+    };
+    let theirs_handle = lasting(p, Side::B, &theirs);
+    let ours_handle = if p.is_loopback() { None } else { lasting(p, Side::A, &ours) };
+    if get {
+        // The long-lived registration's own key reaches all of it (an RMA window's way).
+        let what = "get of 4000 bytes at offset 200000 through the key of the whole registration";
+        let key = *theirs_handle.as_ref().expect("a channel with GET has one-sided memory").key();
+        let into = RegionMut { ptr: ours.ptr().wrapping_add(100), len: 4000 };
+        let issued = issue(p, what, |t| t.get(peer, &key, 200_000, into, 30))
+            .unwrap_or_else(|e| panic!("{name}: {what} refused: {e}"));
+        finish(p, what, 30, issued, false);
+        let got = &view(&ours)[100..4100];
+        assert!(got == &want[200_000..204_000], "{name}: {what}: {}", first_difference(got, &want[200_000..]));
     }
     let mut issues = Issues::default();
     if get {
         let what = "get of 50000 bytes from registered memory";
         let exposed = Region { ptr: theirs.ptr().wrapping_add(4096), len: 100_000 };
-        let key = p.b().expose(exposed, PeerAccess::Read).unwrap_or_else(|e| panic!("{name}: expose: {e}"));
+        let key =
+            p.b().register_transfer(exposed, PeerAccess::Read).unwrap_or_else(|e| panic!("{name}: register: {e}"));
         let into = RegionMut { ptr: ours.ptr().wrapping_add(8192), len: 50_000 };
         let issued = issue(p, what, |t| t.get(peer, &key, 1000, into, 31))
             .unwrap_or_else(|e| panic!("{name}: {what} refused: {e}"));
         finish(p, what, 31, issued, false);
         issues.note(31, issued, what);
-        p.b().unexpose(&key, 0..0);
+        p.b().deregister_transfer(&key, 0..0);
         let got = &view(&ours)[8192..8192 + 50_000];
         assert!(got == &want[5096..5096 + 50_000], "{name}: {what}: {}", first_difference(got, &want[5096..]));
     }
@@ -1258,13 +1288,18 @@ fn rma_registered_memory(p: &mut Pair) -> Outcome {
         let data = pattern(91, 30_000);
         write(&mut ours, 0, &data);
         let exposed = Region { ptr: theirs.ptr().wrapping_add(131_072), len: 65_536 };
-        let key = p.b().expose(exposed, PeerAccess::Write).unwrap_or_else(|e| panic!("{name}: expose: {e}"));
+        let key =
+            p.b().register_transfer(exposed, PeerAccess::Write).unwrap_or_else(|e| panic!("{name}: register: {e}"));
         let from = Region { ptr: ours.ptr(), len: 30_000 };
         let issued = issue(p, what, |t| t.put(peer, from, &key, 500, 32))
             .unwrap_or_else(|e| panic!("{name}: {what} refused: {e}"));
         finish(p, what, 32, issued, true);
         issues.note(32, issued, what);
-        p.b().unexpose(&key, 500..30_500);
+        // A flush after a finished put completes (at once, or through progress).
+        let flushed = issue(p, "flush", |t| t.flush(peer, 33)).unwrap_or_else(|e| panic!("{name}: flush refused: {e}"));
+        assert!(flushed != Issued::Ordered, "{name}: a flush answered Ordered, which only a put may");
+        finish(p, "flush", 33, flushed, false);
+        p.b().deregister_transfer(&key, 500..30_500);
         let got = &view(&theirs)[131_572..131_572 + 30_000];
         assert!(got == &data[..], "{name}: {what}: {}", first_difference(got, &data));
         let mut expected = want.clone();
@@ -1273,9 +1308,10 @@ fn rma_registered_memory(p: &mut Pair) -> Outcome {
         assert!(all == &expected[..], "{name}: {what} wrote elsewhere: {}", first_difference(all, &expected));
     }
     issues.check(p);
-    p.b().unregister_memory(whole(&theirs));
-    if !p.is_loopback() {
-        p.a().unregister_memory(whole(&ours));
+    for (side, handle) in [(Side::B, theirs_handle), (Side::A, ours_handle)] {
+        if let Some(h) = handle {
+            p.t(side).deregister(&h);
+        }
     }
     Outcome::Passed
 }
@@ -1286,7 +1322,10 @@ fn put_then_message(p: &mut Pair) -> Outcome {
     }
     let peer = p.peer_of(Side::A);
     let mut dst = Guarded::filled(0x5a, SMALL);
-    let key = p.b().expose(dst.region(), PeerAccess::Write).unwrap_or_else(|e| panic!("{}: expose: {e}", p.name));
+    let key = p
+        .b()
+        .register_transfer(dst.region(), PeerAccess::Write)
+        .unwrap_or_else(|e| panic!("{}: register: {e}", p.name));
     let data = pattern(95, 1000);
     let mut src = Guarded::new(&data);
     let from = src.region();
@@ -1301,7 +1340,7 @@ fn put_then_message(p: &mut Pair) -> Outcome {
     let base = p.ev(Side::B).messages.len();
     send_all(p, &notice);
     expect_arrivals(p, base, &notice);
-    p.b().unexpose(&key, 100..1100);
+    p.b().deregister_transfer(&key, 100..1100);
     let got = dst.contents();
     assert!(got[100..1100] == data[..], "{}: after the message: {}", p.name, first_difference(&got[100..1100], &data));
     assert!(got[..100].iter().chain(&got[1100..]).all(|&x| x == 0x5a), "{}: the put wrote elsewhere", p.name);

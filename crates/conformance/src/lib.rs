@@ -24,7 +24,7 @@
 //!
 //! The cases (see [`CASES`]) cover what [`Transport`] promises: active messages of every size
 //! up to `max_eager` in order and intact with their headers, refusals where a capability is
-//! absent, one-sided `get`/`put` through `expose`/`unexpose` (stand-in buffers included),
+//! absent, one-sided `get`/`put` through registrations of both lifetimes (stand-in buffers included), `flush`,
 //! completions through `progress` for channels without [`Caps::RMA_INLINE_COMPLETION`],
 //! bounds and keys checked, peers never added refused with an error, observations, wake-ups,
 //! `check_peers` and `finalize`.

@@ -2,16 +2,22 @@
 //! [`Transport::wakeup`]), answering as a channel without them does: one-sided operations are
 //! errors, registrations need nothing, and `arm` says no.
 
-use polyrail_core::{Issued, OpId, PeerAccess, Rank, Region, RegionMut, RemoteKey, Result, SharedFile, Transport};
+use polyrail_core::{
+    Issued, Lifetime, MemHandle, OpId, PeerAccess, Rank, Region, RegionMut, RemoteKey, Result, SharedFile, Transport,
+};
 use std::ops::Range;
 use std::time::Duration;
 
 /// A channel's capabilities, through its accessors.
 pub(crate) trait Capabilities {
-    fn expose(&mut self, region: Region, access: PeerAccess) -> Result<RemoteKey>;
-    fn unexpose(&mut self, key: &RemoteKey, written: Range<usize>);
-    fn register_memory(&mut self, region: Region, file: Option<SharedFile>) -> Result<()>;
-    fn unregister_memory(&mut self, region: Region);
+    /// A transfer's registration, as the engine makes it; its key (which names it).
+    fn register_transfer(&mut self, region: Region, access: PeerAccess) -> Result<RemoteKey>;
+    /// Ends a transfer's registration named by its key.
+    fn deregister_transfer(&mut self, key: &RemoteKey, written: Range<usize>);
+    /// A long-lived registration; `None` from a channel without one-sided memory.
+    fn register_lasting(&mut self, region: Region, file: Option<SharedFile>) -> Result<Option<MemHandle>>;
+    fn deregister(&mut self, handle: &MemHandle);
+    fn flush(&mut self, peer: Rank, op: OpId) -> Result<Issued>;
     fn get(&mut self, peer: Rank, key: &RemoteKey, offset: usize, into: RegionMut, op: OpId) -> Result<Issued>;
     fn put(&mut self, peer: Rank, from: Region, key: &RemoteKey, offset: usize, op: OpId) -> Result<Issued>;
     fn arm(&mut self) -> bool;
@@ -20,21 +26,25 @@ pub(crate) trait Capabilities {
 }
 
 impl Capabilities for dyn Transport + '_ {
-    fn expose(&mut self, region: Region, access: PeerAccess) -> Result<RemoteKey> {
-        self.one_sided()?.expose(region, access)
+    fn register_transfer(&mut self, region: Region, access: PeerAccess) -> Result<RemoteKey> {
+        self.one_sided()?.register(region, access, Lifetime::Transfer).map(|h| *h.key())
     }
-    fn unexpose(&mut self, key: &RemoteKey, written: Range<usize>) {
+    fn deregister_transfer(&mut self, key: &RemoteKey, written: Range<usize>) {
         if let Some(m) = self.memory() {
-            m.unexpose(key, written);
+            m.deregister(&MemHandle::new(*key, &Lifetime::Transfer), written);
         }
     }
-    fn register_memory(&mut self, region: Region, file: Option<SharedFile>) -> Result<()> {
-        self.memory().map_or(Ok(()), |m| m.register_memory(region, file))
+    fn register_lasting(&mut self, region: Region, file: Option<SharedFile>) -> Result<Option<MemHandle>> {
+        let Some(m) = self.memory() else { return Ok(None) };
+        m.register(region, PeerAccess::ReadWrite, Lifetime::Lasting { file }).map(Some)
     }
-    fn unregister_memory(&mut self, region: Region) {
+    fn deregister(&mut self, handle: &MemHandle) {
         if let Some(m) = self.memory() {
-            m.unregister_memory(region);
+            m.deregister(handle, 0..0);
         }
+    }
+    fn flush(&mut self, peer: Rank, op: OpId) -> Result<Issued> {
+        self.one_sided()?.flush(peer, op)
     }
     fn get(&mut self, peer: Rank, key: &RemoteKey, offset: usize, into: RegionMut, op: OpId) -> Result<Issued> {
         self.one_sided()?.get(peer, key, offset, into, op)

@@ -3,8 +3,8 @@
 
 use polyrail_conformance::{maker, run_suite, CountingAllocator, FnMaker, Pair, Report};
 use polyrail_core::{
-    Address, Caps, Error, Header, Issued, OneSided, OpId, PeerAccess, PeerInfo, Rank, Reach, Region, RegionMut,
-    RemoteKey, Result, Sink, Transport, TransportAttr, Wakeup,
+    Address, Caps, Error, Header, Issued, Lifetime, MemHandle, OneSided, OpId, PeerAccess, PeerInfo, Rank, Reach,
+    Region, RegionMut, RemoteKey, Result, Sink, Transport, TransportAttr, Wakeup,
 };
 use polyrail_shm::Loopback;
 use std::ops::Range;
@@ -162,12 +162,12 @@ impl Transport for Faulty {
 }
 
 impl OneSided for Faulty {
-    fn expose(&mut self, region: Region, access: PeerAccess) -> Result<RemoteKey> {
-        OneSided::expose(&mut self.inner, region, access)
+    fn register(&mut self, region: Region, access: PeerAccess, lifetime: Lifetime) -> Result<MemHandle> {
+        OneSided::register(&mut self.inner, region, access, lifetime)
     }
 
-    fn unexpose(&mut self, key: &RemoteKey, written: Range<usize>) {
-        OneSided::unexpose(&mut self.inner, key, written)
+    fn deregister(&mut self, handle: &MemHandle, written: Range<usize>) {
+        OneSided::deregister(&mut self.inner, handle, written)
     }
 
     fn get(&mut self, peer: Rank, key: &RemoteKey, offset: usize, into: RegionMut, op: OpId) -> Result<Issued> {

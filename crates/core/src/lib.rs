@@ -32,6 +32,7 @@ pub use memory::{fits_file_size_limit, memory_file, AnonMemory, SharedFile};
 pub use random::random_u64;
 pub use size::{format_size, parse_size};
 pub use transport::{
-    host_identity, Address, Caps, ChannelFactory, ChannelStart, Cost, Issued, OneSided, OpId, Opened, PeerAccess,
-    PeerInfo, Reach, Region, RegionMut, RemoteKey, RndvFrom, Sink, Transport, TransportAttr, TransportKind, Wakeup,
+    host_identity, Address, Caps, ChannelFactory, ChannelStart, Cost, Issued, Lifetime, MemHandle, OneSided, OpId,
+    Opened, PeerAccess, PeerInfo, Reach, Region, RegionMut, RemoteKey, RndvFrom, Sink, Transport, TransportAttr,
+    TransportKind, Wakeup,
 };

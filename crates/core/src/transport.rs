@@ -13,62 +13,25 @@ use crate::policy::topology::TopoClass;
 use std::fmt;
 use std::ops::Range;
 
-/// Stable short names of the channels, as used in `POLYRAIL_TRANSPORTS` and reports.
+/// A channel's stable short name (`self`, `shm`, `cma`, `ib`, ...), as `POLYRAIL_TRANSPORTS`,
+/// `POLYRAIL_ROUTE` and reports write it. Each channel crate declares its own (e.g.
+/// `polyrail_shm::SHM`); only the loopback's is core's, since configuration treats it apart
+/// (it cannot be denied).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[non_exhaustive]
-pub enum TransportKind {
-    /// Messages to oneself, through process memory.
-    Loopback,
-    /// Shared-memory rings and send cells (`shm`).
-    Shm,
-    /// Kernel single copy with `process_vm_readv/writev` (`cma`).
-    Cma,
-    /// InfiniBand verbs issued by the process (`ib`).
-    Ib,
-    /// Staging through host memory over SCIF (`scif`).
-    Scif,
-    /// Passive proxy (`proxy-passive`).
-    ProxyPassive,
-    /// Active one-hop proxy (`proxy-1hop`).
-    Proxy1Hop,
-    /// Active two-hop proxy (`proxy-2hop`).
-    Proxy2Hop,
-}
+pub struct TransportKind(&'static str);
 
 impl TransportKind {
-    /// Every kind, in the order reports list them.
-    pub const ALL: [TransportKind; 8] = [
-        Self::Loopback,
-        Self::Shm,
-        Self::Cma,
-        Self::Ib,
-        Self::Scif,
-        Self::ProxyPassive,
-        Self::Proxy1Hop,
-        Self::Proxy2Hop,
-    ];
+    /// The loopback channel to this process itself (`self`), always on.
+    pub const SELF: TransportKind = TransportKind("self");
 
-    /// The kinds this version implements; the others' names are reserved for channels to come
-    /// (configuration naming them is refused).
-    pub const IMPLEMENTED: [TransportKind; 4] = [Self::Loopback, Self::Shm, Self::Cma, Self::Ib];
-
-    /// The short name (`self`, `shm`, `cma`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Loopback => "self",
-            Self::Shm => "shm",
-            Self::Cma => "cma",
-            Self::Ib => "ib",
-            Self::Scif => "scif",
-            Self::ProxyPassive => "proxy-passive",
-            Self::Proxy1Hop => "proxy-1hop",
-            Self::Proxy2Hop => "proxy-2hop",
-        }
+    /// The kind named `name`: lowercase letters, digits and dashes.
+    pub const fn new(name: &'static str) -> Self {
+        TransportKind(name)
     }
 
-    /// The kind with this short name.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.name() == name)
+    /// The short name.
+    pub fn name(self) -> &'static str {
+        self.0
     }
 }
 
@@ -85,9 +48,9 @@ pub struct Caps(u32);
 impl Caps {
     /// Active messages: `try_send` and arrivals through `progress`.
     pub const AM: Caps = Caps(1);
-    /// One-sided read of a peer's exposed memory.
+    /// One-sided read of a peer's registered memory.
     pub const GET: Caps = Caps(2);
-    /// One-sided write into a peer's exposed memory.
+    /// One-sided write into a peer's registered memory.
     pub const PUT: Caps = Caps(4);
     /// `get`/`put` finish before they return (no completion through `progress`).
     pub const RMA_INLINE_COMPLETION: Caps = Caps(8);
@@ -168,7 +131,7 @@ pub struct TransportAttr {
     /// channel; `None` when splitting gains nothing. `POLYRAIL_SPLIT_THRESHOLD` overrides it.
     pub split_from: Option<usize>,
     /// Smallest message worth a one-sided copy when its source is registered memory with a
-    /// memory file (see [`OneSided::register_memory`]), which this channel copies through a
+    /// memory file (see [`Lifetime::Lasting`]), which this channel copies through a
     /// mapping without the kernel, as measured for it; `None` when the channel does not map
     /// such memory.
     pub mapped_from: Option<usize>,
@@ -233,7 +196,7 @@ pub type Address = Vec<u8>;
 /// Identifies a one-sided operation so its completion can be reported.
 pub type OpId = u64;
 
-/// A serialized description of exposed memory (pid + address, rkey, SCIF offset...).
+/// The packed key of registered memory (pid + address, rkey, SCIF offset...), as peers name it.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct RemoteKey {
     len: u8,
@@ -270,13 +233,59 @@ impl fmt::Debug for RemoteKey {
     }
 }
 
-/// What peers do with memory a process exposes.
+/// What peers do with memory a process registers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PeerAccess {
     /// Peers read it: the source of a send, pulled by the receiver.
     Read,
     /// Peers write it: the destination of a receive, pushed by the sender.
     Write,
+    /// Peers read and write it (long-lived memory: a registered heap, an RMA window).
+    ReadWrite,
+}
+
+/// How long a registration lives ([`OneSided::register`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lifetime {
+    /// The buffer of one transfer (a rendezvous message): a channel may register a stand-in, a
+    /// copy of a source or a bounce area for a destination, and copies the part peers wrote
+    /// into place at [`OneSided::deregister`].
+    Transfer,
+    /// Long-lived memory (a registered heap, an RMA window): peers access it in place, and
+    /// transfers from or into any part of it need no registration work of their own. `file`,
+    /// when given, is a memory file of exactly this region (from [`crate::AnonMemory::shared`])
+    /// that node-local channels may let peers map, so that they copy with plain loads and
+    /// stores. The memory (and the file) must stay valid until [`OneSided::deregister`].
+    Lasting {
+        /// The region's memory file, if it has one.
+        file: Option<SharedFile>,
+    },
+}
+
+/// A registration ([`OneSided::register`]): the packed key the owner sends to peers, who name
+/// the memory with it in `get` and `put`, and what the owner ends it with
+/// ([`OneSided::deregister`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemHandle {
+    key: RemoteKey,
+    lasting: bool,
+}
+
+impl MemHandle {
+    /// The handle of a registration of `lifetime` whose packed key is `key` (for channels).
+    pub fn new(key: RemoteKey, lifetime: &Lifetime) -> Self {
+        MemHandle { key, lasting: matches!(lifetime, Lifetime::Lasting { .. }) }
+    }
+
+    /// The packed key, for peers.
+    pub fn key(&self) -> &RemoteKey {
+        &self.key
+    }
+
+    /// Whether it is a long-lived registration ([`Lifetime::Lasting`]).
+    pub fn is_lasting(&self) -> bool {
+        self.lasting
+    }
 }
 
 /// Local memory handed to a transport for a one-sided operation.
@@ -347,34 +356,30 @@ impl dyn Transport + '_ {
 /// and reads and writes of theirs. Completions of operations that answered
 /// [`Issued::Pending`] come through [`Transport::progress`].
 pub trait OneSided {
-    /// Makes local memory accessible to peers' `get` (`PeerAccess::Read`) or `put`
-    /// (`PeerAccess::Write`); returns its key. A channel may expose a stand-in buffer instead
-    /// (a copy of a source, a bounce area for a destination, see [`OneSided::unexpose`]).
-    fn expose(&mut self, region: Region, access: PeerAccess) -> Result<RemoteKey>;
+    /// Registers local memory for peers' `get` and `put` (as `access` says) and returns its
+    /// handle, whose packed key goes to peers. One mechanism for both lifetimes: a transfer's
+    /// buffer ([`Lifetime::Transfer`]; a channel may register a stand-in) and long-lived memory
+    /// ([`Lifetime::Lasting`]; a channel that needs no registration for it keeps nothing, but
+    /// still gives a key). The memory must stay valid until [`OneSided::deregister`].
+    fn register(&mut self, region: Region, access: PeerAccess, lifetime: Lifetime) -> Result<MemHandle>;
 
-    /// Ends the exposure of memory exposed with `expose`. `written` is the part of the region
-    /// (offsets from its start) that peers wrote and the owner wants: a channel that exposed a
-    /// stand-in for a destination copies that part into the region before it returns.
-    fn unexpose(&mut self, _key: &RemoteKey, _written: Range<usize>) {}
+    /// Ends a registration. `written` is the part of the region (offsets from its start) that
+    /// peers wrote and the owner wants: a channel that registered a stand-in for a transfer's
+    /// destination copies that part into the region before it returns.
+    fn deregister(&mut self, _handle: &MemHandle, _written: Range<usize>) {}
 
-    /// Registers long-lived memory once, so that `expose`, `get` and `put` on any part of it
-    /// skip their per-operation registration (channels that need none keep the default).
-    /// `file`, when given, is a memory file of exactly this region (from
-    /// [`crate::AnonMemory::shared`]) that node-local channels may let peers map, so that they
-    /// copy with plain loads and stores. The memory (and the file) must stay valid until
-    /// [`OneSided::unregister_memory`].
-    fn register_memory(&mut self, _region: Region, _file: Option<SharedFile>) -> Result<()> {
-        Ok(())
-    }
-
-    /// Ends a registration made with [`OneSided::register_memory`].
-    fn unregister_memory(&mut self, _region: Region) {}
-
-    /// Reads `into.len` bytes at `offset` of a peer's exposed memory.
+    /// Reads `into.len` bytes at `offset` of a peer's registered memory.
     fn get(&mut self, peer: Rank, key: &RemoteKey, offset: usize, into: RegionMut, op: OpId) -> Result<Issued>;
 
-    /// Writes `from.len` bytes at `offset` of a peer's exposed memory.
+    /// Writes `from.len` bytes at `offset` of a peer's registered memory.
     fn put(&mut self, peer: Rank, from: Region, key: &RemoteKey, offset: usize, op: OpId) -> Result<Issued>;
+
+    /// Makes every put to `peer` issued before it complete at the peer: [`Issued::Done`] when
+    /// it did, or its completion comes through `progress` with `op`. Channels whose put
+    /// completions already mean the data is in place keep the default.
+    fn flush(&mut self, _peer: Rank, _op: OpId) -> Result<Issued> {
+        Ok(Issued::Done)
+    }
 }
 
 /// How a process sleeps until a peer's arrival on a channel wakes it ([`Transport::wakeup`]).

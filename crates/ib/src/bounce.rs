@@ -3,7 +3,7 @@
 //! Registering a user buffer for one rendezvous pins its pages (`ibv_reg_mr`: a system call and
 //! a page walk, and the same again to deregister); on Soft-RoCE here an 8 KiB registration cost
 //! more than the message (an earlier record, in git history), while copying up to 64 KiB into memory registered
-//! once costs little. Long-lived user memory is registered instead (`OneSided::register_memory`,
+//! once costs little. Long-lived user memory is registered instead (`Lifetime::Lasting`,
 //! the zero-copy path), and larger messages still register.
 
 use crate::provider::{Access, MemoryRegion, Provider};

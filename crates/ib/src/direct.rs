@@ -23,8 +23,8 @@ use crate::settings::IbSettings;
 use polyrail_core::observe::{Observation, Observe};
 use polyrail_core::sweep::PeerSweep;
 use polyrail_core::{
-    format_size, Address, AnonMemory, Caps, Cost, Error, Header, Issued, OneSided, OpId, PeerAccess, PeerInfo, Rank,
-    Reach, Region, RegionMut, RemoteKey, Result, SharedFile, Sink, Transport, TransportAttr, TransportKind,
+    format_size, Address, AnonMemory, Caps, Cost, Error, Header, Issued, Lifetime, MemHandle, OneSided, OpId,
+    PeerAccess, PeerInfo, Rank, Reach, Region, RegionMut, RemoteKey, Result, Sink, Transport, TransportAttr,
 };
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
@@ -167,7 +167,7 @@ impl Peer {
 /// Where the local memory of a one-sided operation or an exposure lives.
 #[derive(Debug)]
 enum Local {
-    /// Inside a long-lived registration (`register_memory`).
+    /// Inside a long-lived registration ([`Lifetime::Lasting`]).
     Pinned,
     /// Registered for this operation only; deregistered when it ends.
     Registered(MemoryRegion),
@@ -225,7 +225,7 @@ pub struct DirectIb<P: Provider> {
     /// `POLYRAIL_IB_BOUNCE`, and the pool (made at its first use).
     bounce_limit: usize,
     bounce: Option<BouncePool>,
-    /// Long-lived registrations (`register_memory`): operations inside them register nothing.
+    /// Long-lived registrations ([`Lifetime::Lasting`]): operations inside them register nothing.
     pinned: Vec<MemoryRegion>,
     completions: Vec<Completion>,
     /// Work requests posted to any peer and not completed yet: while there are none, the
@@ -278,7 +278,7 @@ impl<P: Provider> DirectIb<P> {
         let cpu_copies = provider.cpu_copies();
         let max_eager = block - OVERHEAD;
         let attr = TransportAttr {
-            kind: TransportKind::Ib,
+            kind: crate::IB,
             max_inline: provider.max_inline().saturating_sub(OVERHEAD).min(max_eager),
             max_eager,
             max_rma: usize::MAX,
@@ -724,7 +724,7 @@ impl<P: Provider> DirectIb<P> {
         }
     }
 
-    /// The rkey, start address and length of a key made by `expose`.
+    /// The rkey, start address and length of a key made by `register`.
     fn decode_key(peer: Rank, key: &RemoteKey) -> Result<(u32, u64, u64)> {
         let b = key.as_bytes();
         if b.len() != KEY_LEN {
@@ -1141,42 +1141,50 @@ impl<P: Provider> Transport for DirectIb<P> {
 }
 
 impl<P: Provider> OneSided for DirectIb<P> {
-    /// A source is copied into a bounce slot now; a destination's slot is copied out at
-    /// `unexpose`. Registrations made here allow only `access`.
-    fn expose(&mut self, region: Region, access: PeerAccess) -> Result<RemoteKey> {
-        let (reads, flags) = match access {
-            PeerAccess::Read => (true, Access::REMOTE_READ),
-            PeerAccess::Write => (false, Access::REMOTE_WRITE | Access::LOCAL_WRITE),
+    /// Long-lived memory is registered with the adapter for every access. A transfer's buffer
+    /// inside such memory needs nothing; elsewhere a source is copied into a bounce slot now, a
+    /// destination's slot is copied out at `deregister`, and registrations made here allow
+    /// only `access`.
+    fn register(&mut self, region: Region, access: PeerAccess, lifetime: Lifetime) -> Result<MemHandle> {
+        let (addr, rkey) = match lifetime {
+            Lifetime::Lasting { .. } => {
+                // SAFETY: the caller keeps the memory valid until deregister (the trait's
+                // contract).
+                let mr = unsafe { self.provider.register(region.ptr as *mut u8, region.len.max(1), Access::ALL)? };
+                self.pinned.push(mr);
+                (region.ptr as u64, mr.rkey)
+            }
+            Lifetime::Transfer => {
+                let (reads, flags) = match access {
+                    PeerAccess::Read => (true, Access::REMOTE_READ),
+                    PeerAccess::Write => (false, Access::REMOTE_WRITE | Access::LOCAL_WRITE),
+                    PeerAccess::ReadWrite => (true, Access::ALL),
+                };
+                let (addr, mr, local) = self.local_memory(region.ptr as *mut u8, region.len, flags, reads)?;
+                if !matches!(local, Local::Pinned) {
+                    self.exposed.insert((mr.rkey, addr), local);
+                }
+                (addr, mr.rkey)
+            }
         };
-        let (addr, mr, local) = self.local_memory(region.ptr as *mut u8, region.len, flags, reads)?;
-        if !matches!(local, Local::Pinned) {
-            self.exposed.insert((mr.rkey, addr), local);
-        }
         let mut k = [0u8; KEY_LEN];
-        k[..4].copy_from_slice(&mr.rkey.to_le_bytes());
+        k[..4].copy_from_slice(&rkey.to_le_bytes());
         k[4..12].copy_from_slice(&addr.to_le_bytes());
         k[12..20].copy_from_slice(&(region.len as u64).to_le_bytes());
-        RemoteKey::new(&k).ok_or_else(|| Error::InvalidArgument("remote key too long".into()))
+        let key = RemoteKey::new(&k).ok_or_else(|| Error::InvalidArgument("remote key too long".into()))?;
+        Ok(MemHandle::new(key, &lifetime))
     }
 
-    fn unexpose(&mut self, key: &RemoteKey, written: Range<usize>) {
-        if let Ok((rkey, addr, _)) = Self::decode_key(self.rank, key) {
+    fn deregister(&mut self, handle: &MemHandle, written: Range<usize>) {
+        let Ok((rkey, addr, len)) = Self::decode_key(self.rank, handle.key()) else { return };
+        if !handle.is_lasting() {
             if let Some(local) = self.exposed.remove(&(rkey, addr)) {
                 self.release_local(local, written);
             }
+            return;
         }
-    }
-
-    fn register_memory(&mut self, region: Region, _file: Option<SharedFile>) -> Result<()> {
-        // SAFETY: the caller keeps the memory valid until unregister_memory (the trait's
-        // contract).
-        let mr = unsafe { self.provider.register(region.ptr as *mut u8, region.len.max(1), Access::ALL)? };
-        self.pinned.push(mr);
-        Ok(())
-    }
-
-    fn unregister_memory(&mut self, region: Region) {
-        if let Some(i) = self.pinned.iter().position(|m| m.addr == region.ptr as u64 && m.len == region.len.max(1)) {
+        let len = (len as usize).max(1);
+        if let Some(i) = self.pinned.iter().position(|m| m.rkey == rkey && m.addr == addr && m.len == len) {
             let mr = self.pinned.swap_remove(i);
             self.provider.deregister(&mr);
         }

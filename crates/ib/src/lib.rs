@@ -30,12 +30,15 @@ pub use soft::SoftProvider;
 
 use polyrail_core::{ChannelFactory, ChannelStart, Config, Opened, Rank, Result, Transport, TransportKind};
 
+/// The InfiniBand channel's name.
+pub const IB: TransportKind = TransportKind::new("ib");
+
 /// Starts `ib` in a process that has peers, as [`open`] does.
 pub struct IbFactory;
 
 impl ChannelFactory for IbFactory {
     fn kind(&self) -> TransportKind {
-        TransportKind::Ib
+        IB
     }
     fn variables(&self) -> Vec<polyrail_core::config::VarInfo> {
         polyrail_core::config::infos(settings::VARS)

@@ -1,6 +1,6 @@
 //! The DirectIB channel over the software provider, two endpoints in one process.
 
-use polyrail_core::{Error, Issued, OneSided, PeerAccess, Reach, Region, RegionMut, Transport};
+use polyrail_core::{Error, Issued, Lifetime, MemHandle, OneSided, PeerAccess, Reach, Region, RegionMut, Transport};
 use polyrail_ib::provider::{Access, Completion, Opcode, Provider, WcStatus, WorkRequest};
 use polyrail_ib::IbSettings;
 use polyrail_ib::{DirectIb, SoftProvider};
@@ -78,7 +78,8 @@ fn get_and_put_move_registered_memory() {
     let (mut a, mut b) = soft_pair(&IbSettings { bounce: 0, ..IbSettings::default() });
     let (mut ra, mut rb) = (Recorder::default(), Recorder::default());
     let src: Vec<u8> = (0..3_000_000u32).map(|i| (i * 31) as u8).collect();
-    let key = a.expose(Region { ptr: src.as_ptr(), len: src.len() }, PeerAccess::Read).unwrap();
+    let key =
+        *a.register(Region { ptr: src.as_ptr(), len: src.len() }, PeerAccess::Read, Lifetime::Transfer).unwrap().key();
     let mut dst = vec![0u8; 1_000_000];
     let into = RegionMut { ptr: dst.as_mut_ptr(), len: dst.len() };
     assert_eq!(b.get(0, &key, 1_000_000, into, 7).unwrap(), Issued::Pending);
@@ -87,7 +88,10 @@ fn get_and_put_move_registered_memory() {
     assert_eq!(&dst[..], &src[1_000_000..2_000_000]);
     // Put into exposed memory.
     let mut target = vec![0u8; 4096];
-    let tkey = a.expose(Region { ptr: target.as_mut_ptr(), len: target.len() }, PeerAccess::Write).unwrap();
+    let tkey = *a
+        .register(Region { ptr: target.as_mut_ptr(), len: target.len() }, PeerAccess::Write, Lifetime::Transfer)
+        .unwrap()
+        .key();
     assert_eq!(b.put(0, Region { ptr: dst.as_ptr(), len: 100 }, &tkey, 10, 8).unwrap(), Issued::Pending);
     b.progress(64, &mut rb).unwrap();
     assert!(matches!(rb.completed[1], (8, Ok(()))));
@@ -108,8 +112,8 @@ fn get_and_put_move_registered_memory() {
     }
     assert!(small.iter().all(|&x| x == 0xee));
     assert!(matches!(rb.lost[..], [(0, Error::PeerLost { .. })]));
-    a.unexpose(&key, 0..0);
-    a.unexpose(&tkey, 0..0);
+    a.deregister(&MemHandle::new(key, &Lifetime::Transfer), 0..0);
+    a.deregister(&MemHandle::new(tkey, &Lifetime::Transfer), 0..0);
     a.progress(64, &mut ra).unwrap();
 }
 
@@ -119,13 +123,14 @@ fn read_only_exposures_refuse_writes() {
     let (mut a, mut b) = soft_pair(&IbSettings { bounce: 0, ..IbSettings::default() });
     let mut rb = Recorder::default();
     let src = vec![7u8; 4096];
-    let key = a.expose(Region { ptr: src.as_ptr(), len: src.len() }, PeerAccess::Read).unwrap();
+    let key =
+        *a.register(Region { ptr: src.as_ptr(), len: src.len() }, PeerAccess::Read, Lifetime::Transfer).unwrap().key();
     let junk = [0u8; 16];
     assert_eq!(b.put(0, Region { ptr: junk.as_ptr(), len: 16 }, &key, 0, 1).unwrap(), Issued::Pending);
     b.progress(64, &mut rb).unwrap();
     assert!(matches!(&rb.completed[..], [(1, Err(_))]), "{:?}", rb.completed);
     assert!(std::hint::black_box(&src).iter().all(|&x| x == 7));
-    a.unexpose(&key, 0..0);
+    a.deregister(&MemHandle::new(key, &Lifetime::Transfer), 0..0);
 }
 
 /// Medium messages go through bounce buffers on both sides: a get lands in the user's buffer
@@ -140,30 +145,35 @@ fn medium_messages_bounce_and_land_in_place() {
     assert!(a.describe().contains("rendezvous up to 64k through 64 bounce buffers"), "{}", a.describe());
     // More sources than slots, so the last ones register.
     let sources: Vec<Vec<u8>> = (0..70u32).map(|i| (0..10_000u32).map(|j| (j * 7 + i) as u8).collect()).collect();
-    let keys: Vec<_> =
-        sources.iter().map(|s| a.expose(Region { ptr: s.as_ptr(), len: s.len() }, PeerAccess::Read).unwrap()).collect();
+    let handles: Vec<_> = sources
+        .iter()
+        .map(|s| a.register(Region { ptr: s.as_ptr(), len: s.len() }, PeerAccess::Read, Lifetime::Transfer).unwrap())
+        .collect();
     let mut outs = vec![vec![0u8; 10_000]; 70];
-    for (i, (k, o)) in keys.iter().zip(&mut outs).enumerate() {
+    for (i, (h, o)) in handles.iter().zip(&mut outs).enumerate() {
         let into = RegionMut { ptr: o.as_mut_ptr(), len: o.len() };
-        assert_eq!(b.get(0, k, 0, into, i as u64).unwrap(), Issued::Pending);
+        assert_eq!(b.get(0, h.key(), 0, into, i as u64).unwrap(), Issued::Pending);
         b.progress(64, &mut rb).unwrap();
     }
     assert_eq!(rb.completed.len(), 70);
     assert!(rb.completed.iter().all(|(_, r)| r.is_ok()));
     assert!(outs == sources, "gets through bounce buffers: data differs");
-    for k in &keys {
-        a.unexpose(k, 0..0);
+    for h in &handles {
+        a.deregister(h, 0..0);
     }
     // A destination: nothing reaches it before the exposure ends, then only `written`.
     let mut target = vec![0x5au8; 8192];
-    let tkey = a.expose(Region { ptr: target.as_mut_ptr(), len: target.len() }, PeerAccess::Write).unwrap();
+    let tkey = *a
+        .register(Region { ptr: target.as_mut_ptr(), len: target.len() }, PeerAccess::Write, Lifetime::Transfer)
+        .unwrap()
+        .key();
     let data: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
     // From a bounce slot: the source is free at once and the write ordered before later packets.
     assert_eq!(b.put(0, Region { ptr: data.as_ptr(), len: data.len() }, &tkey, 100, 99).unwrap(), Issued::Ordered);
     b.progress(64, &mut rb).unwrap();
     assert!(matches!(rb.completed.last(), Some((99, Ok(())))));
     assert!(std::hint::black_box(&target).iter().all(|&x| x == 0x5a), "the put went to a bounce buffer");
-    a.unexpose(&tkey, 100..1100);
+    a.deregister(&MemHandle::new(tkey, &Lifetime::Transfer), 100..1100);
     assert_eq!(&target[100..1100], &data[..]);
     assert!(target[..100].iter().chain(&target[1100..]).all(|&x| x == 0x5a));
     a.progress(64, &mut ra).unwrap();

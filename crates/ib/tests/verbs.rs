@@ -9,7 +9,7 @@
 mod common;
 
 use common::{pair, request, until, Recorder};
-use polyrail_core::{Error, Issued, OneSided, PeerAccess, Region, RegionMut, Transport};
+use polyrail_core::{Error, Issued, Lifetime, MemHandle, OneSided, PeerAccess, Region, RegionMut, Transport};
 use polyrail_ib::provider::{Access, Completion, MemoryRegion, Opcode, Provider, QpId, WcStatus, WorkRequest};
 use polyrail_ib::verbs::VerbsProvider;
 use polyrail_ib::IbSettings;
@@ -85,7 +85,8 @@ fn get_and_put_move_registered_memory() {
     // Big enough to be split into several requests when the port's messages are small (rxe).
     let big = if max <= 8 << 20 { max + (1 << 20) + 12345 } else { 3 << 20 };
     let src: Vec<u8> = (0..big as u32 + (1 << 20)).map(|i| (i.wrapping_mul(31) ^ (i >> 11)) as u8).collect();
-    let key = a.expose(Region { ptr: src.as_ptr(), len: src.len() }, PeerAccess::Read).unwrap();
+    let key =
+        *a.register(Region { ptr: src.as_ptr(), len: src.len() }, PeerAccess::Read, Lifetime::Transfer).unwrap().key();
     // Get of 1 MiB at an offset.
     let mut dst = vec![0u8; 1 << 20];
     let t = Instant::now();
@@ -110,7 +111,10 @@ fn get_and_put_move_registered_memory() {
     );
     // Put of 2 MiB into exposed memory, at an offset, surrounded by bytes that must stay.
     let mut target = vec![0x5au8; 3 << 20];
-    let tkey = a.expose(Region { ptr: target.as_mut_ptr(), len: target.len() }, PeerAccess::Write).unwrap();
+    let tkey = *a
+        .register(Region { ptr: target.as_mut_ptr(), len: target.len() }, PeerAccess::Write, Lifetime::Transfer)
+        .unwrap()
+        .key();
     let t = Instant::now();
     assert_eq!(b.put(0, Region { ptr: whole.as_ptr(), len: 2 << 20 }, &tkey, 4096 + 10, 9).unwrap(), Issued::Pending);
     wait_completed(&mut b, &mut rb, 3);
@@ -140,8 +144,8 @@ fn get_and_put_move_registered_memory() {
         !rb.lost.is_empty()
     });
     assert!(matches!(rb.lost[..], [(0, Error::PeerLost { .. })]), "{:?}", rb.lost);
-    a.unexpose(&key, 0..0);
-    a.unexpose(&tkey, 0..0);
+    a.deregister(&MemHandle::new(key, &Lifetime::Transfer), 0..0);
+    a.deregister(&MemHandle::new(tkey, &Lifetime::Transfer), 0..0);
     a.progress(64, &mut ra).unwrap();
 }
 

@@ -4,7 +4,9 @@ use polyrail_core::config::{PollPolicy, WaitMode};
 use polyrail_core::engine::{Action, Engine, OpOutcome, Payload, ReqId, SplitTiming, Status, Unparked};
 use polyrail_core::observe::{says_yes, Observation, Observe};
 use polyrail_core::policy::{ChannelId, ChannelSet};
-use polyrail_core::{Caps, Error, Header, Issued, Rank, Region, Result, SharedFile, Transport};
+use polyrail_core::{
+    Caps, Error, Header, Issued, Lifetime, MemHandle, PeerAccess, Rank, Region, Result, SharedFile, Transport,
+};
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
@@ -68,6 +70,8 @@ pub struct Driver {
     /// Per peer: actions that would have blocked, in order (later sends queue behind them).
     blocked: Vec<VecDeque<Action>>,
     blocked_peers: usize,
+    /// Long-lived registrations ([`Driver::register_memory`]): each region's handle per channel.
+    lasting: Vec<(Region, Vec<(usize, MemHandle)>)>,
     last_liveness: Instant,
     /// Rounds of [`Driver::poll`] so far.
     polls: u32,
@@ -211,6 +215,7 @@ impl Driver {
             sleeper,
             blocked: (0..n).map(|_| VecDeque::new()).collect(),
             blocked_peers: 0,
+            lasting: Vec::new(),
             last_liveness: Instant::now(),
             polls: 0,
             manager: None,
@@ -262,13 +267,15 @@ impl Driver {
         let peer = match &a {
             Action::Send { to, .. } => *to,
             Action::Get { peer, .. } | Action::Put { peer, .. } => *peer,
-            Action::Expose { channel, region, access, op } => {
-                let key = self.channels[*channel as usize].one_sided().and_then(|m| m.expose(*region, *access));
-                return self.engine.handle_op(*op, OpOutcome::Exposed(key));
+            Action::Register { channel, region, access, op } => {
+                let handle = self.channels[*channel as usize]
+                    .one_sided()
+                    .and_then(|m| m.register(*region, *access, Lifetime::Transfer));
+                return self.engine.handle_op(*op, OpOutcome::Registered(handle));
             }
-            Action::Unexpose { channel, key, written } => {
+            Action::Deregister { channel, handle, written } => {
                 if let Some(m) = self.channels[*channel as usize].memory() {
-                    m.unexpose(key, written.clone());
+                    m.deregister(handle, written.clone());
                 }
                 return;
             }
@@ -312,7 +319,7 @@ impl Driver {
             Action::Put { channel, peer, from, key, offset, op } => {
                 (self.channels[*channel as usize].one_sided().and_then(|m| m.put(*peer, *from, key, *offset, *op)), *op)
             }
-            Action::Expose { .. } | Action::Unexpose { .. } => {
+            Action::Register { .. } | Action::Deregister { .. } => {
                 self.execute(a);
                 return None;
             }
@@ -352,17 +359,18 @@ impl Driver {
     /// Registers `region` with every channel (none keeps it when one fails) and, when it is a
     /// memory file, tells the engine that peers map it.
     pub fn register_memory(&mut self, region: Region, file: Option<SharedFile>) -> Result<()> {
+        let mut handles = Vec::new();
         for i in 0..self.channels.len() {
             let Some(m) = self.channels[i].memory() else { continue };
-            if let Err(e) = m.register_memory(region, file) {
-                for ch in &mut self.channels[..i] {
-                    if let Some(m) = ch.memory() {
-                        m.unregister_memory(region);
-                    }
+            match m.register(region, PeerAccess::ReadWrite, Lifetime::Lasting { file }) {
+                Ok(h) => handles.push((i, h)),
+                Err(e) => {
+                    self.deregister_all(&handles);
+                    return Err(e);
                 }
-                return Err(e);
             }
         }
+        self.lasting.push((region, handles));
         if file.is_some() {
             self.engine.add_mapped_memory(region);
         }
@@ -372,9 +380,17 @@ impl Driver {
     /// Ends what [`Driver::register_memory`] started for `region`.
     pub fn unregister_memory(&mut self, region: Region) {
         self.engine.remove_mapped_memory(region);
-        for ch in &mut self.channels {
-            if let Some(m) = ch.memory() {
-                m.unregister_memory(region);
+        if let Some(i) = self.lasting.iter().position(|(r, _)| r.ptr == region.ptr && r.len == region.len) {
+            let (_, handles) = self.lasting.swap_remove(i);
+            self.deregister_all(&handles);
+        }
+    }
+
+    /// Ends registrations made on the channels they name.
+    fn deregister_all(&mut self, handles: &[(usize, MemHandle)]) {
+        for (i, h) in handles {
+            if let Some(m) = self.channels[*i].memory() {
+                m.deregister(h, 0..0);
             }
         }
     }
@@ -800,7 +816,7 @@ mod tests {
             let polls = Arc::new(AtomicUsize::new(0));
             let cost = Cost { latency_ns, overhead_ns: 0.0, bandwidth: 1e9 };
             let attr = TransportAttr {
-                kind: TransportKind::Shm,
+                kind: TransportKind::new("test"),
                 max_inline: 64,
                 max_eager: 1024,
                 max_rma: 0,

@@ -3,7 +3,7 @@
 use crate::driver::Driver;
 use crate::topology::{current_binding, DeviceLocality, Topology};
 use polyrail_core::adapt::Tuning;
-use polyrail_core::config::VarInfo;
+use polyrail_core::config::{did_you_mean, VarInfo};
 use polyrail_core::engine::Engine;
 use polyrail_core::observe::{says_yes, Observe};
 use polyrail_core::policy::topology::TopoClass;
@@ -135,6 +135,18 @@ fn get_long(boot: &mut dyn Bootstrap, key: &str) -> Result<String> {
 pub fn check_settings(factories: &[&dyn ChannelFactory], config: &Config) -> Result<()> {
     let declared: Vec<VarInfo> = factories.iter().flat_map(|f| f.variables()).collect();
     config.check_names(&declared)?;
+    // Channel names: which channels exist is known here, from the registered factories.
+    let built: Vec<&str> = factories.iter().map(|f| f.kind().name()).collect();
+    let unknown = |name: &str| {
+        let hint = did_you_mean(name, &built).map(|n| format!("did you mean {n}? ")).unwrap_or_default();
+        format!("{hint}`{name}` is no channel of this build, whose channels are {}", built.join(", "))
+    };
+    if let Some(name) = config.transports.names().iter().find(|n| !built.contains(&n.as_str())) {
+        return Err(Error::config("POLYRAIL_TRANSPORTS", config.transports.to_string(), unknown(name)));
+    }
+    if let Some(rule) = config.routes.iter().find(|r| !built.contains(&r.channel.as_str())) {
+        return Err(Error::config("POLYRAIL_ROUTE", rule.to_string(), unknown(&rule.channel)));
+    }
     factories.iter().try_for_each(|f| f.check_settings(config))
 }
 
@@ -182,6 +194,7 @@ impl Job {
     /// the process manager named by the environment. The caller runs a barrier over the
     /// channels, then [`Job::connected`].
     pub fn start(factories: &[&dyn ChannelFactory], config: Config, boot: Option<Box<dyn Bootstrap>>) -> Result<Job> {
+        check_settings(factories, &config)?;
         let mut boot = match boot {
             Some(b) => b,
             None => bootstrap::from_env(&config)?,
@@ -418,6 +431,32 @@ impl Job {
 mod tests {
     use super::*;
     use polyrail_pmi::Singleton;
+
+    /// A channel registered under `name` that never starts.
+    struct Named(&'static str);
+
+    impl ChannelFactory for Named {
+        fn kind(&self) -> TransportKind {
+            TransportKind::new(self.0)
+        }
+        fn open(&self, _start: &ChannelStart<'_>) -> Result<Opened> {
+            Ok(Opened::Absent("a test factory".into()))
+        }
+    }
+
+    #[test]
+    fn channel_names_are_checked_against_the_registered_channels() {
+        let factories: [&dyn ChannelFactory; 2] = [&Named("self"), &Named("shm")];
+        let check =
+            |vars: &[(&str, &str)]| check_settings(&factories, &Config::from_vars(vars.iter().copied()).unwrap());
+        assert!(check(&[("POLYRAIL_TRANSPORTS", "shm")]).is_ok());
+        let e = check(&[("POLYRAIL_TRANSPORTS", "shm,shn2")]).unwrap_err().to_string();
+        assert!(e.contains("POLYRAIL_TRANSPORTS") && e.contains("`shn2` is no channel of this build"), "{e}");
+        assert!(e.contains("self, shm"), "{e}");
+        let e = check(&[("POLYRAIL_ROUTE", "all:1m-:cma/get")]).unwrap_err().to_string();
+        assert!(e.contains("POLYRAIL_ROUTE=\"all:1m-:cma/get\""), "{e}");
+        assert!(e.contains("`cma` is no channel of this build"), "{e}");
+    }
 
     /// A bootstrap whose values hold at most 16 bytes.
     struct Small(Singleton);

@@ -8,7 +8,7 @@
 //! with the kernel's reason if that fails.
 //!
 //! Memory registered with a memory file (`Context::alloc_registered`, see
-//! [`Transport::register_memory`]) is copied without the kernel: its keys also name the file,
+//! [`polyrail_core::Lifetime::Lasting`]) is copied without the kernel: its keys also name the file,
 //! which a peer opens once as `/proc/<pid>/fd/<fd>` (allowed where reading the owner's memory
 //! is), maps, and copies with plain loads and stores. CMA pins every page of every transfer,
 //! which makes it cost about twice a user-space copy per byte; a mapped file costs that once.
@@ -17,13 +17,14 @@
 
 use std::collections::BTreeMap;
 use std::io;
+use std::ops::Range;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 
 use polyrail_core::observe::{Observation, Observe};
 use polyrail_core::{
-    Address, AnonMemory, Caps, Cost, Error, Issued, OneSided, OpId, PeerAccess, PeerInfo, Rank, Reach, Region,
-    RegionMut, RemoteKey, Result, SharedFile, Sink, Transport, TransportAttr, TransportKind,
+    Address, AnonMemory, Caps, Cost, Error, Issued, Lifetime, MemHandle, OneSided, OpId, PeerAccess, PeerInfo, Rank,
+    Reach, Region, RegionMut, RemoteKey, Result, SharedFile, Sink, Transport, TransportAttr,
 };
 
 use crate::key::{FileRef, PidKey};
@@ -127,7 +128,7 @@ pub struct CmaTransport {
     probe_file: Option<AnonMemory>,
     /// Probe results by rank.
     peers: BTreeMap<Rank, CmaPeer>,
-    /// Registered memory with a memory file (`register_memory`).
+    /// Registered memory with a memory file (a [`Lifetime::Lasting`] registration).
     own_files: Vec<OwnFile>,
     /// Peers' memory files mapped here.
     peer_files: Vec<PeerFile>,
@@ -170,7 +171,7 @@ impl CmaTransport {
             unsafe { std::ptr::write_volatile(m.ptr().cast::<u64>(), magic) };
         }
         let attr = TransportAttr {
-            kind: TransportKind::Cma,
+            kind: crate::CMA,
             max_inline: 0,
             max_eager: 0,
             max_rma: isize::MAX as usize,
@@ -534,25 +535,26 @@ impl Transport for CmaTransport {
 }
 
 impl OneSided for CmaTransport {
-    fn expose(&mut self, region: Region, _access: PeerAccess) -> Result<RemoteKey> {
+    /// Nothing is pinned: a key is the process id and the address (and, inside memory with a
+    /// memory file, where it lies in that file, for peers that map it).
+    fn register(&mut self, region: Region, _access: PeerAccess, lifetime: Lifetime) -> Result<MemHandle> {
         let (addr, len) = (region.ptr as u64, region.len as u64);
+        if let Lifetime::Lasting { file: Some(file) } = lifetime {
+            self.own_files.push(OwnFile { addr, len, file });
+        }
         let file = self.own_files.iter().find(|f| addr >= f.addr && addr + len <= f.addr + f.len).map(|f| FileRef {
             fd: f.file.fd as u32,
             inode: f.file.inode,
             offset: addr - f.addr,
         });
-        Ok(PidKey { pid: self.pid, addr, len, file }.encode())
+        Ok(MemHandle::new(PidKey { pid: self.pid, addr, len, file }.encode(), &lifetime))
     }
 
-    fn register_memory(&mut self, region: Region, file: Option<SharedFile>) -> Result<()> {
-        if let Some(file) = file {
-            self.own_files.push(OwnFile { addr: region.ptr as u64, len: region.len as u64, file });
+    fn deregister(&mut self, handle: &MemHandle, _written: Range<usize>) {
+        let Ok(k) = PidKey::decode(handle.key()) else { return };
+        if handle.is_lasting() {
+            self.own_files.retain(|f| f.addr != k.addr || f.len != k.len);
         }
-        Ok(())
-    }
-
-    fn unregister_memory(&mut self, region: Region) {
-        self.own_files.retain(|f| f.addr != region.ptr as u64 || f.len != region.len as u64);
     }
 
     fn get(&mut self, peer: Rank, key: &RemoteKey, offset: usize, into: RegionMut, _op: OpId) -> Result<Issued> {

@@ -1,5 +1,5 @@
 //! Remote keys of the node-local channels: a process id and an address range, and for memory
-//! registered with a memory file (`OneSided::register_memory`) the file that peers may map.
+//! registered with a memory file (`Lifetime::Lasting` with a file) the file that peers may map.
 
 use polyrail_core::RemoteKey;
 

@@ -36,12 +36,17 @@ pub use shm::ShmTransport;
 
 use polyrail_core::{ChannelFactory, ChannelStart, Opened, Result, TransportKind};
 
+/// The shared-memory channel's name.
+pub const SHM: TransportKind = TransportKind::new("shm");
+/// The kernel single-copy channel's name.
+pub const CMA: TransportKind = TransportKind::new("cma");
+
 /// Starts `self` (loopback) in every process.
 pub struct LoopbackFactory;
 
 impl ChannelFactory for LoopbackFactory {
     fn kind(&self) -> TransportKind {
-        TransportKind::Loopback
+        TransportKind::SELF
     }
     fn open(&self, start: &ChannelStart<'_>) -> Result<Opened> {
         Ok(Opened::Channel(Box::new(Loopback::new(start.rank))))
@@ -53,7 +58,7 @@ pub struct ShmFactory;
 
 impl ChannelFactory for ShmFactory {
     fn kind(&self) -> TransportKind {
-        TransportKind::Shm
+        SHM
     }
     fn variables(&self) -> Vec<polyrail_core::config::VarInfo> {
         polyrail_core::config::infos(settings::VARS)
@@ -74,7 +79,7 @@ pub struct CmaFactory;
 
 impl ChannelFactory for CmaFactory {
     fn kind(&self) -> TransportKind {
-        TransportKind::Cma
+        CMA
     }
     fn open(&self, start: &ChannelStart<'_>) -> Result<Opened> {
         if let Some(absent) = start.without_peers() {

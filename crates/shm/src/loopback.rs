@@ -4,8 +4,8 @@ use std::collections::VecDeque;
 use std::ops::Range;
 
 use polyrail_core::{
-    Address, Caps, Cost, Error, Header, Issued, OneSided, OpId, PeerAccess, PeerInfo, Rank, Reach, Region, RegionMut,
-    RemoteKey, Result, Sink, Transport, TransportAttr, TransportKind,
+    Address, Caps, Cost, Error, Header, Issued, Lifetime, MemHandle, OneSided, OpId, PeerAccess, PeerInfo, Rank, Reach,
+    Region, RegionMut, RemoteKey, Result, Sink, Transport, TransportAttr, TransportKind,
 };
 
 use crate::key::PidKey;
@@ -32,7 +32,7 @@ pub struct Loopback {
     queue: VecDeque<Packet>,
     /// Buffers of delivered packets, reused by later sends (no allocation in steady state).
     spare: Vec<Vec<u8>>,
-    /// Regions exposed and not yet unexposed: `(address, length)`.
+    /// Regions registered and not yet deregistered: `(address, length)`.
     exposed: Vec<(u64, u64)>,
 }
 
@@ -40,7 +40,7 @@ impl Loopback {
     /// The loopback channel of rank `rank`.
     pub fn new(rank: Rank) -> Loopback {
         let attr = TransportAttr {
-            kind: TransportKind::Loopback,
+            kind: TransportKind::SELF,
             max_inline: MAX_EAGER,
             max_eager: MAX_EAGER,
             max_rma: isize::MAX as usize,
@@ -145,13 +145,14 @@ impl Transport for Loopback {
 }
 
 impl OneSided for Loopback {
-    fn expose(&mut self, region: Region, _access: PeerAccess) -> Result<RemoteKey> {
+    fn register(&mut self, region: Region, _access: PeerAccess, lifetime: Lifetime) -> Result<MemHandle> {
         self.exposed.push((region.ptr as u64, region.len as u64));
-        Ok(PidKey { pid: self.pid, addr: region.ptr as u64, len: region.len as u64, file: None }.encode())
+        let key = PidKey { pid: self.pid, addr: region.ptr as u64, len: region.len as u64, file: None }.encode();
+        Ok(MemHandle::new(key, &lifetime))
     }
 
-    fn unexpose(&mut self, key: &RemoteKey, _written: Range<usize>) {
-        if let Ok(k) = PidKey::decode(key) {
+    fn deregister(&mut self, handle: &MemHandle, _written: Range<usize>) {
+        if let Ok(k) = PidKey::decode(handle.key()) {
             if let Some(i) = self.exposed.iter().position(|&(a, l)| a == k.addr && l == k.len) {
                 self.exposed.swap_remove(i);
             }
@@ -160,7 +161,7 @@ impl OneSided for Loopback {
 
     fn get(&mut self, peer: Rank, key: &RemoteKey, offset: usize, into: RegionMut, _op: OpId) -> Result<Issued> {
         let src = self.check_key(peer, key, offset, into.len)?;
-        // SAFETY: `src..src + len` lies in a region this process exposed and has not unexposed
+        // SAFETY: `src..src + len` lies in a region this process registered and has not deregistered
         // (whose builder promised it valid), `into` is valid for writes by its builder's promise;
         // `copy` allows the two to overlap.
         unsafe { std::ptr::copy(src, into.ptr, into.len) };

@@ -18,7 +18,7 @@ use polyrail_core::observe::{LineSamples, Observation, Observe, Placement, LOCAL
 use polyrail_core::sweep::PeerSweep;
 use polyrail_core::{
     Address, Caps, Config, Cost, Error, Header, Issued, PeerInfo, Rank, Reach, Result, Sink, Transport, TransportAttr,
-    TransportKind, Wakeup,
+    Wakeup,
 };
 
 use crate::cells::{CellArea, SendCells};
@@ -243,7 +243,7 @@ impl ShmTransport {
         // `cells` (field order of ShmTransport).
         let area = unsafe { CellArea::new(seg.map.base(), &layout) };
         let attr = TransportAttr {
-            kind: TransportKind::Shm,
+            kind: crate::SHM,
             max_inline: geo.inline_max(),
             max_eager: layout.cell_size as usize,
             max_rma: 0,

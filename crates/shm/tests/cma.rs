@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use polyrail_core::{
-    AnonMemory, Caps, Error, Issued, OneSided, PeerAccess, Reach, Region, RegionMut, RemoteKey, Transport,
+    AnonMemory, Caps, Error, Issued, Lifetime, OneSided, PeerAccess, Reach, Region, RegionMut, RemoteKey, Transport,
 };
 use polyrail_shm::CmaTransport;
 
@@ -25,7 +25,10 @@ fn child_entry() {
         "expose" => {
             let mut c = CmaTransport::new().with_host(HOST);
             let mut buf = pattern(1, LEN);
-            let key = c.expose(Region { ptr: buf.as_ptr(), len: buf.len() }, PeerAccess::Write).unwrap();
+            let key = *c
+                .register(Region { ptr: buf.as_ptr(), len: buf.len() }, PeerAccess::Write, Lifetime::Transfer)
+                .unwrap()
+                .key();
             say(&hex(&c.address()));
             say(&hex(key.as_bytes()));
             assert_eq!(hear(), "check");
@@ -43,8 +46,11 @@ fn child_entry() {
             let buf = unsafe { std::slice::from_raw_parts_mut(mem.ptr(), LEN) };
             buf.copy_from_slice(&pattern(3, LEN));
             let whole = Region { ptr: mem.ptr(), len: LEN };
-            c.register_memory(whole, mem.file()).unwrap();
-            let key = c.expose(Region { ptr: buf[4096..].as_ptr(), len: LEN - 4096 }, PeerAccess::Write).unwrap();
+            let lasting = c.register(whole, PeerAccess::ReadWrite, Lifetime::Lasting { file: mem.file() }).unwrap();
+            let key = *c
+                .register(Region { ptr: buf[4096..].as_ptr(), len: LEN - 4096 }, PeerAccess::Write, Lifetime::Transfer)
+                .unwrap()
+                .key();
             say(&hex(&c.address()));
             say(&hex(key.as_bytes()));
             assert_eq!(hear(), "check");
@@ -52,7 +58,7 @@ fn child_entry() {
             want[4096 + 10..4096 + 1010].copy_from_slice(&pattern(4, 1000));
             say(if std::hint::black_box(&*buf) == &want[..] { "ok" } else { "bad" });
             assert_eq!(hear(), "free");
-            c.unregister_memory(whole);
+            c.deregister(&lasting, 0..0);
             drop(mem);
             say("freed");
             assert_eq!(hear(), "bye");
@@ -206,7 +212,8 @@ fn get_and_put_within_one_process() {
     let why = yes(c.add_peer(&peer(2), &addr));
     assert!(why.contains("not the registered file") && !maps(&mut c, 2), "{why}");
     let mut buf = pattern(9, 4096);
-    let key = c.expose(Region { ptr: buf.as_ptr(), len: buf.len() }, PeerAccess::Write).unwrap();
+    let key =
+        *c.register(Region { ptr: buf.as_ptr(), len: buf.len() }, PeerAccess::Write, Lifetime::Transfer).unwrap().key();
     let mut out = vec![0u8; 100];
     c.get(0, &key, 50, RegionMut { ptr: out.as_mut_ptr(), len: 100 }, 0).unwrap();
     assert_eq!(out, pattern(9, 4096)[50..150]);
@@ -293,9 +300,9 @@ fn peer_files_are_unmapped_least_recently_used_first() {
         let mem = AnonMemory::shared(len, "a test").unwrap();
         // SAFETY: the first 4096 bytes of `mem` are ours (len >= 4096) and used by nothing else.
         unsafe { mem.ptr().write_bytes(fill, 4096) };
-        c.register_memory(Region { ptr: mem.ptr(), len }, mem.file()).unwrap();
-        let key = c.expose(Region { ptr: mem.ptr(), len }, PeerAccess::Write).unwrap();
-        (mem, key)
+        let lasting = Lifetime::Lasting { file: mem.file() };
+        let handle = c.register(Region { ptr: mem.ptr(), len }, PeerAccess::ReadWrite, lasting).unwrap();
+        (mem, handle)
     };
     let read = |c: &mut CmaTransport, key: &RemoteKey| {
         let mut got = [0u8; 8];
@@ -303,27 +310,27 @@ fn peer_files_are_unmapped_least_recently_used_first() {
         got[0]
     };
     let small: Vec<_> = (0..18u8).map(|i| register(&mut c, 4096, i + 1)).collect();
-    for (i, (_, key)) in small.iter().enumerate() {
-        assert_eq!(read(&mut c, key), i as u8 + 1);
+    for (i, (_, handle)) in small.iter().enumerate() {
+        assert_eq!(read(&mut c, handle.key()), i as u8 + 1);
         assert_mapped(&c, (i + 1).min(16));
     }
     // The first file, used again, is mapped again in place of the least recently used.
-    assert_eq!(read(&mut c, &small[0].1), 1);
+    assert_eq!(read(&mut c, small[0].1.key()), 1);
     assert_mapped(&c, 16);
     // Two files of 520 MiB: the second takes the mappings over 1 GiB, and every older file goes.
     let big: Vec<_> = (0..2u8).map(|i| register(&mut c, 520 << 20, 100 + i)).collect();
-    assert_eq!(read(&mut c, &big[0].1), 100);
+    assert_eq!(read(&mut c, big[0].1.key()), 100);
     assert_mapped(&c, 16);
-    assert_eq!(read(&mut c, &big[1].1), 101);
+    assert_eq!(read(&mut c, big[1].1.key()), 101);
     assert_mapped(&c, 1);
-    for (mem, _) in big {
-        c.unregister_memory(Region { ptr: mem.ptr(), len: mem.len() });
+    for (_, handle) in big {
+        c.deregister(&handle, 0..0);
     }
     // One file over the limit alone stays mapped while it is used.
     let huge = register(&mut c, 1100 << 20, 200);
-    assert_eq!(read(&mut c, &huge.1), 200);
+    assert_eq!(read(&mut c, huge.1.key()), 200);
     assert_mapped(&c, 1);
-    assert_eq!(read(&mut c, &small[17].1), 18);
+    assert_eq!(read(&mut c, small[17].1.key()), 18);
     assert_mapped(&c, 1); // the huge file goes once another is used
 }
 

@@ -3,13 +3,15 @@
 mod common;
 
 use common::*;
-use polyrail_core::{Issued, OneSided, PeerAccess, Reach, Region, RegionMut, RemoteKey, Transport, TransportKind};
+use polyrail_core::{
+    Issued, Lifetime, MemHandle, OneSided, PeerAccess, Reach, Region, RegionMut, RemoteKey, Transport, TransportKind,
+};
 use polyrail_shm::Loopback;
 
 #[test]
 fn messages_to_oneself_in_order() {
     let mut l = Loopback::new(3);
-    assert_eq!(l.attr().kind, TransportKind::Loopback);
+    assert_eq!(l.attr().kind, TransportKind::SELF);
     assert!(matches!(l.add_peer(&peer(3), &l.address()), Reach::Yes(_)));
     assert!(matches!(l.add_peer(&peer(4), &l.address()), Reach::No(_)));
     let mut sink = Collect::default();
@@ -46,7 +48,8 @@ fn a_full_queue_would_block() {
 fn get_put_with_checked_keys() {
     let mut l = Loopback::new(0);
     let mut buf = pattern(5, 1000);
-    let key = l.expose(Region { ptr: buf.as_ptr(), len: 1000 }, PeerAccess::Write).unwrap();
+    let key =
+        *l.register(Region { ptr: buf.as_ptr(), len: 1000 }, PeerAccess::Write, Lifetime::Transfer).unwrap().key();
     let mut out = vec![0u8; 10];
     assert_eq!(l.get(0, &key, 990, RegionMut { ptr: out.as_mut_ptr(), len: 10 }, 1).unwrap(), Issued::Done);
     assert_eq!(out, pattern(5, 1000)[990..]);
@@ -54,7 +57,7 @@ fn get_put_with_checked_keys() {
     l.put(0, Region { ptr: src.as_ptr(), len: 4 }, &key, 0, 2).unwrap();
     assert_eq!(std::hint::black_box(&mut buf)[..4], src);
 
-    // Past the end; another pid; a range never exposed; another rank; after unexpose.
+    // Past the end; another pid; a range never registered; another rank; after deregister.
     assert!(l.get(0, &key, 991, RegionMut { ptr: out.as_mut_ptr(), len: 10 }, 3).is_err());
     let mut other = key.as_bytes().to_vec();
     other[..4].copy_from_slice(&(std::process::id() + 1).to_le_bytes());
@@ -65,6 +68,6 @@ fn get_put_with_checked_keys() {
     let e = l.get(0, &RemoteKey::new(&wider).unwrap(), 0, RegionMut { ptr: out.as_mut_ptr(), len: 1 }, 5).unwrap_err();
     assert!(e.to_string().contains("not memory this process exposed"), "{e}");
     assert!(l.get(1, &key, 0, RegionMut { ptr: out.as_mut_ptr(), len: 1 }, 6).is_err());
-    l.unexpose(&key, 0..0);
+    l.deregister(&MemHandle::new(key, &Lifetime::Transfer), 0..0);
     assert!(l.get(0, &key, 0, RegionMut { ptr: out.as_mut_ptr(), len: 1 }, 7).is_err());
 }

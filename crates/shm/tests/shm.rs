@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use polyrail_core::config::PlacementMode;
 use polyrail_core::observe::{Observation, Observe};
-use polyrail_core::{Caps, Config, Envelope, Error, Issued, PeerInfo, Reach, Transport, TransportKind, Wakeup};
+use polyrail_core::{Caps, Config, Envelope, Error, Issued, PeerInfo, Reach, Transport, Wakeup};
 use polyrail_shm::ShmTransport;
 
 fn cfg(slots: usize, cells: usize, cell_size: usize) -> Config {
@@ -152,7 +152,7 @@ fn echo(t: &mut ShmTransport, from: u32, sizes: &[usize]) {
 fn attributes_and_description() {
     let (a, _b) = pair(&Config::default());
     let attr = a.attr();
-    assert_eq!(attr.kind, TransportKind::Shm);
+    assert_eq!(attr.kind, polyrail_shm::SHM);
     assert!(attr.caps.contains(Caps::AM));
     assert_eq!(attr.max_eager, 16 << 10);
     assert_eq!(attr.max_inline, a.inline_limit());

@@ -19,19 +19,32 @@ pub enum TransportFilter {
     #[default]
     All,
     /// Only these (`shm,cma`).
-    Only(Vec<TransportKind>),
+    Only(Vec<String>),
     /// All but these (`^cma`).
-    Except(Vec<TransportKind>),
+    Except(Vec<String>),
 }
 
 impl TransportFilter {
     /// Whether `kind` may be used. The loopback channel to oneself is always allowed.
     pub fn allows(&self, kind: TransportKind) -> bool {
+        self.allows_name(kind.name())
+    }
+
+    /// Whether the channel named `name` may be used.
+    pub fn allows_name(&self, name: &str) -> bool {
         match self {
-            _ if kind == TransportKind::Loopback => true,
+            _ if name == TransportKind::SELF.name() => true,
             TransportFilter::All => true,
-            TransportFilter::Only(list) => list.contains(&kind),
-            TransportFilter::Except(list) => !list.contains(&kind),
+            TransportFilter::Only(list) => list.iter().any(|n| n == name),
+            TransportFilter::Except(list) => !list.iter().any(|n| n == name),
+        }
+    }
+
+    /// The channels it names.
+    pub fn names(&self) -> &[String] {
+        match self {
+            TransportFilter::All => &[],
+            TransportFilter::Only(list) | TransportFilter::Except(list) => list,
         }
     }
 }
@@ -44,8 +57,7 @@ impl std::fmt::Display for TransportFilter {
             TransportFilter::Only(list) => ("", list),
             TransportFilter::Except(list) => ("^", list),
         };
-        let names: Vec<&str> = list.iter().map(|k| k.name()).collect();
-        write!(f, "{deny}{}", names.join(","))
+        write!(f, "{deny}{}", list.join(","))
     }
 }
 
@@ -84,10 +96,23 @@ pub struct RouteRule {
     pub lo: usize,
     /// Largest size of the range (inclusive).
     pub hi: usize,
-    /// Channel.
-    pub channel: TransportKind,
+    /// Channel name (checked against the build's channels when a job starts).
+    pub channel: String,
     /// Protocol name (`eager`, `get`, `split`, `stream`), or the channel's natural one.
     pub protocol: Option<String>,
+}
+
+/// The rule as `POLYRAIL_ROUTE` writes it (`socket:1m-:cma/get`).
+impl std::fmt::Display for RouteRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let class = self.class.map_or("all", |c| c.name());
+        let hi = if self.hi == usize::MAX { String::new() } else { format_size(self.hi) };
+        write!(f, "{class}:{}-{hi}:{}", format_size(self.lo), self.channel)?;
+        match &self.protocol {
+            Some(p) => write!(f, "/{p}"),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Log verbosity (`POLYRAIL_LOG`).
@@ -456,7 +481,7 @@ impl Config {
             }
         }
         // A rule through a channel that is turned off would be dropped for every peer.
-        if let Some(rule) = c.routes.iter().find(|r| !c.transports.allows(r.channel)) {
+        if let Some(rule) = c.routes.iter().find(|r| !c.transports.allows_name(&r.channel)) {
             return Err(Error::config(
                 "POLYRAIL_ROUTE",
                 route_value,
@@ -496,21 +521,19 @@ impl Config {
     }
 }
 
-fn kind_names() -> String {
-    TransportKind::IMPLEMENTED.iter().map(|k| k.name()).collect::<Vec<_>>().join(", ")
-}
-
-/// The implemented channel `name` names; `Err` says why not (unknown, or not built yet).
-fn channel_named(name: &str) -> std::result::Result<TransportKind, String> {
-    match TransportKind::from_name(name) {
-        Some(k) if TransportKind::IMPLEMENTED.contains(&k) => Ok(k),
-        Some(_) => Err(format!("`{name}` is a channel still to come, not in this version")),
-        None => Err(format!("`{name}` is not a channel")),
+/// `name` if it can name a channel (lowercase letters, digits, dashes); which channels this
+/// build has is checked when a job starts, against the registered factories.
+fn channel_named(name: &str) -> std::result::Result<String, String> {
+    let ok = !name.is_empty() && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok {
+        Ok(name.to_owned())
+    } else {
+        Err(format!("`{name}` is not a channel name"))
     }
 }
 
 pub(crate) fn parse_transports(var: &str, value: &str) -> Result<TransportFilter> {
-    let accepted = || format!("`all`, or a comma-separated list of {} (prefix `^` to deny them)", kind_names());
+    let accepted = || "`all`, or a comma-separated list of channels (prefix `^` to deny them)".to_owned();
     let v = value.trim();
     if v == "all" {
         return Ok(TransportFilter::All);
@@ -534,7 +557,7 @@ pub(crate) fn parse_transports(var: &str, value: &str) -> Result<TransportFilter
             Err(why) => return Err(Error::config(var, value, format!("{} ({why})", accepted()))),
         }
     }
-    if deny && kinds.contains(&TransportKind::Loopback) {
+    if deny && kinds.iter().any(|k| k == TransportKind::SELF.name()) {
         return Err(Error::config(
             var,
             value,
@@ -615,9 +638,8 @@ pub(crate) fn parse_routes(var: &str, value: &str) -> Result<Vec<RouteRule>> {
             value,
             format!(
                 "comma-separated CLASS:LO-HI:CHANNEL[/PROTOCOL] such as all:0-64k:shm,socket:1m-:cma/get, \
-                 with CLASS `all` or one of {}, CHANNEL one of {}, PROTOCOL eager, get, split or stream ({why})",
+                 with CLASS `all` or one of {}, CHANNEL a channel's name, PROTOCOL eager, get, split or stream ({why})",
                 classes.join(", "),
-                kind_names()
             ),
         )
     };
@@ -714,20 +736,19 @@ mod tests {
     #[test]
     fn transports() {
         let c = cfg(&[("POLYRAIL_TRANSPORTS", "shm")]).unwrap();
-        assert!(c.transports.allows(TransportKind::Shm));
-        assert!(!c.transports.allows(TransportKind::Cma));
-        assert!(c.transports.allows(TransportKind::Loopback));
+        assert!(c.transports.allows(TransportKind::new("shm")));
+        assert!(!c.transports.allows(TransportKind::new("cma")));
+        assert!(c.transports.allows(TransportKind::SELF));
         let c = cfg(&[("POLYRAIL_TRANSPORTS", "^cma")]).unwrap();
-        assert!(c.transports.allows(TransportKind::Shm) && !c.transports.allows(TransportKind::Cma));
-        let e = cfg(&[("POLYRAIL_TRANSPORTS", "shm,tcp")]).unwrap_err().to_string();
-        assert!(e.contains("POLYRAIL_TRANSPORTS") && e.contains("tcp") && e.contains("cma"), "{e}");
+        assert!(c.transports.allows(TransportKind::new("shm")) && !c.transports.allows(TransportKind::new("cma")));
+        // Names are checked against the build's channels when a job starts (polyrail-runtime);
+        // here, only that they can be names.
+        let c = cfg(&[("POLYRAIL_TRANSPORTS", "shm,scif")]).unwrap();
+        assert!(c.transports.allows(TransportKind::new("scif")) && !c.transports.allows(TransportKind::new("cma")));
+        let e = cfg(&[("POLYRAIL_TRANSPORTS", "shm,TCP!")]).unwrap_err().to_string();
+        assert!(e.contains("POLYRAIL_TRANSPORTS") && e.contains("`TCP!` is not a channel name"), "{e}");
         let e = cfg(&[("POLYRAIL_TRANSPORTS", "^shm,^cma")]).unwrap_err().to_string();
         assert!(e.contains("`^` goes once"), "{e}");
-        // Channels still to come are named as such, not accepted and then never started.
-        let e = cfg(&[("POLYRAIL_TRANSPORTS", "shm,scif")]).unwrap_err().to_string();
-        assert!(e.contains("`scif` is a channel still to come") && !e.contains("proxy"), "{e}");
-        let e = cfg(&[("POLYRAIL_ROUTE", "all:0-:proxy-1hop")]).unwrap_err().to_string();
-        assert!(e.contains("POLYRAIL_ROUTE") && e.contains("still to come"), "{e}");
         let e = cfg(&[("POLYRAIL_TRANSPORTS", "^self")]).unwrap_err().to_string();
         assert!(e.contains("always on"), "{e}");
         // A route rule through a channel that is turned off would be dropped for every peer.
@@ -829,12 +850,12 @@ mod tests {
         assert_eq!(
             c.routes,
             vec![
-                RouteRule { class: None, lo: 0, hi: 65536, channel: TransportKind::Shm, protocol: None },
+                RouteRule { class: None, lo: 0, hi: 65536, channel: "shm".into(), protocol: None },
                 RouteRule {
                     class: Some(TopoClass::Socket),
                     lo: 1 << 20,
                     hi: usize::MAX,
-                    channel: TransportKind::Cma,
+                    channel: "cma".into(),
                     protocol: Some("get".into())
                 },
             ]
@@ -845,7 +866,7 @@ mod tests {
             ("all:64k:shm", "not LO-HI"),
             ("all:2k-1k:shm", "empty"),
             ("all:0-1q:shm", "`1q` is not a size"),
-            ("all:0-:tcp", "`tcp` is not a channel"),
+            ("all:0-:Tcp", "`Tcp` is not a channel name"),
             ("all:0-:cma/fast", "`fast` is not a protocol"),
         ] {
             let e = cfg(&[("POLYRAIL_ROUTE", bad)]).unwrap_err().to_string();

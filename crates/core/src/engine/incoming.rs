@@ -365,7 +365,7 @@ impl Engine {
         req.split = split;
         req.peer_writes = split..len;
         req.pending = 2; // our get and the sender's FIN after its put
-        match req.own_key.as_deref().copied() {
+        match req.own_key.as_deref().map(|h| *h.key()) {
             Some(k) => self.send_cts(id, k),
             // The exposure for our RTR is still on its way (it covers the same buffer for the
             // same access): its key goes out with the CTS instead.
@@ -374,7 +374,7 @@ impl Engine {
                 req.expose_for = Some(ExposeFor::Cts);
                 let region = Region { ptr: req.ptr, len: req.cap };
                 let access = PeerAccess::Write;
-                self.actions.push_back(Action::Expose { channel, region, access, op: op_id(id, OpKind::Exposed) });
+                self.actions.push_back(Action::Register { channel, region, access, op: op_id(id, OpKind::Exposed) });
             }
         }
         Ok(())
@@ -782,7 +782,7 @@ impl Engine {
         req.expose_for = Some(ExposeFor::Rtr);
         let region = Region { ptr: req.ptr, len: cap };
         let access = PeerAccess::Write;
-        self.actions.push_back(Action::Expose { channel, region, access, op: op_id(id, OpKind::Exposed) });
+        self.actions.push_back(Action::Register { channel, region, access, op: op_id(id, OpKind::Exposed) });
     }
 }
 

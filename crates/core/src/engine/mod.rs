@@ -45,7 +45,7 @@ use crate::error::{Error, Rank, Result};
 use crate::header::{Envelope, Header, PacketKind};
 use crate::observe::{Observation, Placement};
 use crate::policy::{ChannelId, ChannelSet, PeerRoute, Protocol};
-use crate::transport::{OpId, PeerAccess, Region, RegionMut, RemoteKey, Sink};
+use crate::transport::{MemHandle, OpId, PeerAccess, Region, RegionMut, RemoteKey, Sink};
 use requests::{Dir, ExposeFor, Req, Requests, Withdrawal};
 use spare::SpareBuffers;
 use split_share::{SplitTuner, Trial};
@@ -753,7 +753,7 @@ impl Engine {
                     req.fin_due = split > 0;
                     if split > 0 {
                         req.expose_for = Some(ExposeFor::RtsAfterRtr);
-                        self.actions.push_back(Action::Expose {
+                        self.actions.push_back(Action::Register {
                             channel: data_ch,
                             region: buf,
                             access: PeerAccess::Read,
@@ -768,7 +768,7 @@ impl Engine {
                     req.pending = 1;
                     req.fin_due = true;
                     req.expose_for = Some(ExposeFor::Rts);
-                    self.actions.push_back(Action::Expose {
+                    self.actions.push_back(Action::Register {
                         channel: data_ch,
                         region: buf,
                         access: PeerAccess::Read,
@@ -1128,7 +1128,7 @@ impl Engine {
     pub fn handle_op(&mut self, op: OpId, outcome: OpOutcome) {
         match outcome {
             OpOutcome::Sent => self.op_sent(op),
-            OpOutcome::Exposed(key) => self.op_exposed(op, key),
+            OpOutcome::Registered(handle) => self.op_exposed(op, handle),
             OpOutcome::Ordered => self.op_ordered(op),
             OpOutcome::Done(result) => self.op_done(op, result),
         }
@@ -1146,22 +1146,22 @@ impl Engine {
     /// An `Expose` action finished. Call it before polling the next action: what follows from
     /// the key takes the exposure's place in the action order (so an RTS keeps its message's
     /// place among the sends to its peer).
-    fn op_exposed(&mut self, op: OpId, key: Result<RemoteKey>) {
+    fn op_exposed(&mut self, op: OpId, handle: Result<MemHandle>) {
         self.touched();
         let before = self.actions.len();
-        self.exposed(op, key);
+        self.exposed(op, handle);
         let added = self.actions.len() - before;
         self.actions.rotate_right(added);
     }
 
-    fn exposed(&mut self, op: OpId, key: Result<RemoteKey>) {
+    fn exposed(&mut self, op: OpId, handle: Result<MemHandle>) {
         let Some((id, OpKind::Exposed)) = split_op(op) else { return };
         let Some(req) = self.reqs.get_mut(id) else { return };
         if req.result.is_some() {
             // It failed while its exposure was on the way: no peer got the key; end it.
             let was_for = req.expose_for.take();
-            if let Ok(key) = key {
-                self.actions.push_back(Action::Unexpose { channel: req.channel, key, written: 0..0 });
+            if let Ok(handle) = handle {
+                self.actions.push_back(Action::Deregister { channel: req.channel, handle, written: 0..0 });
             }
             if was_for == Some(ExposeFor::Cts) {
                 // A receive that matched an RTS and was to answer with its CTS: the sender
@@ -1170,11 +1170,12 @@ impl Engine {
             }
             return;
         }
-        let key = match key {
-            Ok(k) => k,
+        let handle = match handle {
+            Ok(h) => h,
             Err(e) => return self.exposure_refused(id, e),
         };
-        req.own_key = Some(Box::new(key));
+        let key = *handle.key();
+        req.own_key = Some(Box::new(handle));
         match req.expose_for.take() {
             Some(ExposeFor::Rts) => self.send_rts(id, 0, Payload::Key(key)),
             Some(ExposeFor::RtsAfterRtr) => self.send_rts_after_rtr(id, Some(key)),
@@ -1620,12 +1621,12 @@ fn finish_req(req: &mut Req, actions: &mut VecDeque<Action>) {
 /// [`Engine::release_key`] of a request at hand.
 #[inline]
 fn unexpose(req: &mut Req, actions: &mut VecDeque<Action>) {
-    if let Some(key) = req.own_key.take() {
+    if let Some(handle) = req.own_key.take() {
         let written = match req.result {
             Some(Ok(_)) => std::mem::replace(&mut req.peer_writes, 0..0),
             _ => 0..0,
         };
-        actions.push_back(Action::Unexpose { channel: req.channel, key: *key, written });
+        actions.push_back(Action::Deregister { channel: req.channel, handle: *handle, written });
     }
 }
 

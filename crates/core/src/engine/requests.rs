@@ -3,7 +3,7 @@
 use super::types::{ReqId, Status, TagMatch};
 use crate::error::{Error, Rank};
 use crate::policy::{ChannelId, Protocol};
-use crate::transport::RemoteKey;
+use crate::transport::{MemHandle, RemoteKey};
 use std::ops::Range;
 
 /// What a pending `Expose` is for.
@@ -66,9 +66,9 @@ pub(super) struct Req {
     pub received: usize,
     /// Split point of a rendezvous: the receiver copies `[0, split)`, the sender the rest.
     pub split: usize,
-    /// Key of our exposed buffer, released at completion (boxed, like `peer_key`: only
+    /// Registration of our buffer, ended at completion (boxed, like `peer_key`: only
     /// rendezvous requests have one, and a smaller request is cheaper to make).
-    pub own_key: Option<Box<RemoteKey>>,
+    pub own_key: Option<Box<MemHandle>>,
     /// Receives: the part of the buffer the peer writes through `own_key` (its put).
     pub peer_writes: Range<usize>,
     /// Our one-sided copy was reported done (an ordered put may be reported twice).

@@ -4,6 +4,7 @@
 use super::*;
 use crate::config::SkewPolicy;
 use crate::policy::{PeerRoute, PlacementRule, RouteEntry};
+use crate::transport::Lifetime;
 use proptest::prelude::*;
 use std::collections::VecDeque;
 
@@ -176,16 +177,17 @@ impl Sim {
                     e.handle_op(op, OpOutcome::Sent);
                 }
             }
-            Action::Expose { channel, region, access, op } => {
+            Action::Register { channel, region, access, op } => {
                 assert_eq!(channel, RMA);
                 if self.failing_exposures.contains(&me) {
                     let refused = Error::Transport { kind: "sim", what: "cannot register".into() };
-                    return e.handle_op(op, OpOutcome::Exposed(Err(refused)));
+                    return e.handle_op(op, OpOutcome::Registered(Err(refused)));
                 }
                 let stand_in = self.stand_ins.then(|| match access {
                     // SAFETY: the engine exposes live request buffers.
                     PeerAccess::Read => unsafe { std::slice::from_raw_parts(region.ptr, region.len) }.to_vec(),
                     PeerAccess::Write => vec![0xee; region.len],
+                    PeerAccess::ReadWrite => unreachable!("the engine registers a buffer for one access"),
                 });
                 let addr = stand_in.as_ref().map_or(region.ptr as u64, |s| s.as_ptr() as u64);
                 let mut k = Vec::new();
@@ -193,11 +195,12 @@ impl Sim {
                 k.extend_from_slice(&(region.len as u64).to_le_bytes());
                 let key = RemoteKey::new(&k).unwrap();
                 self.exposed[me as usize].push(Exposure { key, region, stand_in });
-                e.handle_op(op, OpOutcome::Exposed(Ok(key)));
+                e.handle_op(op, OpOutcome::Registered(Ok(MemHandle::new(key, &Lifetime::Transfer))));
             }
-            Action::Unexpose { key, written, .. } => {
+            Action::Deregister { handle, written, .. } => {
+                assert!(!handle.is_lasting(), "the engine registers buffers for one transfer");
                 let x = &mut self.exposed[me as usize];
-                let i = x.iter().position(|x| x.key == key).expect("unexpose of a key that is not exposed");
+                let i = x.iter().position(|x| x.key == *handle.key()).expect("deregistration of a key not registered");
                 let x = x.swap_remove(i);
                 assert!(written.end <= x.region.len, "written {written:?} outside {} bytes", x.region.len);
                 if let Some(s) = x.stand_in {
@@ -1901,11 +1904,12 @@ proptest! {
                             e.handle_op(op, OpOutcome::Sent);
                         }
                     }
-                    Action::Expose { region, op, .. } => {
+                    Action::Register { region, op, .. } => {
                         prop_assert!(within(region.ptr as usize, region.len), "an exposure outside the buffers");
-                        e.handle_op(op, OpOutcome::Exposed(Ok(RemoteKey::new(&[7; 16]).unwrap())));
+                        let key = RemoteKey::new(&[7; 16]).unwrap();
+                        e.handle_op(op, OpOutcome::Registered(Ok(MemHandle::new(key, &Lifetime::Transfer))));
                     }
-                    Action::Unexpose { .. } => {}
+                    Action::Deregister { .. } => {}
                     Action::Get { into, op, .. } => {
                         prop_assert!(within(into.ptr as usize, into.len), "a get into {} bytes outside the buffers", into.len);
                         e.handle_op(op, OpOutcome::Done(Ok(())));
@@ -2646,7 +2650,7 @@ fn a_split_receive_discarded_before_its_cts_frees_the_sender() {
     let mut out = vec![0u8; data.len()];
     // Sender first, the receive posted late: its exposure for the sender's put (the CTS
     // follows it) is held back.
-    let (s, q, expose) = late_receive_holding(&mut sim, &data, &mut out, |a| matches!(a, Action::Expose { .. }));
+    let (s, q, expose) = late_receive_holding(&mut sim, &data, &mut out, |a| matches!(a, Action::Register { .. }));
     sim.engines[1].discard(q);
     sim.execute(1, expose.expect("the split receive exposes its buffer for the sender's put"));
     sim.settle();

@@ -3,7 +3,7 @@
 use crate::error::Rank;
 use crate::header::Header;
 use crate::policy::ChannelId;
-use crate::transport::{OpId, PeerAccess, Region, RegionMut, RemoteKey};
+use crate::transport::{MemHandle, OpId, PeerAccess, Region, RegionMut, RemoteKey};
 use std::ops::Range;
 
 /// Where a receive accepts messages from.
@@ -129,10 +129,10 @@ pub(crate) fn split_op(op: OpId) -> Option<(ReqId, OpKind)> {
 pub enum OpOutcome {
     /// A [`Action::Send`] left the process.
     Sent,
-    /// An [`Action::Expose`] finished: the key, or why not. Report it before polling the next
-    /// action: what follows from the key takes the exposure's place in the action order (so
-    /// an RTS keeps its message's place among the sends to its peer).
-    Exposed(crate::Result<RemoteKey>),
+    /// An [`Action::Register`] finished: the registration, or why not. Report it before
+    /// polling the next action: what follows from the key takes the registration's place in
+    /// the action order (so an RTS keeps its message's place among the sends to its peer).
+    Registered(crate::Result<MemHandle>),
     /// A [`Action::Put`] answered [`Issued::Ordered`](crate::Issued::Ordered): when the
     /// request's notice to the peer goes over the same channel it cannot overtake the data, so
     /// the put counts as done now (its completion, when it comes, is then ignored).
@@ -170,9 +170,10 @@ pub enum Action {
         /// Completion to report, if any.
         op: Option<OpId>,
     },
-    /// Expose local memory; report the key with `OpOutcome::Exposed`.
-    Expose {
-        /// Channel to expose on.
+    /// Register a request's buffer for one transfer ([`crate::Lifetime::Transfer`]); report
+    /// the handle with `OpOutcome::Registered`.
+    Register {
+        /// Channel to register on.
         channel: ChannelId,
         /// Memory.
         region: Region,
@@ -181,13 +182,13 @@ pub enum Action {
         /// Completion to report.
         op: OpId,
     },
-    /// End an exposure made for a request that finished. Execute it before the request's
+    /// End a registration made for a request that finished. Execute it before the request's
     /// result is shown to the user: the channel may copy what the peer wrote into place.
-    Unexpose {
-        /// Channel it was exposed on.
+    Deregister {
+        /// Channel it was registered on.
         channel: ChannelId,
-        /// The key.
-        key: RemoteKey,
+        /// The registration.
+        handle: MemHandle,
         /// The part of the memory the peer wrote (empty for sources and failed requests).
         written: Range<usize>,
     },

@@ -497,7 +497,7 @@ fn apply_rule(
 ) -> Result<(), String> {
     let c = candidates
         .iter()
-        .find(|c| c.attr.kind == rule.channel)
+        .find(|c| c.attr.kind.name() == rule.channel)
         .ok_or_else(|| format!("{} does not reach this peer", rule.channel))?;
     let (caps, is_am) = (c.attr.caps, c.id == route.am);
     let splits = split_allowed && caps.contains(Caps::GET | Caps::PUT | Caps::CPU_COPY);
@@ -554,6 +554,10 @@ mod tests {
     use super::*;
     use crate::transport::{Cost, TransportKind};
 
+    const SHM: TransportKind = TransportKind::new("shm");
+    const CMA: TransportKind = TransportKind::new("cma");
+    const IB: TransportKind = TransportKind::new("ib");
+
     /// [`super::build_route`] with the channels' attributes taking their settings from `cfg`,
     /// as the channels do when they start.
     fn build_route(class: TopoClass, candidates: &[Candidate<'_>], cfg: &Config) -> Option<PeerRoute> {
@@ -562,8 +566,8 @@ mod tests {
             .map(|c| {
                 let mut a = c.attr.clone();
                 a.rndv_from = match a.kind {
-                    TransportKind::Cma => cfg.cma_rndv_from(),
-                    TransportKind::Ib => ib_rndv_from(cfg),
+                    CMA => cfg.cma_rndv_from(),
+                    IB => ib_rndv_from(cfg),
                     _ => Vec::new(),
                 };
                 a
@@ -584,7 +588,7 @@ mod tests {
     }
 
     fn attr(kind: TransportKind, caps: Caps, max_eager: usize) -> TransportAttr {
-        let caps = if kind == TransportKind::Shm { caps | Caps::PLACEMENT } else { caps };
+        let caps = if kind == SHM { caps | Caps::PLACEMENT } else { caps };
         let cost = Cost { latency_ns: 200.0, overhead_ns: 50.0, bandwidth: 5e9 };
         let rma_cost = Cost { latency_ns: 1200.0, overhead_ns: 0.0, bandwidth: 10e9 };
         let split_from = caps.contains(Caps::CPU_COPY).then_some(32 << 10);
@@ -597,15 +601,15 @@ mod tests {
             am_cost: cost,
             rma_cost,
             split_from,
-            mapped_from: (kind == TransportKind::Cma).then_some(8 << 10),
+            mapped_from: (kind == CMA).then_some(8 << 10),
             rndv_from: Vec::new(),
         }
     }
 
     #[test]
     fn shm_and_cma_use_class_thresholds_and_overrides() {
-        let shm = attr(TransportKind::Shm, Caps::AM, 16384);
-        let cma = attr(TransportKind::Cma, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
+        let shm = attr(SHM, Caps::AM, 16384);
+        let cma = attr(CMA, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
         let c = [Candidate { id: 1, attr: &shm }, Candidate { id: 2, attr: &cma }];
         let r = build_route(TopoClass::SharedL3, &c, &Config::default()).unwrap();
         assert_eq!(r.am, 1);
@@ -637,8 +641,8 @@ mod tests {
 
     #[test]
     fn placement_rule_covers_sizes_on_both_sides_of_the_threshold() {
-        let shm = attr(TransportKind::Shm, Caps::AM, 16384);
-        let cma = attr(TransportKind::Cma, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
+        let shm = attr(SHM, Caps::AM, 16384);
+        let cma = attr(CMA, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
         let c = [Candidate { id: 1, attr: &shm }, Candidate { id: 2, attr: &cma }];
         let rule = |cfg: &Config| build_route(TopoClass::SharedL3, &c, cfg).unwrap().placement;
         let auto = rule(&Config::default()).expect("on by default beside shm");
@@ -672,15 +676,15 @@ mod tests {
         let r = build_route(TopoClass::SharedL3, &c2, &cfg).unwrap();
         assert!(!r.as_written && r.stream_eager.is_some() && r.mapped.is_some(), "{r:?}");
         // Only the shared-memory channel can time a line from the peer.
-        let ib = attr(TransportKind::Ib, Caps::AM | Caps::GET | Caps::PUT, 8192);
+        let ib = attr(IB, Caps::AM | Caps::GET | Caps::PUT, 8192);
         let c = [Candidate { id: 1, attr: &ib }, Candidate { id: 2, attr: &cma }];
         assert_eq!(build_route(TopoClass::SharedL3, &c, &Config::default()).unwrap().placement, None);
     }
 
     #[test]
     fn streams_go_eager_up_to_one_and_a_half_thresholds() {
-        let shm = attr(TransportKind::Shm, Caps::AM, 16384);
-        let cma = attr(TransportKind::Cma, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
+        let shm = attr(SHM, Caps::AM, 16384);
+        let cma = attr(CMA, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
         let c = [Candidate { id: 1, attr: &shm }, Candidate { id: 2, attr: &cma }];
         let upto = |cfg: &Config| build_route(TopoClass::SharedL3, &c, cfg).unwrap().stream_eager.map(|r| r.upto);
         let mut cfg = Config::default();
@@ -696,14 +700,14 @@ mod tests {
         cfg.set("POLYRAIL_STREAM_EAGER", "off").unwrap();
         assert_eq!(upto(&cfg), None);
         // A NIC copies: no stream rule.
-        let ib = attr(TransportKind::Ib, Caps::AM | Caps::GET | Caps::PUT, 8192);
+        let ib = attr(IB, Caps::AM | Caps::GET | Caps::PUT, 8192);
         let r = build_route(TopoClass::RemoteNode, &[Candidate { id: 3, attr: &ib }], &Config::default()).unwrap();
         assert!(r.stream_eager.is_none());
     }
 
     #[test]
     fn shm_only_streams_above_eager_limit() {
-        let shm = attr(TransportKind::Shm, Caps::AM, 16384);
+        let shm = attr(SHM, Caps::AM, 16384);
         let r = build_route(TopoClass::SharedL3, &[Candidate { id: 0, attr: &shm }], &Config::default()).unwrap();
         assert_eq!(r.lookup(64 << 10).protocol, Protocol::Eager);
         assert_eq!(r.lookup((64 << 10) + 1).protocol, Protocol::RndvStream);
@@ -711,8 +715,8 @@ mod tests {
 
     #[test]
     fn route_rules_override_ranges() {
-        let shm = attr(TransportKind::Shm, Caps::AM, 16384);
-        let cma = attr(TransportKind::Cma, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
+        let shm = attr(SHM, Caps::AM, 16384);
+        let cma = attr(CMA, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
         let c = [Candidate { id: 1, attr: &shm }, Candidate { id: 2, attr: &cma }];
         let mut cfg = Config::default();
         cfg.set("POLYRAIL_ROUTE", "shared-l3:0-128k:shm,all:1m-:cma/get,socket:0-:shm/stream").unwrap();
@@ -746,7 +750,7 @@ mod tests {
         assert_eq!(build_route(TopoClass::SharedL3, &c, &cfg).unwrap().lookup(1 << 20).protocol, Protocol::RndvSplit);
         cfg.set("POLYRAIL_SPLIT_THRESHOLD", "off").unwrap();
         assert_eq!(build_route(TopoClass::SharedL3, &c, &cfg).unwrap().lookup(1 << 20).protocol, Protocol::RndvGet);
-        let hca = attr(TransportKind::Ib, Caps::AM | Caps::GET | Caps::PUT, 8192);
+        let hca = attr(IB, Caps::AM | Caps::GET | Caps::PUT, 8192);
         let remote = [Candidate { id: 3, attr: &hca }];
         let mut cfg = Config::default();
         cfg.set("POLYRAIL_ROUTE", "all:1m-:ib/get").unwrap();
@@ -760,8 +764,8 @@ mod tests {
     /// stream, as the engine does, whatever threshold asked for more.
     #[test]
     fn eager_entries_stop_at_the_eager_maximum() {
-        let shm = attr(TransportKind::Shm, Caps::AM, 16384);
-        let cma = attr(TransportKind::Cma, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
+        let shm = attr(SHM, Caps::AM, 16384);
+        let cma = attr(CMA, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
         let c = [Candidate { id: 1, attr: &shm }, Candidate { id: 2, attr: &cma }];
         let mut cfg = Config::default();
         cfg.set("POLYRAIL_CMA_THRESHOLD", "1g").unwrap();
@@ -778,7 +782,7 @@ mod tests {
 
     #[test]
     fn remote_peers_use_ib_with_its_eager_limit_and_no_split() {
-        let ib = attr(TransportKind::Ib, Caps::AM | Caps::GET | Caps::PUT, 8128);
+        let ib = attr(IB, Caps::AM | Caps::GET | Caps::PUT, 8128);
         let c = [Candidate { id: 3, attr: &ib }];
         let r = build_route(TopoClass::RemoteNode, &c, &Config::default()).unwrap();
         assert_eq!((r.am, r.frag), (3, 8128));
@@ -797,7 +801,7 @@ mod tests {
     #[test]
     fn software_rdma_splits_from_its_own_size() {
         // Soft-RoCE or the soft provider: the CPUs of both sides copy.
-        let mut ib = attr(TransportKind::Ib, Caps::AM | Caps::GET | Caps::PUT | Caps::CPU_COPY, 8128);
+        let mut ib = attr(IB, Caps::AM | Caps::GET | Caps::PUT | Caps::CPU_COPY, 8128);
         ib.split_from = Some(256 << 10);
         let c = [Candidate { id: 3, attr: &ib }];
         let r = build_route(TopoClass::RemoteNode, &c, &Config::default()).unwrap();
@@ -815,7 +819,7 @@ mod tests {
 
     #[test]
     fn no_am_channel_no_route() {
-        let cma = attr(TransportKind::Cma, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
+        let cma = attr(CMA, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
         assert!(build_route(TopoClass::SharedL3, &[Candidate { id: 0, attr: &cma }], &Config::default()).is_none());
     }
 }
