@@ -70,6 +70,7 @@ impl SkewAdapter {
 
 impl Adapter for SkewAdapter {
     /// The peer's word that it lags; a channel's word that messages of the peer wait unread.
+    #[inline]
     fn observe(&mut self, seen: Seen, _route: Option<&PeerRoute>) {
         match seen {
             Seen::PeerLags(lags) => self.peer_lags = lags,

@@ -39,7 +39,7 @@ mod types;
 
 pub use types::{Action, OpOutcome, Payload, ReqId, Source, Status, TagMatch};
 
-use crate::adapt::{PeerAdapters, Seen, SendFacts, Tuning};
+use crate::adapt::{Adapter, PeerAdapters, Seen, SendFacts, Tuning};
 use crate::config::SplitShare;
 use crate::error::{Error, Rank, Result};
 use crate::header::{Envelope, Header, PacketKind};
@@ -409,7 +409,21 @@ impl Engine {
 
     /// Takes in what a channel observed of `peer` ([`crate::Transport::observe`]): its
     /// adapters ([`crate::adapt`]) may send later messages to it otherwise.
+    #[inline]
     pub fn handle_observation(&mut self, peer: Rank, seen: Observation) {
+        let Some(p) = self.peers.get_mut(peer as usize) else { return };
+        if let Observation::Unread(_) = seen {
+            // Before every receive: only skew feedback takes it, and nothing is logged.
+            return p.adapt.skew.observe(Seen::Channel(seen), None);
+        }
+        self.observe_and_log(peer, seen);
+    }
+
+    /// [`Engine::handle_observation`] of the rarer observations, with a line in the log when
+    /// a verdict changes.
+    #[cold]
+    #[inline(never)]
+    fn observe_and_log(&mut self, peer: Rank, seen: Observation) {
         let me = self.me;
         let Some(p) = self.peers.get_mut(peer as usize) else { return };
         let (placement, slow) = (p.adapt.placement.placement(), p.adapt.placement.copies_slow());
