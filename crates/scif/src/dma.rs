@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 /// Bytes the engine copies between two checks that the peer is alive.
 const CHUNK: usize = 1 << 20;
 /// In [`DmaMode::Reverse`], how long after the last post the engine waits for more before it
-/// runs the queue (a fence or a synchronous RMA runs it at once).
-const GATHER: Duration = Duration::from_millis(2);
+/// runs the queue (a fence or a synchronous RMA runs it at once): long enough that a test's
+/// posts land in one batch on a loaded machine.
+const GATHER: Duration = Duration::from_millis(100);
 /// How often the engine looks again at signals that wait for the peer.
 const SIGNAL_POLL: Duration = Duration::from_millis(1);
 
@@ -319,7 +320,8 @@ impl Shared {
                 wait = wait.min(SIGNAL_POLL);
             }
             if !st.queue.is_empty() {
-                wait = wait.min(GATHER);
+                let since = st.last_post.map_or(Duration::ZERO, |t| now.duration_since(t));
+                wait = wait.min(GATHER.saturating_sub(since).max(Duration::from_millis(1)));
             }
             st = self.cv.wait_timeout(st, wait).unwrap().0;
         }
