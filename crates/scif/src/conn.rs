@@ -168,6 +168,22 @@ impl Conn {
         }
     }
 
+    /// Reads what a lost peer sent last, looking only for its close record: applies nothing, so
+    /// callers may hold the window tables.
+    fn drain_for_close(&self) {
+        let _g = self.ctl_rx.lock().unwrap();
+        loop {
+            match wire::recv(self.ctl.as_fd(), false) {
+                // Release: read by `lost`.
+                Ok(Received::Record(rec, _)) if rec.kind == Kind::Close => {
+                    self.peer_closed.store(true, Ordering::Release)
+                }
+                Ok(Received::Record(..) | Received::Malformed(_)) => {}
+                _ => return,
+            }
+        }
+    }
+
     /// Whether the peer is still there (after reading what it sent).
     pub(crate) fn alive(&self) -> bool {
         self.pump();
@@ -188,7 +204,7 @@ impl Conn {
         match wire::send(self.ctl.as_fd(), rec, fds) {
             Ok(()) => Ok(()),
             Err(rustix::io::Errno::PIPE | rustix::io::Errno::CONNRESET) => {
-                self.pump();
+                self.drain_for_close();
                 self.lost();
                 Err(self.dead_error())
             }
@@ -236,7 +252,14 @@ impl Conn {
     }
 
     /// Checks a window the peer announced and maps it; says why not.
-    fn add_peer_window(&self, off: u64, len: u64, prot: u64, file_off: u64, fds: &mut Vec<OwnedFd>) -> Result<(), String> {
+    fn add_peer_window(
+        &self,
+        off: u64,
+        len: u64,
+        prot: u64,
+        file_off: u64,
+        fds: &mut Vec<OwnedFd>,
+    ) -> Result<(), String> {
         let page = page_size() as u64;
         if fds.len() != 1 {
             return Err(format!("{} files attached, one expected", fds.len()));
@@ -308,7 +331,8 @@ impl Conn {
         loop {
             let done = r.done >= seq || (!through && r.done_above.contains(&seq));
             if done {
-                let failed = if through { r.failed.first().is_some_and(|f| *f <= seq) } else { r.failed.contains(&seq) };
+                let failed =
+                    if through { r.failed.first().is_some_and(|f| *f <= seq) } else { r.failed.contains(&seq) };
                 return if failed { Err(self.dead_error()) } else { Ok(()) };
             }
             if self.is_dead() {

@@ -109,6 +109,44 @@ pub(crate) struct Copy {
     pub keep: Vec<Seg>,
     pub ordered: bool,
     pub transfer: Transfer,
+    /// Told when the engine is done with the spans (copied, abandoned or dropped): a caller
+    /// whose buffer a span borrows waits for it before it returns.
+    pub released: Option<Arc<Released>>,
+}
+
+/// Whether the engine is done with a job's spans.
+#[derive(Debug, Default)]
+pub(crate) struct Released {
+    done: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Released {
+    /// Waits until the engine let go of the job's spans. Never gives up: the caller's buffer
+    /// must not be touched after the caller returns. The engine runs or drops every job it
+    /// receives, and a job tells this when dropped.
+    pub(crate) fn wait(&self) {
+        let mut d = self.done.lock().unwrap();
+        while !*d {
+            d = self.cv.wait(d).unwrap();
+        }
+    }
+}
+
+impl Copy {
+    /// The engine is done with the spans: tells a waiting caller.
+    fn release(&mut self) {
+        if let Some(r) = self.released.take() {
+            *r.done.lock().unwrap() = true;
+            r.cv.notify_all();
+        }
+    }
+}
+
+impl Drop for Copy {
+    fn drop(&mut self) {
+        self.release();
+    }
 }
 
 /// What a fence signal waits for.
@@ -351,7 +389,7 @@ impl Shared {
         }
     }
 
-    fn copy(&self, job: Copy) {
+    fn copy(&self, mut job: Copy) {
         let total = job.transfer.bytes;
         let mut parts = pieces(&job.src, &job.dst);
         let reverse = self.mode == DmaMode::Reverse && !job.ordered;
@@ -371,7 +409,8 @@ impl Shared {
                 ok = job.conn.alive();
             }
         }
-        drop(job.keep);
+        drop(std::mem::take(&mut job.keep));
+        job.release();
         if ok {
             self.transfers.fetch_add(1, Ordering::Relaxed);
             self.bytes.fetch_add(total as u64, Ordering::Relaxed);
@@ -381,7 +420,8 @@ impl Shared {
         if at <= now {
             job.conn.complete(job.seq);
         } else {
-            self.st.lock().unwrap().deferred.push(Reverse(Deferred { at, conn: job.conn, seq: job.seq }));
+            let conn = job.conn.clone();
+            self.st.lock().unwrap().deferred.push(Reverse(Deferred { at, conn, seq: job.seq }));
         }
     }
 

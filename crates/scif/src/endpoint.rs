@@ -1,7 +1,7 @@
 //! [`Endpoint`]: libscif's endpoint and its calls.
 
 use crate::conn::{map_peer_status, Conn, STATUS_LEN};
-use crate::dma::{After, Copy, Signal, Span, Transfer};
+use crate::dma::{After, Copy, Released, Signal, Span, Transfer};
 use crate::error::{Result, ScifError};
 use crate::fabric::{Fabric, Inner, PortHold};
 use crate::flags::{AcceptFlags, FenceFlags, MapFlags, MsgFlags, PollEvents, PortId, Prot, RmaFlags};
@@ -99,7 +99,8 @@ impl Endpoint {
             }
         };
         let addr = unix_addr(&hold.sock_path)?;
-        let listening = rustix::net::bind(&self.sock, &addr).and_then(|()| rustix::net::listen(&self.sock, backlog.max(1)));
+        let listening =
+            rustix::net::bind(&self.sock, &addr).and_then(|()| rustix::net::listen(&self.sock, backlog.max(1)));
         let mut hold = hold;
         hold.listening = true;
         if let Err(e) = listening {
@@ -118,7 +119,9 @@ impl Endpoint {
     /// `EISCONN` if connected, `EINVAL` if listening.
     pub fn connect(&mut self, dst: PortId) -> Result<PortId> {
         match &self.state {
-            State::Connected(..) => return Err(ScifError::Eisconn(format!("connect({dst}): {} is connected", self.name()))),
+            State::Connected(..) => {
+                return Err(ScifError::Eisconn(format!("connect({dst}): {} is connected", self.name())))
+            }
             State::Listening(h) => return Err(ScifError::Einval(format!("connect({dst}): port {} listens", h.port))),
             _ => {}
         }
@@ -144,8 +147,9 @@ impl Endpoint {
             }
             Err(e) => return Err(ScifError::os(format_args!("connect({dst})"), e)),
         }
-        let (ctl, ctl_peer) = rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
-            .map_err(|e| ScifError::os("making a control socket", e))?;
+        let (ctl, ctl_peer) =
+            rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
+                .map_err(|e| ScifError::os("making a control socket", e))?;
         let status = Memory::new(page_size())?;
         let hello = Record::new(Kind::Hello, local.to_bits(), u64::from(std::process::id()), 0, 0);
         wire::send(self.sock.as_fd(), &hello, &[ctl_peer.as_fd(), status.file()])
@@ -173,8 +177,10 @@ impl Endpoint {
             Ok(Received::Eof) | Err(_) => return Err(refused("the listener closed before accepting".into())),
             _ => return Err(refused("the listener's reply is not a welcome".into())),
         };
-        let peer_status = map_peer_status(&fds.pop().unwrap()).map_err(|why| refused(format!("its status page: {why}")))?;
-        let peer_pid = rustix::net::sockopt::socket_peercred(&self.sock).map_or(rec.b as i32, |c| c.pid.as_raw_nonzero().get());
+        let peer_status =
+            map_peer_status(&fds.pop().unwrap()).map_err(|why| refused(format!("its status page: {why}")))?;
+        let peer_pid =
+            rustix::net::sockopt::socket_peercred(&self.sock).map_or(rec.b as i32, |c| c.pid.as_raw_nonzero().get());
         let conn = Arc::new(Conn::new(local, dst, peer_pid, ctl, status, peer_status));
         let State::Bound(hold) = std::mem::replace(&mut self.state, State::Unbound) else { unreachable!() };
         self.state = State::Connected(Some(hold), conn);
@@ -210,13 +216,16 @@ impl Endpoint {
             Ok(Received::Record(rec, fds)) if rec.kind == Kind::Hello && fds.len() == 2 => (rec, fds),
             _ => return Err(reset("did not introduce itself")),
         };
-        let peer = PortId::from_bits(rec.a).filter(|p| p.node < self.fabric.nodes).ok_or_else(|| reset("named no valid port"))?;
+        let peer = PortId::from_bits(rec.a)
+            .filter(|p| p.node < self.fabric.nodes)
+            .ok_or_else(|| reset("named no valid port"))?;
         let status_fd = fds.pop().unwrap();
         let ctl = fds.pop().unwrap();
         if rustix::net::sockopt::socket_type(&ctl) != Ok(SocketType::SEQPACKET) {
             return Err(reset("passed no control socket"));
         }
-        let peer_status = map_peer_status(&status_fd).map_err(|why| reset(&format!("passed a bad status page: {why}")))?;
+        let peer_status =
+            map_peer_status(&status_fd).map_err(|why| reset(&format!("passed a bad status page: {why}")))?;
         let status = Memory::new(page_size())?;
         let welcome = Record::new(Kind::Welcome, me.to_bits(), u64::from(std::process::id()), 0, 0);
         wire::send(ctl.as_fd(), &welcome, &[status.file()]).map_err(|_| reset("went before the welcome"))?;
@@ -321,7 +330,15 @@ impl Endpoint {
     /// is at `offset`, else the provider chooses (and ignores `offset`); returns the window's
     /// offset. Offsets and lengths are page multiples (`EINVAL`); a fixed window overlapping one
     /// before is `EADDRINUSE`; `ENOTCONN` if not connected.
-    pub fn register(&self, mem: &Memory, mem_offset: usize, len: usize, offset: u64, prot: Prot, flags: MapFlags) -> Result<u64> {
+    pub fn register(
+        &self,
+        mem: &Memory,
+        mem_offset: usize,
+        len: usize,
+        offset: u64,
+        prot: Prot,
+        flags: MapFlags,
+    ) -> Result<u64> {
         let conn = self.conn("register")?;
         let page = page_size();
         let what = format!("register({mem_offset:#x}+{len:#x} at {offset:#x})");
@@ -329,7 +346,10 @@ impl Endpoint {
             return Err(ScifError::Einval(format!("{what}: the memory range must be whole {page}-byte pages")));
         }
         if mem_offset.checked_add(len).is_none_or(|end| end > mem.len()) {
-            return Err(ScifError::Einval(format!("{what}: the range passes the end of {:#x} bytes of memory", mem.len())));
+            return Err(ScifError::Einval(format!(
+                "{what}: the range passes the end of {:#x} bytes of memory",
+                mem.len()
+            )));
         }
         if prot == Prot::NONE {
             return Err(ScifError::Einval(format!("{what}: no protection (READ, WRITE or both)")));
@@ -339,7 +359,9 @@ impl Endpoint {
         let mut w = conn.windows.lock().unwrap();
         let at = if flags.contains(MapFlags::FIXED) {
             if offset % page as u64 != 0 || offset.checked_add(len64).is_none_or(|e| e > OFFSET_LIMIT) {
-                return Err(ScifError::Einval(format!("{what}: a fixed offset must be page-aligned and the window below 2^63")));
+                return Err(ScifError::Einval(format!(
+                    "{what}: a fixed offset must be page-aligned and the window below 2^63"
+                )));
             }
             if let Some((s, l)) = w.mine.overlap(offset, len64) {
                 return Err(ScifError::Eaddrinuse(format!("{what}: overlaps the window at {s:#x}+{l:#x}")));
@@ -421,6 +443,7 @@ impl Endpoint {
         }
         conn.check()?;
         let (local_need, remote_need) = if read { (Prot::WRITE, Prot::READ) } else { (Prot::READ, Prot::WRITE) };
+        let borrowed = matches!(local, Target::Buffer(_));
         let (local_spans, mut keep) = match local {
             Target::Window(off) => {
                 let w = conn.windows.lock().unwrap();
@@ -451,7 +474,15 @@ impl Endpoint {
             engine.copied_by_cpu(conn, seq, transfer);
         } else {
             let ordered = flags.contains(RmaFlags::ORDERED);
-            engine.post(Copy { conn: conn.clone(), seq, src, dst, keep, ordered, transfer });
+            // A caller's buffer stays borrowed until the engine let go of it, whatever happens
+            // to the connection meanwhile.
+            let released = borrowed.then(|| Arc::new(Released::default()));
+            let job = Copy { conn: conn.clone(), seq, src, dst, keep, ordered, transfer, released: released.clone() };
+            engine.post(job);
+            if let Some(r) = released {
+                engine.kick();
+                r.wait();
+            }
         }
         if flags.contains(RmaFlags::SYNC) {
             engine.kick();
@@ -499,7 +530,14 @@ impl Endpoint {
     /// windows (`SIGNAL_LOCAL`) and `remote_value` at `remote` in the peer's (`SIGNAL_REMOTE`),
     /// each as one u64 with Release. Returns at once. `EINVAL` for flags that are not one INIT
     /// and at least one SIGNAL, or an offset not 8-byte aligned; `ENXIO`/`EACCES` as for RMAs.
-    pub fn fence_signal(&self, local: u64, local_value: u64, remote: u64, remote_value: u64, flags: FenceFlags) -> Result<()> {
+    pub fn fence_signal(
+        &self,
+        local: u64,
+        local_value: u64,
+        remote: u64,
+        remote_value: u64,
+        flags: FenceFlags,
+    ) -> Result<()> {
         let conn = self.conn("fence_signal")?;
         let peer = init_side(flags, "fence_signal")?;
         let (sl, sr) = (flags.contains(FenceFlags::SIGNAL_LOCAL), flags.contains(FenceFlags::SIGNAL_REMOTE));
@@ -537,7 +575,9 @@ impl Endpoint {
         let conn = self.conn("mmap")?;
         let page = page_size();
         if len == 0 || len % page != 0 || offset % page as u64 != 0 || prot == Prot::NONE {
-            return Err(ScifError::Einval(format!("mmap({offset:#x}+{len:#x}): not whole {page}-byte pages, or no protection")));
+            return Err(ScifError::Einval(format!(
+                "mmap({offset:#x}+{len:#x}): not whole {page}-byte pages, or no protection"
+            )));
         }
         conn.check()?;
         let w = conn.windows.lock().unwrap();
@@ -564,7 +604,14 @@ impl Endpoint {
     /// Sends a window record with any values and file, as a faulty or hostile peer would: for
     /// tests of the receiver's checks.
     #[doc(hidden)]
-    pub fn forge_window(&self, offset: u64, len: u64, prot: u64, file_offset: u64, file: Option<BorrowedFd<'_>>) -> Result<()> {
+    pub fn forge_window(
+        &self,
+        offset: u64,
+        len: u64,
+        prot: u64,
+        file_offset: u64,
+        file: Option<BorrowedFd<'_>>,
+    ) -> Result<()> {
         let conn = self.conn("forge_window")?;
         let files: Vec<BorrowedFd<'_>> = file.into_iter().collect();
         conn.send(&Record::new(Kind::Register, offset, len, prot, file_offset), &files)

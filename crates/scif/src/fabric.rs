@@ -77,9 +77,11 @@ impl FabricConfig {
         fn var<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
             match std::env::var(name) {
                 Err(_) => Ok(None),
-                Ok(v) => v.trim().parse().map(Some).map_err(|_| {
-                    ScifError::Einval(format!("{name}={v:?} is not a number in range"))
-                }),
+                Ok(v) => v
+                    .trim()
+                    .parse()
+                    .map(Some)
+                    .map_err(|_| ScifError::Einval(format!("{name}={v:?} is not a number in range"))),
             }
         }
         let base = ["POLYRAIL_SCIF_DIR", "XDG_RUNTIME_DIR"]
@@ -132,7 +134,8 @@ impl std::fmt::Debug for Inner {
 
 /// A name for `job` safe in a path, short, and distinct for distinct jobs.
 fn job_component(job: &str) -> String {
-    let plain = job.len() <= 24 && !job.is_empty() && job.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b));
+    let plain =
+        job.len() <= 24 && !job.is_empty() && job.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b));
     if plain {
         return job.to_string();
     }
@@ -274,19 +277,32 @@ impl Inner {
                     return Ok(hold);
                 }
             }
-            return Err(ScifError::Enospc(format!("every port from {EPHEMERAL_PORT_FIRST} of node {} is bound", self.node)));
+            return Err(ScifError::Enospc(format!(
+                "every port from {EPHEMERAL_PORT_FIRST} of node {} is bound",
+                self.node
+            )));
         }
         if port < PRIVILEGED_PORT_LIMIT && !self.privileged {
-            return Err(ScifError::Eacces(format!("port {port} is below {PRIVILEGED_PORT_LIMIT}: binding it needs privilege")));
+            return Err(ScifError::Eacces(format!(
+                "port {port} is below {PRIVILEGED_PORT_LIMIT}: binding it needs privilege"
+            )));
         }
-        self.try_reserve(port)?
-            .ok_or_else(|| ScifError::Eaddrinuse(format!("port {} of node {} is bound by another endpoint", port, self.node)))
+        self.try_reserve(port)?.ok_or_else(|| {
+            ScifError::Eaddrinuse(format!("port {} of node {} is bound by another endpoint", port, self.node))
+        })
     }
 
     fn try_reserve(&self, port: u16) -> Result<Option<PortHold>> {
         let lock_path = self.lock_path(port);
         for _ in 0..8 {
-            let file = match OpenOptions::new().read(true).write(true).create(true).mode(0o600).open(&lock_path) {
+            let file = match OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(&lock_path)
+            {
                 Ok(f) => f,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     // Another process swept the job directory away as its last endpoint went.
@@ -325,7 +341,8 @@ impl Inner {
             if let Some(stem) = name.strip_suffix(".lock") {
                 let Ok(file) = File::open(&path) else { continue };
                 if rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive).is_ok() {
-                    let same = matches!((file.metadata(), std::fs::metadata(&path)), (Ok(a), Ok(b)) if a.ino() == b.ino());
+                    let same =
+                        matches!((file.metadata(), std::fs::metadata(&path)), (Ok(a), Ok(b)) if a.ino() == b.ino());
                     if same {
                         let _ = std::fs::remove_file(self.dir.join(format!("{stem}.sock")));
                         let _ = std::fs::remove_file(&path);

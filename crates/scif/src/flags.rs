@@ -153,7 +153,7 @@ impl PortId {
     }
 
     pub(crate) fn from_bits(b: u64) -> Option<PortId> {
-        (b >> 32 == 0).then(|| PortId { node: (b >> 16) as u16, port: b as u16 })
+        (b >> 32 == 0).then_some(PortId { node: (b >> 16) as u16, port: b as u16 })
     }
 }
 

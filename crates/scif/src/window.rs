@@ -129,9 +129,10 @@ impl Table {
     /// The segments of `[off, off + len)`, which contiguous windows allowing `need` must cover.
     /// `what` names the range in errors ("readfrom's remote range").
     pub(crate) fn resolve(&self, off: u64, len: usize, need: Prot, what: &str) -> Result<Vec<Seg>> {
-        let end = off.checked_add(len as u64).filter(|e| *e <= OFFSET_LIMIT).ok_or_else(|| {
-            ScifError::Enxio(format!("{what} {off:#x}+{len:#x} passes the end of the window space"))
-        })?;
+        let end = off
+            .checked_add(len as u64)
+            .filter(|e| *e <= OFFSET_LIMIT)
+            .ok_or_else(|| ScifError::Enxio(format!("{what} {off:#x}+{len:#x} passes the end of the window space")))?;
         let mut segs = Vec::with_capacity(1);
         let mut at = off;
         while at < end {
