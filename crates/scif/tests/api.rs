@@ -133,7 +133,8 @@ fn send_and_recv_block_or_take_what_is_there() {
     let mut rest = vec![0u8; sent];
     assert_eq!(b.recv(&mut rest, MsgFlags::BLOCK).unwrap(), sent, "bytes sent before the close still arrive");
     let e = b.recv(&mut buf, MsgFlags::BLOCK).unwrap_err();
-    assert!(matches!(e, ScifError::Econnreset(_)) && e.to_string().contains("pid"), "{e}");
+    let s = e.to_string();
+    assert!(matches!(e, ScifError::Econnreset(_)) && s.contains("pid") && s.contains("closed its endpoint"), "{e}");
     assert!(matches!(b.send(b"x", MsgFlags::BLOCK), Err(ScifError::Econnreset(_))));
 }
 
@@ -326,7 +327,11 @@ fn vreadfrom_and_vwriteto_use_ordinary_memory() {
 fn fences_mark_wait_and_signal() {
     let dir = tmp();
     let s = setup(dir.path(), DmaMode::InOrder);
-    for f in [FenceFlags::NONE, FenceFlags::INIT_SELF | FenceFlags::INIT_PEER, FenceFlags::INIT_SELF | FenceFlags::SIGNAL_LOCAL] {
+    for f in [
+        FenceFlags::NONE,
+        FenceFlags::INIT_SELF | FenceFlags::INIT_PEER,
+        FenceFlags::INIT_SELF | FenceFlags::SIGNAL_LOCAL,
+    ] {
         assert!(matches!(s.a.fence_mark(f), Err(ScifError::Einval(_))), "{f:?}");
     }
     let other = s.b.fence_mark(FenceFlags::INIT_SELF).unwrap();
@@ -495,6 +500,9 @@ fn node_ids_description_and_job_directory() {
     assert!(empty_or_gone(dir.path()), "{:?}", std::fs::read_dir(dir.path()).unwrap().collect::<Vec<_>>());
 }
 
+/// A forged window record: offset, length, protection, file offset, file, and the refusal's words.
+type Forged<'a> = (u64, u64, u64, u64, Option<std::os::fd::BorrowedFd<'a>>, &'static str);
+
 #[test]
 fn forged_windows_from_a_peer_are_refused() {
     let dir = tmp();
@@ -505,7 +513,7 @@ fn forged_windows_from_a_peer_are_refused() {
     let plain = tempfile::tempfile().unwrap();
     plain.set_len(4 * page).unwrap();
     use std::os::fd::AsFd;
-    let cases: Vec<(u64, u64, u64, u64, Option<std::os::fd::BorrowedFd<'_>>, &str)> = vec![
+    let cases: Vec<Forged<'_>> = vec![
         (0x30_0000, 2 * page, 3, 0, Some(file), "passes the end"),
         (0x31_0000, page, 3, page, Some(file), "passes the end"),
         (0x32_0000, page, 3, 0, Some(plain.as_fd()), "not a memory file"),
@@ -530,7 +538,12 @@ fn forged_windows_from_a_peer_are_refused() {
         assert!(matches!(e, ScifError::Enxio(_)), "{off:#x}: {e}");
     }
     // A window b registered READ reaches a as a read-only file: forged as writable, it is refused.
-    let ro = rustix::fs::open(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file)), rustix::fs::OFlags::RDONLY, rustix::fs::Mode::empty()).unwrap();
+    let ro = rustix::fs::open(
+        format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file)),
+        rustix::fs::OFlags::RDONLY,
+        rustix::fs::Mode::empty(),
+    )
+    .unwrap();
     s.b.forge_window(0x40_0000, page, 3, 0, Some(ro.as_fd())).unwrap();
     let refused = s.a.refusals();
     assert!(refused.last().unwrap().contains("mapping it READ|WRITE"), "{refused:#?}");
