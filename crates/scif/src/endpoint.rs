@@ -1,6 +1,6 @@
 //! [`Endpoint`]: libscif's endpoint and its calls.
 
-use crate::conn::{map_peer_status, Conn, STATUS_LEN};
+use crate::conn::{map_peer_status, Conn};
 use crate::dma::{After, Copy, Released, Signal, Span, Transfer};
 use crate::error::{Result, ScifError};
 use crate::fabric::{Fabric, Inner, PortHold};
@@ -803,7 +803,3 @@ impl PeerMap {
         w.load(Ordering::Acquire)
     }
 }
-
-/// Bytes of a status page (for tests of forged pages).
-#[doc(hidden)]
-pub const STATUS_BYTES: u64 = STATUS_LEN;

@@ -363,3 +363,33 @@ impl Drop for Inner {
         self.sweep();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_environment_names_the_node_and_the_directory() {
+        // Only this test of the binary reads these variables.
+        std::env::set_var("POLYRAIL_SCIF_DIR", "/run/x");
+        std::env::set_var("POLYRAIL_SCIF_NODE", "2");
+        std::env::set_var("POLYRAIL_NODE", "5");
+        let cfg = FabricConfig::from_env("j").unwrap();
+        assert_eq!((cfg.base.as_path(), cfg.node, cfg.nodes, cfg.physical_node), (Path::new("/run/x"), 2, 3, 5));
+        std::env::set_var("POLYRAIL_SCIF_NODES", "many");
+        let e = FabricConfig::from_env("j").unwrap_err();
+        assert!(e.to_string().contains("POLYRAIL_SCIF_NODES=\"many\""), "{e}");
+        for v in ["POLYRAIL_SCIF_DIR", "POLYRAIL_SCIF_NODE", "POLYRAIL_NODE", "POLYRAIL_SCIF_NODES"] {
+            std::env::remove_var(v);
+        }
+    }
+
+    #[test]
+    fn job_names_become_short_distinct_path_components() {
+        assert_eq!(job_component("job-7"), "job-7");
+        let odd = job_component("a/../b");
+        assert!(odd.starts_with('h') && odd.len() == 17 && !odd.contains('/'));
+        assert_ne!(job_component("a/../b"), job_component("a/../c"));
+        assert_eq!(job_component(&"x".repeat(200)).len(), 17);
+    }
+}

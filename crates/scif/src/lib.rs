@@ -30,7 +30,7 @@ mod window;
 mod wire;
 
 pub use dma::{DmaMode, DmaStats, Pacer, Transfer, Unpaced};
-pub use endpoint::{poll, Endpoint, Mark, PeerMap, PollEp, STATUS_BYTES};
+pub use endpoint::{poll, Endpoint, Mark, PeerMap, PollEp};
 pub use error::{Result, ScifError};
 pub use fabric::{Fabric, FabricConfig, EPHEMERAL_PORT_FIRST, PRIVILEGED_PORT_LIMIT, PROVIDER};
 pub use flags::{AcceptFlags, FenceFlags, MapFlags, MsgFlags, PollEvents, PortId, Prot, RmaFlags};

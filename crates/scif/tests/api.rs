@@ -551,3 +551,42 @@ fn forged_windows_from_a_peer_are_refused() {
     // The connection still works.
     s.a.readfrom(s.la, 8, s.rb, RmaFlags::SYNC).unwrap();
 }
+
+#[test]
+fn a_connector_that_does_not_introduce_itself_is_refused_and_the_listener_goes_on() {
+    use std::io::Write;
+    let dir = tmp();
+    let (fa, fb) = fabrics(dir.path(), DmaMode::InOrder);
+    let mut l = fa.open().unwrap();
+    let port = l.bind(0).unwrap();
+    l.listen(4).unwrap();
+    let path = fa.dir().join(format!("n0.p{port}.sock"));
+    let mut raw = std::os::unix::net::UnixStream::connect(&path).unwrap();
+    raw.write_all(&[0x5c; 40]).unwrap();
+    let e = l.accept(AcceptFlags::SYNC).unwrap_err();
+    assert!(matches!(e, ScifError::Econnreset(_)) && e.to_string().contains("did not introduce itself"), "{e}");
+    drop(raw);
+    let t0 = Instant::now();
+    let _silent = std::os::unix::net::UnixStream::connect(&path).unwrap();
+    let e = l.accept(AcceptFlags::SYNC).unwrap_err();
+    assert!(e.to_string().contains("sent no hello") && t0.elapsed() < Duration::from_secs(5), "{e}");
+    // A real connector still gets through.
+    let fb2 = fb.clone();
+    let t = std::thread::spawn(move || fb2.open().unwrap().connect(PortId::new(0, port)).map(|_| ()));
+    l.accept(AcceptFlags::SYNC).unwrap();
+    t.join().unwrap().unwrap();
+}
+
+#[test]
+fn a_listener_closed_before_accepting_refuses_its_waiting_connectors() {
+    let dir = tmp();
+    let (fa, fb) = fabrics(dir.path(), DmaMode::InOrder);
+    let mut l = fa.open().unwrap();
+    let port = l.bind(0).unwrap();
+    l.listen(4).unwrap();
+    let t = std::thread::spawn(move || fb.open().unwrap().connect(PortId::new(0, port)).map(|_| ()));
+    std::thread::sleep(Duration::from_millis(100));
+    drop(l);
+    let e = t.join().unwrap().unwrap_err();
+    assert!(matches!(e, ScifError::Econnrefused(_)) && e.to_string().contains("closed before accepting"), "{e}");
+}
