@@ -52,6 +52,10 @@ pub(crate) struct Conn {
     ctl: OwnedFd,
     /// Held while records are read from `ctl`: a reader sees every record sent before it.
     ctl_rx: Mutex<()>,
+    /// Held while a window record is sent: taken under the window lock, which is then let go,
+    /// so records leave in the order of the table's changes without holding the tables during
+    /// a send that may wait for room.
+    ctl_tx: Mutex<()>,
     pub windows: Mutex<Windows>,
     rma: Mutex<Rma>,
     rma_cv: Condvar,
@@ -95,6 +99,7 @@ impl Conn {
             peer_pid,
             ctl,
             ctl_rx: Mutex::new(()),
+            ctl_tx: Mutex::new(()),
             windows: Mutex::new(Windows::default()),
             rma: Mutex::new(Rma::default()),
             rma_cv: Condvar::new(),
@@ -148,6 +153,8 @@ impl Conn {
     /// This endpoint closes: queued RMAs are dropped and the peer told.
     pub(crate) fn close_local(&self) {
         let _ = wire::send(self.ctl.as_fd(), &Record::new(Kind::Close, 0, 0, 0, 0), &[]);
+        // The peer sees the end now, though transfers of the engine still hold this connection.
+        let _ = rustix::net::shutdown(&self.ctl, rustix::net::Shutdown::Both);
         self.set_dead(format!("endpoint {} was closed", self.local));
         let mut w = self.windows.lock().unwrap();
         w.mine.clear();
@@ -171,7 +178,8 @@ impl Conn {
     /// Reads what a lost peer sent last, looking only for its close record: applies nothing, so
     /// callers may hold the window tables.
     fn drain_for_close(&self) {
-        let _g = self.ctl_rx.lock().unwrap();
+        // Whoever holds the lock reads the close record itself.
+        let Ok(_g) = self.ctl_rx.try_lock() else { return };
         loop {
             match wire::recv(self.ctl.as_fd(), false) {
                 // Release: read by `lost`.
@@ -210,6 +218,14 @@ impl Conn {
             }
             Err(e) => Err(ScifError::os(format_args!("sending a record to {}", self.who()), e)),
         }
+    }
+
+    /// Sends a record about a change of the tables `held` guards: in the order of the changes,
+    /// with the tables let go before the send.
+    pub(crate) fn send_after<T>(&self, held: MutexGuard<'_, T>, rec: &Record, fds: &[BorrowedFd<'_>]) -> Result<()> {
+        let _tx = self.ctl_tx.lock().unwrap();
+        drop(held);
+        self.send(rec, fds)
     }
 
     fn refuse(&self, why: String) {

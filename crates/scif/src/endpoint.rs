@@ -354,6 +354,13 @@ impl Endpoint {
         if prot == Prot::NONE {
             return Err(ScifError::Einval(format!("{what}: no protection (READ, WRITE or both)")));
         }
+        // A window the peer may only read goes as a read-only file: the kernel refuses it more.
+        let ro = if prot == Prot::READ {
+            Some(reopen_read_only(mem.file()).map_err(|e| ScifError::os("reopening a memory file read-only", e))?)
+        } else {
+            None
+        };
+        let file = ro.as_ref().map_or(mem.file(), |f| f.as_fd());
         conn.check()?;
         let len64 = len as u64;
         let mut w = conn.windows.lock().unwrap();
@@ -370,17 +377,12 @@ impl Endpoint {
         } else {
             w.mine.choose(len64).ok_or_else(|| ScifError::Enomem(format!("{what}: no room in the window space")))?
         };
-        // A window the peer may only read goes as a read-only file: the kernel refuses it more.
-        let ro;
-        let file = if prot == Prot::READ {
-            ro = reopen_read_only(mem.file()).map_err(|e| ScifError::os("reopening a memory file read-only", e))?;
-            ro.as_fd()
-        } else {
-            mem.file()
-        };
-        let rec = Record::new(Kind::Register, at, len64, u64::from(prot.bits()), mem_offset as u64);
-        conn.send(&rec, &[file])?;
         w.mine.insert(at, Win { len: len64, prot, backing: Backing::Local(mem.clone()), base: mem_offset, file: None });
+        let rec = Record::new(Kind::Register, at, len64, u64::from(prot.bits()), mem_offset as u64);
+        if let Err(e) = conn.send_after(w, &rec, &[file]) {
+            conn.windows.lock().unwrap().mine.remove_exact(at, len64);
+            return Err(e);
+        }
         Ok(at)
     }
 
@@ -401,7 +403,7 @@ impl Endpoint {
                 w.mine.summary()
             )));
         }
-        match conn.send(&Record::new(Kind::Unregister, offset, len as u64, 0, 0), &[]) {
+        match conn.send_after(w, &Record::new(Kind::Unregister, offset, len as u64, 0, 0), &[]) {
             Ok(()) | Err(ScifError::Econnreset(_)) => Ok(()),
             Err(e) => Err(e),
         }

@@ -590,3 +590,22 @@ fn a_listener_closed_before_accepting_refuses_its_waiting_connectors() {
     let e = t.join().unwrap().unwrap_err();
     assert!(matches!(e, ScifError::Econnrefused(_)) && e.to_string().contains("closed before accepting"), "{e}");
 }
+
+#[test]
+fn a_close_reaches_the_peer_at_once_though_transfers_are_still_in_flight() {
+    let dir = tmp();
+    let pacer = Arc::new(Slow { delay: Duration::from_secs(5), seen: Mutex::new(Vec::new()) });
+    let (fa, fb) = paced(dir.path(), pacer);
+    let (a, b) = pair(&fa, &fb);
+    let page = page_size();
+    let (ma, mb) = (patterned(1, 0), Memory::new(page).unwrap());
+    let la = a.register(&ma, 0, page, 0, Prot::READ | Prot::WRITE, MapFlags::NONE).unwrap();
+    let rb = b.register(&mb, 0, page, 0, Prot::READ | Prot::WRITE, MapFlags::NONE).unwrap();
+    let lb = rb;
+    a.writeto(la, page, rb, RmaFlags::NONE).unwrap();
+    let t0 = Instant::now();
+    drop(a);
+    let e = b.readfrom(lb, 8, la, RmaFlags::NONE).unwrap_err();
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    assert!(matches!(e, ScifError::Econnreset(_)) && e.to_string().contains("closed its endpoint"), "{e}");
+}
