@@ -8,7 +8,7 @@ use crate::window::Seg;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,10 @@ const CHUNK: usize = 1 << 20;
 const GATHER: Duration = Duration::from_millis(100);
 /// How often the engine looks again at signals that wait for the peer.
 const SIGNAL_POLL: Duration = Duration::from_millis(1);
+/// How often the engine reads what the peers of live connections sent: their window records
+/// stay drained (a peer's register never waits for room) and a lost peer is noticed without a
+/// call on its endpoint.
+const WATCH: Duration = Duration::from_millis(20);
 
 /// In which order the engine runs what was posted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -200,6 +204,8 @@ struct State {
 
 struct Shared {
     st: Mutex<State>,
+    /// The connections of this process, read every `WATCH`.
+    watched: Mutex<Vec<Weak<Conn>>>,
     cv: Condvar,
     pacer: Arc<dyn Pacer>,
     mode: DmaMode,
@@ -220,6 +226,7 @@ impl Engine {
     pub(crate) fn start(mode: DmaMode, pacer: Arc<dyn Pacer>, name: String) -> std::io::Result<Engine> {
         let shared = Arc::new(Shared {
             st: Mutex::new(State::default()),
+            watched: Mutex::new(Vec::new()),
             cv: Condvar::new(),
             pacer,
             mode,
@@ -244,6 +251,11 @@ impl Engine {
         st.queue.push_back(job);
         st.last_post = Some(Instant::now());
         self.shared.cv.notify_all();
+    }
+
+    /// Reads what the peer of `conn` sends every `WATCH` while `conn` lives.
+    pub(crate) fn watch(&self, conn: &Arc<Conn>) {
+        self.shared.watched.lock().unwrap().push(Arc::downgrade(conn));
     }
 
     /// Queues a fence signal.
@@ -326,11 +338,19 @@ fn pieces(src: &[Span], dst: &[Span]) -> Vec<(*mut u8, *mut u8, usize)> {
 impl Shared {
     fn run(&self) {
         let mut st = self.st.lock().unwrap();
+        let mut next_watch = Instant::now() + WATCH;
         loop {
             if st.stop {
                 return;
             }
-            let now = Instant::now();
+            let mut now = Instant::now();
+            if now >= next_watch {
+                drop(st);
+                self.watch_all();
+                st = self.st.lock().unwrap();
+                now = Instant::now();
+                next_watch = now + WATCH;
+            }
             while st.deferred.peek().is_some_and(|d| d.0.at <= now) {
                 let Reverse(d) = st.deferred.pop().unwrap();
                 d.conn.complete(d.seq);
@@ -350,7 +370,7 @@ impl Shared {
                 st = self.st.lock().unwrap();
                 continue;
             }
-            let mut wait = Duration::from_secs(1);
+            let mut wait = next_watch.saturating_duration_since(now);
             if let Some(d) = st.deferred.peek() {
                 wait = wait.min(d.0.at.saturating_duration_since(now));
             }
@@ -422,6 +442,21 @@ impl Shared {
         } else {
             let conn = job.conn.clone();
             self.st.lock().unwrap().deferred.push(Reverse(Deferred { at, conn, seq: job.seq }));
+        }
+    }
+
+    /// Reads what the peers sent on every live connection; forgets the dropped ones.
+    fn watch_all(&self) {
+        let live: Vec<Arc<Conn>> = {
+            let mut w = self.watched.lock().unwrap();
+            w.retain(|c| c.strong_count() > 0);
+            w.iter().filter_map(Weak::upgrade).collect()
+        };
+        for conn in live.iter().filter(|c| !c.is_dead()) {
+            conn.pump();
+        }
+        if !live.is_empty() {
+            self.note_cpu();
         }
     }
 

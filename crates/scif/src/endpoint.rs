@@ -182,6 +182,7 @@ impl Endpoint {
         let peer_pid =
             rustix::net::sockopt::socket_peercred(&self.sock).map_or(rec.b as i32, |c| c.pid.as_raw_nonzero().get());
         let conn = Arc::new(Conn::new(local, dst, peer_pid, ctl, status, peer_status));
+        self.fabric.engine.watch(&conn);
         let State::Bound(hold) = std::mem::replace(&mut self.state, State::Unbound) else { unreachable!() };
         self.state = State::Connected(Some(hold), conn);
         Ok(local)
@@ -230,6 +231,7 @@ impl Endpoint {
         let welcome = Record::new(Kind::Welcome, me.to_bits(), u64::from(std::process::id()), 0, 0);
         wire::send(ctl.as_fd(), &welcome, &[status.file()]).map_err(|_| reset("went before the welcome"))?;
         let conn = Arc::new(Conn::new(me, peer, pid, ctl, status, peer_status));
+        self.fabric.engine.watch(&conn);
         Ok((peer, Endpoint { fabric: self.fabric.clone(), sock, state: State::Connected(None, conn) }))
     }
 

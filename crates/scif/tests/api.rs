@@ -609,3 +609,26 @@ fn a_close_reaches_the_peer_at_once_though_transfers_are_still_in_flight() {
     assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
     assert!(matches!(e, ScifError::Econnreset(_)) && e.to_string().contains("closed its endpoint"), "{e}");
 }
+
+#[test]
+fn many_windows_register_while_the_peer_makes_no_call() {
+    let dir = tmp();
+    let (fa, fb) = fabrics(dir.path(), DmaMode::InOrder);
+    let (a, b) = pair(&fa, &fb);
+    let page = page_size();
+    let m = patterned(1, 0);
+    // More window records than the control socket holds: the peer's engine drains them.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        let offs: Vec<u64> =
+            (0..600).map(|_| b.register(&m, 0, page, 0, Prot::READ, MapFlags::NONE).unwrap()).collect();
+        tx.send(()).unwrap();
+        (b, offs)
+    });
+    rx.recv_timeout(Duration::from_secs(20)).expect("register waited for the peer to make a call");
+    let (_b, offs) = t.join().unwrap();
+    let mut v = [0u8; 4];
+    a.vreadfrom(&mut v, offs[599] + 4, RmaFlags::NONE).unwrap();
+    assert_eq!(v, [4, 5, 6, 7]);
+    assert!(a.refusals().is_empty());
+}
