@@ -416,18 +416,17 @@ impl Shared {
         if reverse {
             parts.reverse();
         }
-        let mut ok = job.conn.alive();
-        for (k, (from, to, n)) in parts.into_iter().enumerate() {
+        let mut ok = true;
+        for (from, to, n) in parts {
+            // A lost peer stops the transfer within a piece (at most `CHUNK` bytes).
+            ok = job.conn.alive();
             if !ok {
                 break;
             }
             // SAFETY: `from` and `to` are `n` bytes inside spans whose memory `job.keep` (window
-            // mappings) or a waiting caller (its buffer) keeps mapped until the job completes;
-            // `copy` allows the two to overlap (a window mapped twice).
+            // mappings) or a waiting caller (its buffer) keeps mapped until the engine releases
+            // the job below; `copy` allows the two to overlap (a window mapped twice).
             unsafe { std::ptr::copy(from, to, n) };
-            if k > 0 || n == CHUNK {
-                ok = job.conn.alive();
-            }
         }
         drop(std::mem::take(&mut job.keep));
         job.release();
