@@ -1,0 +1,492 @@
+//! The DMA engine: a thread of the process that runs RMAs posted without `RMA_USECPU`, reports
+//! them complete when the [`Pacer`] says, and writes fence signals once what they wait for
+//! completed. A co-processor's DMA engine moves the bytes without a host CPU; here a CPU does,
+//! and [`DmaStats::cpu`] says how much time it took.
+
+use crate::conn::Conn;
+use crate::window::Seg;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Bytes the engine copies between two checks that the peer is alive.
+const CHUNK: usize = 1 << 20;
+/// In [`DmaMode::Reverse`], how long after the last post the engine waits for more before it
+/// runs the queue (a fence or a synchronous RMA runs it at once): long enough that a test's
+/// posts land in one batch on a loaded machine.
+const GATHER: Duration = Duration::from_millis(100);
+/// How often the engine looks again at signals that wait for the peer.
+const SIGNAL_POLL: Duration = Duration::from_millis(1);
+/// How often the engine reads what the peers of live connections sent: their window records
+/// stay drained (a peer's register never waits for room) and a lost peer is noticed without a
+/// call on its endpoint.
+const WATCH: Duration = Duration::from_millis(20);
+
+/// In which order the engine runs what was posted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DmaMode {
+    /// First posted, first run: completions happen to come in order.
+    #[default]
+    InOrder,
+    /// A test mode: the engine gathers what was posted and runs it last first, each transfer's
+    /// pieces last first too, so RMAs without `RMA_ORDERED` complete out of order on purpose.
+    /// An `RMA_ORDERED` RMA runs after every RMA posted before it, and writes its last cache line
+    /// last.
+    Reverse,
+}
+
+/// A transfer as a link model sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transfer {
+    /// The SCIF node the bytes leave.
+    pub from: u16,
+    /// The SCIF node the bytes reach.
+    pub to: u16,
+    /// How many bytes.
+    pub bytes: usize,
+    /// Whether the caller's CPU copied (`RMA_USECPU`) rather than the DMA engine.
+    pub by_cpu: bool,
+}
+
+/// Says when a transfer completes: the hook for a link model (a transfer finishing at
+/// max(now, link busy until) + latency + bytes / bandwidth). The engine reports the transfer
+/// complete at the returned time, never before its copy ended; it never sleeps in a post.
+pub trait Pacer: Send + Sync {
+    /// When `transfer`, whose copy ended at `copied`, completes. Called once per transfer, in the
+    /// order the copies ran, on the thread that copied; must not block.
+    fn complete_at(&self, transfer: &Transfer, copied: Instant) -> Instant;
+}
+
+/// No link model: a transfer completes when its copy ends.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Unpaced;
+
+impl Pacer for Unpaced {
+    fn complete_at(&self, _: &Transfer, copied: Instant) -> Instant {
+        copied
+    }
+}
+
+/// What the DMA engine did so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DmaStats {
+    /// Transfers the engine copied.
+    pub transfers: u64,
+    /// Bytes the engine copied.
+    pub bytes: u64,
+    /// CPU time of the engine's thread: work a co-processor's DMA engine does without a CPU.
+    pub cpu: Duration,
+    /// Transfers callers copied themselves (`RMA_USECPU`).
+    pub cpu_transfers: u64,
+    /// Bytes callers copied themselves.
+    pub cpu_bytes: u64,
+}
+
+/// An address the engine may copy from or to: a window's piece or a caller's buffer that the
+/// caller keeps borrowed until the transfer completes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Span {
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+// SAFETY: a span is only an address; whoever makes one keeps the memory alive and unmoved until
+// the transfer completes (segments in `Copy::keep`, a caller's buffer by waiting).
+unsafe impl Send for Span {}
+
+impl Span {
+    pub(crate) fn of(segs: &[Seg]) -> Vec<Span> {
+        segs.iter().map(|s| Span { ptr: s.ptr(), len: s.len }).collect()
+    }
+}
+
+/// One RMA for the engine.
+pub(crate) struct Copy {
+    pub conn: Arc<Conn>,
+    pub seq: u64,
+    pub src: Vec<Span>,
+    pub dst: Vec<Span>,
+    /// The windows the spans lie in, mapped until the copy ends.
+    pub keep: Vec<Seg>,
+    pub ordered: bool,
+    pub transfer: Transfer,
+    /// Told when the engine is done with the spans (copied, abandoned or dropped): a caller
+    /// whose buffer a span borrows waits for it before it returns.
+    pub released: Option<Arc<Released>>,
+}
+
+/// Whether the engine is done with a job's spans.
+#[derive(Debug, Default)]
+pub(crate) struct Released {
+    done: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Released {
+    /// Waits until the engine let go of the job's spans. Never gives up: the caller's buffer
+    /// must not be touched after the caller returns. The engine runs or drops every job it
+    /// receives, and a job tells this when dropped.
+    pub(crate) fn wait(&self) {
+        let mut d = self.done.lock().unwrap();
+        while !*d {
+            d = self.cv.wait(d).unwrap();
+        }
+    }
+}
+
+impl Copy {
+    /// The engine is done with the spans: tells a waiting caller.
+    fn release(&mut self) {
+        if let Some(r) = self.released.take() {
+            *r.done.lock().unwrap() = true;
+            r.cv.notify_all();
+        }
+    }
+}
+
+impl Drop for Copy {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// What a fence signal waits for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum After {
+    /// This endpoint's RMAs up to this sequence number.
+    Mine(u64),
+    /// The peer's RMAs up to this sequence number.
+    Peers(u64),
+}
+
+/// A fence signal: values written (Release) once the RMAs it waits for completed.
+pub(crate) struct Signal {
+    pub conn: Arc<Conn>,
+    pub after: After,
+    pub writes: Vec<(Seg, u64)>,
+}
+
+struct Deferred {
+    at: Instant,
+    conn: Arc<Conn>,
+    seq: u64,
+}
+
+impl PartialEq for Deferred {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at
+    }
+}
+impl Eq for Deferred {}
+impl PartialOrd for Deferred {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Deferred {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.at.cmp(&other.at)
+    }
+}
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<Copy>,
+    deferred: BinaryHeap<Reverse<Deferred>>,
+    signals: Vec<Signal>,
+    last_post: Option<Instant>,
+    kicked: bool,
+    stop: bool,
+}
+
+struct Shared {
+    st: Mutex<State>,
+    /// The connections of this process, read every `WATCH`.
+    watched: Mutex<Vec<Weak<Conn>>>,
+    cv: Condvar,
+    pacer: Arc<dyn Pacer>,
+    mode: DmaMode,
+    transfers: AtomicU64,
+    bytes: AtomicU64,
+    cpu_ns: AtomicU64,
+    cpu_transfers: AtomicU64,
+    cpu_bytes: AtomicU64,
+}
+
+/// The engine: its thread runs while the engine lives.
+pub(crate) struct Engine {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Engine {
+    pub(crate) fn start(mode: DmaMode, pacer: Arc<dyn Pacer>, name: String) -> std::io::Result<Engine> {
+        let shared = Arc::new(Shared {
+            st: Mutex::new(State::default()),
+            watched: Mutex::new(Vec::new()),
+            cv: Condvar::new(),
+            pacer,
+            mode,
+            transfers: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            cpu_ns: AtomicU64::new(0),
+            cpu_transfers: AtomicU64::new(0),
+            cpu_bytes: AtomicU64::new(0),
+        });
+        let run = shared.clone();
+        let thread = std::thread::Builder::new().name(name).spawn(move || run.run())?;
+        Ok(Engine { shared, thread: Some(thread) })
+    }
+
+    pub(crate) fn mode(&self) -> DmaMode {
+        self.shared.mode
+    }
+
+    /// Queues an RMA; returns at once.
+    pub(crate) fn post(&self, job: Copy) {
+        let mut st = self.shared.st.lock().unwrap();
+        st.queue.push_back(job);
+        st.last_post = Some(Instant::now());
+        self.shared.cv.notify_all();
+    }
+
+    /// Reads what the peer of `conn` sends every `WATCH` while `conn` lives.
+    pub(crate) fn watch(&self, conn: &Arc<Conn>) {
+        self.shared.watched.lock().unwrap().push(Arc::downgrade(conn));
+    }
+
+    /// Queues a fence signal.
+    pub(crate) fn signal(&self, sig: Signal) {
+        let mut st = self.shared.st.lock().unwrap();
+        st.signals.push(sig);
+        st.kicked = true;
+        self.shared.cv.notify_all();
+    }
+
+    /// Runs what is queued without gathering more (a fence or a synchronous RMA waits on it).
+    pub(crate) fn kick(&self) {
+        let mut st = self.shared.st.lock().unwrap();
+        if !st.kicked {
+            st.kicked = true;
+            self.shared.cv.notify_all();
+        }
+    }
+
+    /// A copy the caller made itself (`RMA_USECPU`): completes it when the pacer says.
+    pub(crate) fn copied_by_cpu(&self, conn: &Arc<Conn>, seq: u64, transfer: Transfer) {
+        self.shared.cpu_transfers.fetch_add(1, Ordering::Relaxed);
+        self.shared.cpu_bytes.fetch_add(transfer.bytes as u64, Ordering::Relaxed);
+        let now = Instant::now();
+        let at = self.shared.pacer.complete_at(&transfer, now);
+        if at <= now {
+            conn.complete(seq);
+        } else {
+            let mut st = self.shared.st.lock().unwrap();
+            st.deferred.push(Reverse(Deferred { at, conn: conn.clone(), seq }));
+            self.shared.cv.notify_all();
+        }
+    }
+
+    pub(crate) fn stats(&self) -> DmaStats {
+        let s = &self.shared;
+        // Relaxed: counters for reports, read without ordering against the copies.
+        DmaStats {
+            transfers: s.transfers.load(Ordering::Relaxed),
+            bytes: s.bytes.load(Ordering::Relaxed),
+            cpu: Duration::from_nanos(s.cpu_ns.load(Ordering::Relaxed)),
+            cpu_transfers: s.cpu_transfers.load(Ordering::Relaxed),
+            cpu_bytes: s.cpu_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shared.st.lock().unwrap().stop = true;
+        self.shared.cv.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Copies `len` bytes from `src` to `dst` (equal totals) as (from, to, len) pieces.
+fn pieces(src: &[Span], dst: &[Span]) -> Vec<(*mut u8, *mut u8, usize)> {
+    let mut out = Vec::with_capacity(src.len().max(dst.len()));
+    let (mut i, mut j, mut si, mut dj) = (0, 0, 0usize, 0usize);
+    while i < src.len() && j < dst.len() {
+        let n = (src[i].len - si).min(dst[j].len - dj).min(CHUNK);
+        // SAFETY: `si < src[i].len` and `dj < dst[j].len`: both stay inside their spans.
+        out.push(unsafe { (src[i].ptr.add(si), dst[j].ptr.add(dj), n) });
+        si += n;
+        dj += n;
+        if si == src[i].len {
+            i += 1;
+            si = 0;
+        }
+        if dj == dst[j].len {
+            j += 1;
+            dj = 0;
+        }
+    }
+    out
+}
+
+impl Shared {
+    fn run(&self) {
+        let mut st = self.st.lock().unwrap();
+        let mut next_watch = Instant::now() + WATCH;
+        loop {
+            if st.stop {
+                return;
+            }
+            let mut now = Instant::now();
+            if now >= next_watch {
+                drop(st);
+                self.watch_all();
+                st = self.st.lock().unwrap();
+                now = Instant::now();
+                next_watch = now + WATCH;
+            }
+            while st.deferred.peek().is_some_and(|d| d.0.at <= now) {
+                let Reverse(d) = st.deferred.pop().unwrap();
+                d.conn.complete(d.seq);
+            }
+            if !st.signals.is_empty() {
+                let signals = std::mem::take(&mut st.signals);
+                drop(st);
+                let waiting: Vec<Signal> = signals.into_iter().filter_map(fire_if_ready).collect();
+                st = self.st.lock().unwrap();
+                st.signals.extend(waiting);
+                self.note_cpu();
+            }
+            if let Some(job) = self.pick(&mut st, now) {
+                drop(st);
+                self.copy(job);
+                self.note_cpu();
+                st = self.st.lock().unwrap();
+                continue;
+            }
+            let mut wait = next_watch.saturating_duration_since(now);
+            if let Some(d) = st.deferred.peek() {
+                wait = wait.min(d.0.at.saturating_duration_since(now));
+            }
+            if !st.signals.is_empty() {
+                wait = wait.min(SIGNAL_POLL);
+            }
+            if !st.queue.is_empty() {
+                let since = st.last_post.map_or(Duration::ZERO, |t| now.duration_since(t));
+                wait = wait.min(GATHER.saturating_sub(since).max(Duration::from_millis(1)));
+            }
+            st = self.cv.wait_timeout(st, wait).unwrap().0;
+        }
+    }
+
+    /// The next RMA to run, or `None` (in reverse mode, while posts may still come).
+    fn pick(&self, st: &mut State, now: Instant) -> Option<Copy> {
+        if st.queue.is_empty() {
+            st.kicked = false;
+            return None;
+        }
+        match self.mode {
+            DmaMode::InOrder => st.queue.pop_front(),
+            DmaMode::Reverse => {
+                let gathering = st.last_post.is_some_and(|t| now.duration_since(t) < GATHER);
+                if gathering && !st.kicked {
+                    return None;
+                }
+                // Last first, but never past an ordered RMA: what was posted before it runs first.
+                let i = match st.queue.iter().position(|j| j.ordered) {
+                    Some(0) => 0,
+                    Some(k) => k - 1,
+                    None => st.queue.len() - 1,
+                };
+                st.queue.remove(i)
+            }
+        }
+    }
+
+    fn copy(&self, mut job: Copy) {
+        let total = job.transfer.bytes;
+        let mut parts = pieces(&job.src, &job.dst);
+        let reverse = self.mode == DmaMode::Reverse && !job.ordered;
+        if reverse {
+            parts.reverse();
+        }
+        let mut ok = true;
+        for (from, to, n) in parts {
+            // A lost peer stops the transfer within a piece (at most `CHUNK` bytes).
+            ok = job.conn.alive();
+            if !ok {
+                break;
+            }
+            // SAFETY: `from` and `to` are `n` bytes inside spans whose memory `job.keep` (window
+            // mappings) or a waiting caller (its buffer) keeps mapped until the engine releases
+            // the job below; `copy` allows the two to overlap (a window mapped twice).
+            unsafe { std::ptr::copy(from, to, n) };
+        }
+        drop(std::mem::take(&mut job.keep));
+        job.release();
+        if ok {
+            self.transfers.fetch_add(1, Ordering::Relaxed);
+            self.bytes.fetch_add(total as u64, Ordering::Relaxed);
+        }
+        let now = Instant::now();
+        let at = if ok { self.pacer.complete_at(&job.transfer, now) } else { now };
+        if at <= now {
+            job.conn.complete(job.seq);
+        } else {
+            let conn = job.conn.clone();
+            self.st.lock().unwrap().deferred.push(Reverse(Deferred { at, conn, seq: job.seq }));
+        }
+    }
+
+    /// Reads what the peers sent on every live connection; forgets the dropped ones.
+    fn watch_all(&self) {
+        let live: Vec<Arc<Conn>> = {
+            let mut w = self.watched.lock().unwrap();
+            w.retain(|c| c.strong_count() > 0);
+            w.iter().filter_map(Weak::upgrade).collect()
+        };
+        for conn in live.iter().filter(|c| !c.is_dead()) {
+            conn.pump();
+        }
+        if !live.is_empty() {
+            self.note_cpu();
+        }
+    }
+
+    fn note_cpu(&self) {
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+        let ns = (t.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec as u64);
+        self.cpu_ns.store(ns, Ordering::Relaxed);
+    }
+}
+
+/// Writes a signal's values if what it waits for completed; hands it back if not yet. A signal of
+/// a dead connection is dropped.
+fn fire_if_ready(sig: Signal) -> Option<Signal> {
+    if sig.conn.is_dead() {
+        return None;
+    }
+    let ready = match sig.after {
+        After::Mine(seq) => sig.conn.done_through(seq),
+        After::Peers(seq) => sig.conn.peer_counters().1 >= seq,
+    };
+    if !ready {
+        return Some(sig);
+    }
+    for (seg, value) in &sig.writes {
+        debug_assert!(seg.len == 8 && (seg.ptr() as usize) % 8 == 0);
+        // SAFETY: an 8-byte aligned piece of a writable window (resolved and checked at post),
+        // mapped while `seg` lives; accessed atomically here and by the readers of the flag.
+        let word = unsafe { &*seg.ptr().cast::<AtomicU64>() };
+        // Release: the RMAs this signal waited for are visible to whoever reads the value with
+        // Acquire (`Memory::load_u64`, `PeerMap::load_u64`).
+        word.store(*value, Ordering::Release);
+    }
+    None
+}
