@@ -73,6 +73,17 @@ pub fn settings() -> Result<Config> {
     Ok(config)
 }
 
+/// Every `POLYRAIL_*` variable of this build with its effective value in `config` and where it
+/// came from (environment, a file, default), core's first, as `ucx_info -c` lists them.
+pub fn effective_settings(config: &Config) -> Vec<config::Effective> {
+    let given = |name: &str| std::env::var(name).ok();
+    let mut all = config::effective(&given);
+    for f in channels() {
+        all.extend(f.effective(config, &given));
+    }
+    all
+}
+
 /// Every `POLYRAIL_*` variable of this build's channels (the core's are [`config::VARS`]).
 pub fn channel_variables() -> Vec<config::VarInfo> {
     channels().iter().flat_map(|f| f.variables()).collect()

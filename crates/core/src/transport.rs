@@ -514,4 +514,11 @@ pub trait ChannelFactory: Sync {
     fn check_settings(&self, _config: &Config) -> Result<()> {
         Ok(())
     }
+
+    /// The effective value of each of the channel's variables in `config` and where it came
+    /// from, for `polyrail info --config`; `given` tells which the environment set. The
+    /// default says environment or default; a channel that also reads files says so.
+    fn effective(&self, _config: &Config, given: &dyn Fn(&str) -> Option<String>) -> Vec<crate::config::Effective> {
+        crate::config::effective_of(&self.variables(), given)
+    }
 }

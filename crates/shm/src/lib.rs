@@ -31,7 +31,7 @@ mod sys;
 
 pub use cma::CmaTransport;
 pub use loopback::Loopback;
-pub use settings::ShmSettings;
+pub use settings::{CmaSettings, ShmSettings};
 pub use shm::ShmTransport;
 
 use polyrail_core::{ChannelFactory, ChannelStart, Opened, Result, TransportKind};
@@ -81,10 +81,27 @@ impl ChannelFactory for CmaFactory {
     fn kind(&self) -> TransportKind {
         CMA
     }
+    fn variables(&self) -> Vec<polyrail_core::config::VarInfo> {
+        polyrail_core::config::infos(settings::CMA_VARS)
+    }
+    fn check_settings(&self, config: &polyrail_core::Config) -> Result<()> {
+        CmaSettings::from_config(config).map(drop)
+    }
+    fn effective(
+        &self,
+        config: &polyrail_core::Config,
+        given: &dyn Fn(&str) -> Option<String>,
+    ) -> Vec<polyrail_core::config::Effective> {
+        match CmaSettings::from_config(config) {
+            Ok(s) => s.effective(given),
+            Err(_) => polyrail_core::config::effective_of(&self.variables(), given),
+        }
+    }
     fn open(&self, start: &ChannelStart<'_>) -> Result<Opened> {
         if let Some(absent) = start.without_peers() {
             return Ok(absent);
         }
-        Ok(Opened::Channel(Box::new(CmaTransport::new().with_rndv_from(start.config.cma_rndv_from()))))
+        let settings = CmaSettings::from_config(start.config)?;
+        Ok(Opened::Channel(Box::new(CmaTransport::new().with_rndv_from(settings.rndv_from()))))
     }
 }

@@ -5,12 +5,14 @@
 
 mod vars;
 
-pub use vars::{apply_others, did_you_mean, effective, infos, set, AutoOffSize, Effective, Value, Var, VarInfo, VARS};
+pub use vars::{
+    apply_others, did_you_mean, effective, effective_of, infos, set, AutoOffSize, Effective, Value, Var, VarInfo, VARS,
+};
 
 use crate::error::{Error, Result};
 use crate::policy::topology::TopoClass;
 use crate::size::{format_size, parse_size};
-use crate::transport::{RndvFrom, TransportKind};
+use crate::transport::TransportKind;
 
 /// Which transports may be used (`POLYRAIL_TRANSPORTS`).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -294,13 +296,6 @@ pub enum PmiVersion {
 pub struct Config {
     /// `POLYRAIL_TRANSPORTS`: allow-list (`shm,cma`), deny-list (`^cma`) or `all` (default).
     pub transports: TransportFilter,
-    /// `POLYRAIL_CMA_THRESHOLD`: smallest message sent by single copy, overall or per topology
-    /// class. Default: from the transports' cost models and the class (see `polyrail info`).
-    pub cma_threshold: ClassSizes,
-    /// `POLYRAIL_TUNING`: a file written by `polyrail tune` with single-copy thresholds measured
-    /// on this machine, per class; used where `POLYRAIL_CMA_THRESHOLD` sets none. The path and
-    /// the thresholds it gave.
-    pub tuning: Option<(String, ClassSizes)>,
     /// `POLYRAIL_ROUTE`: rules that override the route table, applied in order after it was
     /// built: `CLASS:LO-HI:CHANNEL[/PROTOCOL]`, comma-separated, e.g.
     /// `shared-l3:0-64k:shm,all:1m-:cma/get` (CLASS may be `all`; LO or HI may be left out).
@@ -398,8 +393,6 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             transports: TransportFilter::All,
-            cma_threshold: ClassSizes::default(),
-            tuning: None,
             routes: Vec::new(),
             split_threshold: SplitThreshold::Auto,
             split_share: SplitShare::Auto,
@@ -421,21 +414,6 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Where `cma` starts one-sided copies by class: `POLYRAIL_CMA_THRESHOLD`, else a tuning
-    /// file's measurements ([`TransportAttr::rndv_from`](crate::TransportAttr::rndv_from)).
-    pub fn cma_rndv_from(&self) -> Vec<RndvFrom> {
-        let mut out = Vec::new();
-        let mut add = |sizes: &ClassSizes, reason: &str| {
-            let entries = sizes.per_class.iter().map(|&(c, s)| (Some(c), s)).chain(sizes.all.map(|s| (None, s)));
-            out.extend(entries.map(|(class, from)| RndvFrom { class, from, reason: reason.to_owned() }));
-        };
-        add(&self.cma_threshold, "POLYRAIL_CMA_THRESHOLD");
-        if let Some((path, sizes)) = &self.tuning {
-            add(sizes, &format!("measured by `polyrail tune`, POLYRAIL_TUNING={path}"));
-        }
-        out
-    }
-
     /// Reads the process environment.
     pub fn from_env() -> Result<Config> {
         let mut vars = Vec::new();
@@ -569,7 +547,7 @@ pub(crate) fn parse_transports(var: &str, value: &str) -> Result<TransportFilter
 
 /// The text of the regular file at `path`, of at most 64 KiB (a tuning file has a few lines;
 /// a device or a pipe could be endless or never end).
-pub(crate) fn read_small_file(path: &str) -> std::io::Result<String> {
+pub fn read_small_file(path: &str) -> std::io::Result<String> {
     use std::io::Read;
     const LIMIT: u64 = 64 << 10;
     use std::os::unix::fs::OpenOptionsExt;
@@ -589,45 +567,6 @@ pub(crate) fn read_small_file(path: &str) -> std::io::Result<String> {
         return Err(std::io::Error::other("larger than 64 KiB"));
     }
     Ok(text)
-}
-
-/// Parses a tuning file: `#` comments, and lines `cma_threshold CLASS SIZE`.
-pub fn parse_tuning(text: &str) -> std::result::Result<ClassSizes, String> {
-    let mut out = ClassSizes::default();
-    for (i, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let f: Vec<&str> = line.split_whitespace().collect();
-        match f[..] {
-            ["cma_threshold", class, size] => {
-                let class =
-                    TopoClass::from_name(class).ok_or_else(|| format!("line {}: `{class}` is not a class", i + 1))?;
-                if out.per_class.iter().any(|&(c, _)| c == class) {
-                    return Err(format!("line {}: a second cma_threshold for `{}`", i + 1, class.name()));
-                }
-                let size = parse_size(size).ok_or_else(|| format!("line {}: `{size}` is not a size", i + 1))?;
-                out.per_class.push((class, size));
-            }
-            _ => return Err(format!("line {}: expected `cma_threshold CLASS SIZE`, got `{line}`", i + 1)),
-        }
-    }
-    Ok(out)
-}
-
-/// Writes a tuning file that [`parse_tuning`] reads.
-pub fn format_tuning(header: &str, sizes: &ClassSizes) -> String {
-    let mut s = String::new();
-    for line in header.lines() {
-        s.push_str("# ");
-        s.push_str(line);
-        s.push('\n');
-    }
-    for (class, size) in &sizes.per_class {
-        s.push_str(&format!("cma_threshold {} {}\n", class.name(), format_size(*size)));
-    }
-    s
 }
 
 pub(crate) fn parse_routes(var: &str, value: &str) -> Result<Vec<RouteRule>> {
@@ -678,7 +617,9 @@ pub(crate) fn parse_routes(var: &str, value: &str) -> Result<Vec<RouteRule>> {
     Ok(rules)
 }
 
-pub(crate) fn parse_class_sizes(var: &str, value: &str) -> Result<ClassSizes> {
+/// The sizes `value` of variable `var` gives, overall or per topology class (`32k` or
+/// `shared-l3:16k,socket:4k`); an error names the variable, the value and what is accepted.
+pub fn parse_class_sizes(var: &str, value: &str) -> Result<ClassSizes> {
     let classes: Vec<&str> = TopoClass::NAMED.iter().map(|c| c.name()).collect();
     let accepted = || {
         format!(
@@ -764,19 +705,6 @@ mod tests {
 
     #[test]
     fn thresholds() {
-        let c = cfg(&[("POLYRAIL_CMA_THRESHOLD", "8k,shared-l3:16k,socket:4k")]).unwrap();
-        assert_eq!(c.cma_threshold.get(TopoClass::SharedL3), Some(16384));
-        assert_eq!(c.cma_threshold.get(TopoClass::Socket), Some(4096));
-        assert_eq!(c.cma_threshold.get(TopoClass::CrossSocket), Some(8192));
-        let e = cfg(&[("POLYRAIL_CMA_THRESHOLD", "l9:4k")]).unwrap_err().to_string();
-        assert!(e.contains("l9") && e.contains("shared-l3"), "{e}");
-        assert!(cfg(&[("POLYRAIL_CMA_THRESHOLD", "socket:lots")]).is_err());
-        // A size given twice is refused (which one would win is nowhere said).
-        for v in ["8k,16k", "socket:4k,socket:8k"] {
-            let e = cfg(&[("POLYRAIL_CMA_THRESHOLD", v)]).unwrap_err().to_string();
-            assert!(e.contains("given twice"), "{e}");
-        }
-        assert!(parse_tuning("cma_threshold socket 4k\ncma_threshold socket 8k").unwrap_err().contains("second"));
         assert_eq!(cfg(&[("POLYRAIL_SPLIT_THRESHOLD", "off")]).unwrap().split_threshold, SplitThreshold::Off);
         assert_eq!(cfg(&[("POLYRAIL_SPLIT_SHARE", "30")]).unwrap().split_share, SplitShare::Percent(30));
         assert_eq!(cfg(&[("POLYRAIL_SPLIT_SHARE", "auto")]).unwrap().split_share, SplitShare::Auto);
@@ -814,34 +742,6 @@ mod tests {
         assert!(e.contains("POLYRAIL_NEAR_EAGER") && e.contains("near") && e.contains("`off`"), "{e}");
         let e = cfg(&[("POLYRAIL_STREAM_EAGER", "always")]).unwrap_err().to_string();
         assert!(e.contains("POLYRAIL_STREAM_EAGER") && e.contains("always") && e.contains("`auto`"), "{e}");
-    }
-
-    #[test]
-    fn tuning_files() {
-        let t = ClassSizes { all: None, per_class: vec![(TopoClass::SharedL3, 48 << 10), (TopoClass::Socket, 4096)] };
-        let text = format_tuning("measured by a test\non this machine", &t);
-        assert_eq!(parse_tuning(&text).unwrap(), t);
-        assert!(parse_tuning("cma_threshold l9 4k").unwrap_err().contains("`l9` is not a class"));
-        assert!(parse_tuning("threshold 4k").unwrap_err().contains("line 1"));
-        let path = std::env::temp_dir().join(format!("polyrail-tuning-test-{}", std::process::id()));
-        std::fs::write(&path, &text).unwrap();
-        let c = cfg(&[("POLYRAIL_TUNING", path.to_str().unwrap())]).unwrap();
-        assert_eq!(c.tuning.as_ref().unwrap().1, t);
-        std::fs::remove_file(&path).unwrap();
-        let e = cfg(&[("POLYRAIL_TUNING", "/nonexistent/tuning")]).unwrap_err().to_string();
-        assert!(e.contains("POLYRAIL_TUNING") && e.contains("/nonexistent/tuning"), "{e}");
-    }
-
-    /// A FIFO is refused at once: opening it would wait for a writer for ever.
-    #[test]
-    fn a_tuning_file_that_is_a_fifo_is_refused_without_waiting() {
-        let path = std::env::temp_dir().join(format!("polyrail-tuning-fifo-{}", std::process::id()));
-        let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
-        // SAFETY: a valid NUL-terminated path; mkfifo only creates a file.
-        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
-        let e = cfg(&[("POLYRAIL_TUNING", path.to_str().unwrap())]).unwrap_err().to_string();
-        std::fs::remove_file(&path).unwrap();
-        assert!(e.contains("POLYRAIL_TUNING") && e.contains("not a regular file"), "{e}");
     }
 
     #[test]

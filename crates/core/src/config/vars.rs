@@ -2,9 +2,8 @@
 //! value applies to a [`Config`].
 
 use super::{
-    parse_class_sizes, parse_routes, parse_transports, parse_tuning, read_small_file, ApartSingleCopy, Config,
-    LogLevel, NearEager, PlacementMode, PmiVersion, PollPolicy, SkewPolicy, SplitShare, SplitThreshold, StreamEager,
-    WaitMode, MAX_EAGER_MESSAGE,
+    parse_routes, parse_transports, ApartSingleCopy, Config, LogLevel, NearEager, PlacementMode, PmiVersion,
+    PollPolicy, SkewPolicy, SplitShare, SplitThreshold, StreamEager, WaitMode, MAX_EAGER_MESSAGE,
 };
 use crate::error::{Error, Result};
 use crate::size::{format_size, parse_size};
@@ -138,34 +137,11 @@ pub static VARS: &[Var] = &[
     },
     Var {
         info: VarInfo {
-            name: "POLYRAIL_CMA_THRESHOLD",
-            default: "by topology class",
-            doc: "smallest single-copy message: `32k` or `shared-l3:16k,socket:4k`",
-        },
-        apply: |c, v| set(&mut c.cma_threshold, parse_class_sizes(v.var, v.text)),
-    },
-    Var {
-        info: VarInfo {
             name: "POLYRAIL_ROUTE",
             default: "none",
             doc: "route overrides CLASS:LO-HI:CHANNEL[/PROTOCOL],... e.g. all:0-64k:shm,socket:1m-:cma/get",
         },
         apply: |c, v| set(&mut c.routes, parse_routes(v.var, v.text)),
-    },
-    Var {
-        info: VarInfo {
-            name: "POLYRAIL_TUNING",
-            default: "none",
-            doc: "file of measured thresholds written by `polyrail tune`",
-        },
-        apply: |c, v| {
-            let text = read_small_file(v.text)
-                .map_err(|e| v.bad(&format!("a readable file written by `polyrail tune` ({e})")))?;
-            let sizes =
-                parse_tuning(&text).map_err(|why| v.bad(&format!("a file written by `polyrail tune` ({why})")))?;
-            c.tuning = Some((v.text.to_owned(), sizes));
-            Ok(())
-        },
     },
     Var {
         info: VarInfo {
@@ -382,19 +358,20 @@ pub struct Effective {
     pub source: String,
 }
 
-/// The effective value in `cfg` of every variable of this table and of `channels` (the
-/// channels' own), with `given` telling which the environment set.
-pub fn effective(cfg: &Config, channels: &[VarInfo], given: &dyn Fn(&str) -> Option<String>) -> Vec<Effective> {
-    VARS.iter()
-        .map(|v| v.info)
-        .chain(channels.iter().copied())
-        .map(|var| {
-            let (value, source) = match (given(var.name), &cfg.tuning) {
-                (Some(v), _) => (v, "environment".to_string()),
-                (None, Some((path, sizes))) if var.name == "POLYRAIL_CMA_THRESHOLD" => {
-                    (sizes.to_string(), format!("tuning file {path}"))
-                }
-                (None, _) => (var.default.to_string(), "default".to_string()),
+/// The effective value of every variable of core's table ([`VARS`]), with `given` telling which
+/// the environment set; the channels report theirs ([`crate::ChannelFactory::effective`]).
+pub fn effective(given: &dyn Fn(&str) -> Option<String>) -> Vec<Effective> {
+    let infos: Vec<VarInfo> = VARS.iter().map(|v| v.info).collect();
+    effective_of(&infos, given)
+}
+
+/// The effective value of each of `vars`: the environment's (`given`), else the default.
+pub fn effective_of(vars: &[VarInfo], given: &dyn Fn(&str) -> Option<String>) -> Vec<Effective> {
+    vars.iter()
+        .map(|&var| {
+            let (value, source) = match given(var.name) {
+                Some(v) => (v, "environment".to_string()),
+                None => (var.default.to_string(), "default".to_string()),
             };
             Effective { var, value, source }
         })
@@ -410,9 +387,10 @@ pub fn var(name: &str) -> Option<&'static Var> {
 /// one that holds it or that it holds (`POLYRAIL_CMA` for `POLYRAIL_CMA_THRESHOLD`).
 pub fn did_you_mean<'a>(name: &str, known: &[&'a str]) -> Option<&'a str> {
     let upper = name.to_ascii_uppercase();
-    let nearest = known.iter().map(|&k| (edit_distance(&upper, k), k)).min_by_key(|&(d, _)| d);
+    let nearest = known.iter().map(|&k| (edit_distance(&upper, &k.to_ascii_uppercase()), k)).min_by_key(|&(d, _)| d);
     match nearest {
-        Some((d, k)) if d <= 3 => Some(k),
+        // Three edits for a variable's name; fewer for a short one (`shn` is `shm`, `tcp` nothing).
+        Some((d, k)) if d <= (k.len() / 3).min(3) => Some(k),
         _ => {
             known.iter().copied().find(|k| k.len() > 9 && upper.len() > 9 && (k.contains(&upper) || upper.contains(k)))
         }
@@ -461,9 +439,11 @@ mod tests {
         known.push("POLYRAIL_IB_EAGER_LIMIT");
         let guess = |name: &str| did_you_mean(name, &known);
         assert_eq!(guess("POLYRAIL_TRANSPORT"), Some("POLYRAIL_TRANSPORTS"));
-        assert_eq!(guess("POLYRAIL_CMA_THRESHOLDS"), Some("POLYRAIL_CMA_THRESHOLD"));
+        assert_eq!(guess("POLYRAIL_SPLIT_THRESHOLDS"), Some("POLYRAIL_SPLIT_THRESHOLD"));
         assert_eq!(guess("polyrail_wait"), Some("POLYRAIL_WAIT"));
         assert_eq!(guess("POLYRAIL_IB_EAGER"), Some("POLYRAIL_IB_EAGER_LIMIT"));
         assert_eq!(guess("POLYRAIL_FROBNICATE"), None);
+        assert_eq!(did_you_mean("shn", &["self", "shm", "cma", "ib"]), Some("shm"));
+        assert_eq!(did_you_mean("tcp", &["self", "shm", "cma", "ib"]), None);
     }
 }

@@ -566,7 +566,7 @@ mod tests {
             .map(|c| {
                 let mut a = c.attr.clone();
                 a.rndv_from = match a.kind {
-                    CMA => cfg.cma_rndv_from(),
+                    CMA => cma_rndv_from(cfg),
                     IB => ib_rndv_from(cfg),
                     _ => Vec::new(),
                 };
@@ -576,6 +576,17 @@ mod tests {
         let with: Vec<Candidate<'_>> =
             candidates.iter().zip(&attrs).map(|(c, attr)| Candidate { id: c.id, attr }).collect();
         super::build_route(class, &with, cfg)
+    }
+
+    /// What the cma channel reports for `POLYRAIL_CMA_THRESHOLD` (a setting of its own crate,
+    /// kept among the configuration's others here).
+    fn cma_rndv_from(cfg: &Config) -> Vec<crate::RndvFrom> {
+        let Some((var, value)) = cfg.others.iter().find(|(k, _)| k == "POLYRAIL_CMA_THRESHOLD") else {
+            return Vec::new();
+        };
+        let sizes = crate::config::parse_class_sizes(var, value).expect("a valid threshold in the test");
+        let entries = sizes.per_class.iter().map(|&(c, s)| (Some(c), s)).chain(sizes.all.map(|s| (None, s)));
+        entries.map(|(class, from)| crate::RndvFrom { class, from, reason: var.clone() }).collect()
     }
 
     /// What the ib channel reports for `POLYRAIL_IB_EAGER_LIMIT` (a setting of its own crate,

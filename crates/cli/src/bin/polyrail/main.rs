@@ -202,9 +202,8 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
 /// Every variable with its effective value, default, source and doc, as `ucx_info -c` prints.
 fn format_config(cfg: &polyrail::Config) -> String {
     use std::fmt::Write;
-    let given = |name: &str| std::env::var(name).ok();
     let mut s = String::new();
-    for e in polyrail::config::effective(cfg, &polyrail::channel_variables(), &given) {
+    for e in polyrail::effective_settings(cfg) {
         let _ = writeln!(s, "# {}", e.var.doc);
         let _ = writeln!(s, "# default: {}; from: {}", e.var.default, e.source);
         let _ = writeln!(s, "{}={}\n", e.var.name, e.value);

@@ -2,9 +2,10 @@
 //! processes of this machine, and writes it to a file that `POLYRAIL_TUNING` loads.
 
 use anyhow::{bail, Context as _};
-use polyrail::config::{format_tuning, ClassSizes};
+use polyrail::config::ClassSizes;
 use polyrail::{format_size, Context, Source, TagMatch, TopoClass};
 use polyrail_cli::launch::{launch, LaunchOptions};
+use polyrail_shm::settings::format_tuning;
 use std::ffi::OsString;
 use std::path::Path;
 use std::time::Instant;
