@@ -129,6 +129,26 @@ fn get_long(boot: &mut dyn Bootstrap, key: &str) -> Result<String> {
     Ok(out)
 }
 
+/// Ranks in increasing order written as ranges: `0-2,4,6-31`.
+fn rank_ranges(ranks: impl Iterator<Item = Rank>) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut run: Option<(Rank, Rank)> = None;
+    for r in ranks {
+        run = match run {
+            Some((lo, hi)) if r == hi + 1 => Some((lo, r)),
+            Some((lo, hi)) => {
+                out.push(if lo == hi { lo.to_string() } else { format!("{lo}-{hi}") });
+                Some((r, r))
+            }
+            None => Some((r, r)),
+        };
+    }
+    if let Some((lo, hi)) = run {
+        out.push(if lo == hi { lo.to_string() } else { format!("{lo}-{hi}") });
+    }
+    out.join(",")
+}
+
 /// Checks `config` against the variables the channels of `factories` declare: each channel's
 /// own values, and that every `POLYRAIL_*` name is one some table declares (else an error that
 /// suggests the nearest).
@@ -231,6 +251,7 @@ impl Job {
         boot.fence()?;
 
         let mut peers = Vec::with_capacity(size as usize);
+        let mut unreachable: Vec<(Rank, String)> = Vec::new();
         // Channels that reach another rank: only these can deliver, so only these are polled.
         let mut reaching = ChannelSet::EMPTY;
         let mut infos = Vec::with_capacity(size as usize);
@@ -383,11 +404,22 @@ impl Job {
                         Reach::Yes(_) => None,
                     }));
                     let why = format!("{} (POLYRAIL_TRANSPORTS={})", why.join("; "), config.transports);
-                    tracing::warn!("rank {rank}: no channel carries messages to rank {r}: {why}");
+                    unreachable.push((r, why.clone()));
                     engine.set_route(r, Err(why));
                 }
             }
             peers.push(PeerReport { rank: r, class, reach, route });
+        }
+        // One line per rank, however many peers it cannot reach (each peer's reason is in its
+        // errors and in `polyrail info`).
+        match &unreachable[..] {
+            [] => {}
+            [(r, why)] => tracing::warn!("rank {rank}: no channel carries messages to rank {r}: {why}"),
+            [(r, why), ..] => tracing::warn!(
+                "rank {rank}: no channel carries messages to {} ranks ({}); to rank {r}: {why}",
+                unreachable.len(),
+                rank_ranges(unreachable.iter().map(|(r, _)| *r))
+            ),
         }
         // Connected queue pairs (ib) drop what arrives before they are ready to receive, which
         // they are once add_peer ran: every process has added its peers before anyone sends.
@@ -442,6 +474,13 @@ mod tests {
         fn open(&self, _start: &ChannelStart<'_>) -> Result<Opened> {
             Ok(Opened::Absent("a test factory".into()))
         }
+    }
+
+    #[test]
+    fn rank_lists_are_written_as_ranges() {
+        assert_eq!(rank_ranges([0, 1, 2, 4, 6, 7].into_iter()), "0-2,4,6-7");
+        assert_eq!(rank_ranges([5].into_iter()), "5");
+        assert_eq!(rank_ranges(std::iter::empty()), "");
     }
 
     #[test]
