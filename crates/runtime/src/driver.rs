@@ -1,7 +1,7 @@
 //! Drives the sans-IO engine: executes its actions on the channels, polls the channels, waits.
 
 use polyrail_core::config::{PollPolicy, WaitMode};
-use polyrail_core::engine::{Action, Engine, OpOutcome, Payload, ReqId, SplitTiming, Status, Unparked};
+use polyrail_core::engine::{Action, Engine, OpOutcome, Payload, ReqId, SplitTime, SplitTiming, Status, Unparked};
 use polyrail_core::observe::{says_yes, Observation, Observe};
 use polyrail_core::policy::{ChannelId, ChannelSet};
 use polyrail_core::{
@@ -86,7 +86,7 @@ pub struct Driver {
     syscall_skipped: u32,
     /// Poll every channel on every round (see [`Driver::probing`]).
     poll_everything: bool,
-    /// When the split message the engine times started ([`Engine::split_timing`]), and when
+    /// When the split message the engine times started ([`Engine::poll_split_timing`]), and when
     /// the last drain since then ended.
     split_since: Instant,
     split_seen: Instant,
@@ -251,13 +251,15 @@ impl Driver {
     #[cold]
     fn time_split(&mut self, before_actions: bool) {
         let now = Instant::now();
-        let timing = self.engine.split_timing();
+        let timing = self.engine.poll_split_timing();
         if before_actions && timing != Some(SplitTiming::Start) && now.duration_since(self.split_seen) > SPLIT_GAP {
-            self.engine.split_disturbed();
+            self.engine.handle_split_time(SplitTime::Disturbed);
         }
         match timing {
             Some(SplitTiming::Start) => self.split_since = now,
-            Some(SplitTiming::End) => self.engine.split_ended(now.duration_since(self.split_since).as_nanos() as u64),
+            Some(SplitTiming::End) => {
+                self.engine.handle_split_time(SplitTime::Took(now.duration_since(self.split_since).as_nanos() as u64))
+            }
             None => {}
         }
         self.split_seen = now;
@@ -372,14 +374,14 @@ impl Driver {
         }
         self.lasting.push((region, handles));
         if file.is_some() {
-            self.engine.add_mapped_memory(region);
+            self.engine.set_mapped_memory(region, true);
         }
         Ok(())
     }
 
     /// Ends what [`Driver::register_memory`] started for `region`.
     pub fn unregister_memory(&mut self, region: Region) {
-        self.engine.remove_mapped_memory(region);
+        self.engine.set_mapped_memory(region, false);
         if let Some(i) = self.lasting.iter().position(|(r, _)| r.ptr == region.ptr && r.len == region.len) {
             let (_, handles) = self.lasting.swap_remove(i);
             self.deregister_all(&handles);

@@ -250,7 +250,7 @@ pub struct Engine {
     /// `usize::MAX` when no route has one.
     placement_from: usize,
     /// Registered memory that peers map, as address ranges sorted by start (see
-    /// [`Engine::add_mapped_memory`]).
+    /// [`Engine::set_mapped_memory`]).
     mapped: Vec<Range<usize>>,
     /// The blocking receive parked by [`Engine::park_recv`], if any.
     parked: Option<Parked>,
@@ -263,7 +263,7 @@ pub struct Engine {
 }
 
 /// A split message timed for [`SplitTuner`]: the driver starts its clock before the message's
-/// first action runs and reads it once the request has ended ([`Engine::split_timing`]).
+/// first action runs and reads it once the request has ended ([`Engine::poll_split_timing`]).
 #[derive(Debug)]
 struct SplitProbe {
     id: ReqId,
@@ -271,19 +271,28 @@ struct SplitProbe {
     trial: Trial,
     started: bool,
     /// Another split message started before this one ended, or the driver saw the process
-    /// away from the library meanwhile ([`Engine::split_disturbed`]): its time says nothing of
+    /// away from the library meanwhile ([`Engine::handle_split_time`]): its time says nothing of
     /// its share.
     disturbed: bool,
 }
 
 /// What the driver is to do with its clock for the timed split message
-/// ([`Engine::split_timing`]).
+/// ([`Engine::poll_split_timing`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SplitTiming {
     /// Its share was chosen and none of its actions ran yet: start the clock.
     Start,
-    /// It has ended: report the time since the start with [`Engine::split_ended`].
+    /// It has ended: report the time since the start with [`Engine::handle_split_time`].
     End,
+}
+
+/// What the driver's clock said of the timed split message ([`Engine::handle_split_time`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitTime {
+    /// The process was away from the library meanwhile: the time says nothing of the share.
+    Disturbed,
+    /// Nanoseconds from the start to the end.
+    Took(u64),
 }
 
 /// Whether `buf` lies inside one of `ranges`, which are sorted by start and disjoint (distinct
@@ -322,28 +331,27 @@ impl Engine {
     }
 
     /// Tells the engine that `region` is registered memory with a memory file, which peers'
-    /// channels map: sends from it follow the routes' [`crate::policy::MappedRule`].
-    pub fn add_mapped_memory(&mut self, region: Region) {
+    /// channels map (`mapped`), or no longer: sends from it follow the routes'
+    /// [`crate::policy::MappedRule`].
+    pub fn set_mapped_memory(&mut self, region: Region, mapped: bool) {
         let start = region.ptr as usize;
-        let at = self.mapped.partition_point(|r| r.start < start);
-        self.mapped.insert(at, start..start + region.len);
+        if mapped {
+            let at = self.mapped.partition_point(|r| r.start < start);
+            self.mapped.insert(at, start..start + region.len);
+        } else {
+            self.mapped.retain(|r| *r != (start..start + region.len));
+        }
     }
 
-    /// Ends what [`Engine::add_mapped_memory`] started for `region`.
-    pub fn remove_mapped_memory(&mut self, region: Region) {
-        let start = region.ptr as usize;
-        self.mapped.retain(|r| *r != (start..start + region.len));
-    }
-
-    /// Whether a split message is being timed: then call [`Engine::split_timing`] before and
-    /// after executing actions. (Inline: the driver asks on every drain.)
+    /// Whether a split message is being timed: then call [`Engine::poll_split_timing`] before
+    /// and after executing actions. (Inline: the driver asks on every drain.)
     #[inline]
     pub fn split_timed(&self) -> bool {
         self.split_probe.is_some()
     }
 
     /// What to do with the clock of the timed split message now, if anything.
-    pub fn split_timing(&mut self) -> Option<SplitTiming> {
+    pub fn poll_split_timing(&mut self) -> Option<SplitTiming> {
         let probe = self.split_probe.as_mut()?;
         if !probe.started {
             probe.started = true;
@@ -353,18 +361,21 @@ impl Engine {
         ended.then_some(SplitTiming::End)
     }
 
-    /// The timed split message's time will not say what its share costs (the driver saw the
-    /// process spend a while outside the library, e.g. computing between `isend` and `wait`):
-    /// it is not a trial.
-    pub fn split_disturbed(&mut self) {
-        if let Some(probe) = self.split_probe.as_mut() {
-            probe.disturbed = true;
-        }
-    }
-
-    /// Reports the time of the timed split message (after [`SplitTiming::End`]): it counts
-    /// for its peer's search when it ended well and ran alone.
-    pub fn split_ended(&mut self, ns: u64) {
+    /// What the driver's clock says of the timed split message: [`SplitTime::Disturbed`], the
+    /// process spent a while outside the library (e.g. computing between `isend` and `wait`),
+    /// so its time will not say what its share costs and it is no trial; or
+    /// [`SplitTime::Took`], its time once [`SplitTiming::End`] came, which counts for its peer's
+    /// search when it ended well and ran alone.
+    pub fn handle_split_time(&mut self, time: SplitTime) {
+        let ns = match time {
+            SplitTime::Disturbed => {
+                if let Some(probe) = self.split_probe.as_mut() {
+                    probe.disturbed = true;
+                }
+                return;
+            }
+            SplitTime::Took(ns) => ns,
+        };
         let Some(probe) = self.split_probe.take() else { return };
         let ok = self.reqs.get(probe.id).is_some_and(|r| matches!(r.result, Some(Ok(_))));
         if ok && !probe.disturbed {

@@ -1650,7 +1650,7 @@ fn sends_from_mapped_memory_go_one_sided() {
     let mut sim = Sim::new(2, with_rule);
     let mapped = pattern(4, 3000);
     let private = pattern(5, 800);
-    sim.engines[0].add_mapped_memory(Region { ptr: mapped.as_ptr(), len: mapped.len() });
+    sim.engines[0].set_mapped_memory(Region { ptr: mapped.as_ptr(), len: mapped.len() }, true);
     // The blocking send's fast path leaves such messages to post_send.
     assert!(sim.engines[0].inline_send(1, 0, 0, Region { ptr: mapped.as_ptr(), len: 800 }).is_none());
     // (source, expected first packet): 800 bytes from mapped memory, 400 (below the rule), 800
@@ -1682,7 +1682,7 @@ fn sends_from_mapped_memory_go_one_sided() {
         assert_eq!(out, *src, "case {i}");
     }
     // Given back: private memory again.
-    sim.engines[0].remove_mapped_memory(Region { ptr: mapped.as_ptr(), len: mapped.len() });
+    sim.engines[0].set_mapped_memory(Region { ptr: mapped.as_ptr(), len: mapped.len() }, false);
     let before = sim.wires[1].len();
     send(&mut sim, 0, 1, 9, &mapped[..800]);
     sim.run_actions();
@@ -1696,7 +1696,7 @@ fn mapped_ranges_are_found_in_any_order() {
     let mut e = Engine::new(0, 1, Tuning::default());
     let region = |start: usize, len: usize| Region { ptr: start as *const u8, len };
     for start in [0x9000usize, 0x1000, 0x5000, 0x3000] {
-        e.add_mapped_memory(region(start, 0x1000));
+        e.set_mapped_memory(region(start, 0x1000), true);
     }
     assert!(e.mapped.windows(2).all(|w| w[0].start < w[1].start));
     for (start, len, inside) in [
@@ -1711,7 +1711,7 @@ fn mapped_ranges_are_found_in_any_order() {
     ] {
         assert_eq!(in_ranges(&e.mapped, region(start, len)), inside, "{start:#x}+{len:#x}");
     }
-    e.remove_mapped_memory(region(0x5000, 0x1000));
+    e.set_mapped_memory(region(0x5000, 0x1000), false);
     assert!(!in_ranges(&e.mapped, region(0x5800, 0x10)));
     assert!(in_ranges(&e.mapped, region(0x3000, 0x10)) && in_ranges(&e.mapped, region(0x9000, 0x10)));
 }
@@ -1990,14 +1990,14 @@ fn the_split_share_follows_the_measured_times() {
             splits.push(split);
             let timed = e.split_timed();
             if timed {
-                assert_eq!(e.split_timing(), Some(SplitTiming::Start));
-                assert_eq!(e.split_timing(), None, "still running");
+                assert_eq!(e.poll_split_timing(), Some(SplitTiming::Start));
+                assert_eq!(e.poll_split_timing(), None, "still running");
             }
             sim.settle();
             if timed {
                 let e = &mut sim.engines[chooser];
-                assert_eq!(e.split_timing(), Some(SplitTiming::End));
-                e.split_ended(ns_of(split));
+                assert_eq!(e.poll_split_timing(), Some(SplitTiming::End));
+                e.handle_split_time(SplitTime::Took(ns_of(split)));
                 assert!(!e.split_timed());
             }
             assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
@@ -2038,11 +2038,11 @@ fn split_messages_in_flight_together_are_not_trials() {
         outs.iter_mut().map(|out| recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), out)).collect();
     // The first was a trial, disturbed by the second; the others were not trials.
     let e = &mut sim.engines[1];
-    assert_eq!(e.split_timing(), Some(SplitTiming::Start));
+    assert_eq!(e.poll_split_timing(), Some(SplitTiming::Start));
     sim.settle();
     let e = &mut sim.engines[1];
-    assert_eq!(e.split_timing(), Some(SplitTiming::End));
-    e.split_ended(1);
+    assert_eq!(e.poll_split_timing(), Some(SplitTiming::End));
+    e.handle_split_time(SplitTime::Took(1));
     let tuner = e.peers[0].split.as_ref().expect("made at the first split");
     assert_eq!(tuner.classes_measured(), 0, "a disturbed trial does not count");
     for (s, q) in sends.into_iter().zip(recvs) {
@@ -2195,16 +2195,16 @@ fn a_disturbed_split_trial_does_not_count() {
         let e = &mut sim.engines[0];
         assert_eq!(e.split_timed(), i >= 16, "message {i}: trials after 16 untimed ones");
         if i >= 16 {
-            assert_eq!(e.split_timing(), Some(SplitTiming::Start));
+            assert_eq!(e.poll_split_timing(), Some(SplitTiming::Start));
             if i == 16 {
-                e.split_disturbed();
+                e.handle_split_time(SplitTime::Disturbed);
             }
         }
         sim.settle();
         let e = &mut sim.engines[0];
         if i >= 16 {
-            assert_eq!(e.split_timing(), Some(SplitTiming::End));
-            e.split_ended(3_000);
+            assert_eq!(e.poll_split_timing(), Some(SplitTiming::End));
+            e.handle_split_time(SplitTime::Took(3_000));
             let measured = e.peers[1].split.as_ref().expect("made at the first split").classes_measured();
             assert_eq!(measured, i - 16, "message {i}");
         }
