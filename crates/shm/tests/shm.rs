@@ -637,6 +637,8 @@ fn a_segment_cannot_be_truncated_under_its_peers() {
     let mut child = ChildProc::spawn("child_entry", "shrink", &[("PRSHM_JOB", job.clone())]);
     child.send(&hex(&t.address()));
     let report = child.recv();
+    let n: Vec<usize> = report.split(' ').filter_map(|w| w.parse().ok()).collect();
+    assert!(n.len() == 2 && n[0] >= 2 && n[1] == 0, "the child {report}");
     let addr1 = unhex(&child.recv());
     let mut p1 = peer(1);
     p1.pid = child.pid();
@@ -644,8 +646,6 @@ fn a_segment_cannot_be_truncated_under_its_peers() {
     t.connected().unwrap();
     child.send("go");
     assert_eq!(child.recv(), "connected");
-    let n: Vec<usize> = report.split(' ').filter_map(|w| w.parse().ok()).collect();
-    assert!(n.len() == 2 && n[0] >= 2 && n[1] == 0, "the child {report}");
     send_and_check_echoes(&mut t, 1, &sizes());
     assert_eq!(child.recv(), "done");
     assert!(child.wait().success());
