@@ -4,7 +4,7 @@
 #   scripts/test.sh
 #
 # 1. unit, property and conformance tests of every crate, and the whole-job tests through the
-#    launcher (2, 4 and 8 ranks over each channel, faults, /dev/shm cleanup) - `cargo test`;
+#    launcher (2, 4 and 8 ranks over each channel, faults, truncated segments) - `cargo test`;
 # 2. jobs under MPICH's Hydra: the PMI probe with PMI-1 and PMI-2, then polyrail programs;
 # 3. the benchmark runner and the criterion benches once each in quick mode (no timing asserted).
 set -euo pipefail

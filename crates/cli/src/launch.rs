@@ -20,8 +20,9 @@
 //! launcher is forwarded as SIGTERM, followed by
 //! SIGKILL after the grace period (a second signal kills at once); so is SIGQUIT. SIGTSTP
 //! (Ctrl-Z) stops the ranks and then the launcher; continued, it continues them (the time
-//! stopped does not count against `--timeout`). At the end, shared-memory
-//! segments the job left in `/dev/shm` are removed.
+//! stopped does not count against `--timeout`). The job's shared-memory segments are memory
+//! files of its ranks: they go with the ranks, and the launcher removes no file (a name in
+//! `/dev/shm` that looks like a job's may be anyone's).
 //!
 //! Between events the launcher sleeps in `poll(2)` on descriptors that something happening makes
 //! readable: the PMI server's event notices, a pipe its signal handler writes, a pidfd per
@@ -187,7 +188,6 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
         Err(e) => {
             // The ranks started so far were killed; segments they made go with them.
             server.stop();
-            remove_shm_segments(&job);
             output::flush(|| RECEIVED.load(Ordering::Relaxed) != 0);
             return Err(e);
         }
@@ -199,7 +199,6 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
     let code = run.exit_code();
     print_notices(&run.server); // of the server's last moments
     run.server.stop();
-    remove_shm_segments(&job);
     // What is still queued for the launcher's stdout and stderr goes out; a job stopped from
     // outside (a signal, its timeout) waits for a reader that does not read for a moment only,
     // and a signal now ends the wait.
@@ -1052,21 +1051,6 @@ impl Drop for SignalGuard {
     }
 }
 
-/// Removes `/dev/shm/polyrail-*` segments of job `job` (named `polyrail-<uid>-<job>-<rank>`).
-fn remove_shm_segments(job: &str) {
-    let Ok(dir) = std::fs::read_dir("/dev/shm") else { return };
-    let (inner, last) = (format!("-{job}-"), format!("-{job}"));
-    for entry in dir.flatten() {
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with("polyrail-") && (name.contains(&inner) || name.ends_with(&last)) {
-            if let Err(e) = std::fs::remove_file(entry.path()) {
-                say(&format!("cannot remove the leftover segment /dev/shm/{name}: {e}"));
-            }
-        }
-    }
-}
-
 /// A job whose rank 0 is the calling process: ranks 1.. are started as children, and rank 0
 /// gets its bootstrap in memory (see [`polyrail::Context::init_with_bootstrap`]). Their output goes
 /// straight to this process's stdout and stderr (not line by line as with [`launch`]). For benchmark
@@ -1075,7 +1059,6 @@ pub struct EmbeddedJob {
     bootstrap: Option<Box<dyn polyrail_pmi::Bootstrap>>,
     server: Option<PmiServer>,
     children: Vec<Child>,
-    job: String,
 }
 
 /// Starts ranks `1..opts.ranks` of `opts.program`; the caller is rank 0 (bound to the first
@@ -1113,7 +1096,7 @@ pub fn spawn_peers(opts: &LaunchOptions) -> Result<EmbeddedJob> {
     }
     drop(child_ends);
     let client = polyrail_pmi::Pmi1Client::from_stream(own, 0, opts.ranks)?;
-    Ok(EmbeddedJob { bootstrap: Some(Box::new(client)), server: Some(server), children, job })
+    Ok(EmbeddedJob { bootstrap: Some(Box::new(client)), server: Some(server), children })
 }
 
 impl EmbeddedJob {
@@ -1174,7 +1157,6 @@ impl Drop for EmbeddedJob {
             print_notices(&s);
             s.stop();
         }
-        remove_shm_segments(&self.job);
         let give_up_at = Instant::now() + OUTPUT_DRAIN;
         output::flush(|| Instant::now() >= give_up_at);
     }

@@ -624,9 +624,38 @@ fn shm_names_scenario(ctx: &mut Context) -> polyrail::Result<()> {
     let leftovers: Vec<String> = std::fs::read_dir("/dev/shm")
         .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
         .unwrap_or_default();
-    let job = std::env::var("JOBTEST_JOB").unwrap_or_default();
+    // Only this job's: other jobs of this machine (of older builds, say) may have some.
+    let job = format!("-{}-", std::env::var("PMI_JOBID").expect("PMI_JOBID"));
     let mine: Vec<&String> = leftovers.iter().filter(|n| n.starts_with("polyrail-") && n.contains(&job)).collect();
     assert!(mine.is_empty(), "segments still named in /dev/shm while the job runs: {mine:?}");
+    sizes_scenario(ctx)
+}
+
+/// Every rank tries to truncate every shm segment it maps (its own and its peers'), as a
+/// hostile process of the same user could through `/proc/<pid>/map_files`, and writes what it
+/// tried and how many it shrank to `JOBTEST_OUT.<rank>`; then every size goes around the ring.
+/// Segments are sealed: nothing shrinks and the job runs on. (Before, the next process to touch
+/// a truncated segment died of SIGBUS.) Without the privilege to open `map_files`, says so.
+fn shrink_scenario(ctx: &mut Context) -> polyrail::Result<()> {
+    ctx.barrier()?;
+    let mut tried = 0;
+    let mut shrunk = 0;
+    let mut readable = false;
+    for e in std::fs::read_dir("/proc/self/map_files").into_iter().flatten().flatten() {
+        let target = std::fs::read_link(e.path()).unwrap_or_default().to_string_lossy().into_owned();
+        if !(target.starts_with("/dev/shm/polyrail-") || target.starts_with("/memfd:polyrail-segment")) {
+            continue;
+        }
+        readable = true;
+        tried += 1;
+        if std::fs::OpenOptions::new().write(true).open(e.path()).and_then(|f| f.set_len(0)).is_ok() {
+            shrunk += 1;
+        }
+    }
+    let out = std::env::var("JOBTEST_OUT").expect("JOBTEST_OUT");
+    let line = if readable { format!("tried {tried} shrank {shrunk}") } else { "skipped".to_string() };
+    std::fs::write(format!("{out}.{}", ctx.rank()), line).expect("report");
+    ctx.barrier()?;
     sizes_scenario(ctx)
 }
 
@@ -1054,6 +1083,44 @@ fn unreachable_scenario() {
     std::fs::write(format!("{out}.{rank}"), format!("{} ms: {err}", t.elapsed().as_millis())).expect("report");
 }
 
+/// A channel that fails to start in every rank (shm, asked for segments larger than the
+/// memory there is) leaves each rank without a channel to its peers: one warning line per rank
+/// says so, beside the line naming the cause, not one per pair of ranks.
+fn short_memory_check(check: &mut impl FnMut(String, bool)) {
+    let mem = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let avail_kib: u64 = mem
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(u64::MAX);
+    if avail_kib.saturating_mul(1024) >= 60 << 30 {
+        println!("skip short memory: this machine has the 64 GiB segment asked");
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("polyrail-jobtest-{}-short", std::process::id()));
+    let out_s = out.to_string_lossy().into_owned();
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_polyrail"))
+        .args(["run", "-n", "4", "--bind", "none", "--"])
+        .arg(std::env::current_exe().expect("test executable"))
+        .arg("unreachable")
+        .env("JOBTEST_OUT", &out_s)
+        .env("POLYRAIL_TRANSPORTS", "shm,cma")
+        .env("POLYRAIL_SHM_CELLS", "65536")
+        .env("POLYRAIL_SHM_CELL_SIZE", "1m")
+        .env("POLYRAIL_LOG", "warn")
+        .output()
+        .expect("polyrail run");
+    for r in 0..4 {
+        let _ = std::fs::remove_file(format!("{out_s}.{r}"));
+    }
+    let err = String::from_utf8_lossy(&run.stderr);
+    let lines = err.lines().filter(|l| l.contains("WARN") && l.contains("no channel carries messages")).count();
+    let causes = err.lines().filter(|l| l.contains("shm channel unavailable") && l.contains("memory")).count();
+    let ok = lines == 4 && causes == 4;
+    let output = if ok { String::new() } else { format!(":\n{err}") };
+    check(format!("short memory -n 4: {lines} no-channel warning line(s), {causes} naming the cause{output}"), ok);
+}
+
 /// Checks that the routes of this rank are those its channel setting (`JOBTEST_CHANNELS`, a
 /// name of [`CHANNELS`]) asks for, so that a scenario over a channel really ran over it (a
 /// channel that cannot reach a peer only gets a warning, and the route is built from the rest).
@@ -1114,6 +1181,7 @@ fn rank_main(scenario: &str) {
         "kill" | "exit" => fault_scenario(&mut ctx, scenario),
         "scope-panic" => scope_panic_scenario(&mut ctx),
         "shm-names" => shm_names_scenario(&mut ctx),
+        "shrink" => shrink_scenario(&mut ctx),
         "sleepers" => sleepers_scenario(&mut ctx),
         "dangling" => dangling_scenario(&mut ctx),
         "flood" => flood_scenario(&mut ctx),
@@ -1330,15 +1398,27 @@ fn main() {
             && seen.contains("POLYRAIL_TRANSPORTS=shm");
         check(format!("unreachable: rank {r} saw `{seen}`"), named && ms.is_some_and(|ms| ms < 1000));
     }
+    short_memory_check(&mut check);
     let t = Instant::now();
     let code = job(4, "dangling", &[]);
     check(format!("dangling receives -n 4: status {code}, {:.1} s", t.elapsed().as_secs_f64()), code == 0);
-    let job_tag = format!("pr{}", std::process::id());
-    let code = job(2, "shm-names", &[("JOBTEST_JOB", "")]);
-    check(format!("shm-names -n 2 ({job_tag})"), code == 0);
-    // (No check of /dev/shm here: `launch` removes what its jobs left before it returns. The
-    // segments' names are checked while the job runs, `shm-names`, and after a job whose
-    // launcher was killed too, `orphans_check`.)
+    let code = job(2, "shm-names", &[]);
+    check("shm-names -n 2".to_string(), code == 0);
+    // Segments truncated under the job: refused, and the job runs on (no SIGBUS).
+    let out = std::env::temp_dir().join(format!("polyrail-jobtest-{}-shrink", std::process::id()));
+    let out_s = out.to_string_lossy().into_owned();
+    let code = job(2, "shrink", &[("POLYRAIL_TRANSPORTS", "shm"), ("JOBTEST_OUT", &out_s)]);
+    for r in 0..2 {
+        let f = format!("{out_s}.{r}");
+        let seen = std::fs::read_to_string(&f).unwrap_or_else(|_| "no report".into());
+        let _ = std::fs::remove_file(&f);
+        let n: Vec<u32> = seen.split(' ').filter_map(|w| w.parse().ok()).collect();
+        let ok = seen == "skipped" || (n.len() == 2 && n[0] >= 2 && n[1] == 0);
+        check(format!("shrink -n 2: rank {r} {seen}"), ok);
+    }
+    check(format!("shrink -n 2: job status {code}"), code == 0);
+    // (Segments have no name in /dev/shm: `shm-names` checks that while the job runs, and
+    // `orphans_check` after a job whose launcher was killed.)
     if !failures.is_empty() {
         eprintln!("{} job test(s) failed: {failures:#?}", failures.len());
         std::process::exit(1);

@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use memmap2::{MmapOptions, MmapRaw};
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::io::Errno;
+use std::ffi::CStr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -36,12 +37,21 @@ pub struct AnonMemory {
 /// it with its inode number, or the step that failed and why. Allocates nothing (the global
 /// allocator of the facade calls it).
 pub fn memory_file(len: usize) -> std::result::Result<(OwnedFd, u64), (&'static str, std::io::Error)> {
+    named_memory_file(c"polyrail-memory", len)
+}
+
+/// [`memory_file`] under another name (shown as `/memfd:<name>` in `/proc/<pid>/fd` and
+/// `/proc/<pid>/maps`, so that each use can be told apart there).
+pub fn named_memory_file(
+    name: &CStr,
+    len: usize,
+) -> std::result::Result<(OwnedFd, u64), (&'static str, std::io::Error)> {
     // `Errno` to `io::Error` is a raw OS error: no allocation.
     let failed = |step| move |e: Errno| (step, std::io::Error::from(e));
     if !fits_file_size_limit(len) {
         return Err(("sizing past the file-size limit (ulimit -f)", Errno::FBIG.into()));
     }
-    let fd = create_memfd().map_err(failed("memfd_create"))?;
+    let fd = create_memfd(name).map_err(failed("memfd_create"))?;
     rustix::fs::ftruncate(&fd, len as u64).map_err(failed("sizing"))?;
     rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
         .map_err(failed("sealing"))?;
@@ -51,7 +61,7 @@ pub fn memory_file(len: usize) -> std::result::Result<(OwnedFd, u64), (&'static 
 
 /// A new memory file (close-on-exec, sealable, not executable where the kernel knows
 /// `MFD_NOEXEC_SEAL`). Allocates nothing (the name is a C string already).
-fn create_memfd() -> rustix::io::Result<OwnedFd> {
+fn create_memfd(name: &CStr) -> rustix::io::Result<OwnedFd> {
     // `MFD_NOEXEC_SEAL` (Linux 6.3): a memory file that can never be executed. Where
     // `vm.memfd_noexec` is 2, `memfd_create` refuses files without it; older kernels refuse the
     // flag itself (`EINVAL`). Whether the kernel refused it once (then it is not asked again).
@@ -59,12 +69,12 @@ fn create_memfd() -> rustix::io::Result<OwnedFd> {
     static NO_NOEXEC: AtomicBool = AtomicBool::new(false);
     let flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
     if !NO_NOEXEC.load(Ordering::Relaxed) {
-        match rustix::fs::memfd_create(c"polyrail-memory", flags | MemfdFlags::NOEXEC_SEAL) {
+        match rustix::fs::memfd_create(name, flags | MemfdFlags::NOEXEC_SEAL) {
             Err(Errno::INVAL) => NO_NOEXEC.store(true, Ordering::Relaxed),
             done => return done,
         }
     }
-    rustix::fs::memfd_create(c"polyrail-memory", flags)
+    rustix::fs::memfd_create(name, flags)
 }
 
 /// Whether a file of `len` bytes stays within this process's file-size limit (`ulimit -f`,

@@ -69,6 +69,36 @@ pub struct Job {
     pub config: Config,
 }
 
+/// The ranks of `peers` (in increasing order) as `rank 3` or `3 ranks (1-2, 5)`; `None` for
+/// none.
+fn rank_list<T>(peers: &[(Rank, T)]) -> Option<String> {
+    let (first, _) = peers.first()?;
+    if peers.len() == 1 {
+        return Some(format!("rank {first}"));
+    }
+    let mut runs: Vec<(Rank, Rank)> = Vec::new();
+    for &(r, _) in peers {
+        match runs.last_mut() {
+            Some((_, end)) if *end + 1 == r => *end = r,
+            _ => runs.push((r, r)),
+        }
+    }
+    let runs: Vec<String> =
+        runs.iter().map(|&(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") }).collect();
+    Some(format!("{} ranks ({})", peers.len(), runs.join(", ")))
+}
+
+/// One warning line for all the peers of `peers` (rank and reason): the ranks, and the first
+/// one's reason.
+fn warn_once(rank: Rank, what: &str, peers: &[(Rank, String)]) {
+    let (Some(ranks), Some((first, why))) = (rank_list(peers), peers.first()) else { return };
+    if peers.len() == 1 {
+        tracing::warn!("rank {rank}: {what} {ranks}: {why}");
+    } else {
+        tracing::warn!("rank {rank}: {what} {ranks}; to rank {first}: {why}");
+    }
+}
+
 /// A process's description as published: pid, node, host, CPUs and the channels it started
 /// (whose addresses it published).
 fn info_value(info: &PeerInfo, channels: &[&str]) -> String {
@@ -127,26 +157,6 @@ fn get_long(boot: &mut dyn Bootstrap, key: &str) -> Result<String> {
         out.push_str(&boot.get(&format!("{key}.{i}"))?);
     }
     Ok(out)
-}
-
-/// Ranks in increasing order written as ranges: `0-2,4,6-31`.
-fn rank_ranges(ranks: impl Iterator<Item = Rank>) -> String {
-    let mut out: Vec<String> = Vec::new();
-    let mut run: Option<(Rank, Rank)> = None;
-    for r in ranks {
-        run = match run {
-            Some((lo, hi)) if r == hi + 1 => Some((lo, r)),
-            Some((lo, hi)) => {
-                out.push(if lo == hi { lo.to_string() } else { format!("{lo}-{hi}") });
-                Some((r, r))
-            }
-            None => Some((r, r)),
-        };
-    }
-    if let Some((lo, hi)) = run {
-        out.push(if lo == hi { lo.to_string() } else { format!("{lo}-{hi}") });
-    }
-    out.join(",")
 }
 
 /// Checks `config` against the variables the channels of `factories` declare: each channel's
@@ -251,7 +261,6 @@ impl Job {
         boot.fence()?;
 
         let mut peers = Vec::with_capacity(size as usize);
-        let mut unreachable: Vec<(Rank, String)> = Vec::new();
         // Channels that reach another rank: only these can deliver, so only these are polled.
         let mut reaching = ChannelSet::EMPTY;
         let mut infos = Vec::with_capacity(size as usize);
@@ -273,6 +282,9 @@ impl Job {
             );
         }
         let mut engine = Engine::new(rank, size, Tuning::from_config(&config, own_cpus));
+        // Peers no channel carries messages to, and peers of this node a single-copy channel
+        // cannot reach, each with the first reason: one warning each after the loop.
+        let (mut unreachable, mut no_copies) = (Vec::new(), Vec::new());
         for (r, (mut info, theirs)) in (0..size).zip(infos) {
             info.own_cpus = own_cpus;
             let class = if r == rank {
@@ -337,9 +349,10 @@ impl Job {
                             && !caps.contains(Caps::AM)
                             && info.node == me.node
                         {
-                            tracing::warn!(
-                                "rank {rank}: {kind} cannot reach rank {r} ({why}); large messages go through pipelined send cells"
-                            );
+                            // One line for all such peers, after the loop: a channel that
+                            // fails in every rank would otherwise warn N² times.
+                            tracing::debug!("rank {rank}: {kind} cannot reach rank {r}: {why}");
+                            no_copies.push((r, format!("{kind} cannot reach it ({why})")));
                         } else {
                             tracing::debug!("rank {rank}: {kind} cannot reach rank {r}: {why}");
                         }
@@ -404,23 +417,15 @@ impl Job {
                         Reach::Yes(_) => None,
                     }));
                     let why = format!("{} (POLYRAIL_TRANSPORTS={})", why.join("; "), config.transports);
+                    tracing::debug!("rank {rank}: no channel carries messages to rank {r}: {why}");
                     unreachable.push((r, why.clone()));
                     engine.set_route(r, Err(why));
                 }
             }
             peers.push(PeerReport { rank: r, class, reach, route });
         }
-        // One line per rank, however many peers it cannot reach (each peer's reason is in its
-        // errors and in `polyrail info`).
-        match &unreachable[..] {
-            [] => {}
-            [(r, why)] => tracing::warn!("rank {rank}: no channel carries messages to rank {r}: {why}"),
-            [(r, why), ..] => tracing::warn!(
-                "rank {rank}: no channel carries messages to {} ranks ({}); to rank {r}: {why}",
-                unreachable.len(),
-                rank_ranges(unreachable.iter().map(|(r, _)| *r))
-            ),
-        }
+        warn_once(rank, "no channel carries messages to", &unreachable);
+        warn_once(rank, "large messages go through pipelined send cells to", &no_copies);
         // Connected queue pairs (ib) drop what arrives before they are ready to receive, which
         // they are once add_peer ran: every process has added its peers before anyone sends.
         // Every process fences here, whatever channels it started, so the count always matches
@@ -464,6 +469,14 @@ mod tests {
     use super::*;
     use polyrail_pmi::Singleton;
 
+    #[test]
+    fn rank_lists_are_short() {
+        let of = |ranks: &[Rank]| rank_list(&ranks.iter().map(|&r| (r, ())).collect::<Vec<_>>());
+        assert_eq!(of(&[]), None);
+        assert_eq!(of(&[3]).unwrap(), "rank 3");
+        assert_eq!(of(&[1, 2, 3, 5, 7, 8]).unwrap(), "6 ranks (1-3, 5, 7-8)");
+    }
+
     /// A channel registered under `name` that never starts.
     struct Named(&'static str);
 
@@ -474,13 +487,6 @@ mod tests {
         fn open(&self, _start: &ChannelStart<'_>) -> Result<Opened> {
             Ok(Opened::Absent("a test factory".into()))
         }
-    }
-
-    #[test]
-    fn rank_lists_are_written_as_ranges() {
-        assert_eq!(rank_ranges([0, 1, 2, 4, 6, 7].into_iter()), "0-2,4,6-7");
-        assert_eq!(rank_ranges([5].into_iter()), "5");
-        assert_eq!(rank_ranges(std::iter::empty()), "");
     }
 
     #[test]

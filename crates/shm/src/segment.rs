@@ -1,4 +1,14 @@
-//! Shared-memory segments: one per process, named per user, job and rank.
+//! Shared-memory segments: one per process, a memory file sealed against shrinking.
+//!
+//! A segment is a memfd (`/memfd:polyrail-segment` in `/proc/<pid>/fd` and `/proc/<pid>/maps`),
+//! not a POSIX shm object: it has no name in `/dev/shm` that another user could squat or that a
+//! cleanup could confuse with someone else's, it vanishes with the last process that maps it,
+//! and its seals (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`) make `ftruncate` fail for
+//! everybody, so no access of a peer can fault past its end (a POSIX shm object cannot be
+//! sealed: one truncation killed every process mapping it with SIGBUS). Peers open it as
+//! `/proc/<owner pid>/fd/<fd>` (as the registered-memory files of `cma`), check its inode,
+//! owner, size and seals, and map it; the owner closes its descriptor once every peer has
+//! (`ShmTransport::connected`).
 //!
 //! # Segment layout
 //!
@@ -18,16 +28,18 @@
 //!                   the receiver's read position passes the record naming it: `cells.rs`)
 //! total_len       rounded up to 4096
 //! ```
-//! Everything is allocated by the owner at creation (`posix_fallocate`, so a full `/dev/shm` is an
-//! error now rather than a `SIGBUS` later, and first touch places the pages in the owner's NUMA
-//! node), and mapped with `MAP_POPULATE` so no page fault lands on the message path. The memory
-//! is `size` rings per process, `size * size` per node with everything on one node: with the
-//! defaults, about 12 KiB per ordered pair (a header line, 64 records of 128 bytes and 67 body
-//! slots of 64), plus each process's send cells.
+//! Everything is allocated by the owner at creation (`fallocate`, after checking that the
+//! memory is there, so a short machine is an error now rather than a `SIGBUS` or the OOM killer
+//! later, and first touch places the pages in the owner's NUMA node), and mapped with
+//! `MAP_POPULATE` so no page fault lands on the message path. The memory is `size` rings per
+//! process, `size * size` per node with everything on one node: with the defaults, about 12 KiB
+//! per ordered pair (a header line, 64 records of 128 bytes and 67 body slots of 64), plus each
+//! process's send cells.
 
-use std::ffi::CString;
+use std::ffi::CStr;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU32;
 
@@ -40,8 +52,11 @@ use crate::sys;
 const MAGIC: u64 = u64::from_le_bytes(*b"PRLSHM01");
 /// Layout version; bump on any change of the segment or slot layout (3: 128-byte records, the
 /// sleep-barrier flag; 4: the producer's shared line-transfer sample in each ring; 5: a nonce in
-/// the header and the address, the owner's pid namespace).
-pub(crate) const VERSION: u32 = 5;
+/// the header and the address, the owner's pid namespace; 6: a sealed memory file, named in the
+/// address by the owner's pid, descriptor and the file's inode).
+pub(crate) const VERSION: u32 = 6;
+/// The memory files' name, which tells segments apart in `/proc/<pid>/fd` and `maps`.
+pub(crate) const MEMFD_NAME: &CStr = c"polyrail-segment";
 /// Bytes before the first ring.
 const HEADER_BYTES: usize = 4096;
 /// Offset of the `finalized` flag.
@@ -69,9 +84,8 @@ struct SegmentInfo {
     cell_size: u32,
     owner_pid: u32,
     total_len: u64,
-    /// Random, also in the published address: a peer that opens the name finds out whether it
-    /// is the segment that was published (another job of the same id, in another pid namespace
-    /// sharing /dev/shm, may have replaced it).
+    /// Random, also in the published address: a peer that opens the file finds out whether it
+    /// is the segment that was published (the owner's descriptor may name another file by then).
     nonce: u64,
     /// The owner's pid namespace (`/proc/self/ns/pid`'s inode; 0 unknown): only in its own
     /// namespace does `owner_pid` name the owner.
@@ -142,8 +156,13 @@ impl SegLayout {
 /// What a process publishes so that peers can map its segment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct SegAddress {
-    /// The POSIX shared-memory name (`/polyrail-...`).
-    pub name: String,
+    /// The owner's process id, as the job's process description gives it too.
+    pub pid: u32,
+    /// The owner's descriptor of the memory file (`/proc/<pid>/fd/<fd>`).
+    pub fd: u32,
+    /// The memory file's inode number: the descriptor may name another file by the time a peer
+    /// opens it.
+    pub inode: u64,
     /// The owner's rank.
     pub rank: u32,
     /// The owner's layout.
@@ -152,16 +171,19 @@ pub(crate) struct SegAddress {
     pub nonce: u64,
 }
 
+/// Bytes of an encoded [`SegAddress`].
+const ADDR_LEN: usize = 4 + 4 + 4 + 4 + 8 + 6 * 4 + 8 + 8;
+
 impl SegAddress {
-    /// `"PRSH"`, version u32, name length u16 + name, rank, size, slots, max_msg_slots, cells,
-    /// cell_size (u32 each), total length and nonce (u64 each); little endian.
+    /// `"PRSH"`, version, pid, fd (u32 each), inode (u64), rank, size, slots, max_msg_slots,
+    /// cells, cell_size (u32 each), total length and nonce (u64 each); little endian.
     pub(crate) fn encode(&self) -> Vec<u8> {
         let l = &self.layout;
-        let mut out = Vec::with_capacity(64 + self.name.len());
-        out.extend_from_slice(&ADDR_MAGIC.to_le_bytes());
-        out.extend_from_slice(&VERSION.to_le_bytes());
-        out.extend_from_slice(&(self.name.len() as u16).to_le_bytes());
-        out.extend_from_slice(self.name.as_bytes());
+        let mut out = Vec::with_capacity(ADDR_LEN);
+        for v in [ADDR_MAGIC, VERSION, self.pid, self.fd] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&self.inode.to_le_bytes());
         for v in [self.rank, l.size, l.geo.slots, l.geo.max_msg_slots, l.cells, l.cell_size] {
             out.extend_from_slice(&v.to_le_bytes());
         }
@@ -180,8 +202,7 @@ impl SegAddress {
         if version != VERSION {
             return Err(format!("layout version {version}, this build speaks {VERSION}"));
         }
-        let name_len = r.u16()? as usize;
-        let name = std::str::from_utf8(r.take(name_len)?).map_err(|_| "segment name is not UTF-8")?.to_string();
+        let (pid, fd, inode) = (r.u32()?, r.u32()?, r.u64()?);
         let (rank, size, slots, max_msg_slots, cells, cell_size) =
             (r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
         let (total_len, nonce) = (r.u64()?, r.u64()?);
@@ -199,7 +220,12 @@ impl SegAddress {
         if layout.total_len as u64 != total_len {
             return Err(format!("segment length {total_len} does not match its layout ({} bytes)", layout.total_len));
         }
-        Ok(SegAddress { name, rank, layout, nonce })
+        Ok(SegAddress { pid, fd, inode, rank, layout, nonce })
+    }
+
+    /// Where a peer opens the segment.
+    fn path(&self) -> String {
+        format!("/proc/{}/fd/{}", self.pid, self.fd)
     }
 }
 
@@ -214,9 +240,6 @@ impl<'a> Reader<'a> {
         let (head, rest) = self.0.split_at(n);
         self.0 = rest;
         Ok(head)
-    }
-    fn u16(&mut self) -> std::result::Result<u16, String> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().map_err(|_| "short")?))
     }
     fn u32(&mut self) -> std::result::Result<u32, String> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().map_err(|_| "short")?))
@@ -332,51 +355,32 @@ impl Drop for Mapping {
     }
 }
 
-/// `/dev/shm` path of a shared-memory name, for messages.
-fn path_of(name: &str) -> String {
-    format!("/dev/shm{name}")
-}
-
 /// This process's own segment.
 #[derive(Debug)]
 pub(crate) struct OwnSegment {
     /// The mapping.
     pub map: Mapping,
-    /// The shared-memory name.
-    pub name: String,
+    /// The memory file, open until every peer has opened it too ([`OwnSegment::close`]).
+    file: Option<OwnedFd>,
+    /// Its descriptor number while open, for the address.
+    fd: u32,
+    /// The file's inode number.
+    inode: u64,
     /// Its nonce, to publish with its address.
     pub nonce: u64,
-    unlinked: bool,
 }
 
 impl OwnSegment {
-    /// Creates, sizes, allocates and maps the segment `name` for `rank` with `layout`.
-    pub(crate) fn create(name: &str, rank: u32, layout: &SegLayout) -> Result<OwnSegment> {
+    /// Creates, allocates and maps a sealed segment for `rank` with `layout`; `what` names it
+    /// in errors.
+    pub(crate) fn create(rank: u32, layout: &SegLayout, what: &str) -> Result<OwnSegment> {
         let len = layout.total_len;
-        let what = || format!("creating shared-memory segment {} ({len} bytes)", path_of(name));
-        let cname = CString::new(name).map_err(|_| Error::InvalidArgument(format!("segment name {name:?}")))?;
-        let mut tried_stale = false;
-        let fd = loop {
-            // SAFETY: `cname` is a valid C string; shm_open returns a new descriptor or -1.
-            let fd = unsafe {
-                libc::shm_open(cname.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC, 0o600)
-            };
-            if fd >= 0 {
-                // SAFETY: just returned by the kernel, owned by nobody else.
-                break unsafe { OwnedFd::from_raw_fd(fd) };
-            }
-            let err = io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::EEXIST) && !tried_stale && remove_stale(&cname) {
-                tried_stale = true;
-                continue;
-            }
-            let hint = if err.raw_os_error() == Some(libc::EEXIST) {
-                " (a job with the same id owns it: its process is alive, or it was made less than a minute ago)"
-            } else {
-                ""
-            };
-            return Err(Error::io(format!("{}{hint}", what()), err));
-        };
+        let what = || format!("creating the shared-memory segment of {what} ({len} bytes)");
+        enough_memory(len).map_err(|e| Error::io(what(), e))?;
+        let (fd, inode) = polyrail_core::named_memory_file(MEMFD_NAME, len)
+            .map_err(|(step, e)| Error::io(format!("{}: {step}", what()), e))?;
+        allocate(&fd, len).map_err(|e| Error::io(format!("{}: allocating its pages", what()), e))?;
+        let map = Mapping::map(&fd, len).map_err(|e| Error::io(format!("{}: mmap", what()), e))?;
         let info = SegmentInfo {
             magic: MAGIC,
             version: VERSION,
@@ -391,183 +395,110 @@ impl OwnSegment {
             nonce: polyrail_core::random_u64(),
             pid_ns: sys::pid_namespace(),
         };
-        // The header first, before the long part (allocating every page): a process killed
-        // meanwhile leaves a file that names its owner, which `remove_stale` can then remove.
-        // SAFETY: SegmentInfo is repr(C) integers without padding, so all its bytes are
-        // initialized; `fd` is open for writing.
-        let wrote = unsafe {
-            libc::pwrite(fd.as_raw_fd(), (&info as *const SegmentInfo).cast(), std::mem::size_of::<SegmentInfo>(), 0)
-        };
-        let header = if wrote == std::mem::size_of::<SegmentInfo>() as isize {
-            Ok(())
-        } else {
-            Err(Error::io(format!("{}: writing its header", what()), io::Error::last_os_error()))
-        };
-        let mapped = header
-            .and_then(|()| {
-                allocate(&fd, len)
-                    .map_err(|e| Error::io(format!("{}: is /dev/shm large enough? (df -h /dev/shm)", what()), e))
-            })
-            .and_then(|()| Mapping::map(&fd, len).map_err(|e| Error::io(format!("{}: mmap", what()), e)));
-        let map = match mapped {
-            Ok(map) => map,
-            Err(e) => {
-                // SAFETY: a valid C string; the name is ours (created above with O_EXCL).
-                unsafe { libc::shm_unlink(cname.as_ptr()) };
-                return Err(e);
-            }
-        };
-        Ok(OwnSegment { map, name: name.to_string(), nonce: info.nonce, unlinked: false })
+        // SAFETY: the mapping is at least HEADER_BYTES long and page aligned, and nobody else
+        // knows the file before its address is published.
+        unsafe { std::ptr::write_volatile(map.base().as_ptr().cast::<SegmentInfo>(), info) };
+        let raw = fd.as_raw_fd() as u32;
+        Ok(OwnSegment { map, file: Some(fd), fd: raw, inode, nonce: info.nonce })
     }
 
-    /// Removes the name from `/dev/shm` (mappings stay valid). Idempotent.
-    pub(crate) fn unlink(&mut self) -> Result<()> {
-        if self.unlinked {
-            return Ok(());
-        }
-        let cname = CString::new(self.name.as_str()).map_err(|_| Error::InvalidArgument(self.name.clone()))?;
-        // SAFETY: a valid C string.
-        if unsafe { libc::shm_unlink(cname.as_ptr()) } != 0 {
-            let err = io::Error::last_os_error();
-            if err.raw_os_error() != Some(libc::ENOENT) {
-                // Not marked unlinked: the drop tries again.
-                return Err(Error::io(format!("unlinking {}", path_of(&self.name)), err));
-            }
-        }
-        self.unlinked = true;
-        Ok(())
+    /// The address peers map the segment with (`rank` and `layout` as at creation).
+    pub(crate) fn address(&self, rank: u32, layout: SegLayout) -> SegAddress {
+        SegAddress { pid: std::process::id(), fd: self.fd, inode: self.inode, rank, layout, nonce: self.nonce }
+    }
+
+    /// Where peers open the segment, while they may (`None` after [`OwnSegment::close`]).
+    pub(crate) fn path(&self) -> Option<String> {
+        self.file.as_ref().map(|_| format!("/proc/{}/fd/{}", std::process::id(), self.fd))
+    }
+
+    /// Closes the memory file once every peer mapped it (the mappings keep the memory): no
+    /// descriptor stays taken, and no process can open the segment any more.
+    pub(crate) fn close(&mut self) {
+        self.file = None;
     }
 }
 
-impl Drop for OwnSegment {
-    fn drop(&mut self) {
-        let _ = self.unlink();
+/// Checks that `len` more bytes of memory are there: a memory file is not limited by a mount's
+/// size, so allocating more than the machine (or this process's memory cgroup) has would wake
+/// the OOM killer rather than fail.
+fn enough_memory(len: usize) -> io::Result<()> {
+    let avail = available_memory();
+    match avail {
+        Some(avail) if avail < len as u64 => Err(io::Error::other(format!(
+            "only {avail} bytes of memory available, {len} needed (No space left on device)"
+        ))),
+        _ => Ok(()),
     }
 }
 
-/// Checks free space, sizes the file and allocates every page now.
+/// Bytes of memory available to this process: the kernel's `MemAvailable`, and under a cgroup
+/// v2 memory limit, what is left of it; `None` if neither can be read.
+fn available_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
+    let machine = meminfo.as_deref().and_then(|m| {
+        let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+    });
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok().and_then(|c| {
+        let path = c.lines().find_map(|l| l.strip_prefix("0::"))?;
+        let dir = format!("/sys/fs/cgroup{path}");
+        let read = |f: &str| std::fs::read_to_string(format!("{dir}/{f}")).ok()?.trim().parse::<u64>().ok();
+        // "max" (no limit) does not parse.
+        Some(read("memory.max")?.saturating_sub(read("memory.current")?))
+    });
+    match (machine, cgroup) {
+        (Some(m), Some(c)) => Some(m.min(c)),
+        (m, c) => m.or(c),
+    }
+}
+
+/// Allocates every page of the file now.
 fn allocate(fd: &OwnedFd, len: usize) -> io::Result<()> {
-    // SAFETY: an all-zero statvfs is a valid value to be overwritten.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `fd` is open and `st` is valid for writes.
-    if unsafe { libc::fstatvfs(fd.as_raw_fd(), &mut st) } == 0 {
-        let avail = (st.f_bavail as u128) * (st.f_frsize as u128);
-        if st.f_blocks != 0 && avail < len as u128 {
-            return Err(io::Error::other(format!(
-                "only {avail} bytes free in /dev/shm, {len} needed (No space left on device)"
-            )));
-        }
+    match rustix::fs::fallocate(fd, rustix::fs::FallocateFlags::empty(), 0, len as u64) {
+        // Without fallocate the pages come with MAP_POPULATE.
+        Ok(()) | Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::INVAL) => Ok(()),
+        Err(e) => Err(e.into()),
     }
-    if !polyrail_core::fits_file_size_limit(len) {
-        // Sizing the file would send SIGXFSZ, which ends the process.
-        return Err(io::Error::other(format!(
-            "the segment's {len} bytes are above this process's file-size limit (ulimit -f)"
-        )));
-    }
-    // SAFETY: `fd` is an open descriptor.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is an open descriptor; posix_fallocate returns an error number.
-    let rc = unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, len as libc::off_t) };
-    if rc != 0 && rc != libc::EOPNOTSUPP && rc != libc::EINVAL {
-        return Err(io::Error::from_raw_os_error(rc));
-    }
-    Ok(())
 }
 
-/// A segment's name lives in /dev/shm only while its job starts (it is unlinked once every
-/// local rank has attached), so one older than this was left by a job killed while it started.
-/// The age spares a starting job whose owner this process cannot see (another pid namespace
-/// sharing /dev/shm), whose pid may name nothing, or another process, here.
-const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Removes this user's polyrail segments (`/dev/shm/polyrail-<uid>-*`) that are stale (see
-/// `remove_stale`): what a job killed with SIGKILL while it started leaves when nothing cleans
-/// up after it (`polyrail run` removes its job's segments, but `kill -9` of `mpiexec` and its
-/// ranks leaves them). Returns how many it removed.
-pub(crate) fn sweep_stale(uid: u32) -> usize {
-    let prefix = format!("polyrail-{uid}-");
-    let Ok(dir) = std::fs::read_dir("/dev/shm") else { return 0 };
-    dir.flatten()
-        .filter(|e| e.file_name().to_str().is_some_and(|n| n.starts_with(&prefix)))
-        .filter_map(|e| CString::new(format!("/{}", e.file_name().to_str()?)).ok())
-        .filter(remove_stale)
-        .count()
-}
-
-/// Unlinks `name` if it is a polyrail segment whose owner process is gone (left by a killed job:
-/// found under the name a new segment needs, or by [`sweep_stale`]): an owner of this pid
-/// namespace that is not alive, or one of another namespace (or of an unknown one) whose
-/// segment is older than [`STALE_AFTER`]. Returns whether it did.
-fn remove_stale(name: &CString) -> bool {
-    use std::os::unix::fs::FileExt;
-    // SAFETY: a valid C string; read-only open.
-    let fd = unsafe { libc::shm_open(name.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC, 0) };
-    if fd < 0 {
-        return false;
+/// A peer's segment, mapped read-write, and its owner's pid; `Err` says why it cannot be used.
+/// `expect` is the rank and pid the job gives for the peer.
+pub(crate) fn open_peer(addr: &SegAddress, expect: (u32, u32)) -> std::result::Result<(Mapping, u32), String> {
+    let (rank, pid) = expect;
+    if addr.rank != rank {
+        return Err(format!("address is of rank {}, not {rank}", addr.rank));
     }
-    // SAFETY: just opened, owned here.
-    let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-    let old = || {
-        let modified = file.metadata().and_then(|m| m.modified());
-        modified.is_ok_and(|t| t.elapsed().is_ok_and(|age| age >= STALE_AFTER))
-    };
-    let mut info = [0u8; std::mem::size_of::<SegmentInfo>()];
-    if file.read_exact_at(&mut info, 0).is_err() {
-        // Shorter than a header: its creator died between creating it and writing the header
-        // (microseconds apart), or is doing that now; once old, nobody will.
-        if !old() {
-            return false;
-        }
-        tracing::warn!("removing shared-memory segment {:?} left without a header", name);
-        // SAFETY: a valid C string.
-        return unsafe { libc::shm_unlink(name.as_ptr()) == 0 };
+    if addr.pid != pid {
+        return Err(format!("its segment's owner is pid {}, but rank {rank} is pid {pid}", addr.pid));
     }
-    // SAFETY: SegmentInfo is plain integers; any bytes are a valid value.
-    let info: SegmentInfo = unsafe { std::ptr::read_unaligned(info.as_ptr().cast()) };
-    if info.magic != MAGIC || sys::pid_alive(info.owner_pid) {
-        return false;
+    let path = addr.path();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("cannot open rank {rank}'s segment {path}: {e}"))?;
+    let st = file.metadata().map_err(|e| format!("cannot stat rank {rank}'s segment {path}: {e}"))?;
+    if st.ino() != addr.inode {
+        return Err(format!(
+            "{path} is inode {}, not rank {rank}'s segment (inode {}): it closed it meanwhile?",
+            st.ino(),
+            addr.inode
+        ));
     }
-    let ours = info.pid_ns != 0 && info.pid_ns == sys::pid_namespace();
-    if !ours && !old() {
-        return false;
-    }
-    tracing::warn!(pid = info.owner_pid, "removing stale shared-memory segment {:?} of an exited process", name);
-    // SAFETY: a valid C string.
-    unsafe { libc::shm_unlink(name.as_ptr()) == 0 }
-}
-
-/// A peer's segment, mapped read-write; `Err` says why it cannot be used.
-pub(crate) fn open_peer(addr: &SegAddress, expect_rank: u32) -> std::result::Result<(Mapping, u32), String> {
-    let name = &addr.name;
-    if !name.starts_with("/polyrail-") || name[1..].contains('/') || name.len() > 255 {
-        return Err(format!("{name:?} is not a polyrail segment name"));
-    }
-    if addr.rank != expect_rank {
-        return Err(format!("address is of rank {}, not {expect_rank}", addr.rank));
-    }
-    let path = path_of(name);
-    let cname = CString::new(name.as_str()).map_err(|_| format!("{name:?} contains a NUL byte"))?;
-    // SAFETY: a valid C string; shm_open returns a new descriptor or -1.
-    let fd = unsafe { libc::shm_open(cname.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(format!("cannot open {path}: {}", io::Error::last_os_error()));
-    }
-    // SAFETY: just opened, owned here.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: an all-zero stat is a valid value to be overwritten.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `fd` is open and `st` valid for writes.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(format!("cannot stat {path}: {}", io::Error::last_os_error()));
+    if st.uid() != sys::uid() {
+        return Err(format!("{path} belongs to uid {}, not to us ({})", st.uid(), sys::uid()));
     }
     let len = addr.layout.total_len;
-    if st.st_size as u64 != len as u64 {
-        return Err(format!("{path} is {} bytes, its address says {len}", st.st_size));
+    if st.len() != len as u64 {
+        return Err(format!("{path} is {} bytes, its address says {len}", st.len()));
     }
-    if st.st_uid != sys::uid() {
-        return Err(format!("{path} belongs to uid {}, not to us ({})", st.st_uid, sys::uid()));
+    let fd = OwnedFd::from(file);
+    // Sealed against shrinking, it can never be truncated under our mapping (which would make
+    // our next access of it die of SIGBUS).
+    let seals = rustix::fs::fcntl_get_seals(&fd).map_err(|e| format!("reading the seals of {path}: {e}"))?;
+    if !seals.contains(rustix::fs::SealFlags::SHRINK) {
+        return Err(format!("{path} is not a memory file sealed against shrinking"));
     }
     let map = Mapping::map(&fd, len).map_err(|e| format!("cannot map {path} ({len} bytes): {e}"))?;
     let info = map.info();
@@ -587,10 +518,7 @@ pub(crate) fn open_peer(addr: &SegAddress, expect_rank: u32) -> std::result::Res
         pid_ns: info.pid_ns,
     };
     if info.nonce != addr.nonce {
-        return Err(format!(
-            "{path} is not the segment rank {} published (another job's under the same name?)",
-            addr.rank
-        ));
+        return Err(format!("{path} is not the segment rank {} published", addr.rank));
     }
     if info != expected {
         return Err(format!("{path}: header {info:?} does not match the address {expected:?}"));
@@ -627,121 +555,99 @@ mod tests {
     /// An address of a 64-slot ring whose message size field (`max_msg_slots`) says `max`.
     fn address_with_max(max: u32) -> Vec<u8> {
         let layout = SegLayout::new(2, Geometry::new(64, 16), 128, 16 << 10).unwrap();
-        let mut bytes = SegAddress { name: "/n".into(), rank: 1, layout, nonce: 7 }.encode();
-        // magic, version, name length and name, rank, size, slots: then max_msg_slots.
-        let at = 4 + 4 + 2 + 2 + 4 + 4 + 4;
+        let mut bytes = SegAddress { pid: 1, fd: 3, inode: 5, rank: 1, layout, nonce: 7 }.encode();
+        // magic, version, pid, fd, inode, rank, size, slots: then max_msg_slots.
+        let at = 4 + 4 + 4 + 4 + 8 + 4 + 4 + 4;
         bytes[at..at + 4].copy_from_slice(&max.to_le_bytes());
         bytes
     }
 
-    /// Writes `/dev/shm/<name>` with a segment header naming `owner` of pid namespace `pid_ns`,
-    /// last modified `age` ago.
-    fn fake_segment(name: &str, owner: u32, pid_ns: u64, age: std::time::Duration) {
-        let info = SegmentInfo {
-            magic: MAGIC,
-            version: VERSION,
-            rank: 0,
-            size: 2,
-            slots: 64,
-            max_msg_slots: 16,
-            cells: 128,
-            cell_size: 16 << 10,
-            owner_pid: owner,
-            total_len: std::mem::size_of::<SegmentInfo>() as u64,
-            nonce: 0,
-            pid_ns,
-        };
-        // SAFETY: SegmentInfo is repr(C) integers without padding (u64, eight u32, three u64):
-        // every byte of it is initialized.
-        let bytes = unsafe {
-            std::slice::from_raw_parts((&info as *const SegmentInfo).cast::<u8>(), std::mem::size_of::<SegmentInfo>())
-        };
-        let path = format!("/dev/shm/{name}");
-        std::fs::write(&path, bytes).unwrap();
-        let file = std::fs::File::options().write(true).open(&path).unwrap();
-        file.set_modified(std::time::SystemTime::now() - age).unwrap();
-    }
-
-    /// Only segments of a dead owner are swept, and of those, one of another (or an unknown) pid
-    /// namespace only once it is old: a young one may belong to a job starting now whose owner
-    /// this process cannot see. A live owner's is in use. One without a header goes once old.
-    #[test]
-    fn stale_segments_of_dead_owners_are_swept() {
-        let uid = sys::uid();
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let dead = child.id();
-        child.wait().unwrap();
-        let minutes = std::time::Duration::from_secs(120);
-        let (young, ns) = (std::time::Duration::ZERO, sys::pid_namespace());
-        if ns == 0 {
-            // No /proc/self/ns/pid here: every owner's namespace is unknown (the age rule).
-            eprintln!("skipped: this process's pid namespace is unknown");
-            return;
-        }
-        let cases = [
-            ("old-dead-unknown-ns", dead, 0, minutes, true),
-            ("young-dead-unknown-ns", dead, 0, young, false),
-            ("young-dead-other-ns", dead, ns + 1, young, false),
-            ("old-dead-other-ns", dead, ns + 1, minutes, true),
-            ("young-dead-our-ns", dead, ns, young, true),
-            ("old-live-our-ns", std::process::id(), ns, minutes, false),
-        ];
-        let name = |what: &str| format!("polyrail-{uid}-sweeptest{}-{what}", std::process::id());
-        for (what, owner, pid_ns, age, _) in cases {
-            fake_segment(&name(what), owner, pid_ns, age);
-        }
-        // Left without a header (its creator killed between creating and writing it): swept
-        // once old, as nothing will write it then.
-        let headerless = [("old-headerless", minutes, true), ("young-headerless", young, false)];
-        for (what, age, _) in headerless {
-            let file = std::fs::File::create(format!("/dev/shm/{}", name(what))).unwrap();
-            file.set_modified(std::time::SystemTime::now() - age).unwrap();
-        }
-        assert!(sweep_stale(uid) >= 4);
-        let expected = cases.iter().map(|c| (c.0, c.4)).chain(headerless.iter().map(|c| (c.0, c.2)));
-        for (what, swept) in expected {
-            let path = format!("/dev/shm/{}", name(what));
-            assert_eq!(!std::path::Path::new(&path).exists(), swept, "{what}");
-            let _ = std::fs::remove_file(path);
-        }
-    }
-
-    /// A segment of rank 1 of a two-rank job named after `tag`, and its address.
-    fn rank_1_segment(tag: &str) -> (OwnSegment, SegAddress) {
+    /// A segment of rank 1 of a two-rank job, and its address.
+    fn rank_1_segment() -> (OwnSegment, SegAddress) {
         let layout = SegLayout::new(2, Geometry::new(64, 16), 4, 4096).unwrap();
-        let name = format!("/polyrail-{}-{tag}{}-1", sys::uid(), std::process::id());
-        let seg = OwnSegment::create(&name, 1, &layout).unwrap();
-        let addr = SegAddress { name, rank: 1, layout, nonce: seg.nonce };
+        let seg = OwnSegment::create(1, &layout, "a test").unwrap();
+        let addr = seg.address(1, layout);
         (seg, addr)
+    }
+
+    /// Who a peer expects rank 1 to be: this process.
+    fn rank_1() -> (u32, u32) {
+        (1, std::process::id())
+    }
+
+    /// A segment can be neither shrunk nor grown, by its owner or by anyone who opens it: a
+    /// truncated segment killed the peers mapping it with SIGBUS.
+    #[test]
+    fn a_segment_cannot_be_resized() {
+        let (seg, addr) = rank_1_segment();
+        let path = seg.path().unwrap();
+        assert_eq!(path, addr.path());
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        for len in [0, 100, addr.layout.total_len as u64 - 1, addr.layout.total_len as u64 + 4096] {
+            let e = file.set_len(len).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EPERM), "resizing to {len}: {e}");
+        }
+        let (map, pid) = open_peer(&addr, rank_1()).unwrap();
+        assert_eq!((map.len(), pid), (addr.layout.total_len, std::process::id()));
+        // Closed once every peer mapped it: no one opens it then, and the mappings still work.
+        let mut seg = seg;
+        seg.close();
+        assert!(seg.path().is_none());
+        assert!(open_peer(&addr, rank_1()).is_err());
+        assert_eq!(map.info().nonce, seg.nonce);
+    }
+
+    /// A file that is not sealed against shrinking is not mapped, even with the right inode,
+    /// size and header.
+    #[test]
+    fn an_unsealed_file_is_refused() {
+        use std::io::Write;
+        let (seg, addr) = rank_1_segment();
+        let len = addr.layout.total_len;
+        let fd = rustix::fs::memfd_create(c"unsealed", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        let mut file = std::fs::File::from(fd);
+        // SAFETY: the segment's first page holds its header, readable.
+        let header = unsafe { std::slice::from_raw_parts(seg.map.base().as_ptr(), HEADER_BYTES) };
+        file.write_all(header).unwrap();
+        file.set_len(len as u64).unwrap();
+        let forged = SegAddress { fd: file.as_raw_fd() as u32, inode: file.metadata().unwrap().ino(), ..addr };
+        let err = open_peer(&forged, rank_1()).unwrap_err();
+        assert!(err.contains("not a memory file sealed against shrinking"), "{err}");
     }
 
     /// A peer's segment whose owner lives in another pid namespace is refused: the pid that
     /// would watch its liveness means something else here.
     #[test]
     fn a_segment_of_another_pid_namespace_is_refused() {
-        use std::os::unix::fs::FileExt;
-        let (_seg, addr) = rank_1_segment("nstest");
-        assert!(open_peer(&addr, 1).is_ok());
+        let (seg, addr) = rank_1_segment();
+        assert!(open_peer(&addr, rank_1()).is_ok());
         // Its owner's pid would name nothing, or another process, here: its exit would go
         // unseen (or be seen at once).
-        let other_ns = (sys::pid_namespace() ^ 1).to_ne_bytes();
-        let file = std::fs::OpenOptions::new().write(true).open(path_of(&addr.name)).unwrap();
-        file.write_all_at(&other_ns, std::mem::offset_of!(SegmentInfo, pid_ns) as u64).unwrap();
-        let err = open_peer(&addr, 1).unwrap_err();
+        let other_ns = sys::pid_namespace() ^ 1;
+        let at = seg.map.at(std::mem::offset_of!(SegmentInfo, pid_ns));
+        // SAFETY: inside the header page, 8-byte aligned (a u64 field of a repr(C) struct at
+        // offset 0 of a page).
+        unsafe { at.as_ptr().cast::<u64>().write_volatile(other_ns) };
+        let err = open_peer(&addr, rank_1()).unwrap_err();
         assert!(err.contains("another pid namespace"), "{err}");
     }
 
-    /// A peer whose address names a segment that is no longer the one published (another job
-    /// of the same id replaced it) is refused, not mapped.
+    /// A peer whose address names a segment that is no longer the one published is refused, not
+    /// mapped; so is one whose owner is not the process the job names.
     #[test]
     fn a_replaced_segment_is_refused() {
-        let (seg, addr) = rank_1_segment("noncetest");
+        let (seg, addr) = rank_1_segment();
         let decoded = SegAddress::decode(&addr.encode()).unwrap();
         assert_eq!(decoded, addr);
-        assert_eq!(open_peer(&decoded, 1).unwrap().1, std::process::id());
-        let other = SegAddress { nonce: seg.nonce ^ 1, ..addr };
-        let err = open_peer(&other, 1).unwrap_err();
+        assert_eq!(open_peer(&decoded, rank_1()).unwrap().1, std::process::id());
+        let other = SegAddress { nonce: seg.nonce ^ 1, ..addr.clone() };
+        let err = open_peer(&other, rank_1()).unwrap_err();
         assert!(err.contains("is not the segment rank 1 published"), "{err}");
+        let other = SegAddress { inode: addr.inode ^ 1, ..addr.clone() };
+        let err = open_peer(&other, rank_1()).unwrap_err();
+        assert!(err.contains("not rank 1's segment"), "{err}");
+        let err = open_peer(&addr, (1, std::process::id() + 1)).unwrap_err();
+        assert!(err.contains("but rank 1 is pid"), "{err}");
     }
 
     #[test]
@@ -749,7 +655,16 @@ mod tests {
         assert_eq!(SegAddress::decode(&address_with_max(16)).unwrap().layout.geo.max_msg_slots, 16);
         for max in [0, 17, Geometry::MAX_MSG_SLOTS + 1] {
             let err = SegAddress::decode(&address_with_max(max)).unwrap_err();
-            assert!(err.contains("impossible ring shape"), "{max}: {err}");
+            assert!(err.contains("impossible ring shape"), "{err}");
         }
+    }
+
+    /// More memory than the machine has is refused before anything is allocated.
+    #[test]
+    fn a_segment_larger_than_memory_is_refused() {
+        let Some(avail) = available_memory() else { return };
+        let err = enough_memory(avail as usize + (1 << 30)).unwrap_err().to_string();
+        assert!(err.contains("bytes of memory available") && err.contains("No space left"), "{err}");
+        enough_memory(4096).unwrap();
     }
 }

@@ -6,8 +6,9 @@
 //! slots and cells addressed to it, and writes back only its ring's read positions (which also
 //! give the cells back); as a sender it also rings the owner's doorbell (an atomic add and a
 //! futex wake) and reads the owner's `sleeping` flag.
-//! Once every process has mapped every segment (`connected`), the names are unlinked, so nothing
-//! is left in `/dev/shm` even if the job is killed later.
+//! A segment is a memory file sealed against shrinking, which peers open through the owner's
+//! `/proc/<pid>/fd`; once every process has mapped every segment (`connected`), the owner closes
+//! it. It has no name in `/dev/shm`, and nothing of it outlives the job's processes.
 
 use std::sync::atomic::{compiler_fence, fence, Ordering};
 use std::time::Instant;
@@ -146,20 +147,6 @@ fn ring_doorbell(map: &Mapping, fenceless: bool) {
     }
 }
 
-/// Keeps `[A-Za-z0-9_.]`, replaces anything else with `_`, at most 160 characters.
-fn sanitize(job_id: &str) -> String {
-    let s: String = job_id
-        .chars()
-        .take(160)
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '.' { c } else { '_' })
-        .collect();
-    if s.is_empty() {
-        "job".into()
-    } else {
-        s
-    }
-}
-
 impl ShmTransport {
     /// Delivers up to `budget` messages from `rank`'s ring; a corrupt record makes the peer lost.
     /// (An associated function over `peers` alone, so that `progress` can lend the sweep and
@@ -206,12 +193,12 @@ impl ShmTransport {
         done
     }
 
-    /// Creates this process's segment for rank `rank` of a job of `size` ranks, named
-    /// `/polyrail-<uid>-<job_id>-<rank>`, with the ring slots and send cells of `cfg`'s
+    /// Creates this process's segment for rank `rank` of job `job_id` of `size` ranks (a memory
+    /// file sealed against shrinking), with the ring slots and send cells of `cfg`'s
     /// [`ShmSettings`] (`POLYRAIL_SHM_*`).
     ///
-    /// Fails with [`Error::Io`] (naming the path and size) when the segment cannot be created,
-    /// e.g. `/dev/shm` is full or a live job uses the same id.
+    /// Fails with [`Error::Io`] (naming the rank, the job and the size) when the segment cannot
+    /// be created, e.g. the memory is short.
     pub fn new(cfg: &Config, job_id: &str, rank: u32, size: u32) -> Result<ShmTransport> {
         Self::with_inline_slots(cfg, job_id, rank, size, DEFAULT_INLINE_SLOTS)
     }
@@ -229,11 +216,7 @@ impl ShmTransport {
         let layout = SegLayout::new(size, geo, shm.cells as u32, shm.cell_size as u32).ok_or_else(|| {
             Error::InvalidArgument(format!("shm segment for {size} ranks overflows the address space"))
         })?;
-        // Segments of earlier jobs killed while they started go first (nothing else would
-        // remove them after a `kill -9` of the whole job under another launcher).
-        segment::sweep_stale(sys::uid());
-        let name = format!("/polyrail-{}-{}-{rank}", sys::uid(), sanitize(job_id));
-        let seg = OwnSegment::create(&name, rank, &layout)?;
+        let seg = OwnSegment::create(rank, &layout, &format!("rank {rank} of job {job_id:?}"))?;
         let ring_doorbells = cfg.wait != WaitMode::Spin;
         // A process that may sleep and can make its senders pass a barrier says so in its
         // segment, before the address goes out (Release: pairs with the Acquire in `connect`).
@@ -280,10 +263,10 @@ impl ShmTransport {
         self
     }
 
-    /// The segment's shared-memory name (`/polyrail-<uid>-<job>-<rank>`; under `/dev/shm` until
-    /// [`Transport::connected`]).
-    pub fn segment_name(&self) -> &str {
-        &self.seg.name
+    /// Where peers open the segment (`/proc/<pid>/fd/<fd>`), until [`Transport::connected`]
+    /// closes it.
+    pub fn segment_path(&self) -> Option<String> {
+        self.seg.path()
     }
 
     /// Bytes of this process's segment.
@@ -313,7 +296,7 @@ impl ShmTransport {
         }
         let addr = SegAddress::decode(address).map_err(|e| format!("bad shm address: {e}"))?;
         segment::same_layout(&self.layout, &addr.layout)?;
-        let (map, pid) = segment::open_peer(&addr, peer.rank)?;
+        let (map, pid) = segment::open_peer(&addr, (peer.rank, peer.pid))?;
         // Its liveness is watched through this pid: it must be the peer's, as this process
         // sees it (a segment of another pid namespace was refused by `open_peer`).
         if pid != peer.pid {
@@ -496,7 +479,7 @@ impl Transport for ShmTransport {
     }
 
     fn address(&self) -> Address {
-        SegAddress { name: self.seg.name.clone(), rank: self.rank, layout: self.layout, nonce: self.seg.nonce }.encode()
+        self.seg.address(self.rank, self.layout).encode()
     }
 
     fn add_peer(&mut self, peer: &PeerInfo, address: &[u8]) -> Reach {
@@ -522,7 +505,8 @@ impl Transport for ShmTransport {
     }
 
     fn connected(&mut self) -> Result<()> {
-        self.seg.unlink()
+        self.seg.close();
+        Ok(())
     }
 
     #[inline]
