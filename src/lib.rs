@@ -28,6 +28,8 @@ mod buffer;
 mod comm;
 mod context;
 mod dropped;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod heap;
 mod pod;
 mod scope;

@@ -16,6 +16,8 @@ pub mod adapt;
 pub mod config;
 pub mod engine;
 mod error;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod header;
 mod memory;
 pub mod observe;

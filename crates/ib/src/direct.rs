@@ -76,7 +76,7 @@ fn wr_parts(id: u64) -> (WrKind, Rank, u32) {
 
 /// What a peer published.
 #[derive(Clone, Debug)]
-struct PeerAddress {
+pub(crate) struct PeerAddress {
     provider: String,
     endpoint: Vec<u8>,
     rings: u64,
@@ -89,7 +89,7 @@ struct PeerAddress {
     qpns: Vec<u32>,
 }
 
-fn parse_address(a: &[u8]) -> std::result::Result<PeerAddress, String> {
+pub(crate) fn parse_address(a: &[u8]) -> std::result::Result<PeerAddress, String> {
     let mut at = 0usize;
     let mut take = |n: usize| -> std::result::Result<&[u8], String> {
         let s = a.get(at..at + n).ok_or_else(|| format!("ib address truncated at byte {at}"))?;
@@ -725,7 +725,7 @@ impl<P: Provider> DirectIb<P> {
     }
 
     /// The rkey, start address and length of a key made by `register`.
-    fn decode_key(peer: Rank, key: &RemoteKey) -> Result<(u32, u64, u64)> {
+    pub(crate) fn decode_key(peer: Rank, key: &RemoteKey) -> Result<(u32, u64, u64)> {
         let b = key.as_bytes();
         if b.len() != KEY_LEN {
             return Err(Error::Transport {

@@ -16,6 +16,8 @@
 
 mod bounce;
 mod direct;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod packet;
 pub mod provider;
 pub mod settings;

@@ -137,7 +137,7 @@ fn mtu_bytes(mtu: ffi::ibv_mtu) -> usize {
 
 /// What a peer publishes. See the module documentation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Endpoint {
+pub(crate) struct Endpoint {
     gid: [u8; 16],
     lid: u16,
     mtu: ffi::ibv_mtu,
@@ -146,7 +146,7 @@ struct Endpoint {
 }
 
 impl Endpoint {
-    fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut e = Vec::with_capacity(ENDPOINT_LEN);
         e.extend_from_slice(&ENDPOINT_MAGIC.to_le_bytes());
         e.extend_from_slice(&self.gid);
@@ -157,7 +157,7 @@ impl Endpoint {
         e
     }
 
-    fn parse(b: &[u8]) -> Result<Endpoint> {
+    pub(crate) fn parse(b: &[u8]) -> Result<Endpoint> {
         if b.len() != ENDPOINT_LEN || b[..4] != ENDPOINT_MAGIC.to_le_bytes() {
             return Err(transport(format!(
                 "verbs provider: not a verbs endpoint ({} bytes); every process must use the same POLYRAIL_IB_PROVIDER",

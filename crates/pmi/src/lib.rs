@@ -11,6 +11,8 @@ use polyrail_core::config::{Config, PmiVersion};
 use polyrail_core::{Error, Rank, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod pmi1;
 mod pmi2;
 pub mod server;

@@ -188,7 +188,7 @@ pub fn job_kvs_limit(n: usize) -> usize {
 }
 
 /// The server thread's state.
-struct State {
+pub(crate) struct State {
     job: String,
     peers: Vec<Peer>,
     /// Published keys: value and the rank that put it (`None`: the server's own).
@@ -645,6 +645,38 @@ impl State {
                 }
             }
         }
+    }
+}
+
+#[cfg(feature = "fuzzing")]
+impl State {
+    /// The state of a server for `conns.len()` ranks, without its thread: the fuzz targets call
+    /// [`State::serve_bytes`] in place of its reads (`crate::fuzzing`). The socket returned is
+    /// the other end of its event notices, to keep open as long as the state.
+    pub(crate) fn for_fuzzing(
+        job: &str,
+        conns: Vec<UnixStream>,
+        events: mpsc::Sender<ServerEvent>,
+    ) -> Result<(State, UnixStream)> {
+        let (notify, notices) = UnixStream::pair().map_err(|e| Error::io("creating a socket pair", e))?;
+        notify.set_nonblocking(true).map_err(|e| Error::io("making a socket non-blocking", e))?;
+        Ok((State::new(job, conns, events, notify), notices))
+    }
+
+    /// Rank `i` sent `bytes`: serves every complete message, as the thread does after a read;
+    /// `false` once the rank's connection is closed.
+    pub(crate) fn serve_bytes(&mut self, i: usize, bytes: &[u8]) -> bool {
+        if self.peers[i].stream.is_none() {
+            return false;
+        }
+        self.peers[i].inbuf.extend_from_slice(bytes);
+        self.serve_buffered(i);
+        self.peers[i].stream.is_some()
+    }
+
+    /// The answers queued to rank `i` since the last call, taken (the thread writes them out).
+    pub(crate) fn take_answers(&mut self, i: usize) -> Vec<u8> {
+        std::mem::take(&mut self.peers[i].outbuf)
     }
 }
 

@@ -211,7 +211,7 @@ impl CmaTransport {
     }
 
     /// Pid, probe word address, magic, and the probe's memory file (if the peer has one).
-    fn decode_address(address: &[u8]) -> std::result::Result<(u32, u64, u64, Option<FileRef>), String> {
+    pub(crate) fn decode_address(address: &[u8]) -> std::result::Result<(u32, u64, u64, Option<FileRef>), String> {
         if address.len() != ADDR_LEN || address[..4] != ADDR_MAGIC.to_le_bytes() {
             return Err(format!("not a polyrail cma address ({} bytes)", address.len()));
         }

@@ -21,6 +21,8 @@
 mod cells;
 mod cma;
 mod fill_rate;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod key;
 mod loopback;
 mod ring;
