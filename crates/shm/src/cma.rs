@@ -197,7 +197,7 @@ impl CmaTransport {
     }
 
     /// Sets where one-sided copies start by class ([`TransportAttr::rndv_from`]; from
-    /// `POLYRAIL_CMA_THRESHOLD` or a tuning file, [`polyrail_core::Config::cma_rndv_from`]).
+    /// `POLYRAIL_CMA_THRESHOLD` or a tuning file, [`crate::CmaSettings::rndv_from`]).
     pub fn with_rndv_from(mut self, rndv_from: Vec<polyrail_core::RndvFrom>) -> CmaTransport {
         self.attr.rndv_from = rndv_from;
         self

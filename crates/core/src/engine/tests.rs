@@ -168,7 +168,7 @@ impl Sim {
             Action::Send { to, hdr, payload, op, .. } => {
                 let payload = match payload {
                     Payload::Empty => Vec::new(),
-                    // SAFETY: the engine promises user payloads are valid until handle_sent.
+                    // SAFETY: the engine promises user payloads are valid until it is told they left.
                     Payload::User(r) => unsafe { std::slice::from_raw_parts(r.ptr, r.len) }.to_vec(),
                     Payload::Key(k) => k.as_bytes().to_vec(),
                 };

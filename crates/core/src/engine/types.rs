@@ -105,7 +105,7 @@ pub(crate) enum OpKind {
     Sent = 1,
     /// The request's own one-sided copy finished.
     Copy = 2,
-    /// The request's buffer was exposed.
+    /// The request's buffer was registered.
     Exposed = 3,
 }
 
