@@ -24,7 +24,7 @@ fn main() -> polyrail::Result<()> {
         println!("POLYRAIL_TRANSPORTS={}", std::env::var("POLYRAIL_TRANSPORTS").unwrap_or_else(|_| "(unset)".into()));
         for &s in &sizes {
             let e = route.lookup(s);
-            let ch = report.channel_kinds[e.channel as usize];
+            let ch = report.channel_kind(e.channel).expect("a route names a started channel");
             println!("{:>6}: {:<11} over {:<4} ({})", format_size(s), e.protocol.name(), ch.name(), e.reason);
         }
         if let Some(rule) = &route.placement {

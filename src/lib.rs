@@ -41,7 +41,7 @@ pub use comm::{Comm, CommKind, Within};
 pub use context::{Cancel, Completion, Context, Request, World};
 pub use heap::MappedHeap;
 pub use polyrail_core::engine::{Source, Status, TagMatch};
-pub use polyrail_core::policy::{topology::TopoClass, PeerRoute, Protocol, RouteEntry};
+pub use polyrail_core::policy::{topology::TopoClass, ChannelId, PeerRoute, Protocol, RouteEntry};
 pub use polyrail_core::{
     config, error_chain, format_size, host_identity, parse_size, Config, Error, Rank, Reach, Result, TransportKind,
 };

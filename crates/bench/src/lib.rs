@@ -181,7 +181,7 @@ pub fn check_forced(report: &polyrail::JobReport, me: polyrail::Rank, transport:
     if !["shm", "cma", "ib"].contains(&transport) {
         return Ok(());
     }
-    let is_wanted = |c: u8| report.channel_kinds.get(usize::from(c)).is_some_and(|k| k.name() == transport);
+    let is_wanted = |c| report.channel_kind(c).is_some_and(|k| k.name() == transport);
     for p in report.peers.iter().filter(|p| p.rank != me) {
         let carries =
             p.route.as_ref().is_some_and(|r| is_wanted(r.am) || r.entries.iter().any(|e| is_wanted(e.channel)));

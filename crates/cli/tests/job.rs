@@ -1127,7 +1127,7 @@ fn short_memory_check(check: &mut impl FnMut(String, bool)) {
 fn check_routes(ctx: &Context) {
     let Ok(setting) = std::env::var("JOBTEST_CHANNELS") else { return };
     let report = ctx.report();
-    let kind = |e: &polyrail::RouteEntry| report.channel_kinds[e.channel as usize];
+    let kind = |e: &polyrail::RouteEntry| report.channel_kind(e.channel).expect("a route names a started channel");
     for peer in report.peers.iter().filter(|p| p.rank != ctx.rank()) {
         let route = peer.route.as_ref().unwrap_or_else(|| panic!("no route to rank {}", peer.rank));
         let at = |size: usize| {

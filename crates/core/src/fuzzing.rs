@@ -11,9 +11,9 @@ use crate::policy::{ChannelId, PeerRoute, Protocol, RouteEntry};
 use crate::{Error, Header, Lifetime, MemHandle, Rank, Region, RegionMut, RemoteKey};
 
 /// The active-message channel of the harness's routes.
-const AM: ChannelId = 0;
+const AM: ChannelId = ChannelId(0);
 /// The one-sided channel of the harness's routes.
-const RMA: ChannelId = 1;
+const RMA: ChannelId = ChannelId(1);
 /// Ranks in the harness's job: this one (0) and two peers.
 pub const JOB_SIZE: u32 = 3;
 /// Most requests the harness keeps posted.

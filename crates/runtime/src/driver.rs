@@ -187,7 +187,7 @@ impl Driver {
             .filter(|(i, c)| {
                 let caps = c.attr().caps;
                 !caps.contains(Caps::SELF_ONLY)
-                    && reaching.contains(*i as ChannelId)
+                    && reaching.contains(ChannelId(*i as u8))
                     && (caps.contains(Caps::AM) || !caps.contains(Caps::RMA_INLINE_COMPLETION))
             })
             .map(|(i, _)| i)
@@ -197,7 +197,7 @@ impl Driver {
         let poll = PollPlan::new(poll, &channels, &polled);
         let mut syscall_polled = ChannelSet::EMPTY;
         for &i in polled.iter().filter(|&&i| channels[i].attr().caps.contains(Caps::POLL_IS_SYSCALL)) {
-            syscall_polled.insert(i as ChannelId);
+            syscall_polled.insert(ChannelId(i as u8));
         }
         Driver {
             syscall_polled,
@@ -270,13 +270,13 @@ impl Driver {
             Action::Send { to, .. } => *to,
             Action::Get { peer, .. } | Action::Put { peer, .. } => *peer,
             Action::Register { channel, region, access, op } => {
-                let handle = self.channels[*channel as usize]
+                let handle = self.channels[channel.index()]
                     .one_sided()
                     .and_then(|m| m.register(*region, *access, Lifetime::Transfer));
                 return self.engine.handle_op(*op, OpOutcome::Registered(handle));
             }
             Action::Deregister { channel, handle, written } => {
-                if let Some(m) = self.channels[*channel as usize].memory() {
+                if let Some(m) = self.channels[channel.index()].memory() {
                     m.deregister(handle, written.clone());
                 }
                 return;
@@ -304,7 +304,7 @@ impl Driver {
                     Payload::Key(k) => k.as_bytes(),
                 };
                 self.self_sent |= *to == self.engine.rank();
-                match self.channels[*channel as usize].try_send(*to, hdr, bytes) {
+                match self.channels[channel.index()].try_send(*to, hdr, bytes) {
                     Ok(Issued::WouldBlock) => return Some(a),
                     Ok(_) => {
                         if let Some(op) = op {
@@ -316,10 +316,10 @@ impl Driver {
                 return None;
             }
             Action::Get { channel, peer, key, offset, into, op } => {
-                (self.channels[*channel as usize].one_sided().and_then(|m| m.get(*peer, key, *offset, *into, *op)), *op)
+                (self.channels[channel.index()].one_sided().and_then(|m| m.get(*peer, key, *offset, *into, *op)), *op)
             }
             Action::Put { channel, peer, from, key, offset, op } => {
-                (self.channels[*channel as usize].one_sided().and_then(|m| m.put(*peer, *from, key, *offset, *op)), *op)
+                (self.channels[channel.index()].one_sided().and_then(|m| m.put(*peer, *from, key, *offset, *op)), *op)
             }
             Action::Register { .. } | Action::Deregister { .. } => {
                 self.execute(a);
@@ -406,8 +406,8 @@ impl Driver {
         // for returns to the caller without the channel looking for another first.
         let budget = if self.engine.parked_settled() { 64 } else { 1 };
         let mut n = match primary {
-            Some(i) if !skip.contains(i as ChannelId) => {
-                self.channels[i].progress(budget, &mut self.engine.sink_for(i as ChannelId))?
+            Some(i) if !skip.contains(ChannelId(i as u8)) => {
+                self.channels[i].progress(budget, &mut self.engine.sink_for(ChannelId(i as u8)))?
             }
             _ => 0,
         };
@@ -415,8 +415,8 @@ impl Driver {
             let mut others = 0;
             if self.poll_everything || self.poll.others_due() {
                 for &i in &self.polled {
-                    if Some(i) != primary && !skip.contains(i as ChannelId) {
-                        others += self.channels[i].progress(64, &mut self.engine.sink_for(i as ChannelId))?;
+                    if Some(i) != primary && !skip.contains(ChannelId(i as u8)) {
+                        others += self.channels[i].progress(64, &mut self.engine.sink_for(ChannelId(i as u8)))?;
                     }
                 }
             }
@@ -426,7 +426,7 @@ impl Driver {
         if self.self_sent {
             if let Some(i) = self.loopback {
                 self.self_sent = false;
-                n += self.channels[i].progress(usize::MAX, &mut self.engine.sink_for(i as ChannelId))?;
+                n += self.channels[i].progress(usize::MAX, &mut self.engine.sink_for(ChannelId(i as u8)))?;
             }
         }
         if self.blocked_peers > 0 {
@@ -482,7 +482,7 @@ impl Driver {
     fn check_liveness(&mut self, done: &mut impl FnMut(&Engine) -> bool) -> Result<()> {
         self.last_liveness = Instant::now();
         for (i, ch) in self.channels.iter_mut().enumerate() {
-            ch.check_peers(&mut self.engine.sink_for(i as ChannelId));
+            ch.check_peers(&mut self.engine.sink_for(ChannelId(i as u8)));
         }
         self.drain();
         if !self.manager.as_ref().is_some_and(hung_up) {
@@ -594,7 +594,7 @@ impl Driver {
     #[inline(never)]
     fn sample_placement(&mut self, to: Rank, len: usize) {
         if let Some(ch) = self.engine.wants_placement(to, len) {
-            let channel = &mut self.channels[ch as usize];
+            let channel = &mut self.channels[ch.index()];
             for what in [Observe::LineTransfer, Observe::CopiesSlow] {
                 if let Some(seen) = channel.observe(to, what) {
                     self.engine.handle_observation(to, seen);
@@ -705,7 +705,7 @@ impl Driver {
         self.self_sent |= to == self.engine.rank();
         // SAFETY: the caller keeps the bytes valid for this call (and longer).
         let bytes = unsafe { std::slice::from_raw_parts(region.ptr, region.len) };
-        match self.channels[channel as usize].try_send(to, &hdr, bytes) {
+        match self.channels[channel.index()].try_send(to, &hdr, bytes) {
             // SAFETY: forwarded to the caller.
             Ok(Issued::WouldBlock) => Ok(Some(unsafe { self.queue_prepared(to, channel, hdr, region) })),
             Ok(_) => Ok(None),
@@ -863,7 +863,7 @@ mod tests {
         let (cheap, cheap_polls) = Counted::channel(Caps::empty(), 200.0);
         let (syscall, syscall_polls) = Counted::channel(Caps::POLL_IS_SYSCALL, 2000.0);
         let mut engine = Engine::new(0, 3, polyrail_core::adapt::Tuning::default());
-        for (peer, am) in [(1, 0), (2, 1)] {
+        for (peer, am) in [(1, ChannelId(0)), (2, ChannelId(1))] {
             let entries =
                 vec![RouteEntry { upto: usize::MAX, protocol: Protocol::Eager, channel: am, reason: String::new() }];
             engine.set_route(
@@ -929,7 +929,7 @@ mod tests {
     #[test]
     fn a_channel_that_reaches_no_rank_is_never_polled() {
         let mut reaching = ChannelSet::EMPTY;
-        reaching.insert(1);
+        reaching.insert(ChannelId(1));
         let (mut d, cheap, syscall) = job_reaching(reaching);
         d.probing(|d| rounds(d, 100));
         assert_eq!((polls(&cheap), polls(&syscall)), (0, 100));

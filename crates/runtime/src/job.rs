@@ -54,6 +54,13 @@ pub struct JobReport {
     pub peers: Vec<PeerReport>,
 }
 
+impl JobReport {
+    /// The kind of channel `c` of this process (routes name channels by id).
+    pub fn channel_kind(&self, c: ChannelId) -> Option<TransportKind> {
+        self.channel_kinds.get(c.index()).copied()
+    }
+}
+
 /// The most ranks a job may have (per-rank state is made for each at start).
 pub const MAX_RANKS: u32 = 1 << 20;
 
@@ -321,7 +328,7 @@ impl Job {
             if r != rank {
                 for (i, (_, how)) in reach.iter().enumerate() {
                     if matches!(how, Reach::Yes(_)) {
-                        reaching.insert(i as ChannelId);
+                        reaching.insert(ChannelId(i as u8));
                     }
                 }
             }
@@ -329,12 +336,12 @@ impl Job {
                 .iter()
                 .enumerate()
                 .filter(|(i, _)| matches!(reach[*i].1, Reach::Yes(_)))
-                .map(|(i, ch)| Candidate { id: i as u8, attr: ch.attr() })
+                .map(|(i, ch)| Candidate { id: ChannelId(i as u8), attr: ch.attr() })
                 .collect();
             let mut route = build_route(class, &candidates, &config);
             if let Some(rt) = route.as_mut() {
                 // Sends from registered memory go by single copy early only where it is mapped.
-                let mapper = rt.mapped.as_ref().map(|m| m.channel as usize);
+                let mapper = rt.mapped.as_ref().map(|m| m.channel.index());
                 if mapper.is_some_and(|c| !says_yes(channels[c].observe(r, Observe::MapsRegistered))) {
                     rt.mapped = None;
                 }
@@ -363,7 +370,7 @@ impl Job {
                 Some(rt) => {
                     if r != rank {
                         for e in &rt.entries {
-                            let ch = channels.get(e.channel as usize).map_or("?", |c| c.attr().kind.name());
+                            let ch = channels.get(e.channel.index()).map_or("?", |c| c.attr().kind.name());
                             tracing::debug!(
                                 "rank {rank}: route to rank {r} ({class}) up to {}: {} over {ch}: {}",
                                 if e.upto == usize::MAX {

@@ -187,25 +187,29 @@ impl PeerAdapters {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::ChannelId;
 
     #[test]
     fn a_veto_stops_weak_eager_advice_but_not_strong() {
         let weak = Advice { eager: Some(Eager::Unless), ..Advice::default() };
         let veto = Advice { veto_eager: true, ..Advice::default() };
         let strong = Advice { eager: Some(Eager::Always), ..Advice::default() };
-        let get = (Protocol::RndvGet, 1);
-        assert_eq!(weak.apply(get.0, get.1, 0), (Protocol::Eager, 0));
-        assert_eq!(weak.merge(veto).apply(get.0, get.1, 0), get);
-        assert_eq!(weak.merge(veto).merge(strong).apply(get.0, get.1, 0), (Protocol::Eager, 0));
-        assert_eq!(Advice::default().apply(Protocol::Eager, 0, 0), (Protocol::Eager, 0));
+        let get = (Protocol::RndvGet, ChannelId(1));
+        assert_eq!(weak.apply(get.0, get.1, ChannelId(0)), (Protocol::Eager, ChannelId(0)));
+        assert_eq!(weak.merge(veto).apply(get.0, get.1, ChannelId(0)), get);
+        assert_eq!(weak.merge(veto).merge(strong).apply(get.0, get.1, ChannelId(0)), (Protocol::Eager, ChannelId(0)));
+        assert_eq!(
+            Advice::default().apply(Protocol::Eager, ChannelId(0), ChannelId(0)),
+            (Protocol::Eager, ChannelId(0))
+        );
     }
 
     #[test]
     fn single_copy_advice_moves_eager_sends_only_and_eager_advice_can_move_them_back() {
-        let copy = Advice { single_copy: Some(2), ..Advice::default() };
-        assert_eq!(copy.apply(Protocol::Eager, 0, 0), (Protocol::RndvGet, 2));
-        assert_eq!(copy.apply(Protocol::RndvSplit, 1, 0), (Protocol::RndvSplit, 1));
+        let copy = Advice { single_copy: Some(ChannelId(2)), ..Advice::default() };
+        assert_eq!(copy.apply(Protocol::Eager, ChannelId(0), ChannelId(0)), (Protocol::RndvGet, ChannelId(2)));
+        assert_eq!(copy.apply(Protocol::RndvSplit, ChannelId(1), ChannelId(0)), (Protocol::RndvSplit, ChannelId(1)));
         let both = copy.merge(Advice { eager: Some(Eager::Unless), ..Advice::default() });
-        assert_eq!(both.apply(Protocol::Eager, 0, 0), (Protocol::Eager, 0));
+        assert_eq!(both.apply(Protocol::Eager, ChannelId(0), ChannelId(0)), (Protocol::Eager, ChannelId(0)));
     }
 }

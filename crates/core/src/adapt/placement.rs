@@ -118,18 +118,29 @@ impl Adapter for PlacementAdapter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::ChannelId;
     use crate::policy::{Protocol, RouteEntry};
 
     fn route(near_upto: Option<usize>, apart_from: Option<usize>, given: Option<Placement>) -> PeerRoute {
         PeerRoute {
-            am: 0,
+            am: ChannelId(0),
             frag: 16 << 10,
             entries: vec![
-                RouteEntry { upto: (16 << 10) - 1, channel: 0, protocol: Protocol::Eager, reason: String::new() },
-                RouteEntry { upto: usize::MAX, channel: 1, protocol: Protocol::RndvGet, reason: String::new() },
+                RouteEntry {
+                    upto: (16 << 10) - 1,
+                    channel: ChannelId(0),
+                    protocol: Protocol::Eager,
+                    reason: String::new(),
+                },
+                RouteEntry {
+                    upto: usize::MAX,
+                    channel: ChannelId(1),
+                    protocol: Protocol::RndvGet,
+                    reason: String::new(),
+                },
             ],
             stream_eager: None,
-            placement: Some(PlacementRule { near_upto, apart_from, rma: 1, given, reason: String::new() }),
+            placement: Some(PlacementRule { near_upto, apart_from, rma: ChannelId(1), given, reason: String::new() }),
             mapped: None,
             as_written: false,
         }
@@ -156,7 +167,7 @@ mod tests {
         assert_eq!(a.advise(&facts(&r, 256 << 10)), Advice::default(), "beyond near_upto");
         sample(&mut a, &r, 150, crate::observe::SAMPLES);
         assert_eq!(a.placement(), Some(Placement::Apart));
-        assert_eq!(a.advise(&facts(&r, 8 << 10)).single_copy, Some(1));
+        assert_eq!(a.advise(&facts(&r, 8 << 10)).single_copy, Some(ChannelId(1)));
         assert_eq!(a.advise(&facts(&r, 4 << 10)).single_copy, None);
         let mapped = SendFacts { mapped: true, ..facts(&r, 8 << 10) };
         assert_eq!(a.advise(&mapped).single_copy, None, "the registered-memory rule decided it");
@@ -169,7 +180,7 @@ mod tests {
         sample(&mut a, &r, 20, crate::observe::SAMPLES);
         a.observe(Seen::Channel(Observation::CopiesSlow(true)), Some(&r));
         let advice = a.advise(&facts(&r, 64 << 10));
-        assert_eq!((advice.single_copy, advice.veto_eager), (Some(1), true));
+        assert_eq!((advice.single_copy, advice.veto_eager), (Some(ChannelId(1)), true));
         assert!(!a.advise(&facts(&r, 4 << 10)).veto_eager);
         let mut shared = PlacementAdapter::new(false);
         shared.observe(Seen::Channel(Observation::CopiesSlow(true)), Some(&r));

@@ -92,6 +92,7 @@ impl Adapter for SkewAdapter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::ChannelId;
     use crate::policy::{Protocol, RouteEntry};
 
     fn facts(route: &PeerRoute, len: usize) -> SendFacts<'_> {
@@ -114,11 +115,11 @@ mod tests {
     #[test]
     fn a_lagging_peer_gets_medium_messages_eagerly_unless_the_route_is_as_written() {
         let mut route = PeerRoute {
-            am: 0,
+            am: ChannelId(0),
             frag: 16 << 10,
             entries: vec![RouteEntry {
                 upto: usize::MAX,
-                channel: 1,
+                channel: ChannelId(1),
                 protocol: Protocol::RndvGet,
                 reason: String::new(),
             }],

@@ -25,16 +25,17 @@ impl Adapter for StreamAdapter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::ChannelId;
     use crate::policy::{Protocol, RouteEntry, StreamEagerRule};
 
     #[test]
     fn only_a_stream_up_to_the_rules_size_goes_eagerly() {
         let route = PeerRoute {
-            am: 0,
+            am: ChannelId(0),
             frag: 16 << 10,
             entries: vec![RouteEntry {
                 upto: usize::MAX,
-                channel: 1,
+                channel: ChannelId(1),
                 protocol: Protocol::RndvGet,
                 reason: String::new(),
             }],

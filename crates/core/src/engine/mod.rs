@@ -1657,7 +1657,7 @@ fn unexpose(req: &mut Req, actions: &mut VecDeque<Action>) {
 
 /// The active-message channel to `peer`.
 fn am_of(peers: &[Peer], peer: Rank) -> ChannelId {
-    peers[peer as usize].route.as_ref().map_or(0, |r| r.am)
+    peers[peer as usize].route.as_ref().map_or(ChannelId(0), |r| r.am)
 }
 
 impl Engine {

@@ -137,7 +137,7 @@ impl Req {
             order: 0,
             matched: false,
             protocol: Protocol::Eager,
-            channel: 0,
+            channel: ChannelId(0),
             pending: 0,
             received: 0,
             split: 0,

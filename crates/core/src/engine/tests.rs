@@ -8,8 +8,8 @@ use crate::transport::Lifetime;
 use proptest::prelude::*;
 use std::collections::VecDeque;
 
-const AM: ChannelId = 0;
-const RMA: ChannelId = 1;
+const AM: ChannelId = ChannelId(0);
+const RMA: ChannelId = ChannelId(1);
 
 /// A packet in flight.
 struct Packet {
@@ -841,7 +841,7 @@ fn any_source_and_any_tag_meet_rendezvous() {
 fn awaited_channels_follow_what_the_engine_waits_for() {
     // Rank 0 reaches rank 1 with packets on channel 0 and rank 2 on channel 2; both one-sided
     // on channel 1.
-    const FAR: ChannelId = 2;
+    const FAR: ChannelId = ChannelId(2);
     let mut sim = Sim::new(3, one_sided_route);
     let far = PeerRoute { am: FAR, ..one_sided_route() };
     sim.engines[0].set_route(2, Ok(far.clone()));

@@ -15,8 +15,24 @@ use crate::size::format_size;
 use crate::transport::{Caps, TransportAttr};
 use topology::TopoClass;
 
-/// Index of a channel (transport) in the process's channel list.
-pub type ChannelId = u8;
+/// A channel of this process: its index in the process's channel list (the order channels
+/// started in; `JobReport::channel_kinds` names them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ChannelId(pub u8);
+
+impl ChannelId {
+    /// The index in the channel list.
+    #[inline]
+    pub fn index(self) -> usize {
+        usize::from(self.0)
+    }
+}
+
+impl std::fmt::Display for ChannelId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "channel {}", self.0)
+    }
+}
 
 /// A set of channels. Channels from 63 up share one member: adding one of them adds them all
 /// (a conservative answer to "poll this channel?"; no process has that many).
@@ -32,13 +48,13 @@ impl ChannelSet {
     /// Adds `c`.
     #[inline]
     pub fn insert(&mut self, c: ChannelId) {
-        self.0 |= 1 << c.min(63);
+        self.0 |= 1 << c.0.min(63);
     }
 
     /// Whether `c` is in the set.
     #[inline]
     pub fn contains(self, c: ChannelId) -> bool {
-        self.0 & 1 << c.min(63) != 0
+        self.0 & 1 << c.0.min(63) != 0
     }
 
     /// Whether the set has no channel.
@@ -621,17 +637,17 @@ mod tests {
     fn shm_and_cma_use_class_thresholds_and_overrides() {
         let shm = attr(SHM, Caps::AM, 16384);
         let cma = attr(CMA, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
-        let c = [Candidate { id: 1, attr: &shm }, Candidate { id: 2, attr: &cma }];
+        let c = [Candidate { id: ChannelId(1), attr: &shm }, Candidate { id: ChannelId(2), attr: &cma }];
         let r = build_route(TopoClass::SharedL3, &c, &Config::default()).unwrap();
-        assert_eq!(r.am, 1);
+        assert_eq!(r.am, ChannelId(1));
         assert_eq!(r.lookup(100).protocol, Protocol::Eager);
         assert_eq!(r.rndv_threshold(), Some(32 << 10));
         assert_eq!(r.lookup((32 << 10) - 1).protocol, Protocol::Eager);
         assert_eq!(r.lookup(32 << 10).protocol, Protocol::RndvSplit);
-        assert_eq!(r.lookup(32 << 10).channel, 2);
+        assert_eq!(r.lookup(32 << 10).channel, ChannelId(2));
         assert_eq!(r.lookup(4 << 20).protocol, Protocol::RndvSplit);
         let m = r.mapped.as_ref().unwrap();
-        assert_eq!((m.from, m.channel), (8 << 10, 2), "registered memory goes one-sided from cma's 8k");
+        assert_eq!((m.from, m.channel), (8 << 10, ChannelId(2)), "registered memory goes one-sided from cma's 8k");
         let r = build_route(TopoClass::CrossSocket, &c, &Config::default()).unwrap();
         assert!(r.mapped.as_ref().unwrap().from <= r.rndv_threshold().unwrap(), "never above the threshold");
         // The model crossover is above the 1k class default here.
@@ -654,10 +670,10 @@ mod tests {
     fn placement_rule_covers_sizes_on_both_sides_of_the_threshold() {
         let shm = attr(SHM, Caps::AM, 16384);
         let cma = attr(CMA, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
-        let c = [Candidate { id: 1, attr: &shm }, Candidate { id: 2, attr: &cma }];
+        let c = [Candidate { id: ChannelId(1), attr: &shm }, Candidate { id: ChannelId(2), attr: &cma }];
         let rule = |cfg: &Config| build_route(TopoClass::SharedL3, &c, cfg).unwrap().placement;
         let auto = rule(&Config::default()).expect("on by default beside shm");
-        assert_eq!((auto.near_upto, auto.apart_from, auto.rma), (Some(128 << 10), Some(64 << 10), 2));
+        assert_eq!((auto.near_upto, auto.apart_from, auto.rma), (Some(128 << 10), Some(64 << 10), ChannelId(2)));
         assert!(auto.describe().contains("up to 128k") && auto.describe().contains("from 64k"), "{}", auto.describe());
         let mut cfg = Config::default();
         cfg.set("POLYRAIL_NEAR_EAGER", "8k").unwrap();
@@ -679,7 +695,7 @@ mod tests {
         assert_eq!(rule(&cfg), None);
         let mut mapped_cma = cma.clone();
         mapped_cma.mapped_from = Some(4096);
-        let c2 = [Candidate { id: 1, attr: &shm }, Candidate { id: 2, attr: &mapped_cma }];
+        let c2 = [Candidate { id: ChannelId(1), attr: &shm }, Candidate { id: ChannelId(2), attr: &mapped_cma }];
         let r = build_route(TopoClass::SharedL3, &c2, &cfg).unwrap();
         assert!(r.as_written && r.stream_eager.is_none() && r.mapped.is_none(), "{r:?}");
         cfg.set("POLYRAIL_ROUTE", "socket:1k-64k:cma/get").unwrap();
@@ -688,7 +704,7 @@ mod tests {
         assert!(!r.as_written && r.stream_eager.is_some() && r.mapped.is_some(), "{r:?}");
         // Only the shared-memory channel can time a line from the peer.
         let ib = attr(IB, Caps::AM | Caps::GET | Caps::PUT, 8192);
-        let c = [Candidate { id: 1, attr: &ib }, Candidate { id: 2, attr: &cma }];
+        let c = [Candidate { id: ChannelId(1), attr: &ib }, Candidate { id: ChannelId(2), attr: &cma }];
         assert_eq!(build_route(TopoClass::SharedL3, &c, &Config::default()).unwrap().placement, None);
     }
 
@@ -696,7 +712,7 @@ mod tests {
     fn streams_go_eager_up_to_one_and_a_half_thresholds() {
         let shm = attr(SHM, Caps::AM, 16384);
         let cma = attr(CMA, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
-        let c = [Candidate { id: 1, attr: &shm }, Candidate { id: 2, attr: &cma }];
+        let c = [Candidate { id: ChannelId(1), attr: &shm }, Candidate { id: ChannelId(2), attr: &cma }];
         let upto = |cfg: &Config| build_route(TopoClass::SharedL3, &c, cfg).unwrap().stream_eager.map(|r| r.upto);
         let mut cfg = Config::default();
         assert_eq!(upto(&cfg), None, "off by default");
@@ -712,14 +728,16 @@ mod tests {
         assert_eq!(upto(&cfg), None);
         // A NIC copies: no stream rule.
         let ib = attr(IB, Caps::AM | Caps::GET | Caps::PUT, 8192);
-        let r = build_route(TopoClass::RemoteNode, &[Candidate { id: 3, attr: &ib }], &Config::default()).unwrap();
+        let r = build_route(TopoClass::RemoteNode, &[Candidate { id: ChannelId(3), attr: &ib }], &Config::default())
+            .unwrap();
         assert!(r.stream_eager.is_none());
     }
 
     #[test]
     fn shm_only_streams_above_eager_limit() {
         let shm = attr(SHM, Caps::AM, 16384);
-        let r = build_route(TopoClass::SharedL3, &[Candidate { id: 0, attr: &shm }], &Config::default()).unwrap();
+        let r = build_route(TopoClass::SharedL3, &[Candidate { id: ChannelId(0), attr: &shm }], &Config::default())
+            .unwrap();
         assert_eq!(r.lookup(64 << 10).protocol, Protocol::Eager);
         assert_eq!(r.lookup((64 << 10) + 1).protocol, Protocol::RndvStream);
     }
@@ -728,7 +746,7 @@ mod tests {
     fn route_rules_override_ranges() {
         let shm = attr(SHM, Caps::AM, 16384);
         let cma = attr(CMA, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
-        let c = [Candidate { id: 1, attr: &shm }, Candidate { id: 2, attr: &cma }];
+        let c = [Candidate { id: ChannelId(1), attr: &shm }, Candidate { id: ChannelId(2), attr: &cma }];
         let mut cfg = Config::default();
         cfg.set("POLYRAIL_ROUTE", "shared-l3:0-128k:shm,all:1m-:cma/get,socket:0-:shm/stream").unwrap();
         let r = build_route(TopoClass::SharedL3, &c, &cfg).unwrap();
@@ -762,7 +780,7 @@ mod tests {
         cfg.set("POLYRAIL_SPLIT_THRESHOLD", "off").unwrap();
         assert_eq!(build_route(TopoClass::SharedL3, &c, &cfg).unwrap().lookup(1 << 20).protocol, Protocol::RndvGet);
         let hca = attr(IB, Caps::AM | Caps::GET | Caps::PUT, 8192);
-        let remote = [Candidate { id: 3, attr: &hca }];
+        let remote = [Candidate { id: ChannelId(3), attr: &hca }];
         let mut cfg = Config::default();
         cfg.set("POLYRAIL_ROUTE", "all:1m-:ib/get").unwrap();
         assert_eq!(
@@ -777,13 +795,13 @@ mod tests {
     fn eager_entries_stop_at_the_eager_maximum() {
         let shm = attr(SHM, Caps::AM, 16384);
         let cma = attr(CMA, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
-        let c = [Candidate { id: 1, attr: &shm }, Candidate { id: 2, attr: &cma }];
+        let c = [Candidate { id: ChannelId(1), attr: &shm }, Candidate { id: ChannelId(2), attr: &cma }];
         let mut cfg = Config::default();
         cfg.set("POLYRAIL_CMA_THRESHOLD", "1g").unwrap();
         let r = build_route(TopoClass::SharedL3, &c, &cfg).unwrap();
         assert_eq!(r.lookup(MAX_EAGER_MESSAGE).protocol, Protocol::Eager);
         let above = r.lookup(MAX_EAGER_MESSAGE + 1);
-        assert_eq!((above.protocol, above.channel), (Protocol::RndvStream, 1));
+        assert_eq!((above.protocol, above.channel), (Protocol::RndvStream, ChannelId(1)));
         assert_eq!(r.lookup(1 << 30).protocol, Protocol::RndvSplit);
         cfg.set("POLYRAIL_ROUTE", "all:0-:shm").unwrap();
         let r = build_route(TopoClass::SharedL3, &c, &cfg).unwrap();
@@ -794,9 +812,9 @@ mod tests {
     #[test]
     fn remote_peers_use_ib_with_its_eager_limit_and_no_split() {
         let ib = attr(IB, Caps::AM | Caps::GET | Caps::PUT, 8128);
-        let c = [Candidate { id: 3, attr: &ib }];
+        let c = [Candidate { id: ChannelId(3), attr: &ib }];
         let r = build_route(TopoClass::RemoteNode, &c, &Config::default()).unwrap();
-        assert_eq!((r.am, r.frag), (3, 8128));
+        assert_eq!((r.am, r.frag), (ChannelId(3), 8128));
         assert_eq!(r.lookup(8192).protocol, Protocol::Eager);
         assert_eq!(r.lookup(8193).protocol, Protocol::RndvGet);
         assert!(r.lookup(8193).reason.contains("POLYRAIL_IB_EAGER_LIMIT=8k"));
@@ -814,7 +832,7 @@ mod tests {
         // Soft-RoCE or the soft provider: the CPUs of both sides copy.
         let mut ib = attr(IB, Caps::AM | Caps::GET | Caps::PUT | Caps::CPU_COPY, 8128);
         ib.split_from = Some(256 << 10);
-        let c = [Candidate { id: 3, attr: &ib }];
+        let c = [Candidate { id: ChannelId(3), attr: &ib }];
         let r = build_route(TopoClass::RemoteNode, &c, &Config::default()).unwrap();
         assert_eq!(r.lookup((256 << 10) - 1).protocol, Protocol::RndvGet);
         assert_eq!(r.lookup(256 << 10).protocol, Protocol::RndvSplit);
@@ -831,6 +849,7 @@ mod tests {
     #[test]
     fn no_am_channel_no_route() {
         let cma = attr(CMA, Caps::GET | Caps::PUT | Caps::CPU_COPY, 0);
-        assert!(build_route(TopoClass::SharedL3, &[Candidate { id: 0, attr: &cma }], &Config::default()).is_none());
+        assert!(build_route(TopoClass::SharedL3, &[Candidate { id: ChannelId(0), attr: &cma }], &Config::default())
+            .is_none());
     }
 }

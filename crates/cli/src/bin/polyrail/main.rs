@@ -252,7 +252,7 @@ fn format_report(ctx: &Context) -> String {
                 let _ = writeln!(s, "  no route: no channel carries messages to this peer");
             }
             Some(route) => {
-                let channel_name = |id: u8| r.channel_kinds.get(id as usize).map_or("?", |k| k.name());
+                let channel_name = |id| r.channel_kind(id).map_or("?", |k| k.name());
                 let mut lo = 0usize;
                 for e in &route.entries {
                     let hi = if e.upto == usize::MAX { "max".to_string() } else { format_size(e.upto) };
