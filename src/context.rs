@@ -10,7 +10,7 @@ use crate::heap::HeapRegistrations;
 use crate::pod::{self, Owned};
 use crate::space::{status_in, Members, Space, SplitEntry};
 use bytemuck::Pod;
-use polyrail_core::engine::{CancelRecv, Engine, ReqId, Source, Status, TagMatch};
+use polyrail_core::engine::{CancelRecv, Engine, ReqId, Source, SpaceId, Status, TagMatch};
 use polyrail_core::{Config, Error, Rank, Region, RegionMut, Result};
 use polyrail_pmi::Bootstrap;
 use polyrail_runtime::{Driver, Job, JobReport, ParkedEnd};
@@ -409,7 +409,7 @@ impl World {
 
     /// Tells the engine that only `members` (job ranks) send in matching context `ctx`.
     pub(crate) fn note_members(&mut self, ctx: u16, members: &[Rank]) {
-        self.driver.engine.set_context_members(ctx, members);
+        self.driver.engine.set_context_members(SpaceId(ctx), members);
     }
 
     /// Gives matching contexts `ctx` and `ctx - 1` to the spaces of a split that every rank of
@@ -441,7 +441,7 @@ impl World {
         }
         // SAFETY: `buf` is borrowed until this function returns, and the request is waited for
         // (or failed, which ends every use of the buffer) before that.
-        let id = unsafe { self.driver.engine.post_send(to, tag, space, region(buf))? };
+        let id = unsafe { self.driver.engine.post_send(to, tag, SpaceId(space), region(buf))? };
         self.driver.drain();
         self.driver.wait(id).map(|_| ())
     }
@@ -460,7 +460,7 @@ impl World {
         }
         // SAFETY: `buf` is borrowed for the call; wait_parked ends the parked receive before
         // returning, and a request it became is waited for (or abandoned) below.
-        let id = if unsafe { self.driver.engine.park_recv(from, tag, space, region_mut(buf)) } {
+        let id = if unsafe { self.driver.engine.park_recv(from, tag, SpaceId(space), region_mut(buf)) } {
             self.driver.drain(); // the skew feedback may have a packet to send
             match self.driver.wait_parked()? {
                 ParkedEnd::Received(status) => return Ok(status),
@@ -474,7 +474,7 @@ impl World {
             }
         } else {
             // SAFETY: as in `send_in`; the request ends before `buf`'s borrow does.
-            let id = unsafe { self.driver.engine.post_recv(from, tag, space, region_mut(buf))? };
+            let id = unsafe { self.driver.engine.post_recv(from, tag, SpaceId(space), region_mut(buf))? };
             self.driver.drain();
             id
         };
@@ -505,7 +505,7 @@ impl World {
         }
         // SAFETY: the Vec is stored in `self.owned` until the request's result is taken; its
         // heap memory does not move when the Vec value moves.
-        let id = unsafe { self.driver.engine.post_send(to, tag, space, Region { ptr, len })? };
+        let id = unsafe { self.driver.engine.post_send(to, tag, SpaceId(space), Region { ptr, len })? };
         self.keep(id, buf);
         self.driver.drain();
         Ok(self.request(id))
@@ -531,7 +531,7 @@ impl World {
             return Ok(Request::done(status, buf));
         }
         // SAFETY: as in `isend_in`.
-        let id = unsafe { self.driver.engine.post_recv(from, tag, space, region)? };
+        let id = unsafe { self.driver.engine.post_recv(from, tag, SpaceId(space), region)? };
         self.keep(id, buf);
         self.driver.drain();
         Ok(self.request(id))
@@ -558,7 +558,7 @@ impl World {
             );
         }
         // SAFETY: forwarded to the caller.
-        let id = unsafe { self.driver.engine.post_send(to, tag, space, Region { ptr, len })? };
+        let id = unsafe { self.driver.engine.post_send(to, tag, SpaceId(space), Region { ptr, len })? };
         self.driver.drain();
         Ok(self.request(id))
     }
@@ -584,7 +584,7 @@ impl World {
             return Ok(Request::finished(status));
         }
         // SAFETY: forwarded to the caller.
-        let id = unsafe { self.driver.engine.post_recv(from, tag, space, region)? };
+        let id = unsafe { self.driver.engine.post_recv(from, tag, SpaceId(space), region)? };
         self.driver.drain();
         Ok(self.request(id))
     }
@@ -597,7 +597,7 @@ impl World {
     #[inline]
     unsafe fn take_arrived(&mut self, from: Source, tag: TagMatch, ctx: u16, buf: RegionMut) -> Option<Status> {
         // SAFETY: forwarded to the caller.
-        let status = unsafe { self.driver.engine.recv_unexpected(from, tag, ctx, buf) }?;
+        let status = unsafe { self.driver.engine.recv_unexpected(from, tag, SpaceId(ctx), buf) }?;
         self.driver.drain(); // the skew feedback may have a packet to send
         Some(status)
     }
@@ -887,7 +887,7 @@ impl World {
     pub(crate) fn probe_in(&mut self, space: u16, from: Source, tag: TagMatch) -> Result<Status> {
         self.check_source(from)?;
         let mut found = None;
-        let check = |e: &polyrail_core::engine::Engine| e.probe(from, tag, space);
+        let check = |e: &polyrail_core::engine::Engine| e.probe(from, tag, SpaceId(space));
         self.driver.probing(|d| {
             d.wait_until(|e| {
                 found = check(e);
@@ -905,13 +905,13 @@ impl World {
     /// [`Comm::iprobe`] in matching context `space`, with job ranks.
     pub(crate) fn iprobe_in(&mut self, space: u16, from: Source, tag: TagMatch) -> Result<Option<Status>> {
         self.check_source(from)?;
-        if let Some(s) = self.driver.engine.probe(from, tag, space) {
+        if let Some(s) = self.driver.engine.probe(from, tag, SpaceId(space)) {
             return Ok(Some(s));
         }
         self.driver.probing(Driver::poll)?;
         let engine = &self.driver.engine;
-        match engine.probe(from, tag, space) {
-            None => engine.lost_sender(from, space).map_or(Ok(None), Err),
+        match engine.probe(from, tag, SpaceId(space)) {
+            None => engine.lost_sender(from, SpaceId(space)).map_or(Ok(None), Err),
             found => Ok(found),
         }
     }
@@ -945,7 +945,7 @@ impl World {
             let to = job((me + dist) % n);
             let from = job((me + n - dist) % n);
             // SAFETY: an empty buffer; nothing can be read or written through it.
-            let s = unsafe { self.driver.engine.post_send(to, round, ctx, region(&[]))? };
+            let s = unsafe { self.driver.engine.post_send(to, round, SpaceId(ctx), region(&[]))? };
             self.driver.drain();
             if let Err(e) = self.recv_in(ctx, Source::Rank(from), TagMatch::Tag(round), &mut []) {
                 self.driver.abandon(s); // its slot is not left behind
@@ -1010,7 +1010,7 @@ impl Drop for World {
 fn probe_hopeless(e: &polyrail_core::engine::Engine, from: Source, ctx: u16) -> bool {
     match from {
         Source::Rank(r) => e.peer_error(r).is_some(),
-        Source::Any => e.all_others_gone_in(ctx),
+        Source::Any => e.all_others_gone_in(SpaceId(ctx)),
     }
 }
 

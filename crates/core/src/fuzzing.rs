@@ -6,7 +6,7 @@
 //! checking that every region an action names lies inside a buffer of a live request's.
 #![doc(hidden)]
 
-use crate::engine::{Action, Engine, OpOutcome, Payload, ReqId, Source, TagMatch};
+use crate::engine::{Action, Engine, OpOutcome, Payload, ReqId, Source, SpaceId, TagMatch};
 use crate::policy::{ChannelId, PeerRoute, Protocol, RouteEntry};
 use crate::{Error, Header, Lifetime, MemHandle, Rank, Region, RegionMut, RemoteKey};
 
@@ -80,7 +80,7 @@ impl EngineHarness {
     pub fn post_recv(&mut self, src: Source, tag: TagMatch, ctx: u16, len: usize) -> bool {
         let Some(ptr) = self.buffer(len) else { return false };
         // SAFETY: the buffer is owned by the harness and outlives the engine.
-        match unsafe { self.engine.post_recv(src, tag, ctx, RegionMut { ptr, len }) } {
+        match unsafe { self.engine.post_recv(src, tag, SpaceId(ctx), RegionMut { ptr, len }) } {
             Ok(id) => {
                 self.live.push(id);
                 true
@@ -93,7 +93,7 @@ impl EngineHarness {
     pub fn post_send(&mut self, to: Rank, tag: u32, ctx: u16, len: usize) -> bool {
         let Some(ptr) = self.buffer(len) else { return false };
         // SAFETY: the buffer is owned by the harness, outlives the engine and is not modified.
-        match unsafe { self.engine.post_send(to, tag, ctx, Region { ptr, len }) } {
+        match unsafe { self.engine.post_send(to, tag, SpaceId(ctx), Region { ptr, len }) } {
             Ok(id) => {
                 self.live.push(id);
                 true

@@ -1,7 +1,9 @@
 //! Drives the sans-IO engine: executes its actions on the channels, polls the channels, waits.
 
 use polyrail_core::config::{PollPolicy, WaitMode};
-use polyrail_core::engine::{Action, Engine, OpOutcome, Payload, ReqId, SplitTime, SplitTiming, Status, Unparked};
+use polyrail_core::engine::{
+    Action, Engine, OpOutcome, Payload, ReqId, SpaceId, SplitTime, SplitTiming, Status, Unparked,
+};
 use polyrail_core::observe::{says_yes, Observation, Observe};
 use polyrail_core::policy::{ChannelId, ChannelSet};
 use polyrail_core::{
@@ -685,7 +687,7 @@ impl Driver {
             return None;
         }
         let region = Region { ptr, len };
-        let (channel, env) = self.engine.inline_send(to, tag, ctx, region)?;
+        let (channel, env) = self.engine.inline_send(to, tag, SpaceId(ctx), region)?;
         // SAFETY: forwarded to the caller.
         Some(unsafe { self.send_prepared(to, channel, env.header(len), region) })
     }
@@ -904,7 +906,7 @@ mod tests {
         let mut buf = [0u8; 8];
         let region = RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() };
         // SAFETY: `buf` outlives the requests, which are discarded before it goes.
-        let near = unsafe { d.engine.post_recv(Source::Rank(1), TagMatch::Any, 0, region) }.unwrap();
+        let near = unsafe { d.engine.post_recv(Source::Rank(1), TagMatch::Any, SpaceId(0), region) }.unwrap();
         rounds(&mut d, 1024);
         assert_eq!(polls(&syscall), 1024 / SYSCALL_POLL_EVERY as usize);
         d.abandon(near);
@@ -912,7 +914,7 @@ mod tests {
         // A receive from its peer, or from anyone, does.
         for src in [Source::Rank(2), Source::Any] {
             // SAFETY: as above.
-            let r = unsafe { d.engine.post_recv(src, TagMatch::Any, 0, region) }.unwrap();
+            let r = unsafe { d.engine.post_recv(src, TagMatch::Any, SpaceId(0), region) }.unwrap();
             rounds(&mut d, 100);
             assert_eq!(polls(&syscall), 100, "{src:?}");
             d.abandon(r);

@@ -37,7 +37,7 @@ mod spare;
 mod split_share;
 mod types;
 
-pub use types::{Action, OpOutcome, Payload, ReqId, Source, Status, TagMatch};
+pub use types::{Action, OpOutcome, Payload, ReqId, Source, SpaceId, Status, TagMatch};
 
 use crate::adapt::{Adapter, PeerAdapters, Seen, SendFacts, Tuning};
 use crate::config::SplitShare;
@@ -573,7 +573,8 @@ impl Engine {
 
     /// The status of the first unexpected message matching `(src, tag, ctx)`, without
     /// receiving it (`MPI_Iprobe`).
-    pub fn probe(&self, src: Source, tag: TagMatch, ctx: u16) -> Option<Status> {
+    pub fn probe(&self, src: Source, tag: TagMatch, space: SpaceId) -> Option<Status> {
+        let ctx = space.0;
         self.find_unexpected(src, tag, ctx).map(|(from, i)| {
             let u = &self.peers[from as usize].unexpected[i];
             Status { source: from, tag: u.tag, len: u.len }
@@ -678,7 +679,8 @@ impl Engine {
     /// channel would block), hand the message to [`Engine::post_prepared_send`]; it has its place
     /// in the pair's order already.
     #[inline(always)]
-    pub fn inline_send(&mut self, to: Rank, tag: u32, ctx: u16, buf: Region) -> Option<(ChannelId, Envelope)> {
+    pub fn inline_send(&mut self, to: Rank, tag: u32, space: SpaceId, buf: Region) -> Option<(ChannelId, Envelope)> {
+        let ctx = space.0;
         let len = buf.len;
         let placement_from = self.placement_from;
         let peer = self.peers.get_mut(to as usize)?;
@@ -720,7 +722,8 @@ impl Engine {
     /// # Safety
     /// `buf` must stay valid and unmodified until the request's result was taken (or the
     /// request failed).
-    pub unsafe fn post_send(&mut self, to: Rank, tag: u32, ctx: u16, buf: Region) -> Result<ReqId> {
+    pub unsafe fn post_send(&mut self, to: Rank, tag: u32, space: SpaceId, buf: Region) -> Result<ReqId> {
+        let ctx = space.0;
         self.touched();
         let from_mapped = in_ranges(&self.mapped, buf);
         let peer = self.usable_peer(to)?;
@@ -810,7 +813,8 @@ impl Engine {
     /// # Safety
     /// `buf` must stay valid and not be accessed otherwise until the request's result was
     /// taken (or the request failed).
-    pub unsafe fn post_recv(&mut self, src: Source, tag: TagMatch, ctx: u16, buf: RegionMut) -> Result<ReqId> {
+    pub unsafe fn post_recv(&mut self, src: Source, tag: TagMatch, space: SpaceId, buf: RegionMut) -> Result<ReqId> {
+        let ctx = space.0;
         self.touched();
         let found = self.find_unexpected(src, tag, ctx);
         if let Source::Rank(r) = src {
@@ -824,7 +828,7 @@ impl Engine {
             if let Some(why) = self.peers.get(r as usize).and_then(|p| p.unreachable.clone()) {
                 return Err(Error::Unreachable { rank: r, why });
             }
-        } else if found.is_none() && self.all_others_gone_in(ctx) {
+        } else if found.is_none() && self.all_others_gone_in(space) {
             return Err(self.all_gone_error());
         }
         let from = match src {
@@ -865,7 +869,14 @@ impl Engine {
     /// # Safety
     /// `buf` must be valid for writes of `buf.len` bytes during the call.
     #[inline]
-    pub unsafe fn recv_unexpected(&mut self, src: Source, tag: TagMatch, ctx: u16, buf: RegionMut) -> Option<Status> {
+    pub unsafe fn recv_unexpected(
+        &mut self,
+        src: Source,
+        tag: TagMatch,
+        space: SpaceId,
+        buf: RegionMut,
+    ) -> Option<Status> {
+        let ctx = space.0;
         let (from, i) = self.find_unexpected(src, tag, ctx)?;
         // SAFETY: forwarded to the caller.
         unsafe { self.take_unexpected(src, from, i, buf) }
@@ -907,7 +918,8 @@ impl Engine {
     /// # Safety
     /// `buf` must stay valid and not be accessed otherwise until [`Engine::unpark`] (and, when
     /// that gives a request, until the request's result was taken or it failed).
-    pub unsafe fn park_recv(&mut self, src: Source, tag: TagMatch, ctx: u16, buf: RegionMut) -> bool {
+    pub unsafe fn park_recv(&mut self, src: Source, tag: TagMatch, space: SpaceId, buf: RegionMut) -> bool {
+        let ctx = space.0;
         let Source::Rank(from) = src else { return false };
         if self.parked.is_some() || !self.wild.is_empty() {
             return false;
@@ -1309,9 +1321,9 @@ impl Engine {
         // A loss may have taken any message of the peer on its way, in a context it sends in;
         // a finish, none (a wildcard ends only once no other sender is left).
         let hopeless = |e: &Engine, id: ReqId| {
-            e.reqs
-                .get(id)
-                .is_some_and(|r| (gone != Gone::Finished && e.may_send_in(peer, r.ctx)) || e.all_others_gone_in(r.ctx))
+            e.reqs.get(id).is_some_and(|r| {
+                (gone != Gone::Finished && e.may_send_in(peer, r.ctx)) || e.all_others_gone_in(SpaceId(r.ctx))
+            })
         };
         let wild: Vec<ReqId> = self.wild.iter().copied().filter(|&id| hopeless(self, id)).collect();
         for id in wild {
@@ -1350,7 +1362,8 @@ impl Engine {
     /// Declares that only `members` (job ranks, this one among them) send in matching context
     /// `ctx` (a space over some of the ranks): an ANY_SOURCE receive in it is then refused, or
     /// failed, once every other member has finished, not only once every other rank has.
-    pub fn set_context_members(&mut self, ctx: u16, members: &[Rank]) {
+    pub fn set_context_members(&mut self, space: SpaceId, members: &[Rank]) {
+        let ctx = space.0;
         self.members_of.insert(ctx, members.into());
     }
 
@@ -1361,7 +1374,8 @@ impl Engine {
 
     /// Whether every other rank that may send in `ctx` has finished or was lost (never when
     /// there is no other).
-    pub fn all_others_gone_in(&self, ctx: u16) -> bool {
+    pub fn all_others_gone_in(&self, space: SpaceId) -> bool {
+        let ctx = space.0;
         if self.gone_peers == 0 {
             return false;
         }
@@ -1382,7 +1396,8 @@ impl Engine {
     /// for breaking the protocol; not a finish): `from` itself, or for [`Source::Any`] the
     /// first lost rank that may send in `ctx`. Such a probe finding nothing may wait for a
     /// message the loss took.
-    pub fn lost_sender(&self, from: Source, ctx: u16) -> Option<Error> {
+    pub fn lost_sender(&self, from: Source, space: SpaceId) -> Option<Error> {
+        let ctx = space.0;
         let lost = |r: Rank| matches!(self.peers.get(r as usize).and_then(|p| p.gone), Some(Gone::Lost | Gone::Faulty));
         let r = match from {
             Source::Rank(r) => Some(r).filter(|&r| lost(r)),

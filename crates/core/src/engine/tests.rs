@@ -317,7 +317,8 @@ fn send(sim: &mut Sim, from: Rank, to: Rank, tag: u32, buf: &[u8]) -> ReqId {
 /// [`send`] in matching context `ctx`.
 fn send_in(sim: &mut Sim, from: Rank, to: Rank, tag: u32, ctx: u16, buf: &[u8]) -> ReqId {
     // SAFETY: tests keep `buf` alive until settle() finished the request.
-    unsafe { sim.engines[from as usize].post_send(to, tag, ctx, Region { ptr: buf.as_ptr(), len: buf.len() }) }.unwrap()
+    unsafe { sim.engines[from as usize].post_send(to, tag, SpaceId(ctx), Region { ptr: buf.as_ptr(), len: buf.len() }) }
+        .unwrap()
 }
 
 fn recv(sim: &mut Sim, me: Rank, src: Source, tag: TagMatch, buf: &mut [u8]) -> ReqId {
@@ -327,8 +328,10 @@ fn recv(sim: &mut Sim, me: Rank, src: Source, tag: TagMatch, buf: &mut [u8]) -> 
 /// [`recv`] in matching context `ctx`.
 fn recv_in(sim: &mut Sim, me: Rank, src: Source, tag: TagMatch, ctx: u16, buf: &mut [u8]) -> ReqId {
     // SAFETY: as for send.
-    unsafe { sim.engines[me as usize].post_recv(src, tag, ctx, RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() }) }
-        .unwrap()
+    unsafe {
+        sim.engines[me as usize].post_recv(src, tag, SpaceId(ctx), RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() })
+    }
+    .unwrap()
 }
 
 fn result(sim: &mut Sim, me: Rank, id: ReqId) -> Result<Status> {
@@ -885,17 +888,20 @@ fn awaited_channels_follow_what_the_engine_waits_for() {
 #[test]
 fn probe_sees_unexpected_messages() {
     let mut sim = Sim::new(2, one_sided_route);
-    assert_eq!(sim.engines[1].probe(Source::Any, TagMatch::Any, 0), None);
+    assert_eq!(sim.engines[1].probe(Source::Any, TagMatch::Any, SpaceId(0)), None);
     let data = pattern(8, 3000);
     let s = send(&mut sim, 0, 1, 4, &data);
     sim.settle();
-    assert_eq!(sim.engines[1].probe(Source::Any, TagMatch::Any, 0), Some(Status { source: 0, tag: 4, len: 3000 }));
-    assert_eq!(sim.engines[1].probe(Source::Rank(0), TagMatch::Tag(5), 0), None);
+    assert_eq!(
+        sim.engines[1].probe(Source::Any, TagMatch::Any, SpaceId(0)),
+        Some(Status { source: 0, tag: 4, len: 3000 })
+    );
+    assert_eq!(sim.engines[1].probe(Source::Rank(0), TagMatch::Tag(5), SpaceId(0)), None);
     let mut out = vec![0u8; 3000];
     let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(4), &mut out);
     sim.settle();
     assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
-    assert_eq!(sim.engines[1].probe(Source::Any, TagMatch::Any, 0), None);
+    assert_eq!(sim.engines[1].probe(Source::Any, TagMatch::Any, SpaceId(0)), None);
 }
 
 #[test]
@@ -967,7 +973,7 @@ fn lost_peer_fails_its_requests_and_wildcards() {
     assert!(matches!(result(&mut sim, 0, q2), Err(Error::PeerLost { rank: 2, .. })));
     assert!(matches!(result(&mut sim, 0, q3), Err(Error::PeerLost { rank: 2, .. })));
     // SAFETY: the post is refused, so the buffer is never used.
-    let refused = unsafe { sim.engines[0].post_send(2, 0, 0, Region { ptr: a.as_ptr(), len: 4 }) };
+    let refused = unsafe { sim.engines[0].post_send(2, 0, SpaceId(0), Region { ptr: a.as_ptr(), len: 4 }) };
     assert!(refused.is_err());
 }
 
@@ -985,7 +991,12 @@ fn messages_a_finished_peer_left_behind_still_match() {
     let mut more = [0u8; 4];
     // SAFETY: the post is refused, so the buffer is never used.
     let refused = unsafe {
-        sim.engines[0].post_recv(Source::Rank(1), TagMatch::Any, 0, RegionMut { ptr: more.as_mut_ptr(), len: 4 })
+        sim.engines[0].post_recv(
+            Source::Rank(1),
+            TagMatch::Any,
+            SpaceId(0),
+            RegionMut { ptr: more.as_mut_ptr(), len: 4 },
+        )
     };
     assert!(matches!(refused, Err(Error::PeerFinished { rank: 1 })));
 }
@@ -1026,7 +1037,7 @@ enum Got {
 fn park_and_settle(sim: &mut Sim, me: Rank, src: Source, tag: TagMatch, buf: &mut [u8]) -> Option<Got> {
     let region = RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() };
     // SAFETY: `buf` outlives the sim's use of it (the test keeps it until the end).
-    if !unsafe { sim.engines[me as usize].park_recv(src, tag, 0, region) } {
+    if !unsafe { sim.engines[me as usize].park_recv(src, tag, SpaceId(0), region) } {
         return None;
     }
     sim.settle();
@@ -1393,7 +1404,7 @@ fn the_measured_placement_changes_medium_messages() {
     // The small-send fast path leaves such sizes to post_send while apart.
     let buf = [7u8; 80];
     let region = Region { ptr: buf.as_ptr(), len: buf.len() };
-    assert!(sim.engines[0].inline_send(1, 9, 0, region).is_none());
+    assert!(sim.engines[0].inline_send(1, 9, SpaceId(0), region).is_none());
     // A receiver that measured its sender near offers no buffer (RTR) for a single-copy size:
     // the message comes eagerly.
     let mut out = vec![0u8; 3000];
@@ -1423,7 +1434,12 @@ fn the_measured_placement_changes_medium_messages() {
     let mut out = vec![0u8; 3000];
     // SAFETY: `out` outlives the park, ended by unpark below.
     assert!(unsafe {
-        sim.engines[1].park_recv(Source::Rank(0), TagMatch::Tag(8), 0, RegionMut { ptr: out.as_mut_ptr(), len: 3000 })
+        sim.engines[1].park_recv(
+            Source::Rank(0),
+            TagMatch::Tag(8),
+            SpaceId(0),
+            RegionMut { ptr: out.as_mut_ptr(), len: 3000 },
+        )
     });
     let s = send(&mut sim, 0, 1, 8, &data);
     sim.settle();
@@ -1530,7 +1546,7 @@ fn a_given_placement_needs_no_samples() {
         assert_eq!(first_packet_kind(&mut sim, 3000, 5) == PacketKind::Eager, given == Placement::Near, "{given:?}");
         let buf = [0u8; 80];
         let region = Region { ptr: buf.as_ptr(), len: buf.len() };
-        assert_eq!(sim.engines[0].inline_send(1, 9, 0, region).is_some(), eager_80, "{given:?}");
+        assert_eq!(sim.engines[0].inline_send(1, 9, SpaceId(0), region).is_some(), eager_80, "{given:?}");
         let other = if given == Placement::Apart { 5 } else { 500 };
         for _ in 0..crate::observe::SAMPLES {
             sim.engines[0].handle_observation(1, Observation::LineTransfer(other));
@@ -1652,7 +1668,7 @@ fn sends_from_mapped_memory_go_one_sided() {
     let private = pattern(5, 800);
     sim.engines[0].set_mapped_memory(Region { ptr: mapped.as_ptr(), len: mapped.len() }, true);
     // The blocking send's fast path leaves such messages to post_send.
-    assert!(sim.engines[0].inline_send(1, 0, 0, Region { ptr: mapped.as_ptr(), len: 800 }).is_none());
+    assert!(sim.engines[0].inline_send(1, 0, SpaceId(0), Region { ptr: mapped.as_ptr(), len: 800 }).is_none());
     // (source, expected first packet): 800 bytes from mapped memory, 400 (below the rule), 800
     // from private memory (eager by the route), 3000 from mapped memory in a stream.
     let cases: [(&[u8], PacketKind); 5] = [
@@ -1725,7 +1741,7 @@ fn a_receive_takes_a_whole_unexpected_eager_message_without_a_request() {
     let take = |sim: &mut Sim, src: Source, tag: TagMatch, buf: &mut [u8]| {
         let region = RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() };
         // SAFETY: `buf` is valid for the call.
-        unsafe { sim.engines[2].recv_unexpected(src, tag, 0, region) }
+        unsafe { sim.engines[2].recv_unexpected(src, tag, SpaceId(0), region) }
     };
     let mut out = vec![0u8; 500];
     // Nothing with tag 5 from anyone: post the receive instead.
@@ -1755,7 +1771,7 @@ fn a_parked_receive_takes_its_message_or_becomes_a_request() {
     let park = |sim: &mut Sim, tag: u32, buf: &mut [u8]| {
         let region = RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() };
         // SAFETY: every buffer outlives its park (unparked before the test moves on).
-        unsafe { sim.engines[1].park_recv(Source::Rank(0), TagMatch::Tag(tag), 0, region) }
+        unsafe { sim.engines[1].park_recv(Source::Rank(0), TagMatch::Tag(tag), SpaceId(0), region) }
     };
     // Whole eager: copied on arrival; another tag first goes unexpected.
     let (other, a) = (pattern(1, 10), pattern(2, 60));
@@ -2074,12 +2090,12 @@ fn ranks_outside_the_job_are_errors() {
             |res: Result<ReqId>| matches!(res, Err(Error::InvalidArgument(m)) if m.contains("out of range"));
         // SAFETY: `buf` outlives the engine's use of it: every call is refused or ends here.
         unsafe {
-            assert!(e.recv_unexpected(Source::Rank(r), TagMatch::Any, 0, region).is_none());
-            assert!(!e.park_recv(Source::Rank(r), TagMatch::Any, 0, region));
-            assert!(out_of_range(e.post_recv(Source::Rank(r), TagMatch::Any, 0, region)));
-            assert!(out_of_range(e.post_send(r, 0, 0, Region { ptr: buf.as_ptr(), len: buf.len() })));
+            assert!(e.recv_unexpected(Source::Rank(r), TagMatch::Any, SpaceId(0), region).is_none());
+            assert!(!e.park_recv(Source::Rank(r), TagMatch::Any, SpaceId(0), region));
+            assert!(out_of_range(e.post_recv(Source::Rank(r), TagMatch::Any, SpaceId(0), region)));
+            assert!(out_of_range(e.post_send(r, 0, SpaceId(0), Region { ptr: buf.as_ptr(), len: buf.len() })));
         }
-        assert!(e.probe(Source::Rank(r), TagMatch::Any, 0).is_none());
+        assert!(e.probe(Source::Rank(r), TagMatch::Any, SpaceId(0)).is_none());
         assert!(e.peer_error(r).is_none());
     }
 }
@@ -2096,11 +2112,11 @@ fn an_unreachable_peer_fails_sends_and_receives_at_once() {
     // SAFETY: `buf` outlives the engine's use of it: the refused calls keep nothing, and the
     // ANY_SOURCE receive is settled below.
     unsafe {
-        assert!(unreachable(sim.engines[0].post_send(2, 0, 0, Region { ptr: buf.as_ptr(), len: 8 })));
+        assert!(unreachable(sim.engines[0].post_send(2, 0, SpaceId(0), Region { ptr: buf.as_ptr(), len: 8 })));
         assert!(unreachable(sim.engines[0].post_recv(
             Source::Rank(2),
             TagMatch::Any,
-            0,
+            SpaceId(0),
             RegionMut { ptr: buf.as_mut_ptr(), len: 8 }
         )));
     }
@@ -2253,7 +2269,12 @@ fn an_any_source_receive_after_every_peer_finished_is_refused() {
     assert_eq!(result(&mut sim, 0, q).unwrap().source, 1, "the message rank 1 left still matches");
     // SAFETY: `left` outlives the call, which refuses the receive.
     let refused = unsafe {
-        sim.engines[0].post_recv(Source::Any, TagMatch::Any, 0, RegionMut { ptr: left.as_mut_ptr(), len: left.len() })
+        sim.engines[0].post_recv(
+            Source::Any,
+            TagMatch::Any,
+            SpaceId(0),
+            RegionMut { ptr: left.as_mut_ptr(), len: left.len() },
+        )
     };
     assert!(matches!(refused, Err(Error::InvalidArgument(ref m)) if m.contains("ANY_SOURCE")), "{refused:?}");
 }
@@ -2265,7 +2286,7 @@ const SPACE: u16 = 7;
 /// ANY_SOURCE receive posted there (into `a`) and one in context 0 (into `b`).
 fn wildcards_in_a_space(a: &mut [u8], b: &mut [u8]) -> (Sim, ReqId, ReqId) {
     let mut sim = Sim::new(3, one_sided_route);
-    sim.engines[0].set_context_members(SPACE, &[1, 0]);
+    sim.engines[0].set_context_members(SpaceId(SPACE), &[1, 0]);
     let in_space = recv_in(&mut sim, 0, Source::Any, TagMatch::Any, SPACE, a);
     let in_world = recv_in(&mut sim, 0, Source::Any, TagMatch::Any, 0, b);
     (sim, in_space, in_world)
@@ -2277,14 +2298,14 @@ fn wildcards_in_a_space(a: &mut [u8], b: &mut [u8]) -> (Sim, ReqId, ReqId) {
 fn an_any_source_receive_ends_with_the_members_of_its_context() {
     let (mut a, mut b) = (vec![0u8; 8], vec![0u8; 8]);
     let (mut sim, in_space, in_world) = wildcards_in_a_space(&mut a, &mut b);
-    assert!(!sim.engines[0].all_others_gone_in(SPACE));
+    assert!(!sim.engines[0].all_others_gone_in(SpaceId(SPACE)));
     sim.engines[0].handle_peer_lost(1, Error::PeerFinished { rank: 1 });
-    assert!(sim.engines[0].all_others_gone_in(SPACE) && !sim.engines[0].all_others_gone_in(0));
+    assert!(sim.engines[0].all_others_gone_in(SpaceId(SPACE)) && !sim.engines[0].all_others_gone_in(SpaceId(0)));
     assert!(matches!(result(&mut sim, 0, in_space), Err(Error::PeerFinished { rank: 1 })));
     assert!(!sim.engines[0].is_done(in_world), "rank 2 may still send in context 0");
     // SAFETY: as above.
     let refused = unsafe {
-        sim.engines[0].post_recv(Source::Any, TagMatch::Any, SPACE, RegionMut { ptr: a.as_mut_ptr(), len: 8 })
+        sim.engines[0].post_recv(Source::Any, TagMatch::Any, SpaceId(SPACE), RegionMut { ptr: a.as_mut_ptr(), len: 8 })
     };
     assert!(refused.is_err(), "{refused:?}");
     assert_eq!(sim.engines[0].cancel_unmatched_receives(), 1);

@@ -21,6 +21,11 @@ impl From<Rank> for Source {
     }
 }
 
+/// A matching space (an MPI communicator's context): a message matches only receives posted in
+/// its own space. Space 0 is the world's; the facade hands out the others.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SpaceId(pub u16);
+
 /// Which tags a receive accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TagMatch {
