@@ -9,7 +9,11 @@
 //! verbs; nothing outside a registered region is ever touched.
 //!
 //! Operations run to completion inside [`Provider::post`]; completions are queued for
-//! [`Provider::poll`]. A write with immediate also needs a receive the target posted: the
+//! [`Provider::poll`]. With a link model ([`SoftProvider::with_link`], an emulation), a
+//! completion is held until the model's time for its transfer (the adapter reading or writing
+//! device memory, the network out of one node and into the other) and `poll` hands it out once
+//! that time passed; nothing sleeps in a post. Completions leave in the order they were posted,
+//! as a reliable connection's do. A write with immediate also needs a receive the target posted: the
 //! target publishes, per queue pair, how many it posted and a ring of completion slots; the
 //! initiator checks the count (none left: [`WcStatus::ReceiverNotReady`]), writes the data,
 //! then the immediate and a stamp into the next slot, which the target's `poll` turns into a
@@ -27,9 +31,12 @@
 
 use crate::provider::{Access, Completion, MemoryRegion, Opcode, Provider, QpId, WcStatus, WorkRequest};
 use polyrail_core::{Error, Result};
+use polyrail_link::{rdma_hops, Domain, LinkModel, PacingStats};
 use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
 
 /// Magic of a soft provider's table header and endpoint: `b"PRSOFTMR"`.
 const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"PRSOFTMR");
@@ -37,11 +44,11 @@ const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"PRSOFTMR");
 const TABLE_CAPACITY: usize = 4096;
 /// Largest transfer of one work request (the kernel copies at most this per call anyway).
 const MAX_TRANSFER: usize = 1 << 30;
-/// Work requests outstanding per queue pair (they complete at post, so this only bounds
-/// completions not yet polled).
+/// Work requests outstanding per queue pair (they run at post, so this only bounds completions
+/// not yet polled or not yet due under a link model).
 const MAX_OUTSTANDING: usize = 256;
-/// Bytes of an endpoint: magic, pid, table address, nonce.
-const ENDPOINT_LEN: usize = 28;
+/// Bytes of an endpoint: magic, pid, table address, nonce, node, SCIF node (the domain).
+const ENDPOINT_LEN: usize = 34;
 /// Queue pairs one process can hold (its table publishes a receive queue for each).
 const QP_CAPACITY: usize = 4096;
 
@@ -126,6 +133,20 @@ struct Remote {
     pid: u32,
     table: u64,
     nonce: u64,
+    /// Its (virtual) node and memory domain, for the link model.
+    node: u32,
+    domain: Domain,
+}
+
+/// The link model a provider paces with (an emulation), and where this process is.
+#[derive(Clone, Debug)]
+pub struct SoftLink {
+    /// The job's model.
+    pub model: Arc<LinkModel>,
+    /// This process's (virtual) node (`POLYRAIL_NODE`).
+    pub node: u32,
+    /// Where this process's memory is (host, or device k of the node).
+    pub domain: Domain,
 }
 
 #[derive(Debug, Default)]
@@ -162,9 +183,12 @@ pub struct SoftProvider {
     generations: Vec<u16>,
     free: Vec<u16>,
     qps: Vec<SoftQp>,
-    completions: VecDeque<Completion>,
+    /// Completions, each with the time it is due under the link model (`None`: at once).
+    completions: VecDeque<(Completion, Option<Instant>)>,
     /// What [`Provider::mtu`] reports.
     mtu: usize,
+    /// The link model, if any.
+    link: Option<SoftLink>,
 }
 
 impl std::fmt::Debug for SoftProvider {
@@ -215,7 +239,35 @@ impl SoftProvider {
             qps: Vec::new(),
             completions: VecDeque::new(),
             mtu,
+            link: None,
         }
+    }
+
+    /// The same, pacing completions with `link` (an emulation); a model of the `none` profile
+    /// paces nothing. Peers learn this process's node and domain from its endpoint.
+    pub fn with_link(mut self, link: SoftLink) -> SoftProvider {
+        self.link = Some(link);
+        self
+    }
+
+    /// What the link model did to this provider's transfers, and the profile's name; `None`
+    /// without a model.
+    pub fn pacing(&self) -> Option<(String, PacingStats)> {
+        self.link.as_ref().map(|l| (l.model.profile().name.clone(), l.model.stats()))
+    }
+
+    /// When the transfer of `wr` on a queue pair to `remote`, which started at `start` and whose
+    /// copy ended at `copied`, completes under the link model: the bytes leave the target for a
+    /// read and this process for a write.
+    fn due(&self, remote: &Remote, wr: &WorkRequest, start: Instant, copied: Instant) -> Instant {
+        let Some(link) = &self.link else { return copied };
+        let hops = if wr.opcode == Opcode::Read {
+            rdma_hops(remote.node, remote.domain, link.node, link.domain)
+        } else {
+            rdma_hops(link.node, link.domain, remote.node, remote.domain)
+        };
+        // A node file that cannot be opened leaves the transfer unpaced rather than failing it.
+        link.model.complete(&hops, wr.len, start, copied).unwrap_or(copied)
     }
 
     fn table_addr(&self) -> u64 {
@@ -367,8 +419,20 @@ impl Provider for SoftProvider {
     }
 
     fn describe(&self) -> String {
+        let link = match &self.link {
+            Some(l) if l.model.is_active() => format!(
+                "; link model {} (emulation), node {}, {}",
+                l.model.profile().name,
+                l.node,
+                match l.domain {
+                    Domain::Host => "host memory".to_string(),
+                    Domain::Device(k) => format!("device {k} memory"),
+                }
+            ),
+            _ => String::new(),
+        };
         format!(
-            "software RDMA provider (development and CI only: RDMA by process_vm_readv/writev against registered regions, pid {})",
+            "software RDMA provider (development and CI only: RDMA by process_vm_readv/writev against registered regions, pid {}{link})",
             self.pid
         )
     }
@@ -396,13 +460,17 @@ impl Provider for SoftProvider {
         MAX_OUTSTANDING
     }
 
-    /// `"PRSOFTMR"`, pid u32, table address u64, nonce u64 (little endian).
+    /// `"PRSOFTMR"`, pid u32, table address u64, nonce u64, node u32, SCIF node u16 (0 the
+    /// host; little endian).
     fn endpoint(&self) -> Vec<u8> {
+        let (node, domain) = self.link.as_ref().map_or((0, Domain::Host), |l| (l.node, l.domain));
         let mut e = Vec::with_capacity(ENDPOINT_LEN);
         e.extend_from_slice(&TABLE_MAGIC.to_le_bytes());
         e.extend_from_slice(&self.pid.to_le_bytes());
         e.extend_from_slice(&self.table_addr().to_le_bytes());
         e.extend_from_slice(&self.table.header.nonce.to_le_bytes());
+        e.extend_from_slice(&node.to_le_bytes());
+        e.extend_from_slice(&domain.scif_node().to_le_bytes());
         e
     }
 
@@ -469,7 +537,15 @@ impl Provider for SoftProvider {
         }
         let pid =
             u32::from_le_bytes([remote_endpoint[8], remote_endpoint[9], remote_endpoint[10], remote_endpoint[11]]);
-        let remote = Remote { pid, table: u64_at(remote_endpoint, 12), nonce: u64_at(remote_endpoint, 20) };
+        let b = remote_endpoint;
+        let remote = Remote {
+            pid,
+            table: u64_at(b, 12),
+            nonce: u64_at(b, 20),
+            // Any node and domain are acceptable: they only choose which link words pace.
+            node: u32::from_le_bytes([b[28], b[29], b[30], b[31]]),
+            domain: Domain::from_scif_node(u16::from_le_bytes([b[32], b[33]])),
+        };
         // Probe: read the peer's table header.
         let mut header = [0u8; 32];
         let l = libc::iovec { iov_base: header.as_mut_ptr().cast(), iov_len: 32 };
@@ -523,6 +599,8 @@ impl Provider for SoftProvider {
         let (Some(remote), true) = (q.remote, q.sending) else {
             return Err(Error::Transport { kind: "ib", what: format!("queue pair {qp} is not ready to send") });
         };
+        let paced = self.link.as_ref().is_some_and(|l| l.model.is_active());
+        let start = paced.then(Instant::now);
         let status = if q.failed {
             WcStatus::Flushed
         } else if !local_ok {
@@ -532,7 +610,11 @@ impl Provider for SoftProvider {
         };
         q.failed |= status != WcStatus::Success;
         q.peer_recvs_used += (status == WcStatus::Success && wr.imm.is_some()) as u64;
-        self.completions.push_back(Completion { wr_id: wr.wr_id, status, qp, imm: None });
+        let due = match start {
+            Some(start) if status == WcStatus::Success => Some(self.due(&remote, wr, start, Instant::now())),
+            _ => None,
+        };
+        self.completions.push_back((Completion { wr_id: wr.wr_id, status, qp, imm: None }, due));
         Ok(())
     }
 
@@ -553,8 +635,20 @@ impl Provider for SoftProvider {
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
-        let mut n = max.min(self.completions.len());
-        out.extend(self.completions.drain(..n));
+        // In posting order: a completion not yet due holds back those after it.
+        let mut n = 0;
+        let mut now = None;
+        while n < max {
+            let Some(&(c, due)) = self.completions.front() else { break };
+            if let Some(due) = due {
+                if due > *now.get_or_insert_with(Instant::now) {
+                    break;
+                }
+            }
+            self.completions.pop_front();
+            out.push(c);
+            n += 1;
+        }
         for (i, q) in self.qps.iter_mut().enumerate() {
             while n < max && !q.recvs.is_empty() {
                 let slot = &q.slots[(q.recvs_done % q.slots.len() as u64) as usize];

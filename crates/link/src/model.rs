@@ -279,6 +279,17 @@ impl LinkModel {
         }
     }
 
+    /// Until when `path` of `node` is busy, shared by the node's processes (`None` without a
+    /// model).
+    pub fn busy_until(&self, node: u32, path: Path) -> Result<Option<Instant>> {
+        if !self.is_active() {
+            return Ok(None);
+        }
+        // Relaxed: a report of one word, ordered with nothing else.
+        let ns = self.node(node)?.busy(path).load(Ordering::Relaxed);
+        Ok(Some(self.clock.instant(ns)))
+    }
+
     /// What pacing did so far in this process.
     pub fn stats(&self) -> PacingStats {
         // Relaxed: counters for a report, read after the transfers they count completed.
