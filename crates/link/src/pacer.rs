@@ -20,6 +20,20 @@ impl ScifPacer {
         ScifPacer { model, node }
     }
 
+    /// The pacer `POLYRAIL_LINK_PROFILE` asks for in job `job` on physical node `node`
+    /// (`POLYRAIL_NODE`); `None` for the `none` profile (use `polyrail_scif::Unpaced`).
+    pub fn from_config(
+        config: &polyrail_core::Config,
+        job: &str,
+        node: u32,
+    ) -> polyrail_core::Result<Option<ScifPacer>> {
+        let profile = crate::LinkSettings::from_config(config)?.profile;
+        if profile.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(ScifPacer::new(Arc::new(LinkModel::new(profile, job)?), node)))
+    }
+
     /// The model.
     pub fn model(&self) -> &Arc<LinkModel> {
         &self.model
