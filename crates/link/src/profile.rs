@@ -124,7 +124,8 @@ impl Profile {
     ///   (two-hop capped at ≈ 6.2 × DirectIB's 962 MB/s ≈ 5.96 GB/s), below FDR 4x's 6.8 GB/s
     ///   of data after 64b/66b coding. 1.0 µs is ConnectX-3's advertised MPI ping latency.
     ///
-    /// Latencies: the paper gives none; PCIe crossings use [`PCIE_ONE_WAY`].
+    /// Latencies: the paper gives none; a PCIe crossing is half the 0.44 µs 8-byte round trip
+    /// over `scif_mmap` on KNC (ANCHORS, "SCIF, staging and proxies").
     pub fn prism() -> Profile {
         let mb = |n: f64| n * 1e6;
         let l = |lat: Duration, bw: f64| Link { latency: lat, bandwidth: bw };
