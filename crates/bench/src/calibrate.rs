@@ -283,6 +283,22 @@ fn base(p: &Profile) -> &str {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_scale_asked_for_follows_the_shortfall_of_undelayed_paths() {
+        let r = |measured, delayed| PathResult {
+            path: Path::NetOut,
+            through: "",
+            profile: 6e9,
+            measured,
+            pacing: PacingStats { paced: 10, delayed, delay: std::time::Duration::ZERO },
+        };
+        assert_eq!(scale_needed(&[r(5.9e9, 10)]), None);
+        // Below the profile but delayed every time: not the copies' fault.
+        assert_eq!(scale_needed(&[r(3e9, 10)]), None);
+        // 2x short with copies that never waited: 2.5 -> 3.
+        assert_eq!(scale_needed(&[r(3e9, 4), r(5.9e9, 10)]), Some(3));
+    }
+
     /// Runs every path briefly; checks the shape of the result, never a time.
     #[test]
     fn every_path_is_driven_and_reported() {

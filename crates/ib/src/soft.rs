@@ -421,8 +421,8 @@ impl Provider for SoftProvider {
     fn describe(&self) -> String {
         let link = match &self.link {
             Some(l) if l.model.is_active() => format!(
-                "; link model {} (emulation), node {}, {}",
-                l.model.profile().name,
+                "; {}, node {}, {}",
+                l.model.summary(),
                 l.node,
                 match l.domain {
                     Domain::Host => "host memory".to_string(),
@@ -454,6 +454,10 @@ impl Provider for SoftProvider {
 
     fn cpu_copies(&self) -> bool {
         true
+    }
+
+    fn pacing_summary(&self) -> Option<String> {
+        self.link.as_ref().filter(|l| l.model.is_active()).map(|l| l.model.summary())
     }
 
     fn max_outstanding(&self) -> usize {
