@@ -133,3 +133,17 @@ fn open_verbs(settings: &IbSettings) -> Result<std::result::Result<verbs::VerbsP
 fn open_verbs(_settings: &IbSettings) -> Result<std::result::Result<SoftProvider, Unavailable>> {
     Ok(Err(Unavailable("no RDMA device (this build has no verbs provider: build with the `verbs` feature)".into())))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_factory_lists_and_checks_the_link_models_variable() {
+        assert!(IbFactory.variables().iter().any(|v| v.name == "POLYRAIL_LINK_PROFILE"));
+        let c = |v: &str| Config::from_vars([("POLYRAIL_LINK_PROFILE", v)]).unwrap();
+        assert!(IbFactory.check_settings(&c("prism/4")).is_ok());
+        let e = IbFactory.check_settings(&c("prism/0")).unwrap_err().to_string();
+        assert!(e.contains("POLYRAIL_LINK_PROFILE") && e.contains("prism/0"), "{e}");
+    }
+}

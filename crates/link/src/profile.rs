@@ -143,10 +143,10 @@ impl Profile {
     }
 
     /// The same profile with every bandwidth divided by `factor` (latencies kept), so that no
-    /// path asks for more than this machine can copy; `None` unless `factor` is finite and
-    /// positive.
+    /// path asks for more than this machine can copy; `None` unless `factor` is from 1e-6 to
+    /// 1e6 (beyond, times leave what the model's clock represents usefully).
     pub fn scaled(&self, factor: f64) -> Option<Profile> {
-        if !(factor.is_finite() && factor > 0.0) {
+        if !(1e-6..=1e6).contains(&factor) {
             return None;
         }
         let links = self.links.map(|ls| ls.map(|l| Link { latency: l.latency, bandwidth: l.bandwidth / factor }));
@@ -210,7 +210,7 @@ mod tests {
             assert_eq!(a.latency, b.latency);
         }
         assert_eq!(q.max_bandwidth(), 6_900e6 / 4.0);
-        for bad in ["", "prism/0", "prism/-1", "prism/x", "prism/inf", "fast", "prism/4/2"] {
+        for bad in ["", "prism/0", "prism/-1", "prism/x", "prism/inf", "prism/NaN", "prism/1e7", "fast", "prism/4/2"] {
             assert!(Profile::parse(bad).is_none(), "{bad}");
         }
     }

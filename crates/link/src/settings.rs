@@ -33,7 +33,7 @@ pub static VARS: &[Var<LinkSettings>] = &[Var {
     },
     apply: |s, v| {
         s.profile = Profile::parse(v.text).ok_or_else(|| {
-            v.bad("`none`, `prism`, or either followed by /N with N a positive number (prism/4, prism/2.5)")
+            v.bad("`none`, `prism`, or either followed by /N with N from 1e-6 to 1e6 (prism/4, prism/2.5)")
         })?;
         Ok(())
     },
