@@ -12,7 +12,9 @@
 //! [`Provider::poll`]. With a link model ([`SoftProvider::with_link`], an emulation), a
 //! completion is held until the model's time for its transfer (the adapter reading or writing
 //! device memory, the network out of one node and into the other) and `poll` hands it out once
-//! that time passed; nothing sleeps in a post. Completions leave in the order they were posted,
+//! that time passed; nothing sleeps in a post. A paced write lands its last 8 bytes and its
+//! immediate only then (from that `poll`), so the target too sees it at the model's time, writes
+//! landing in posting order. Completions leave in the order they were posted,
 //! as a reliable connection's do. A write with immediate also needs a receive the target posted: the
 //! target publishes, per queue pair, how many it posted and a ring of completion slots; the
 //! initiator checks the count (none left: [`WcStatus::ReceiverNotReady`]), writes the data,
@@ -138,6 +140,42 @@ struct Remote {
     domain: Domain,
 }
 
+/// The part of a paced write that lands when its completion is due: its last bytes (at most 8)
+/// and, for a write with immediate, the immediate and its stamp. The target thus sees the write
+/// (a ring's tail word, a receive completion) no earlier than the link model says.
+#[derive(Clone, Copy, Debug)]
+struct Landing {
+    pid: u32,
+    tail: [u8; 8],
+    tail_len: usize,
+    tail_addr: u64,
+    /// Immediate, slot address, stamp.
+    imm: Option<(u32, u64, u32)>,
+}
+
+impl Landing {
+    /// Writes the rest into the target: the tail, then the immediate, then the stamp.
+    fn land(&self) -> io::Result<()> {
+        if self.tail_len > 0 {
+            copy_range(self.pid, self.tail.as_ptr() as u64, self.tail_addr, self.tail_len, true)?;
+        }
+        if let Some((imm, slot, stamp)) = self.imm {
+            copy_range(self.pid, &imm as *const u32 as u64, slot, 4, true)?;
+            copy_range(self.pid, &stamp as *const u32 as u64, slot.wrapping_add(4), 4, true)?;
+        }
+        Ok(())
+    }
+}
+
+/// A completion's status from the outcome of its copies.
+fn status_of(copied: io::Result<()>) -> WcStatus {
+    match copied {
+        Ok(()) => WcStatus::Success,
+        Err(e) if e.raw_os_error() == Some(libc::EFAULT) => WcStatus::RemoteAccess,
+        Err(_) => WcStatus::RetryExceeded,
+    }
+}
+
 /// The link model a provider paces with (an emulation), and where this process is.
 #[derive(Clone, Debug)]
 pub struct SoftLink {
@@ -183,8 +221,12 @@ pub struct SoftProvider {
     generations: Vec<u16>,
     free: Vec<u16>,
     qps: Vec<SoftQp>,
-    /// Completions, each with the time it is due under the link model (`None`: at once).
-    completions: VecDeque<(Completion, Option<Instant>)>,
+    /// Completions, each with the time it is due under the link model (`None`: at once) and
+    /// what of its write lands then.
+    completions: VecDeque<(Completion, Option<Instant>, Option<Landing>)>,
+    /// Landings among `completions`: while any waits, later writes wait behind it, so that
+    /// writes land in posting order.
+    landings: usize,
     /// What [`Provider::mtu`] reports.
     mtu: usize,
     /// The link model, if any.
@@ -238,6 +280,7 @@ impl SoftProvider {
             free: (0..TABLE_CAPACITY as u16).rev().collect(),
             qps: Vec::new(),
             completions: VecDeque::new(),
+            landings: 0,
             mtu,
             link: None,
         }
@@ -293,11 +336,29 @@ impl SoftProvider {
     }
 
     /// Executes one request against `remote`, whose queue pair number `qpn` has had `recvs_used`
-    /// of its receives consumed by our writes with immediate; the status of its completion.
-    fn execute(remote: Remote, qpn: u32, recvs_used: u64, wr: &WorkRequest) -> WcStatus {
+    /// of its receives consumed by our writes with immediate; the status of its completion. With
+    /// `split`, a write leaves its last bytes and its immediate to the [`Landing`] returned.
+    fn execute(
+        remote: Remote,
+        qpn: u32,
+        recvs_used: u64,
+        wr: &WorkRequest,
+        split: bool,
+    ) -> (WcStatus, Option<Landing>) {
+        let (status, landing) = Self::execute_inner(remote, qpn, recvs_used, wr, split);
+        (status, landing.filter(|_| status == WcStatus::Success))
+    }
+
+    fn execute_inner(
+        remote: Remote,
+        qpn: u32,
+        recvs_used: u64,
+        wr: &WorkRequest,
+        split: bool,
+    ) -> (WcStatus, Option<Landing>) {
         let i = Self::key_index(wr.rkey);
         if i >= TABLE_CAPACITY {
-            return WcStatus::RemoteAccess;
+            return (WcStatus::RemoteAccess, None);
         }
         // Read the header, the entry the key names and the target queue pair's receive queue
         // (is it closed? for a write with immediate, has it a receive?), in one call.
@@ -324,12 +385,12 @@ impl SoftProvider {
         };
         if n != 32 * parts as isize || u64_at(&header, 0) != TABLE_MAGIC || u64_at(&header, 8) != remote.nonce {
             // Gone (ESRCH), or a recycled pid that is not our peer any more.
-            return WcStatus::RetryExceeded;
+            return (WcStatus::RetryExceeded, None);
         }
         if rq.closed != 0 {
             // The target's queue pair is in the error state: it answers nothing, as a real
             // responder would not.
-            return WcStatus::RetryExceeded;
+            return (WcStatus::RetryExceeded, None);
         }
         let need = if wr.opcode == Opcode::Write { Access::REMOTE_WRITE } else { Access::REMOTE_READ };
         let region = MemoryRegion { addr: entry.addr, len: entry.len as usize, lkey: 0, rkey: entry.rkey, handle: i };
@@ -338,10 +399,32 @@ impl SoftProvider {
             || !Access(entry.access).contains(need)
             || !region.contains(wr.remote_addr, wr.len)
         {
-            return WcStatus::RemoteAccess;
+            return (WcStatus::RemoteAccess, None);
         }
         if wr.imm.is_some() && (rq.posted <= recvs_used || rq.capacity == 0 || rq.slots == 0) {
-            return WcStatus::ReceiverNotReady;
+            return (WcStatus::ReceiverNotReady, None);
+        }
+        if split && wr.opcode == Opcode::Write {
+            let head = wr.len.saturating_sub(8);
+            let mut landing = Landing {
+                pid: remote.pid,
+                tail: [0; 8],
+                tail_len: wr.len - head,
+                tail_addr: wr.remote_addr + head as u64,
+                // As below: wrapping, so that a forged `slots` fails the kernel copy.
+                imm: wr.imm.map(|imm| (imm, rq.slots.wrapping_add(8 * (recvs_used % rq.capacity)), stamp(recvs_used))),
+            };
+            // SAFETY: `post` checked `local_addr..local_addr + len` against a registration of
+            // this process (check_local), so its last `tail_len` bytes are readable; `tail` is
+            // ours and as long.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (wr.local_addr as usize + head) as *const u8,
+                    landing.tail.as_mut_ptr(),
+                    landing.tail_len,
+                )
+            };
+            return (status_of(copy_range(remote.pid, wr.local_addr, wr.remote_addr, head, true)), Some(landing));
         }
         let copied =
             vm_copy(remote.pid, wr.local_addr, wr.remote_addr, wr.len, wr.opcode == Opcode::Write).and_then(|()| {
@@ -359,11 +442,7 @@ impl SoftProvider {
                     None => Ok(()),
                 }
             });
-        match copied {
-            Ok(()) => WcStatus::Success,
-            Err(e) if e.raw_os_error() == Some(libc::EFAULT) => WcStatus::RemoteAccess,
-            Err(_) => WcStatus::RetryExceeded,
-        }
+        (status_of(copied), None)
     }
 }
 
@@ -605,12 +684,12 @@ impl Provider for SoftProvider {
         };
         let paced = self.link.as_ref().is_some_and(|l| l.model.is_active());
         let start = paced.then(Instant::now);
-        let status = if q.failed {
-            WcStatus::Flushed
+        let (mut status, mut landing) = if q.failed {
+            (WcStatus::Flushed, None)
         } else if !local_ok {
-            WcStatus::LocalProtection
+            (WcStatus::LocalProtection, None)
         } else {
-            Self::execute(remote, q.remote_qpn, q.peer_recvs_used, wr)
+            Self::execute(remote, q.remote_qpn, q.peer_recvs_used, wr, paced)
         };
         q.failed |= status != WcStatus::Success;
         q.peer_recvs_used += (status == WcStatus::Success && wr.imm.is_some()) as u64;
@@ -618,7 +697,17 @@ impl Provider for SoftProvider {
             Some(start) if status == WcStatus::Success => Some(self.due(&remote, wr, start, Instant::now())),
             _ => None,
         };
-        self.completions.push_back((Completion { wr_id: wr.wr_id, status, qp, imm: None }, due));
+        // Due already (the copy took longer than the model asked) and nothing waiting before
+        // it: the write lands now.
+        if let Some(l) = landing.filter(|_| self.landings == 0 && due.is_none_or(|d| d <= Instant::now())) {
+            status = status_of(l.land());
+            landing = None;
+            if let (false, Some(q)) = (status == WcStatus::Success, self.qps.get_mut(qp)) {
+                q.failed = true;
+            }
+        }
+        self.landings += landing.is_some() as usize;
+        self.completions.push_back((Completion { wr_id: wr.wr_id, status, qp, imm: None }, due, landing));
         Ok(())
     }
 
@@ -643,13 +732,22 @@ impl Provider for SoftProvider {
         let mut n = 0;
         let mut now = None;
         while n < max {
-            let Some(&(c, due)) = self.completions.front() else { break };
+            let Some(&(mut c, due, landing)) = self.completions.front() else { break };
             if let Some(due) = due {
                 if due > *now.get_or_insert_with(Instant::now) {
                     break;
                 }
             }
             self.completions.pop_front();
+            if let Some(l) = landing {
+                self.landings -= 1;
+                c.status = status_of(l.land());
+                if c.status != WcStatus::Success {
+                    if let Some(q) = self.qps.get_mut(c.qp) {
+                        q.failed = true;
+                    }
+                }
+            }
             out.push(c);
             n += 1;
         }

@@ -396,10 +396,11 @@ fn soft_completions_wait_for_the_link_model() {
     let posted = Instant::now();
     initiator.post(iq, &request(1, Opcode::Write, src.as_ptr() as u64, src_mr.lkey, mr.addr, mr.rkey, len)).unwrap();
     initiator.post(iq, &request(2, Opcode::Write, src.as_ptr() as u64, src_mr.lkey, mr.addr, mr.rkey, 8)).unwrap();
-    // The data is there (the copy ran in the post), the completion is not due yet.
-    assert_eq!(mem[len - 1], 3);
+    // The copy ran in the post but for the last 8 bytes, which land when the completion is due.
+    assert_eq!(mem[0], 3);
     let mut out = Vec::new();
     if posted.elapsed() < Duration::from_millis(500) {
+        assert_eq!(mem[len - 1], 0);
         assert_eq!(initiator.poll(&mut out, 4), 0);
     }
     // Model time: the write was reserved on the adapter's read of node 0's device memory, the
@@ -420,8 +421,52 @@ fn soft_completions_wait_for_the_link_model() {
         [(1, WcStatus::Success), (2, WcStatus::Success)]
     );
     assert!(Instant::now() >= read_busy);
+    assert_eq!(mem[len - 1], 3);
     let (name, stats) = initiator.pacing().unwrap();
     assert_eq!((name.as_str(), stats.paced), ("prism/1000", 2));
     assert!(stats.delayed >= 1);
+    model.remove_files();
+}
+
+/// Provider level, with a link model: a write with immediate completes the target's receive only
+/// once the initiator's completion is due (the immediate lands from the initiator's `poll`).
+#[test]
+fn soft_receive_completions_wait_for_the_link_model() {
+    use polyrail_ib::SoftLink;
+    use polyrail_link::{Domain, LinkModel, Profile};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    // 6 MB/s on the network: 64 KiB take about 11 ms of model time.
+    let model = Arc::new(LinkModel::in_dir(Profile::parse("prism/1000").unwrap(), dir.path(), "imm").unwrap());
+    let link = |node| SoftLink { model: model.clone(), node, domain: Domain::Host };
+    let (mut target, mut initiator) = (SoftProvider::new().with_link(link(1)), SoftProvider::new().with_link(link(0)));
+    let len = 64 << 10;
+    let mut mem = vec![0u8; len];
+    let mr = unsafe { target.register(mem.as_mut_ptr(), len, Access::ALL).unwrap() };
+    let mut src = vec![9u8; len];
+    let src_mr = unsafe { initiator.register(src.as_mut_ptr(), len, Access::ALL).unwrap() };
+    let (tq, tnum) = target.create_qp(2).unwrap();
+    let (iq, inum) = initiator.create_qp(0).unwrap();
+    target.connect(tq, &initiator.endpoint(), inum).unwrap();
+    initiator.connect(iq, &target.endpoint(), tnum).unwrap();
+    initiator.ready_to_send(iq).unwrap();
+    target.post_recv(tq, 7).unwrap();
+    let posted = Instant::now();
+    let wr = request(1, Opcode::Write, src.as_ptr() as u64, src_mr.lkey, mr.addr, mr.rkey, len);
+    initiator.post(iq, &WorkRequest { imm: Some(77), ..wr }).unwrap();
+    let (mut got, mut out) = (Vec::new(), Vec::new());
+    if posted.elapsed() < Duration::from_millis(5) {
+        assert_eq!(target.poll(&mut got, 4), 0, "the receive completes only when the write is due");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got.is_empty() && Instant::now() < deadline {
+        initiator.poll(&mut out, 4);
+        target.poll(&mut got, 4);
+    }
+    assert_eq!((got[0].wr_id, got[0].imm), (7, Some(77)));
+    assert!(posted.elapsed() >= Duration::from_millis(10), "{:?}", posted.elapsed());
+    assert_eq!(out[0].status, WcStatus::Success);
+    assert_eq!(mem, src);
     model.remove_files();
 }
