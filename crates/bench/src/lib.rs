@@ -1,6 +1,7 @@
 //! polyrail-bench: the measurement code shared by the `polyrail-bench` runner and the criterion
 //! benches (`cargo bench -p polyrail-bench`).
 
+pub mod calibrate;
 pub mod experiments;
 pub mod osu;
 pub mod report;

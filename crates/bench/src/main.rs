@@ -99,6 +99,24 @@ enum Cmd {
         #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(..=1021))]
         quiet_peers: u32,
     },
+    /// The link model's paths (an emulation) driven with large transfers through the providers
+    /// that pace them (SCIF for PCIe, soft RDMA for the adapter and the network): each plateau
+    /// beside the profile's figure, and whether pacing delayed anything. Runs alone, in one
+    /// process.
+    LinkCalibrate {
+        /// The profile (`prism`, `prism/N`: every bandwidth divided by N).
+        #[arg(long, default_value = "prism")]
+        profile: String,
+        /// Bytes per transfer (with k/m suffixes).
+        #[arg(long, default_value = "4m")]
+        bytes: String,
+        /// Transfers per path, the first --window of them a warm-up outside the timing.
+        #[arg(long, default_value_t = 40)]
+        transfers: usize,
+        /// Transfers in flight.
+        #[arg(long, default_value_t = 8)]
+        window: usize,
+    },
     /// Medians, ratios and SVG plots from a comparison CSV (scripts/compare-peers.sh).
     Report {
         /// The CSV (`tool,mode,metric,size,rep,value`).
@@ -178,7 +196,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
     if let Some((command, common)) = unchecked {
         common.refuse(command, &[Validate], "it checks no data (latency and bw do, with --validate)")?;
     }
-    if under_launcher() && matches!(cli.cmd, Cmd::Compare { .. } | Cmd::Report { .. }) {
+    if under_launcher() && matches!(cli.cmd, Cmd::Compare { .. } | Cmd::Report { .. } | Cmd::LinkCalibrate { .. }) {
         bail!(
             "compare and report run alone (compare starts its own jobs; every rank would run all of them): \
              start polyrail-bench without polyrail run or mpiexec"
@@ -229,6 +247,19 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             relaunch(c.ranks, &c.transport, args, None)
         }
         Cmd::Latency { common, fresh } => osu::latency(&common, fresh).map(|_| 0),
+        Cmd::LinkCalibrate { profile, bytes, transfers, window } => {
+            use polyrail_bench::calibrate;
+            let profile = polyrail_link::Profile::parse(&profile)
+                .with_context(|| format!("--profile {profile:?}: give none, prism, or prism/N with N > 0"))?;
+            let bytes = polyrail::parse_size(&bytes)
+                .filter(|&b| (1..=1 << 30).contains(&b))
+                .with_context(|| format!("--bytes {bytes:?}: a size from 1 to 1g"))?;
+            let cal = calibrate::Calibration { profile, bytes, transfers, window };
+            let dir = tempfile::tempdir().context("cannot make a directory for the model's files")?;
+            let results = calibrate::run(&cal, dir.path())?;
+            print!("{}", calibrate::table(&cal, &results, calibrate::copy_rate(bytes)));
+            Ok(0)
+        }
         Cmd::Bw(c) => osu::bandwidth(&c).map(|_| 0),
         Cmd::Bibw(c) => experiments::bibw(&c).map(|_| 0),
         Cmd::MbwMr(c) => experiments::mbw_mr(&c).map(|_| 0),

@@ -1109,6 +1109,9 @@ impl<P: Provider> Transport for DirectIb<P> {
                 byes_left = send_byes(self);
             }
         }
+        if let Some(pacing) = self.provider.pacing_summary() {
+            tracing::info!("ib: {pacing}");
+        }
     }
 
     fn describe(&self) -> String {

@@ -183,6 +183,12 @@ pub trait Provider: Send {
     /// processes goes faster.
     fn cpu_copies(&self) -> bool;
 
+    /// What a link model (an emulation) did to this provider's transfers, in one line; `None`
+    /// without one.
+    fn pacing_summary(&self) -> Option<String> {
+        None
+    }
+
     /// Bytes a peer needs to reach this process's device (GID and LID, or process id).
     fn endpoint(&self) -> Vec<u8>;
 

@@ -9,7 +9,13 @@
 //! verbs; nothing outside a registered region is ever touched.
 //!
 //! Operations run to completion inside [`Provider::post`]; completions are queued for
-//! [`Provider::poll`]. A write with immediate also needs a receive the target posted: the
+//! [`Provider::poll`]. With a link model ([`SoftProvider::with_link`], an emulation), a
+//! completion is held until the model's time for its transfer (the adapter reading or writing
+//! device memory, the network out of one node and into the other) and `poll` hands it out once
+//! that time passed; nothing sleeps in a post. A paced write lands its last 8 bytes and its
+//! immediate only then (from that `poll`), so the target too sees it at the model's time, writes
+//! landing in posting order. Completions leave in the order they were posted,
+//! as a reliable connection's do. A write with immediate also needs a receive the target posted: the
 //! target publishes, per queue pair, how many it posted and a ring of completion slots; the
 //! initiator checks the count (none left: [`WcStatus::ReceiverNotReady`]), writes the data,
 //! then the immediate and a stamp into the next slot, which the target's `poll` turns into a
@@ -27,9 +33,12 @@
 
 use crate::provider::{Access, Completion, MemoryRegion, Opcode, Provider, QpId, WcStatus, WorkRequest};
 use polyrail_core::{Error, Result};
+use polyrail_link::{rdma_hops, Domain, LinkModel, PacingStats};
 use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
 
 /// Magic of a soft provider's table header and endpoint: `b"PRSOFTMR"`.
 const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"PRSOFTMR");
@@ -37,11 +46,11 @@ const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"PRSOFTMR");
 const TABLE_CAPACITY: usize = 4096;
 /// Largest transfer of one work request (the kernel copies at most this per call anyway).
 const MAX_TRANSFER: usize = 1 << 30;
-/// Work requests outstanding per queue pair (they complete at post, so this only bounds
-/// completions not yet polled).
+/// Work requests outstanding per queue pair (they run at post, so this only bounds completions
+/// not yet polled or not yet due under a link model).
 const MAX_OUTSTANDING: usize = 256;
-/// Bytes of an endpoint: magic, pid, table address, nonce.
-const ENDPOINT_LEN: usize = 28;
+/// Bytes of an endpoint: magic, pid, table address, nonce, node, SCIF node (the domain).
+const ENDPOINT_LEN: usize = 34;
 /// Queue pairs one process can hold (its table publishes a receive queue for each).
 const QP_CAPACITY: usize = 4096;
 
@@ -126,6 +135,56 @@ struct Remote {
     pid: u32,
     table: u64,
     nonce: u64,
+    /// Its (virtual) node and memory domain, for the link model.
+    node: u32,
+    domain: Domain,
+}
+
+/// The part of a paced write that lands when its completion is due: its last bytes (at most 8)
+/// and, for a write with immediate, the immediate and its stamp. The target thus sees the write
+/// (a ring's tail word, a receive completion) no earlier than the link model says.
+#[derive(Clone, Copy, Debug)]
+struct Landing {
+    pid: u32,
+    tail: [u8; 8],
+    tail_len: usize,
+    tail_addr: u64,
+    /// Immediate, slot address, stamp.
+    imm: Option<(u32, u64, u32)>,
+}
+
+impl Landing {
+    /// Writes the rest into the target: the tail, then the immediate, then the stamp.
+    fn land(&self) -> io::Result<()> {
+        if self.tail_len > 0 {
+            copy_range(self.pid, self.tail.as_ptr() as u64, self.tail_addr, self.tail_len, true)?;
+        }
+        if let Some((imm, slot, stamp)) = self.imm {
+            copy_range(self.pid, &imm as *const u32 as u64, slot, 4, true)?;
+            copy_range(self.pid, &stamp as *const u32 as u64, slot.wrapping_add(4), 4, true)?;
+        }
+        Ok(())
+    }
+}
+
+/// A completion's status from the outcome of its copies.
+fn status_of(copied: io::Result<()>) -> WcStatus {
+    match copied {
+        Ok(()) => WcStatus::Success,
+        Err(e) if e.raw_os_error() == Some(libc::EFAULT) => WcStatus::RemoteAccess,
+        Err(_) => WcStatus::RetryExceeded,
+    }
+}
+
+/// The link model a provider paces with (an emulation), and where this process is.
+#[derive(Clone, Debug)]
+pub struct SoftLink {
+    /// The job's model.
+    pub model: Arc<LinkModel>,
+    /// This process's (virtual) node (`POLYRAIL_NODE`).
+    pub node: u32,
+    /// Where this process's memory is (host, or device k of the node).
+    pub domain: Domain,
 }
 
 #[derive(Debug, Default)]
@@ -162,9 +221,16 @@ pub struct SoftProvider {
     generations: Vec<u16>,
     free: Vec<u16>,
     qps: Vec<SoftQp>,
-    completions: VecDeque<Completion>,
+    /// Completions, each with the time it is due under the link model (`None`: at once) and
+    /// what of its write lands then.
+    completions: VecDeque<(Completion, Option<Instant>, Option<Landing>)>,
+    /// Landings among `completions`: while any waits, later writes wait behind it, so that
+    /// writes land in posting order.
+    landings: usize,
     /// What [`Provider::mtu`] reports.
     mtu: usize,
+    /// The link model, if any.
+    link: Option<SoftLink>,
 }
 
 impl std::fmt::Debug for SoftProvider {
@@ -214,8 +280,37 @@ impl SoftProvider {
             free: (0..TABLE_CAPACITY as u16).rev().collect(),
             qps: Vec::new(),
             completions: VecDeque::new(),
+            landings: 0,
             mtu,
+            link: None,
         }
+    }
+
+    /// The same, pacing completions with `link` (an emulation); a model of the `none` profile
+    /// paces nothing. Peers learn this process's node and domain from its endpoint.
+    pub fn with_link(mut self, link: SoftLink) -> SoftProvider {
+        self.link = Some(link);
+        self
+    }
+
+    /// What the link model did to this provider's transfers, and the profile's name; `None`
+    /// without a model.
+    pub fn pacing(&self) -> Option<(String, PacingStats)> {
+        self.link.as_ref().map(|l| (l.model.profile().name.clone(), l.model.stats()))
+    }
+
+    /// When the transfer of `wr` on a queue pair to `remote`, which started at `start` and whose
+    /// copy ended at `copied`, completes under the link model: the bytes leave the target for a
+    /// read and this process for a write.
+    fn due(&self, remote: &Remote, wr: &WorkRequest, start: Instant, copied: Instant) -> Instant {
+        let Some(link) = &self.link else { return copied };
+        let hops = if wr.opcode == Opcode::Read {
+            rdma_hops(remote.node, remote.domain, link.node, link.domain)
+        } else {
+            rdma_hops(link.node, link.domain, remote.node, remote.domain)
+        };
+        // A node file that cannot be opened leaves the transfer unpaced rather than failing it.
+        link.model.complete(&hops, wr.len, start, copied).unwrap_or(copied)
     }
 
     fn table_addr(&self) -> u64 {
@@ -241,11 +336,29 @@ impl SoftProvider {
     }
 
     /// Executes one request against `remote`, whose queue pair number `qpn` has had `recvs_used`
-    /// of its receives consumed by our writes with immediate; the status of its completion.
-    fn execute(remote: Remote, qpn: u32, recvs_used: u64, wr: &WorkRequest) -> WcStatus {
+    /// of its receives consumed by our writes with immediate; the status of its completion. With
+    /// `split`, a write leaves its last bytes and its immediate to the [`Landing`] returned.
+    fn execute(
+        remote: Remote,
+        qpn: u32,
+        recvs_used: u64,
+        wr: &WorkRequest,
+        split: bool,
+    ) -> (WcStatus, Option<Landing>) {
+        let (status, landing) = Self::execute_inner(remote, qpn, recvs_used, wr, split);
+        (status, landing.filter(|_| status == WcStatus::Success))
+    }
+
+    fn execute_inner(
+        remote: Remote,
+        qpn: u32,
+        recvs_used: u64,
+        wr: &WorkRequest,
+        split: bool,
+    ) -> (WcStatus, Option<Landing>) {
         let i = Self::key_index(wr.rkey);
         if i >= TABLE_CAPACITY {
-            return WcStatus::RemoteAccess;
+            return (WcStatus::RemoteAccess, None);
         }
         // Read the header, the entry the key names and the target queue pair's receive queue
         // (is it closed? for a write with immediate, has it a receive?), in one call.
@@ -272,12 +385,12 @@ impl SoftProvider {
         };
         if n != 32 * parts as isize || u64_at(&header, 0) != TABLE_MAGIC || u64_at(&header, 8) != remote.nonce {
             // Gone (ESRCH), or a recycled pid that is not our peer any more.
-            return WcStatus::RetryExceeded;
+            return (WcStatus::RetryExceeded, None);
         }
         if rq.closed != 0 {
             // The target's queue pair is in the error state: it answers nothing, as a real
             // responder would not.
-            return WcStatus::RetryExceeded;
+            return (WcStatus::RetryExceeded, None);
         }
         let need = if wr.opcode == Opcode::Write { Access::REMOTE_WRITE } else { Access::REMOTE_READ };
         let region = MemoryRegion { addr: entry.addr, len: entry.len as usize, lkey: 0, rkey: entry.rkey, handle: i };
@@ -286,10 +399,32 @@ impl SoftProvider {
             || !Access(entry.access).contains(need)
             || !region.contains(wr.remote_addr, wr.len)
         {
-            return WcStatus::RemoteAccess;
+            return (WcStatus::RemoteAccess, None);
         }
         if wr.imm.is_some() && (rq.posted <= recvs_used || rq.capacity == 0 || rq.slots == 0) {
-            return WcStatus::ReceiverNotReady;
+            return (WcStatus::ReceiverNotReady, None);
+        }
+        if split && wr.opcode == Opcode::Write {
+            let head = wr.len.saturating_sub(8);
+            let mut landing = Landing {
+                pid: remote.pid,
+                tail: [0; 8],
+                tail_len: wr.len - head,
+                tail_addr: wr.remote_addr + head as u64,
+                // As below: wrapping, so that a forged `slots` fails the kernel copy.
+                imm: wr.imm.map(|imm| (imm, rq.slots.wrapping_add(8 * (recvs_used % rq.capacity)), stamp(recvs_used))),
+            };
+            // SAFETY: `post` checked `local_addr..local_addr + len` against a registration of
+            // this process (check_local), so its last `tail_len` bytes are readable; `tail` is
+            // ours and as long.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (wr.local_addr as usize + head) as *const u8,
+                    landing.tail.as_mut_ptr(),
+                    landing.tail_len,
+                )
+            };
+            return (status_of(copy_range(remote.pid, wr.local_addr, wr.remote_addr, head, true)), Some(landing));
         }
         let copied =
             vm_copy(remote.pid, wr.local_addr, wr.remote_addr, wr.len, wr.opcode == Opcode::Write).and_then(|()| {
@@ -307,11 +442,7 @@ impl SoftProvider {
                     None => Ok(()),
                 }
             });
-        match copied {
-            Ok(()) => WcStatus::Success,
-            Err(e) if e.raw_os_error() == Some(libc::EFAULT) => WcStatus::RemoteAccess,
-            Err(_) => WcStatus::RetryExceeded,
-        }
+        (status_of(copied), None)
     }
 }
 
@@ -367,8 +498,20 @@ impl Provider for SoftProvider {
     }
 
     fn describe(&self) -> String {
+        let link = match &self.link {
+            Some(l) if l.model.is_active() => format!(
+                "; {}, node {}, {}",
+                l.model.summary(),
+                l.node,
+                match l.domain {
+                    Domain::Host => "host memory".to_string(),
+                    Domain::Device(k) => format!("device {k} memory"),
+                }
+            ),
+            _ => String::new(),
+        };
         format!(
-            "software RDMA provider (development and CI only: RDMA by process_vm_readv/writev against registered regions, pid {})",
+            "software RDMA provider (development and CI only: RDMA by process_vm_readv/writev against registered regions, pid {}{link})",
             self.pid
         )
     }
@@ -392,17 +535,25 @@ impl Provider for SoftProvider {
         true
     }
 
+    fn pacing_summary(&self) -> Option<String> {
+        self.link.as_ref().filter(|l| l.model.is_active()).map(|l| l.model.summary())
+    }
+
     fn max_outstanding(&self) -> usize {
         MAX_OUTSTANDING
     }
 
-    /// `"PRSOFTMR"`, pid u32, table address u64, nonce u64 (little endian).
+    /// `"PRSOFTMR"`, pid u32, table address u64, nonce u64, node u32, SCIF node u16 (0 the
+    /// host; little endian).
     fn endpoint(&self) -> Vec<u8> {
+        let (node, domain) = self.link.as_ref().map_or((0, Domain::Host), |l| (l.node, l.domain));
         let mut e = Vec::with_capacity(ENDPOINT_LEN);
         e.extend_from_slice(&TABLE_MAGIC.to_le_bytes());
         e.extend_from_slice(&self.pid.to_le_bytes());
         e.extend_from_slice(&self.table_addr().to_le_bytes());
         e.extend_from_slice(&self.table.header.nonce.to_le_bytes());
+        e.extend_from_slice(&node.to_le_bytes());
+        e.extend_from_slice(&domain.scif_node().to_le_bytes());
         e
     }
 
@@ -469,7 +620,15 @@ impl Provider for SoftProvider {
         }
         let pid =
             u32::from_le_bytes([remote_endpoint[8], remote_endpoint[9], remote_endpoint[10], remote_endpoint[11]]);
-        let remote = Remote { pid, table: u64_at(remote_endpoint, 12), nonce: u64_at(remote_endpoint, 20) };
+        let b = remote_endpoint;
+        let remote = Remote {
+            pid,
+            table: u64_at(b, 12),
+            nonce: u64_at(b, 20),
+            // Any node and domain are acceptable: they only choose which link words pace.
+            node: u32::from_le_bytes([b[28], b[29], b[30], b[31]]),
+            domain: Domain::from_scif_node(u16::from_le_bytes([b[32], b[33]])),
+        };
         // Probe: read the peer's table header.
         let mut header = [0u8; 32];
         let l = libc::iovec { iov_base: header.as_mut_ptr().cast(), iov_len: 32 };
@@ -523,16 +682,32 @@ impl Provider for SoftProvider {
         let (Some(remote), true) = (q.remote, q.sending) else {
             return Err(Error::Transport { kind: "ib", what: format!("queue pair {qp} is not ready to send") });
         };
-        let status = if q.failed {
-            WcStatus::Flushed
+        let paced = self.link.as_ref().is_some_and(|l| l.model.is_active());
+        let start = paced.then(Instant::now);
+        let (mut status, mut landing) = if q.failed {
+            (WcStatus::Flushed, None)
         } else if !local_ok {
-            WcStatus::LocalProtection
+            (WcStatus::LocalProtection, None)
         } else {
-            Self::execute(remote, q.remote_qpn, q.peer_recvs_used, wr)
+            Self::execute(remote, q.remote_qpn, q.peer_recvs_used, wr, paced)
         };
         q.failed |= status != WcStatus::Success;
         q.peer_recvs_used += (status == WcStatus::Success && wr.imm.is_some()) as u64;
-        self.completions.push_back(Completion { wr_id: wr.wr_id, status, qp, imm: None });
+        let due = match start {
+            Some(start) if status == WcStatus::Success => Some(self.due(&remote, wr, start, Instant::now())),
+            _ => None,
+        };
+        // Due already (the copy took longer than the model asked) and nothing waiting before
+        // it: the write lands now.
+        if let Some(l) = landing.filter(|_| self.landings == 0 && due.is_none_or(|d| d <= Instant::now())) {
+            status = status_of(l.land());
+            landing = None;
+            if let (false, Some(q)) = (status == WcStatus::Success, self.qps.get_mut(qp)) {
+                q.failed = true;
+            }
+        }
+        self.landings += landing.is_some() as usize;
+        self.completions.push_back((Completion { wr_id: wr.wr_id, status, qp, imm: None }, due, landing));
         Ok(())
     }
 
@@ -553,8 +728,29 @@ impl Provider for SoftProvider {
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
-        let mut n = max.min(self.completions.len());
-        out.extend(self.completions.drain(..n));
+        // In posting order: a completion not yet due holds back those after it.
+        let mut n = 0;
+        let mut now = None;
+        while n < max {
+            let Some(&(mut c, due, landing)) = self.completions.front() else { break };
+            if let Some(due) = due {
+                if due > *now.get_or_insert_with(Instant::now) {
+                    break;
+                }
+            }
+            self.completions.pop_front();
+            if let Some(l) = landing {
+                self.landings -= 1;
+                c.status = status_of(l.land());
+                if c.status != WcStatus::Success {
+                    if let Some(q) = self.qps.get_mut(c.qp) {
+                        q.failed = true;
+                    }
+                }
+            }
+            out.push(c);
+            n += 1;
+        }
         for (i, q) in self.qps.iter_mut().enumerate() {
             while n < max && !q.recvs.is_empty() {
                 let slot = &q.slots[(q.recvs_done % q.slots.len() as u64) as usize];

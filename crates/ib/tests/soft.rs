@@ -265,16 +265,16 @@ fn forged_packet_fails_rank_0(
     imm: Option<u32>,
     why: &str,
 ) {
-    // b's address: "PRIB", name length + "soft", endpoint length + 28 bytes, rings, rkey.
+    // b's address: "PRIB", name length + "soft", endpoint length + 34 bytes, rings, rkey.
     let addr = b.address();
-    let at = 4 + 1 + 4 + 4 + 28;
+    let at = 4 + 1 + 4 + 4 + 34;
     let rings = u64::from_le_bytes(addr[at..at + 8].try_into().unwrap());
     let rkey = u32::from_le_bytes(addr[at + 8..at + 12].try_into().unwrap());
     let mut forger = SoftProvider::new();
     let mr = unsafe { forger.register(data.as_mut_ptr(), data.len(), Access::ALL).unwrap() };
     let (qp, _) = forger.create_qp(0).unwrap();
     // b's queue pair for rank 0 is its first: number 1.
-    forger.connect(qp, &addr[13..41], 1).unwrap();
+    forger.connect(qp, &addr[13..47], 1).unwrap();
     forger.ready_to_send(qp).unwrap();
     let wr = request(0, Opcode::Write, data.as_ptr() as u64, mr.lkey, rings + offset, rkey, data.len());
     forger.post(qp, &WorkRequest { imm, ..wr }).unwrap();
@@ -364,4 +364,109 @@ fn malformed_packets_fail_the_peer_with_a_reason() {
     block[56..64].copy_from_slice(&0x5052_4942_7461_696c_u64.to_le_bytes());
     let why = "malformed ib packet: unknown packet kind 77";
     forged_packet_fails_rank_0(soft_pair(&IbSettings::default()).1, block, 0, None, why);
+}
+
+/// Provider level, with a link model (an emulation): an RDMA write from a device rank's memory
+/// completes in `poll` at the model's time, in posting order, after a later-due transfer holds
+/// back nothing posted before it; the endpoint carries node and domain, so the write takes the
+/// adapter's read of local device memory and its write of the remote device's memory.
+#[test]
+fn soft_completions_wait_for_the_link_model() {
+    use polyrail_ib::SoftLink;
+    use polyrail_link::{Domain, LinkModel, Path, Profile};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    // 962 kB/s for the adapter's read of device memory: 1 MB takes about a second of model time.
+    let model = Arc::new(LinkModel::in_dir(Profile::parse("prism/1000").unwrap(), dir.path(), "soft").unwrap());
+    let link = |node, domain| SoftLink { model: model.clone(), node, domain };
+    let mut target = SoftProvider::new().with_link(link(1, Domain::Device(1)));
+    let mut initiator = SoftProvider::new().with_link(link(0, Domain::Device(2)));
+    assert!(initiator.describe().contains("link model prism/1000 (emulation)"), "{}", initiator.describe());
+    let len = 1 << 20;
+    let mut mem = vec![0u8; len];
+    let mr = unsafe { target.register(mem.as_mut_ptr(), len, Access::ALL).unwrap() };
+    let mut src = vec![3u8; len];
+    let src_mr = unsafe { initiator.register(src.as_mut_ptr(), len, Access::ALL).unwrap() };
+    let (tq, tnum) = target.create_qp(0).unwrap();
+    let (iq, inum) = initiator.create_qp(0).unwrap();
+    target.connect(tq, &initiator.endpoint(), inum).unwrap();
+    initiator.connect(iq, &target.endpoint(), tnum).unwrap();
+    initiator.ready_to_send(iq).unwrap();
+    let posted = Instant::now();
+    initiator.post(iq, &request(1, Opcode::Write, src.as_ptr() as u64, src_mr.lkey, mr.addr, mr.rkey, len)).unwrap();
+    initiator.post(iq, &request(2, Opcode::Write, src.as_ptr() as u64, src_mr.lkey, mr.addr, mr.rkey, 8)).unwrap();
+    // The copy ran in the post but for the last 8 bytes, which land when the completion is due.
+    assert_eq!(mem[0], 3);
+    let mut out = Vec::new();
+    if posted.elapsed() < Duration::from_millis(500) {
+        assert_eq!(mem[len - 1], 0);
+        assert_eq!(initiator.poll(&mut out, 4), 0);
+    }
+    // Model time: the write was reserved on the adapter's read of node 0's device memory, the
+    // network out of 0 and into 1, and the adapter's write of node 1's device memory.
+    let read_busy = model.busy_until(0, Path::AdapterReadsDevice).unwrap().unwrap();
+    assert!(read_busy >= posted + Duration::from_millis(1_000), "{:?}", read_busy - posted);
+    assert!(model.busy_until(1, Path::AdapterWritesDevice).unwrap().unwrap() > posted);
+    assert!(model.busy_until(0, Path::NetOut).unwrap().unwrap() > posted);
+    assert!(model.busy_until(1, Path::NetIn).unwrap().unwrap() > posted);
+    assert!(model.busy_until(1, Path::AdapterReadsDevice).unwrap().unwrap() < posted);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while out.len() < 2 && Instant::now() < deadline {
+        initiator.poll(&mut out, 4);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        out.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert!(Instant::now() >= read_busy);
+    assert_eq!(mem[len - 1], 3);
+    let (name, stats) = initiator.pacing().unwrap();
+    assert_eq!((name.as_str(), stats.paced), ("prism/1000", 2));
+    assert!(stats.delayed >= 1);
+    model.remove_files();
+}
+
+/// Provider level, with a link model: a write with immediate completes the target's receive only
+/// once the initiator's completion is due (the immediate lands from the initiator's `poll`).
+#[test]
+fn soft_receive_completions_wait_for_the_link_model() {
+    use polyrail_ib::SoftLink;
+    use polyrail_link::{Domain, LinkModel, Profile};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    // 6 MB/s on the network: 64 KiB take about 11 ms of model time.
+    let model = Arc::new(LinkModel::in_dir(Profile::parse("prism/1000").unwrap(), dir.path(), "imm").unwrap());
+    let link = |node| SoftLink { model: model.clone(), node, domain: Domain::Host };
+    let (mut target, mut initiator) = (SoftProvider::new().with_link(link(1)), SoftProvider::new().with_link(link(0)));
+    let len = 64 << 10;
+    let mut mem = vec![0u8; len];
+    let mr = unsafe { target.register(mem.as_mut_ptr(), len, Access::ALL).unwrap() };
+    let mut src = vec![9u8; len];
+    let src_mr = unsafe { initiator.register(src.as_mut_ptr(), len, Access::ALL).unwrap() };
+    let (tq, tnum) = target.create_qp(2).unwrap();
+    let (iq, inum) = initiator.create_qp(0).unwrap();
+    target.connect(tq, &initiator.endpoint(), inum).unwrap();
+    initiator.connect(iq, &target.endpoint(), tnum).unwrap();
+    initiator.ready_to_send(iq).unwrap();
+    target.post_recv(tq, 7).unwrap();
+    let posted = Instant::now();
+    let wr = request(1, Opcode::Write, src.as_ptr() as u64, src_mr.lkey, mr.addr, mr.rkey, len);
+    initiator.post(iq, &WorkRequest { imm: Some(77), ..wr }).unwrap();
+    let (mut got, mut out) = (Vec::new(), Vec::new());
+    if posted.elapsed() < Duration::from_millis(5) {
+        assert_eq!(target.poll(&mut got, 4), 0, "the receive completes only when the write is due");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got.is_empty() && Instant::now() < deadline {
+        initiator.poll(&mut out, 4);
+        target.poll(&mut got, 4);
+    }
+    assert_eq!((got[0].wr_id, got[0].imm), (7, Some(77)));
+    assert!(posted.elapsed() >= Duration::from_millis(10), "{:?}", posted.elapsed());
+    assert_eq!(out[0].status, WcStatus::Success);
+    assert_eq!(mem, src);
+    model.remove_files();
 }
