@@ -63,6 +63,30 @@ impl PacingStats {
 struct NodeLinks {
     node: u32,
     map: MmapMut,
+    /// The file, held with a shared lock while this process uses it (see its drop).
+    file: std::fs::File,
+    path: PathBuf,
+}
+
+impl Drop for NodeLinks {
+    /// The last process of the job to let go of a node's file removes it: an exclusive lock
+    /// succeeds only when no other process holds its shared one. (A process that opens the name
+    /// later makes a new file: the links are then idle, as a fresh model's are.)
+    fn drop(&mut self) {
+        use rustix::fs::{flock, FlockOperation};
+        if flock(&self.file, FlockOperation::NonBlockingLockExclusive).is_err() {
+            return;
+        }
+        // Only the file this process opened, not one made under the name since.
+        let ours = rustix::fs::fstat(&self.file).ok().map(|st| (st.st_dev, st.st_ino));
+        let named = std::fs::metadata(&self.path).ok().map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            (m.dev(), m.ino())
+        });
+        if ours.is_some() && ours == named {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 impl NodeLinks {
@@ -137,7 +161,8 @@ impl std::fmt::Debug for LinkModel {
 
 impl LinkModel {
     /// The model of job `job` with `profile`, its node files in `/dev/shm` (named
-    /// `polyrail-<uid>-<job>-link<node>`, so the launcher removes them with the job's segments).
+    /// `polyrail-<uid>-<job>-link<node>`, private to the user; the last process of the job to
+    /// let go of one removes it).
     pub fn new(profile: Profile, job: &str) -> Result<LinkModel> {
         Self::in_dir(profile, "/dev/shm", job)
     }
@@ -214,20 +239,24 @@ impl LinkModel {
             FILE_LEN => {}
             n => return Err(Error::InvalidArgument(format!("{}: {n} bytes, not a link file", what()))),
         }
+        // Shared while used: the last process to let go removes the file (NodeLinks's drop).
+        rustix::fs::flock(&fd, rustix::fs::FlockOperation::LockShared).map_err(io)?;
         let file = std::fs::File::from(fd);
         // SAFETY: a file of this user, FILE_LEN bytes long, which only link models change (with
         // atomics, never by shrinking it); the mapping is shared so that they see each other.
         let map = unsafe { memmap2::MmapOptions::new().len(FILE_LEN as usize).map_mut(&file) }
             .map_err(|e| Error::io(what(), e))?;
-        let links = NodeLinks { node, map };
         // Relaxed: the magic only tells a link file from another file; the words after it are
         // zero (never busy) until a reservation moves them, which needs no order with the magic.
-        match links.word(0).compare_exchange(0, MAGIC, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => {}
-            Err(MAGIC) => {}
+        // SAFETY: the mapping is FILE_LEN (at least 8) bytes, page-aligned, so its first word is
+        // an aligned u64 that lives as long as `map`; other processes change it only atomically.
+        let magic = unsafe { &*(map.as_ptr() as *const AtomicU64) };
+        match magic.compare_exchange(0, MAGIC, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) | Err(MAGIC) => {}
+            // Not ours to remove either: no NodeLinks (whose drop may remove the file) is made.
             Err(_) => return Err(Error::InvalidArgument(format!("{}: not a link file", what()))),
         }
-        Ok(links)
+        Ok(NodeLinks { node, map, file, path: path.clone() })
     }
 
     /// Reserves `bytes` on each of `hops` from `now`; when the transfer finishes. Without a
@@ -305,8 +334,8 @@ impl LinkModel {
         self.stats().summary(&self.profile.name)
     }
 
-    /// Removes this job's node files from the model's directory (the launcher does it for
-    /// `/dev/shm`; tests and standalone programs call this).
+    /// Removes this job's node files from the model's directory now, whoever still uses them
+    /// (tests; a job's processes remove them as they finish).
     pub fn remove_files(&self) {
         let Ok(dir) = std::fs::read_dir(&self.dir) else { return };
         let prefix = format!("polyrail-{}-{}-link", self.uid, self.job);
