@@ -19,7 +19,7 @@ const HOST: &str = "conformance-host";
 
 /// Rank `rank` of this process, on virtual node `node`.
 fn info(rank: Rank, node: u32) -> PeerInfo {
-    PeerInfo { rank, pid: std::process::id(), host: HOST.into(), node, cpus: vec![], own_cpus: true }
+    PeerInfo { rank, pid: std::process::id(), host: HOST.into(), node, cpus: vec![], own_cpus: true, domain: 0 }
 }
 
 /// A job id unique to this process and call.

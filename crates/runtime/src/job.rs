@@ -69,27 +69,37 @@ pub struct Job {
     pub config: Config,
 }
 
-/// A process's description as published: pid, node, host, CPUs and the channels it started
-/// (whose addresses it published).
+/// A process's description as published: pid, node, domain, host, CPUs and the channels it
+/// started (whose addresses it published).
 fn info_value(info: &PeerInfo, channels: &[&str]) -> String {
     let cpus: Vec<String> = info.cpus.iter().map(|c| c.to_string()).collect();
-    let (pid, node, host) = (info.pid, info.node, encode_hex(info.host.as_bytes()));
-    format!("{pid}.{node}.{host}.{}.{}", cpus.join("_"), channels.join("+"))
+    let (pid, node, domain, host) = (info.pid, info.node, info.domain, encode_hex(info.host.as_bytes()));
+    format!("{pid}.{node}.{domain}.{host}.{}.{}", cpus.join("_"), channels.join("+"))
+}
+
+/// A memory domain as reports name it: "the host" or "device k".
+fn domain_name(domain: u16) -> String {
+    if domain == 0 {
+        "the host".into()
+    } else {
+        format!("device {domain}")
+    }
 }
 
 /// Reads [`info_value`]'s description of rank `rank`, and the names of the channels it started.
 fn parse_info(rank: Rank, v: &str) -> Result<(PeerInfo, Vec<String>)> {
     let bad = || Error::Bootstrap(format!("rank {rank} published a malformed process description {v:?}"));
-    let mut it = v.splitn(5, '.');
+    let mut it = v.splitn(6, '.');
     let pid = it.next().and_then(|s| s.parse().ok()).ok_or_else(bad)?;
     let node = it.next().and_then(|s| s.parse().ok()).ok_or_else(bad)?;
+    let domain = it.next().and_then(|s| s.parse().ok()).ok_or_else(bad)?;
     let host = it.next().and_then(decode_hex).and_then(|b| String::from_utf8(b).ok()).ok_or_else(bad)?;
     let cpus = match it.next() {
         Some("") | None => Vec::new(),
         Some(s) => s.split('_').map(|c| c.parse().map_err(|_| bad())).collect::<Result<_>>()?,
     };
     let channels = it.next().ok_or_else(bad)?.split('+').filter(|c| !c.is_empty()).map(str::to_owned).collect();
-    Ok((PeerInfo { rank, pid, host, node, cpus, own_cpus: true }, channels))
+    Ok((PeerInfo { rank, pid, host, node, cpus, own_cpus: true, domain }, channels))
 }
 
 /// Puts a value of any length: one longer than the process manager takes (the ib address grows
@@ -218,6 +228,7 @@ impl Job {
             node,
             cpus: binding.clone(),
             own_cpus: true,
+            domain: config.domain,
         };
         let (mut channels, channel_reports) = start_channels(factories, &config, &job_id, rank, size);
 
@@ -269,6 +280,11 @@ impl Job {
                         kind,
                         Reach::No(format!("rank {r} is on virtual node {}, this rank on {}", info.node, me.node)),
                     ));
+                    continue;
+                }
+                if r != rank && info.domain != me.domain && ch.attr().caps.contains(Caps::DOMAIN_LOCAL) {
+                    let (theirs, mine) = (domain_name(info.domain), domain_name(me.domain));
+                    reach.push((kind, Reach::No(format!("rank {r} is on {theirs} of its node, this rank on {mine}"))));
                     continue;
                 }
                 if !theirs.iter().any(|c| c == kind.name()) {
@@ -501,8 +517,15 @@ mod tests {
         assert_eq!(get_long(&mut b, "pa0.ib").unwrap(), long);
         assert_eq!(get_long(&mut b, "pa0.shm").unwrap(), "abcd");
         // A process description too: an unbound rank's CPU list on a large node.
-        let me =
-            PeerInfo { rank: 0, pid: 42, host: "node-17".into(), node: 0, cpus: (0..256).collect(), own_cpus: true };
+        let me = PeerInfo {
+            rank: 0,
+            pid: 42,
+            host: "node-17".into(),
+            node: 0,
+            cpus: (0..256).collect(),
+            own_cpus: true,
+            domain: 3,
+        };
         put_long(&mut b, "pi0", &info_value(&me, &["self", "shm"])).unwrap();
         let (info, channels) = parse_info(0, &get_long(&mut b, "pi0").unwrap()).unwrap();
         assert_eq!((info.cpus, channels), (me.cpus, vec!["self".to_string(), "shm".to_string()]));
