@@ -45,7 +45,7 @@ pub use polyrail_core::{
 };
 pub use polyrail_pmi::Bootstrap;
 pub use polyrail_runtime::topology::DeviceLocality;
-pub use polyrail_runtime::{ChannelReport, JobReport, PeerReport};
+pub use polyrail_runtime::{domain_name, ChannelReport, JobReport, PeerReport};
 pub use scope::{Scope, ScopedRequest};
 pub use space::{InSpace, Space};
 

@@ -21,7 +21,7 @@
 //! SIGKILL after the grace period (a second signal kills at once); so is SIGQUIT. SIGTSTP
 //! (Ctrl-Z) stops the ranks and then the launcher; continued, it continues them (the time
 //! stopped does not count against `--timeout`). At the end, shared-memory
-//! segments the job left in `/dev/shm` are removed.
+//! segments the job left in `/dev/shm` and the software SCIF provider's directories are removed.
 //!
 //! Between events the launcher sleeps in `poll(2)` on descriptors that something happening makes
 //! readable: the PMI server's event notices, a pipe its signal handler writes, a pidfd per
@@ -154,7 +154,11 @@ impl Layout {
             }
             let counts: Vec<&str> = entry.split('+').map(str::trim).collect();
             if counts.len() > Self::MAX_DOMAINS {
-                return Err(bad(format!("node {node} ({entry}) has {} domains; at most {}", counts.len(), Self::MAX_DOMAINS)));
+                return Err(bad(format!(
+                    "node {node} ({entry}) has {} domains; at most {}",
+                    counts.len(),
+                    Self::MAX_DOMAINS
+                )));
             }
             let mut on_node = 0u64;
             for (domain, count) in counts.iter().enumerate() {
@@ -261,6 +265,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
             // The ranks started so far were killed; segments they made go with them.
             server.stop();
             remove_shm_segments(&job);
+            polyrail_scif::remove_job_dirs(&job);
             output::flush(|| RECEIVED.load(Ordering::Relaxed) != 0);
             return Err(e);
         }
@@ -273,6 +278,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
     print_notices(&run.server); // of the server's last moments
     run.server.stop();
     remove_shm_segments(&job);
+    polyrail_scif::remove_job_dirs(&job);
     // What is still queued for the launcher's stdout and stderr goes out; a job stopped from
     // outside (a signal, its timeout) waits for a reader that does not read for a moment only,
     // and a signal now ends the wait.
@@ -1251,6 +1257,7 @@ impl Drop for EmbeddedJob {
             s.stop();
         }
         remove_shm_segments(&self.job);
+        polyrail_scif::remove_job_dirs(&self.job);
         let give_up_at = Instant::now() + OUTPUT_DRAIN;
         output::flush(|| Instant::now() >= give_up_at);
     }

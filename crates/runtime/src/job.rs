@@ -35,6 +35,8 @@ pub struct PeerReport {
     pub reach: Vec<(TransportKind, Reach)>,
     /// The route table (with channel names resolved), if any channel reaches the peer.
     pub route: Option<PeerRoute>,
+    /// Its virtual node and its memory domain there (0 the host, k device k).
+    pub place: (u32, u16),
 }
 
 /// Everything the job learned while starting, for `polyrail info` and logs.
@@ -52,6 +54,8 @@ pub struct JobReport {
     pub channel_kinds: Vec<TransportKind>,
     /// Peers (including this rank itself).
     pub peers: Vec<PeerReport>,
+    /// This process's virtual node and memory domain (0 the host, k device k).
+    pub place: (u32, u16),
 }
 
 /// The most ranks a job may have (per-rank state is made for each at start).
@@ -78,7 +82,7 @@ fn info_value(info: &PeerInfo, channels: &[&str]) -> String {
 }
 
 /// A memory domain as reports name it: "the host" or "device k".
-fn domain_name(domain: u16) -> String {
+pub fn domain_name(domain: u16) -> String {
     if domain == 0 {
         "the host".into()
     } else {
@@ -331,6 +335,7 @@ impl Job {
                         if caps.contains(Caps::GET | Caps::NODE_LOCAL)
                             && !caps.contains(Caps::AM)
                             && info.node == me.node
+                            && info.domain == me.domain
                         {
                             tracing::warn!(
                                 "rank {rank}: {kind} cannot reach rank {r} ({why}); large messages go through pipelined send cells"
@@ -403,7 +408,7 @@ impl Job {
                     engine.set_route(r, Err(why));
                 }
             }
-            peers.push(PeerReport { rank: r, class, reach, route });
+            peers.push(PeerReport { rank: r, class, reach, route, place: (info.node, info.domain) });
         }
         // Connected queue pairs (ib) drop what arrives before they are ready to receive, which
         // they are once add_peer ran: every process has added its peers before anyone sends.
@@ -419,6 +424,7 @@ impl Job {
             channels: channel_reports,
             channel_kinds,
             peers,
+            place: (me.node, me.domain),
         };
         let mut driver = Driver::new(engine, channels, reaching, config.wait, config.poll);
         driver.watch_manager(boot.hangup_watch());

@@ -40,6 +40,6 @@ pub use channel::{ScifChannel, ScifFactory, SCIF};
 pub use dma::{DmaMode, DmaStats, Pacer, Transfer, Unpaced};
 pub use endpoint::{poll, Endpoint, Mark, PeerMap, PollEp};
 pub use error::{Result, ScifError};
-pub use fabric::{Fabric, FabricConfig, EPHEMERAL_PORT_FIRST, PRIVILEGED_PORT_LIMIT, PROVIDER};
+pub use fabric::{remove_job_dirs, Fabric, FabricConfig, EPHEMERAL_PORT_FIRST, PRIVILEGED_PORT_LIMIT, PROVIDER};
 pub use flags::{AcceptFlags, FenceFlags, MapFlags, MsgFlags, PollEvents, PortId, Prot, RmaFlags};
 pub use memory::{page_size, Memory};

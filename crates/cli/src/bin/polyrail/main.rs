@@ -232,6 +232,8 @@ fn format_report(ctx: &Context) -> String {
     );
     let _ = writeln!(s, "topology: {}", r.topology);
     let _ = writeln!(s, "binding:  cpus {:?}", r.binding);
+    let place = |(node, domain): (u32, u16)| format!("node {node}, {}", polyrail::domain_name(domain));
+    let _ = writeln!(s, "place:    {} (POLYRAIL_NODE, POLYRAIL_DOMAIN)", place(r.place));
     if r.devices.is_empty() {
         let _ = writeln!(s, "devices:  no RDMA device");
     }
@@ -243,7 +245,7 @@ fn format_report(ctx: &Context) -> String {
         let _ = writeln!(s, "  {:<6} {:<10} {}", c.kind.name(), c.status, c.detail);
     }
     for p in &r.peers {
-        let _ = writeln!(s, "peer {} ({}):", p.rank, p.class);
+        let _ = writeln!(s, "peer {} ({}; {}):", p.rank, p.class, place(p.place));
         for (kind, reach) in &p.reach {
             match reach {
                 Reach::Yes(why) => {
