@@ -476,6 +476,31 @@ impl ScifChannel {
         n
     }
 
+    /// Writes `bytes` at the tail of `peer`'s ring and moves the tail by `advance`, whatever
+    /// they are, as a faulty or hostile writer would: for tests of the reader's checks.
+    #[doc(hidden)]
+    pub fn forge_frame(&mut self, peer: Rank, bytes: &[u8], advance: u64) -> Result<()> {
+        self.bring_up(BRING_UP);
+        let Some(link) = self.ready(peer, "forge_frame")? else { return Err(transport_error("not connected")) };
+        let tx = link.tx.as_ref().expect("a ready link maps the peer's ring");
+        let pos = (link.tail % link.tx_cap) as usize;
+        assert!(pos + bytes.len() <= link.tx_cap as usize, "forged bytes pass the ring's end");
+        tx.write(page_size() + pos, bytes).map_err(|e| transport_error(e))?;
+        link.tail = link.tail.wrapping_add(advance);
+        Link::word(tx.as_ptr(), TAIL).store(link.tail, Ordering::Release);
+        Ok(())
+    }
+
+    /// Publishes `head` as this side's head of the ring `peer` writes, as a faulty or hostile
+    /// reader would: for tests of the writer's checks.
+    #[doc(hidden)]
+    pub fn forge_head(&mut self, peer: Rank, head: u64) -> Result<()> {
+        self.bring_up(BRING_UP);
+        let Some(link) = self.ready(peer, "forge_head")? else { return Err(transport_error("not connected")) };
+        Link::word(link.rx.as_ptr(), HEAD).store(head, Ordering::Release);
+        Ok(())
+    }
+
     /// The key of the window at `at` of `len` bytes.
     fn key(at: u64, len: u64) -> RemoteKey {
         let mut k = [0u8; KEY_LEN];
