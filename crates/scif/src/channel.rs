@@ -757,9 +757,12 @@ impl Transport for ScifChannel {
                     self.drain(r, usize::MAX, sink);
                     if matches!(self.slots[r], Slot::Ready(_)) {
                         self.slots[r] = Slot::Finished;
+                        sink.peer_lost(r as Rank, Error::PeerFinished { rank: r as Rank });
                     }
                 }
                 Some(Some(why)) => {
+                    // What it sent before it died still counts.
+                    self.drain(r, usize::MAX, sink);
                     sink.peer_lost(r as Rank, Error::PeerLost { rank: r as Rank, why: why.clone() });
                     self.slots[r] = Slot::Lost { why, reported: true };
                 }

@@ -123,3 +123,27 @@ fn forged_keys_are_refused_naming_the_peer() {
     }
     assert!(buf.iter().all(|&x| x == 0x11));
 }
+
+#[test]
+fn a_peer_gone_is_lost_or_finished_and_named_at_once() {
+    for finalized in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut a, mut b) = pair(dir.path());
+        let hdr = Header::eager(0, 1, 1, 4);
+        assert_eq!(b.try_send(0, &hdr, b"last").unwrap(), Issued::Done);
+        if finalized {
+            b.finalize();
+        }
+        drop(b);
+        let start = Instant::now();
+        let mut seen = Seen::default();
+        while seen.lost.is_empty() {
+            a.check_peers(&mut seen);
+            assert!(start.elapsed() < Duration::from_secs(1), "finalized {finalized}: no loss seen in a second");
+        }
+        assert_eq!(seen.messages, [(1, b"last".to_vec())], "what it sent before it went arrives first");
+        let (rank, why) = &seen.lost[0];
+        let named = if finalized { why.contains("has finished") } else { why.contains("without finalizing") };
+        assert!(*rank == 1 && why.contains("rank 1") && named, "finalized {finalized}: {why}");
+    }
+}
