@@ -493,7 +493,7 @@ impl ScifChannel {
         let tx = link.tx.as_ref().expect("a ready link maps the peer's ring");
         let pos = (link.tail % link.tx_cap) as usize;
         assert!(pos + bytes.len() <= link.tx_cap as usize, "forged bytes pass the ring's end");
-        tx.write(page_size() + pos, bytes).map_err(|e| transport_error(e))?;
+        tx.write(page_size() + pos, bytes).map_err(transport_error)?;
         link.tail = link.tail.wrapping_add(advance);
         Link::word(tx.as_ptr(), TAIL).store(link.tail, Ordering::Release);
         Ok(())
