@@ -47,7 +47,7 @@ pub use polyrail_core::{
 };
 pub use polyrail_pmi::Bootstrap;
 pub use polyrail_runtime::topology::DeviceLocality;
-pub use polyrail_runtime::{ChannelReport, JobReport, PeerReport};
+pub use polyrail_runtime::{domain_name, ChannelReport, JobReport, PeerReport};
 pub use scope::{Scope, ScopedRequest};
 pub use space::{InSpace, Space};
 
@@ -57,10 +57,14 @@ pub use space::{InSpace, Space};
 pub struct ReadmeExamples;
 
 /// The channels this build registers, in the order of their channel ids: `self`, `shm` and
-/// `cma` always, `ib` with the `ib` feature (on by default).
+/// `cma` always, `scif` with the `scif` feature and `ib` with the `ib` feature (both on by
+/// default). `scif` comes before `ib`: between the host and a device of one node, where both
+/// reach, the first with active messages carries them.
 pub fn channels() -> Vec<&'static dyn polyrail_core::ChannelFactory> {
     let mut list: Vec<&'static dyn polyrail_core::ChannelFactory> =
         vec![&polyrail_shm::LoopbackFactory, &polyrail_shm::ShmFactory, &polyrail_shm::CmaFactory];
+    #[cfg(feature = "scif")]
+    list.push(&polyrail_scif::ScifFactory);
     #[cfg(feature = "ib")]
     list.push(&polyrail_ib::IbFactory);
     list

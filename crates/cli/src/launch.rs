@@ -21,8 +21,9 @@
 //! SIGKILL after the grace period (a second signal kills at once); so is SIGQUIT. SIGTSTP
 //! (Ctrl-Z) stops the ranks and then the launcher; continued, it continues them (the time
 //! stopped does not count against `--timeout`). The job's shared-memory segments are memory
-//! files of its ranks: they go with the ranks, and the launcher removes no file (a name in
-//! `/dev/shm` that looks like a job's may be anyone's).
+//! files of its ranks: they go with the ranks, and the launcher removes no file in `/dev/shm` (a
+//! name there that looks like a job's may be anyone's). At the end it removes the software SCIF
+//! provider's job directories that belong to its user (private directories, checked by owner).
 //!
 //! Between events the launcher sleeps in `poll(2)` on descriptors that something happening makes
 //! readable: the PMI server's event notices, a pipe its signal handler writes, a pidfd per
@@ -75,6 +76,10 @@ pub struct LaunchOptions {
     /// Virtual node of each rank (`POLYRAIL_NODE`), or none: every rank on this machine's node.
     /// Ranks on different nodes never use node-local channels. See [`nodes_from_counts`].
     pub nodes: Option<Vec<u32>>,
+    /// Memory domain of each rank within its node (`POLYRAIL_DOMAIN`: 0 the host, k device k)
+    /// and how many domains its node has (`POLYRAIL_SCIF_NODES`), or none: every rank on the
+    /// host. See [`Layout`].
+    pub domains: Option<Vec<(u16, u16)>>,
     /// Start every line of the ranks' output with `[rank] ` (`polyrail run --label`).
     pub label: bool,
     /// Stop the job once it has run this long (`polyrail run --timeout`): SIGTERM to every rank,
@@ -117,6 +122,78 @@ pub fn nodes_from_counts(ranks: u32, counts: &[u32]) -> Result<Vec<u32>> {
     Ok(counts.iter().enumerate().flat_map(|(node, &c)| std::iter::repeat_n(node as u32, c as usize)).collect())
 }
 
+/// Where `polyrail run --layout` puts each rank: its virtual node, and within the node its
+/// memory domain (the host, or device k) with the node's number of domains.
+///
+/// The syntax is one entry per node, separated by commas; an entry is the ranks of each domain
+/// of the node separated by `+`, the host's first, then device 1's, device 2's and so on:
+/// `2,2` is two nodes of two host ranks, `1+2,1+2` two nodes each with one rank on the host
+/// and two on device 1, `1+1+1` one node with a rank on the host and on each of two devices.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Node of each rank.
+    pub nodes: Vec<u32>,
+    /// Domain of each rank and how many domains its node has.
+    pub domains: Vec<(u16, u16)>,
+}
+
+impl Layout {
+    /// Most domains of a node: the host and 255 devices.
+    pub const MAX_DOMAINS: usize = 256;
+
+    /// Reads `spec` for a job of `ranks` ranks; errors name the entry at fault and the syntax.
+    pub fn parse(ranks: u32, spec: &str) -> Result<Layout> {
+        check_ranks(ranks)?;
+        let syntax = "one entry per node separated by commas, each the ranks of the host and of devices 1, 2, ... \
+                      separated by '+', e.g. --layout 1+2,1+2";
+        let bad = |what: String| Error::InvalidArgument(format!("--layout {spec:?}: {what} ({syntax})"));
+        let (mut nodes, mut domains) = (Vec::new(), Vec::new());
+        let mut total: u64 = 0;
+        for (node, entry) in spec.split(',').enumerate() {
+            let entry = entry.trim();
+            if entry.is_empty() {
+                return Err(bad(format!("node {node} is empty")));
+            }
+            let counts: Vec<&str> = entry.split('+').map(str::trim).collect();
+            if counts.len() > Self::MAX_DOMAINS {
+                return Err(bad(format!(
+                    "node {node} ({entry}) has {} domains; at most {}",
+                    counts.len(),
+                    Self::MAX_DOMAINS
+                )));
+            }
+            let mut on_node = 0u64;
+            for (domain, count) in counts.iter().enumerate() {
+                let where_ = if domain == 0 { "its host".to_string() } else { format!("device {domain}") };
+                let n: u32 = count
+                    .parse()
+                    .map_err(|_| bad(format!("node {node} ({entry}): {count:?} for {where_} is not a whole number")))?;
+                on_node += u64::from(n);
+                total += u64::from(n);
+                if total > u64::from(ranks) {
+                    return Err(bad(format!("it places more than the {ranks} ranks of the job")));
+                }
+                for _ in 0..n {
+                    nodes.push(node as u32);
+                    domains.push((domain as u16, counts.len() as u16));
+                }
+            }
+            if on_node == 0 {
+                return Err(bad(format!("node {node} ({entry}) has no rank")));
+            }
+        }
+        if total != u64::from(ranks) {
+            return Err(bad(format!("it places {total} ranks, but the job has {ranks}")));
+        }
+        Ok(Layout { nodes, domains })
+    }
+
+    /// Whether some rank is on a device (else the layout is only virtual nodes).
+    pub fn has_devices(&self) -> bool {
+        self.domains.iter().any(|&(_, n)| n > 1)
+    }
+}
+
 /// Node of each of `ranks` ranks spread in blocks over `nodes` nodes (`--nodes 2`).
 pub fn nodes_in_blocks(ranks: u32, nodes: u32) -> Result<Vec<u32>> {
     check_ranks(ranks)?;
@@ -146,6 +223,7 @@ impl Default for LaunchOptions {
             env: Vec::new(),
             grace: Duration::from_secs(2),
             nodes: None,
+            domains: None,
             label: false,
             timeout: None,
             ranks_outlive_launcher: false,
@@ -188,6 +266,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
         Err(e) => {
             // The ranks started so far were killed; segments they made go with them.
             server.stop();
+            polyrail_scif::remove_job_dirs(&job);
             output::flush(|| RECEIVED.load(Ordering::Relaxed) != 0);
             return Err(e);
         }
@@ -199,6 +278,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32> {
     let code = run.exit_code();
     print_notices(&run.server); // of the server's last moments
     run.server.stop();
+    polyrail_scif::remove_job_dirs(&job);
     // What is still queued for the launcher's stdout and stderr goes out; a job stopped from
     // outside (a signal, its timeout) waits for a reader that does not read for a moment only,
     // and a signal now ends the wait.
@@ -428,6 +508,9 @@ fn spawn_rank(
         .env("PMI_JOBID", job);
     if let Some(node) = opts.nodes.as_ref().and_then(|n| n.get(rank as usize)) {
         cmd.env("POLYRAIL_NODE", node.to_string());
+    }
+    if let Some(&(domain, domains)) = opts.domains.as_ref().and_then(|d| d.get(rank as usize)) {
+        cmd.env("POLYRAIL_DOMAIN", domain.to_string()).env("POLYRAIL_SCIF_NODES", domains.to_string());
     }
     if rank != 0 {
         cmd.stdin(Stdio::null());
@@ -1059,6 +1142,8 @@ pub struct EmbeddedJob {
     bootstrap: Option<Box<dyn polyrail_pmi::Bootstrap>>,
     server: Option<PmiServer>,
     children: Vec<Child>,
+    /// The job id (naming the SCIF provider's job directories removed at the end).
+    job: String,
 }
 
 /// Starts ranks `1..opts.ranks` of `opts.program`; the caller is rank 0 (bound to the first
@@ -1096,7 +1181,7 @@ pub fn spawn_peers(opts: &LaunchOptions) -> Result<EmbeddedJob> {
     }
     drop(child_ends);
     let client = polyrail_pmi::Pmi1Client::from_stream(own, 0, opts.ranks)?;
-    Ok(EmbeddedJob { bootstrap: Some(Box::new(client)), server: Some(server), children })
+    Ok(EmbeddedJob { bootstrap: Some(Box::new(client)), server: Some(server), children, job })
 }
 
 impl EmbeddedJob {
@@ -1157,7 +1242,42 @@ impl Drop for EmbeddedJob {
             print_notices(&s);
             s.stop();
         }
+        polyrail_scif::remove_job_dirs(&self.job);
         let give_up_at = Instant::now() + OUTPUT_DRAIN;
         output::flush(|| Instant::now() >= give_up_at);
+    }
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use super::Layout;
+
+    #[test]
+    fn layouts_place_ranks_on_nodes_and_domains() {
+        let l = Layout::parse(4, "2,2").unwrap();
+        assert_eq!(l.nodes, [0, 0, 1, 1]);
+        assert!(!l.has_devices());
+        let l = Layout::parse(6, "1+2, 1+2").unwrap();
+        assert_eq!(l.nodes, [0, 0, 0, 1, 1, 1]);
+        assert_eq!(l.domains, [(0, 2), (1, 2), (1, 2), (0, 2), (1, 2), (1, 2)]);
+        let l = Layout::parse(2, "0+1+1").unwrap();
+        assert_eq!(l.domains, [(1, 3), (2, 3)]);
+    }
+
+    #[test]
+    fn malformed_layouts_are_named() {
+        for (ranks, spec, says) in [
+            (4, "2,,2", "node 1 is empty"),
+            (4, "2+x,2", "\"x\" for device 1 is not a whole number"),
+            (2, "0+0,2", "node 0 (0+0) has no rank"),
+            (4, "1+1", "places 2 ranks, but the job has 4"),
+            (2, "1+1+1", "more than the 2 ranks"),
+            (2, "-1,3", "\"-1\" for its host"),
+        ] {
+            let e = Layout::parse(ranks, spec).unwrap_err().to_string();
+            assert!(e.contains(says) && e.contains("--layout"), "{spec}: {e}");
+        }
+        let many = vec!["1"; 300].join("+");
+        assert!(Layout::parse(300, &many).unwrap_err().to_string().contains("at most 256"));
     }
 }

@@ -9,7 +9,7 @@
 use polyrail::{
     Cancel, Comm, CommKind, Context, Error, MappedHeap, Source, Space, TagMatch, TransportKind, ANY_SOURCE, ANY_TAG,
 };
-use polyrail_cli::launch::{launch, nodes_in_blocks, Bind, LaunchOptions};
+use polyrail_cli::launch::{launch, nodes_in_blocks, Bind, LaunchOptions, Layout};
 
 // The `heap` scenario's buffers come from memory files; every other scenario turns them off
 // (`rank_main`) and uses ordinary memory.
@@ -1139,7 +1139,19 @@ fn check_routes(ctx: &Context) {
         let remote = peer.class == polyrail::TopoClass::RemoteNode;
         use polyrail::Protocol::{Eager, RndvGet, RndvSplit, RndvStream};
         let (shm, cma, ib) = (TransportKind::new("shm"), TransportKind::new("cma"), TransportKind::new("ib"));
+        let scif = TransportKind::new("scif");
         match setting.as_str() {
+            // Host and devices: scif between the domains of a node, ib between nodes.
+            "devices" => {
+                let (mine, theirs) = (report.place, peer.place);
+                if mine.0 != theirs.0 {
+                    assert!(remote && kinds.iter().all(|&k| k == ib), "{what}");
+                } else if mine.1 != theirs.1 {
+                    assert!(kinds.iter().all(|&k| k == scif), "{what}");
+                } else {
+                    assert!(kinds.contains(&shm), "{what}");
+                }
+            }
             "auto" | "2 nodes" if !remote => {
                 assert!(kinds.contains(&shm) && kinds.contains(&cma), "{what}");
             }
@@ -1229,6 +1241,73 @@ fn job_bound(ranks: u32, nodes: u32, bind: Bind, scenario: &str, env: &[(&str, &
     launch(&opts).expect("launch")
 }
 
+/// Runs `scenario` with `ranks` ranks placed by `layout` (`polyrail run --layout`).
+fn job_layout(ranks: u32, layout: &str, scenario: &str, env: &[(&str, &str)]) -> i32 {
+    let exe = std::env::current_exe().expect("test executable");
+    let mut opts = LaunchOptions::new(ranks, exe);
+    opts.args = vec![scenario.into()];
+    opts.env = env.iter().map(|(k, v)| (k.into(), v.into())).collect();
+    opts.timeout = Some(JOB_TIMEOUT);
+    let layout = Layout::parse(ranks, layout).expect("layout");
+    opts.nodes = Some(layout.nodes);
+    opts.domains = Some(layout.domains);
+    launch(&opts).expect("launch")
+}
+
+/// Files of this process's jobs left in /dev/shm and the SCIF provider's directories.
+fn leftovers() -> Vec<String> {
+    let uid = user_id();
+    let tag = format!("pr{}", std::process::id());
+    let mut left = Vec::new();
+    for (dir, prefix) in [("/dev/shm", format!("polyrail-{uid}-{tag}")), ("/tmp", format!("polyrail-scif.{uid}.{tag}"))]
+    {
+        let base = if dir == "/tmp" { std::env::var("XDG_RUNTIME_DIR").ok().filter(|d| !d.is_empty()) } else { None };
+        for d in [Some(dir.to_string()), base].into_iter().flatten() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with(&prefix) {
+                    left.push(format!("{d}/{name}"));
+                }
+            }
+        }
+    }
+    left
+}
+
+/// This process's user id (from /proc, no libc call).
+fn user_id() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|l| l.split_whitespace().next()).unwrap_or("0").into()
+}
+
+/// Host and device ranks (`--layout 1+2,1+2`): the message scenarios with scif between the
+/// host and the devices of a node, ib between nodes, shm and cma within a device; then a killed
+/// device rank, which every survivor must name within a second, leaving no files.
+fn devices_section(check: &mut impl FnMut(String, bool)) {
+    for scenario in ["sizes", "order", "wildcard", "truncate", "registered"] {
+        let t = Instant::now();
+        let code = job_layout(6, "1+2,1+2", scenario, &[("JOBTEST_CHANNELS", "devices")]);
+        check(format!("{scenario} -n 6 --layout 1+2,1+2 ({:.1} s)", t.elapsed().as_secs_f64()), code == 0);
+    }
+    for how in ["kill", "exit"] {
+        let out = std::env::temp_dir().join(format!("polyrail-jobtest-{}-device-{how}", std::process::id()));
+        let out_s = out.to_string_lossy().into_owned();
+        // Rank 1 is the device rank of node 0; rank 0 its host (scif), ranks 2 and 3 on node 1 (ib).
+        let code = job_layout(4, "1+1,1+1", how, &[("JOBTEST_OUT", &out_s)]);
+        check(format!("device {how} -n 4 --layout 1+1,1+1: job status {code} is a failure"), code != 0);
+        for r in [0, 2, 3] {
+            let f = format!("{out_s}.{r}");
+            let seen = std::fs::read_to_string(&f).unwrap_or_else(|_| "no report".into());
+            let _ = std::fs::remove_file(&f);
+            let ms: Option<u64> = seen.strip_prefix("lost-detected ").and_then(|s| s.split(' ').next()?.parse().ok());
+            let named = seen.contains("rank 1");
+            check(format!("device {how}: rank {r} saw `{seen}`"), named && ms.is_some_and(|ms| ms < 1000));
+        }
+        let left = leftovers();
+        check(format!("device {how}: files left: {left:?}"), left.is_empty());
+    }
+}
+
 fn job(ranks: u32, scenario: &str, env: &[(&str, &str)]) -> i32 {
     job_on(ranks, 1, scenario, env)
 }
@@ -1305,6 +1384,10 @@ fn main() {
             failures.push(what);
         }
     };
+    devices_section(&mut check);
+    if std::env::var("JOBTEST_ONLY").is_ok_and(|v| v == "devices") {
+        return report(failures);
+    }
     for &ranks in &[2u32, 4, 8] {
         for (name, nodes, env) in CHANNELS {
             for scenario in
@@ -1419,6 +1502,11 @@ fn main() {
     check(format!("shrink -n 2: job status {code}"), code == 0);
     // (Segments have no name in /dev/shm: `shm-names` checks that while the job runs, and
     // `orphans_check` after a job whose launcher was killed.)
+    report(failures);
+}
+
+/// Ends the test: fails naming every failed job.
+fn report(failures: Vec<String>) {
     if !failures.is_empty() {
         eprintln!("{} job test(s) failed: {failures:#?}", failures.len());
         std::process::exit(1);

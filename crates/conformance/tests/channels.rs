@@ -1,12 +1,15 @@
 //! The conformance suite instantiated for every channel of this version: `shm` (two endpoints of
 //! a job of three, rank 2 never added), `cma` and `self` (one endpoint talking to itself), and
 //! `ib` over the software provider (two endpoints on different virtual nodes), by default and
-//! with small rings and compact packets.
+//! with small rings and compact packets; `scif` between the host and a device of one node (two
+//! endpoints over the software SCIF provider), by default and with the smallest rings.
 
 use polyrail_conformance::{maker, run_suite, CountingAllocator, Pair};
 use polyrail_core::{Config, PeerInfo, Rank};
 use polyrail_ib::IbSettings;
 use polyrail_ib::{DirectIb, SoftProvider};
+use polyrail_scif::settings::ScifSettings;
+use polyrail_scif::{Fabric, FabricConfig, ScifChannel};
 use polyrail_shm::{CmaTransport, Loopback, ShmTransport};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -19,7 +22,7 @@ const HOST: &str = "conformance-host";
 
 /// Rank `rank` of this process, on virtual node `node`.
 fn info(rank: Rank, node: u32) -> PeerInfo {
-    PeerInfo { rank, pid: std::process::id(), host: HOST.into(), node, cpus: vec![], own_cpus: true }
+    PeerInfo { rank, pid: std::process::id(), host: HOST.into(), node, cpus: vec![], own_cpus: true, domain: 0 }
 }
 
 /// A job id unique to this process and call.
@@ -79,4 +82,30 @@ fn ib_with_small_rings_and_compact_packets_passes_the_suite() {
     let ib = maker("ib (soft, 8 credits, compact)", || ib_pair(|| SoftProvider::with_mtu(1024), &settings));
     let report = run_suite(&ib);
     assert!(report.skipped.is_some() || report.ran("am_headers_arrive_as_sent"), "{report}");
+}
+
+/// Rank 0 on the host and rank 1 on device 1 of node 0, in a job of three.
+fn scif_pair(settings: &ScifSettings) -> Result<Pair, String> {
+    let job = job();
+    let start = |rank: Rank, node: u16| {
+        let fabric = Fabric::new(FabricConfig::new(std::env::temp_dir(), &job, node, 2))
+            .map_err(|e| format!("soft-scif: {e}"))?;
+        ScifChannel::new(fabric, settings, rank, 3).map_err(|e| format!("scif: {e}"))
+    };
+    let on = |rank, domain| PeerInfo { domain, ..info(rank, 0) };
+    Pair::connect(start(0, 0)?, on(0, 0), start(1, 1)?, on(1, 1))
+}
+
+#[test]
+fn scif_between_host_and_device_passes_the_suite() {
+    let report = run_suite(&maker("scif", || scif_pair(&ScifSettings::default())));
+    assert!(report.skipped.is_some() || report.ran("rma_registered_memory") && report.ran("am_both_ways"), "{report}");
+}
+
+/// Rings of 64 KiB: the ring wraps and fills all the time.
+#[test]
+fn scif_with_small_rings_passes_the_suite() {
+    let settings = ScifSettings { ring: 64 << 10, ..ScifSettings::default() };
+    let report = run_suite(&maker("scif (64 KiB rings)", || scif_pair(&settings)));
+    assert!(report.skipped.is_some() || report.ran("am_every_size_in_order"), "{report}");
 }

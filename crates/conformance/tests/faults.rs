@@ -197,8 +197,15 @@ impl Wakeup for Faulty {
 }
 
 fn faulty(fault: Fault) -> FnMaker<impl Fn() -> Result<Pair, String>> {
-    let info =
-        PeerInfo { rank: RANK, pid: std::process::id(), host: "h".into(), node: 0, cpus: vec![], own_cpus: true };
+    let info = PeerInfo {
+        rank: RANK,
+        pid: std::process::id(),
+        host: "h".into(),
+        node: 0,
+        cpus: vec![],
+        own_cpus: true,
+        domain: 0,
+    };
     let make =
         move || Pair::loopback(Faulty::new(fault), info.clone()).map(|p| p.with_patience(Duration::from_millis(300)));
     maker(format!("self with fault {fault:?}"), make)

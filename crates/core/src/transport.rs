@@ -72,6 +72,10 @@ impl Caps {
     /// to the peer run ([`Observe::CopiesSlow`]): routes over it may change with the placement
     /// of the peer's core ([`crate::policy::PlacementRule`]).
     pub const PLACEMENT: Caps = Caps(512);
+    /// Reaches only processes of its own memory domain of its node (the host, or one device):
+    /// not offered for a peer in another domain ([`PeerInfo::domain`]), whatever `add_peer`
+    /// would say.
+    pub const DOMAIN_LOCAL: Caps = Caps(1024);
 
     /// No capability.
     pub const fn empty() -> Caps {
@@ -169,6 +173,9 @@ pub struct PeerInfo {
     /// than it has CPUs, ranks share CPUs, their caches and their time: a channel that reads
     /// from timings how near the peer's core is, or how fast its copies run, stops trusting them.
     pub own_cpus: bool,
+    /// Memory domain of the peer within its node: 0 the host, k device k (libscif's node
+    /// numbering; `POLYRAIL_DOMAIN`).
+    pub domain: u16,
 }
 
 /// Identity of this machine as `hostname/boot-id`, which [`PeerInfo::host`] holds.

@@ -35,6 +35,8 @@ pub struct PeerReport {
     pub reach: Vec<(TransportKind, Reach)>,
     /// The route table (with channel names resolved), if any channel reaches the peer.
     pub route: Option<PeerRoute>,
+    /// Its virtual node and its memory domain there (0 the host, k device k).
+    pub place: (u32, u16),
 }
 
 /// Everything the job learned while starting, for `polyrail info` and logs.
@@ -52,6 +54,8 @@ pub struct JobReport {
     pub channel_kinds: Vec<TransportKind>,
     /// Peers (including this rank itself).
     pub peers: Vec<PeerReport>,
+    /// This process's virtual node and memory domain (0 the host, k device k).
+    pub place: (u32, u16),
 }
 
 impl JobReport {
@@ -106,27 +110,37 @@ fn warn_once(rank: Rank, what: &str, peers: &[(Rank, String)]) {
     }
 }
 
-/// A process's description as published: pid, node, host, CPUs and the channels it started
-/// (whose addresses it published).
+/// A process's description as published: pid, node, domain, host, CPUs and the channels it
+/// started (whose addresses it published).
 fn info_value(info: &PeerInfo, channels: &[&str]) -> String {
     let cpus: Vec<String> = info.cpus.iter().map(|c| c.to_string()).collect();
-    let (pid, node, host) = (info.pid, info.node, encode_hex(info.host.as_bytes()));
-    format!("{pid}.{node}.{host}.{}.{}", cpus.join("_"), channels.join("+"))
+    let (pid, node, domain, host) = (info.pid, info.node, info.domain, encode_hex(info.host.as_bytes()));
+    format!("{pid}.{node}.{domain}.{host}.{}.{}", cpus.join("_"), channels.join("+"))
+}
+
+/// A memory domain as reports name it: "the host" or "device k".
+pub fn domain_name(domain: u16) -> String {
+    if domain == 0 {
+        "the host".into()
+    } else {
+        format!("device {domain}")
+    }
 }
 
 /// Reads [`info_value`]'s description of rank `rank`, and the names of the channels it started.
 fn parse_info(rank: Rank, v: &str) -> Result<(PeerInfo, Vec<String>)> {
     let bad = || Error::Bootstrap(format!("rank {rank} published a malformed process description {v:?}"));
-    let mut it = v.splitn(5, '.');
+    let mut it = v.splitn(6, '.');
     let pid = it.next().and_then(|s| s.parse().ok()).ok_or_else(bad)?;
     let node = it.next().and_then(|s| s.parse().ok()).ok_or_else(bad)?;
+    let domain = it.next().and_then(|s| s.parse().ok()).ok_or_else(bad)?;
     let host = it.next().and_then(decode_hex).and_then(|b| String::from_utf8(b).ok()).ok_or_else(bad)?;
     let cpus = match it.next() {
         Some("") | None => Vec::new(),
         Some(s) => s.split('_').map(|c| c.parse().map_err(|_| bad())).collect::<Result<_>>()?,
     };
     let channels = it.next().ok_or_else(bad)?.split('+').filter(|c| !c.is_empty()).map(str::to_owned).collect();
-    Ok((PeerInfo { rank, pid, host, node, cpus, own_cpus: true }, channels))
+    Ok((PeerInfo { rank, pid, host, node, cpus, own_cpus: true, domain }, channels))
 }
 
 /// Puts a value of any length: one longer than the process manager takes (the ib address grows
@@ -255,6 +269,7 @@ impl Job {
             node,
             cpus: binding.clone(),
             own_cpus: true,
+            domain: config.domain,
         };
         let (mut channels, channel_reports) = start_channels(factories, &config, &job_id, rank, size);
 
@@ -311,6 +326,11 @@ impl Job {
                     ));
                     continue;
                 }
+                if r != rank && info.domain != me.domain && ch.attr().caps.contains(Caps::DOMAIN_LOCAL) {
+                    let (theirs, mine) = (domain_name(info.domain), domain_name(me.domain));
+                    reach.push((kind, Reach::No(format!("rank {r} is on {theirs} of its node, this rank on {mine}"))));
+                    continue;
+                }
                 if !theirs.iter().any(|c| c == kind.name()) {
                     // Its POLYRAIL_TRANSPORTS denies the channel, or it failed to start there.
                     reach.push((kind, Reach::No(format!("rank {r} did not start {kind} (see its log or settings)"))));
@@ -355,6 +375,7 @@ impl Job {
                         if caps.contains(Caps::GET | Caps::NODE_LOCAL)
                             && !caps.contains(Caps::AM)
                             && info.node == me.node
+                            && info.domain == me.domain
                         {
                             // One line for all such peers, after the loop: a channel that
                             // fails in every rank would otherwise warn N² times.
@@ -429,7 +450,7 @@ impl Job {
                     engine.set_route(r, Err(why));
                 }
             }
-            peers.push(PeerReport { rank: r, class, reach, route });
+            peers.push(PeerReport { rank: r, class, reach, route, place: (info.node, info.domain) });
         }
         warn_once(rank, "no channel carries messages to", &unreachable);
         warn_once(rank, "large messages go through pipelined send cells to", &no_copies);
@@ -447,6 +468,7 @@ impl Job {
             channels: channel_reports,
             channel_kinds,
             peers,
+            place: (me.node, me.domain),
         };
         let mut driver = Driver::new(engine, channels, reaching, config.wait, config.poll);
         driver.watch_manager(boot.hangup_watch());
@@ -553,8 +575,15 @@ mod tests {
         assert_eq!(get_long(&mut b, "pa0.ib").unwrap(), long);
         assert_eq!(get_long(&mut b, "pa0.shm").unwrap(), "abcd");
         // A process description too: an unbound rank's CPU list on a large node.
-        let me =
-            PeerInfo { rank: 0, pid: 42, host: "node-17".into(), node: 0, cpus: (0..256).collect(), own_cpus: true };
+        let me = PeerInfo {
+            rank: 0,
+            pid: 42,
+            host: "node-17".into(),
+            node: 0,
+            cpus: (0..256).collect(),
+            own_cpus: true,
+            domain: 3,
+        };
         put_long(&mut b, "pi0", &info_value(&me, &["self", "shm"])).unwrap();
         let (info, channels) = parse_info(0, &get_long(&mut b, "pi0").unwrap()).unwrap();
         assert_eq!((info.cpus, channels), (me.cpus, vec!["self".to_string(), "shm".to_string()]));

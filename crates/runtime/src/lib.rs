@@ -20,4 +20,4 @@ pub mod log;
 pub mod topology;
 
 pub use driver::{Driver, ParkedEnd};
-pub use job::{check_settings, ChannelReport, Job, JobReport, PeerReport, MAX_RANKS};
+pub use job::{check_settings, domain_name, ChannelReport, Job, JobReport, PeerReport, MAX_RANKS};

@@ -221,6 +221,29 @@ impl Fabric {
     }
 }
 
+/// Removes what the software provider left of job `job` (endpoint sockets and port locks of
+/// processes that died without sweeping): a launcher calls it once the job's processes are
+/// gone. Looks under `POLYRAIL_SCIF_DIR`, `$XDG_RUNTIME_DIR` and `/tmp`, at this user's
+/// directories only.
+pub fn remove_job_dirs(job: &str) {
+    let uid = rustix::process::getuid().as_raw();
+    let prefix = format!("polyrail-scif.{uid}.{}.", job_component(job));
+    let bases = ["POLYRAIL_SCIF_DIR", "XDG_RUNTIME_DIR"]
+        .iter()
+        .filter_map(|v| std::env::var_os(v).filter(|p| !p.is_empty()).map(PathBuf::from))
+        .chain([PathBuf::from("/tmp")]);
+    for base in bases {
+        let Ok(entries) = std::fs::read_dir(&base) else { continue };
+        for e in entries.flatten() {
+            let named = e.file_name().to_str().is_some_and(|n| n.starts_with(&prefix));
+            let ours = e.metadata().is_ok_and(|m| m.is_dir() && m.uid() == uid);
+            if named && ours {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+}
+
 fn make_private_dir(dir: &Path, uid: u32) -> Result<()> {
     match DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => Ok(()),

@@ -13,12 +13,18 @@
 //! is reported ([`DmaStats`]), RMAs complete later and, in [`DmaMode::Reverse`], out of order on
 //! purpose; a [`Pacer`] decides when a transfer completes (the link model's hook).
 //!
+//! The `scif` channel ([`ScifChannel`], started by [`ScifFactory`]) is polyrail's transport
+//! between the host and the devices of a node on this API: eager messages through rings in
+//! peer-mapped windows, one-sided `get`/`put` by the provider's DMA engine. Its variables and
+//! the provider's are [`settings::VARS`].
+//!
 //! Records a peer sends (windows, offsets, files, counters) are checked before use: a forged
 //! window is refused ([`Endpoint::refusals`]), and no RMA reads or writes outside a window.
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod channel;
 mod conn;
 mod dma;
 mod endpoint;
@@ -26,12 +32,14 @@ mod error;
 mod fabric;
 mod flags;
 mod memory;
+pub mod settings;
 mod window;
 mod wire;
 
+pub use channel::{ScifChannel, ScifFactory, SCIF};
 pub use dma::{DmaMode, DmaStats, Pacer, Transfer, Unpaced};
 pub use endpoint::{poll, Endpoint, Mark, PeerMap, PollEp};
 pub use error::{Result, ScifError};
-pub use fabric::{Fabric, FabricConfig, EPHEMERAL_PORT_FIRST, PRIVILEGED_PORT_LIMIT, PROVIDER};
+pub use fabric::{remove_job_dirs, Fabric, FabricConfig, EPHEMERAL_PORT_FIRST, PRIVILEGED_PORT_LIMIT, PROVIDER};
 pub use flags::{AcceptFlags, FenceFlags, MapFlags, MsgFlags, PollEvents, PortId, Prot, RmaFlags};
 pub use memory::{page_size, Memory};

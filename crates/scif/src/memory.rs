@@ -45,6 +45,24 @@ impl Memory {
         Ok(Memory(Arc::new(MemInner { map, file })))
     }
 
+    /// Maps all of `file`, a memory file sealed against shrinking whose size is whole pages
+    /// (a [`polyrail_core::AnonMemory::shared`] region's file): windows of it share its pages with
+    /// every other mapping of the file, so the owner keeps working on its memory in place.
+    /// `EINVAL` for a file that is not such a memory file.
+    pub fn from_file(file: OwnedFd) -> Result<Memory> {
+        let size = rustix::fs::fstat(&file).map_err(|e| ScifError::os("fstat of a memory file", e))?.st_size as u64;
+        let len = usize::try_from(size).map_err(|_| ScifError::Einval(format!("a {size}-byte memory file")))?;
+        if len == 0 || len % page_size() != 0 {
+            return Err(ScifError::Einval(format!("a memory file of {len} bytes is not whole pages")));
+        }
+        check_peer_file(file.as_fd(), 0, size).map_err(ScifError::Einval)?;
+        let map = MmapOptions::new()
+            .len(len)
+            .map_raw(&file)
+            .map_err(|e| ScifError::os(format_args!("mapping {len} bytes of a memory file"), e))?;
+        Ok(Memory(Arc::new(MemInner { map, file })))
+    }
+
     /// Start of the memory. Other threads, the DMA engine and peers may access it concurrently:
     /// whoever shares an address synchronizes (a fence, a signal, a message).
     pub fn as_ptr(&self) -> *mut u8 {

@@ -53,7 +53,7 @@ fn unhex(s: &str) -> Vec<u8> {
 }
 
 fn peer(rank: Rank, pid: u32) -> PeerInfo {
-    PeerInfo { rank, pid, host: "pingpong".into(), node: 0, cpus: vec![], own_cpus: true }
+    PeerInfo { rank, pid, host: "pingpong".into(), node: 0, cpus: vec![], own_cpus: true, domain: 0 }
 }
 
 fn send(t: &mut ShmTransport, to: Rank, hdr: &Header, payload: &[u8], sink: &mut Count) {

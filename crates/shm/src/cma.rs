@@ -175,7 +175,12 @@ impl CmaTransport {
             max_inline: 0,
             max_eager: 0,
             max_rma: isize::MAX as usize,
-            caps: Caps::GET | Caps::PUT | Caps::RMA_INLINE_COMPLETION | Caps::NODE_LOCAL | Caps::CPU_COPY,
+            caps: Caps::GET
+                | Caps::PUT
+                | Caps::RMA_INLINE_COMPLETION
+                | Caps::NODE_LOCAL
+                | Caps::DOMAIN_LOCAL
+                | Caps::CPU_COPY,
             am_cost: Cost { latency_ns: f64::INFINITY, overhead_ns: 0.0, bandwidth: 1.0 },
             rma_cost: Cost { latency_ns: RMA_LATENCY_NS, overhead_ns: RMA_OVERHEAD_NS, bandwidth: RMA_BANDWIDTH },
             split_from: Some(SPLIT_FROM),

@@ -230,7 +230,7 @@ impl ShmTransport {
             max_inline: geo.inline_max(),
             max_eager: layout.cell_size as usize,
             max_rma: 0,
-            caps: Caps::AM | Caps::WAKEUP | Caps::NODE_LOCAL | Caps::PLACEMENT,
+            caps: Caps::AM | Caps::WAKEUP | Caps::NODE_LOCAL | Caps::DOMAIN_LOCAL | Caps::PLACEMENT,
             am_cost: Cost { latency_ns: AM_LATENCY_NS, overhead_ns: AM_OVERHEAD_NS, bandwidth: AM_BANDWIDTH },
             rma_cost: Cost { latency_ns: f64::INFINITY, overhead_ns: 0.0, bandwidth: 1.0 },
             split_from: None,

@@ -383,6 +383,10 @@ pub struct Config {
     /// `POLYRAIL_NODE`: the virtual node this process is on, set by `polyrail run --layout`.
     /// Processes on different nodes never use node-local channels. Default: unset (node 0).
     pub node: Option<u32>,
+    /// `POLYRAIL_DOMAIN`: the memory domain of this process within its node, 0 the host and k
+    /// device k, set by `polyrail run --layout`. Domain-local channels ([`crate::Caps::DOMAIN_LOCAL`])
+    /// do not cross domains. Default 0.
+    pub domain: u16,
     /// `POLYRAIL_*` variables no variable of this table is: the channels' own, which the channel
     /// crates that declare them parse ([`crate::ChannelFactory::check_settings`]). In the order
     /// given; a name set again replaces its value.
@@ -408,6 +412,7 @@ impl Default for Config {
             skew: Some(SkewPolicy { limit: 0, window: 8, eager_up_to: 64 << 10 }),
             poll: PollPolicy::Dynamic(8),
             node: None,
+            domain: 0,
             others: Vec::new(),
         }
     }

@@ -345,6 +345,17 @@ pub static VARS: &[Var] = &[
         },
         apply: |c, v| set(&mut c.node, v.text.parse().map(Some).map_err(|_| v.bad("a node number from 0"))),
     },
+    Var {
+        info: VarInfo {
+            name: "POLYRAIL_DOMAIN",
+            default: "0",
+            doc:
+                "memory domain of this process within its node: 0 the host, k device k (set by `polyrail run --layout`)",
+        },
+        apply: |c, v| {
+            set(&mut c.domain, v.text.parse().map_err(|_| v.bad("a domain number from 0 (the host) to 65535")))
+        },
+    },
 ];
 
 /// A variable's effective value in one process, for `polyrail info --config` (as `ucx_info -c`).

@@ -35,7 +35,7 @@ impl Sink for Recorder {
 
 /// A peer of this process, on virtual node `rank`.
 pub fn info(rank: Rank) -> PeerInfo {
-    PeerInfo { rank, pid: std::process::id(), host: "h".into(), node: rank, cpus: vec![], own_cpus: true }
+    PeerInfo { rank, pid: std::process::id(), host: "h".into(), node: rank, cpus: vec![], own_cpus: true, domain: 0 }
 }
 
 /// Ranks 0 and 1 of a 2-rank job, connected to each other.

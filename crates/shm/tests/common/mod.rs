@@ -41,7 +41,7 @@ pub const HOST: &str = "test-host";
 
 /// A peer description on [`HOST`] with this process's pid.
 pub fn peer(rank: Rank) -> PeerInfo {
-    PeerInfo { rank, pid: std::process::id(), host: HOST.into(), node: 0, cpus: vec![], own_cpus: true }
+    PeerInfo { rank, pid: std::process::id(), host: HOST.into(), node: 0, cpus: vec![], own_cpus: true, domain: 0 }
 }
 
 /// A job id unique to this process and call (only characters segment names keep).

@@ -38,11 +38,16 @@ enum Cmd {
         /// Seconds the other ranks get to exit once one died.
         #[arg(long, default_value_t = 2.0)]
         grace: f64,
-        /// Place ranks on virtual nodes: ranks per node, e.g. `2,2`. Ranks on different nodes
-        /// talk over the ib channel only (the software RDMA provider when there is no RDMA
-        /// device); each rank learns its node from POLYRAIL_NODE.
-        #[arg(long, value_delimiter = ',', conflicts_with = "nodes", value_parser = ranks_on_a_node)]
-        layout: Option<Vec<u32>>,
+        /// Place ranks on virtual nodes and, within a node, on its host or its devices: one
+        /// entry per node separated by commas, each the ranks of the host and of devices 1, 2,
+        /// ... separated by `+`. `2,2`: two nodes of two host ranks; `1+2,1+2`: two nodes, each
+        /// with one rank on the host and two on device 1; `1+1+1`: a host rank and one on each
+        /// of two devices. Ranks of one domain talk over shm/cma, the host and a device of one
+        /// node over scif (the software SCIF provider, an emulation), different nodes over ib
+        /// (the software RDMA provider when there is no RDMA device). Each rank learns its
+        /// place from POLYRAIL_NODE and POLYRAIL_DOMAIN (0 the host, k device k).
+        #[arg(long, conflicts_with = "nodes", value_name = "H[+D1+D2...],...")]
+        layout: Option<String>,
         /// Spread the ranks in blocks over this many virtual nodes (see --layout).
         #[arg(long)]
         nodes: Option<u32>,
@@ -114,11 +119,6 @@ fn variables_help() -> String {
     s
 }
 
-/// One count of `--layout`.
-fn ranks_on_a_node(v: &str) -> Result<u32, String> {
-    v.parse().map_err(|_| "give ranks per node as whole numbers, e.g. --layout 2,2".to_string())
-}
-
 fn main() {
     let cli = Cli::parse();
     let code = match run(cli) {
@@ -151,8 +151,14 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             opts.label = label;
             opts.ranks_outlive_launcher = ranks_outlive_launcher;
             opts.timeout = timeout.map(Duration::from_secs_f64);
-            opts.nodes = match (layout, nodes) {
-                (Some(counts), _) => Some(polyrail_cli::launch::nodes_from_counts(ranks, &counts)?),
+            opts.nodes = match (&layout, nodes) {
+                (Some(spec), _) => {
+                    let layout = polyrail_cli::launch::Layout::parse(ranks, spec)?;
+                    if layout.has_devices() {
+                        opts.domains = Some(layout.domains);
+                    }
+                    Some(layout.nodes)
+                }
                 (None, Some(k)) => Some(polyrail_cli::launch::nodes_in_blocks(ranks, k)?),
                 (None, None) => None,
             };
@@ -225,6 +231,8 @@ fn format_report(ctx: &Context) -> String {
     );
     let _ = writeln!(s, "topology: {}", r.topology);
     let _ = writeln!(s, "binding:  cpus {:?}", r.binding);
+    let place = |(node, domain): (u32, u16)| format!("node {node}, {}", polyrail::domain_name(domain));
+    let _ = writeln!(s, "place:    {} (POLYRAIL_NODE, POLYRAIL_DOMAIN)", place(r.place));
     if r.devices.is_empty() {
         let _ = writeln!(s, "devices:  no RDMA device");
     }
@@ -236,7 +244,7 @@ fn format_report(ctx: &Context) -> String {
         let _ = writeln!(s, "  {:<6} {:<10} {}", c.kind.name(), c.status, c.detail);
     }
     for p in &r.peers {
-        let _ = writeln!(s, "peer {} ({}):", p.rank, p.class);
+        let _ = writeln!(s, "peer {} ({}; {}):", p.rank, p.class, place(p.place));
         for (kind, reach) in &p.reach {
             match reach {
                 Reach::Yes(why) => {

@@ -1,0 +1,149 @@
+//! The `scif` channel against a faulty peer: forged ring positions, frames and keys are
+//! refused with an error naming the peer, and nothing is read or written outside the ring or a
+//! window. (The conformance suite runs every regular case over it.)
+
+use polyrail_core::{Error, Header, Issued, OneSided, PeerInfo, Rank, Reach, RegionMut, RemoteKey, Sink, Transport};
+use polyrail_scif::settings::ScifSettings;
+use polyrail_scif::{Fabric, FabricConfig, ScifChannel};
+use std::time::{Duration, Instant};
+
+#[derive(Default)]
+struct Seen {
+    messages: Vec<(Rank, Vec<u8>)>,
+    lost: Vec<(Rank, String)>,
+}
+
+impl Sink for Seen {
+    fn message(&mut self, from: Rank, _hdr: &Header, payload: &[u8]) {
+        self.messages.push((from, payload.to_vec()));
+    }
+    fn completed(&mut self, _op: u64, _result: polyrail_core::Result<()>) {}
+    fn peer_lost(&mut self, peer: Rank, why: Error) {
+        self.lost.push((peer, why.to_string()));
+    }
+}
+
+fn info(rank: Rank, domain: u16) -> PeerInfo {
+    PeerInfo { rank, pid: std::process::id(), host: "h".into(), node: 0, cpus: vec![], own_cpus: true, domain }
+}
+
+/// Rank 0 on the host, rank 1 on device 1, connected, with one message each way delivered.
+fn pair(dir: &std::path::Path) -> (ScifChannel, ScifChannel) {
+    let open = |rank: Rank, node: u16| {
+        let f = Fabric::new(FabricConfig::new(dir, "forge", node, 2)).unwrap();
+        ScifChannel::new(f, &ScifSettings::default(), rank, 2).unwrap()
+    };
+    let (mut a, mut b) = (open(0, 0), open(1, 1));
+    let (aa, ba) = (a.address(), b.address());
+    assert!(matches!(a.add_peer(&info(1, 1), &ba), Reach::Yes(_)));
+    assert!(matches!(b.add_peer(&info(0, 0), &aa), Reach::Yes(_)));
+    exchange(&mut a, &mut b, 1);
+    exchange(&mut b, &mut a, 0);
+    (a, b)
+}
+
+/// One message from `from` to `to` (rank `peer`), delivered.
+fn exchange(from: &mut ScifChannel, to: &mut ScifChannel, peer: Rank) {
+    let hdr = Header::eager(0, 1, 0, 3);
+    {
+        let start = Instant::now();
+        while from.try_send(peer, &hdr, b"abc").unwrap() != Issued::Done {
+            to.progress(8, &mut Seen::default()).unwrap();
+            assert!(start.elapsed() < Duration::from_secs(10), "no connection");
+        }
+        let mut seen = Seen::default();
+        while seen.messages.is_empty() {
+            to.progress(8, &mut seen).unwrap();
+            assert!(start.elapsed() < Duration::from_secs(10), "no arrival");
+        }
+    }
+}
+
+#[test]
+fn a_tail_past_the_ring_loses_the_writer_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut a, mut b) = pair(dir.path());
+    b.forge_frame(0, &[], 1 << 40).unwrap();
+    let mut seen = Seen::default();
+    a.progress(8, &mut seen).unwrap();
+    assert!(seen.messages.is_empty());
+    assert_eq!(seen.lost.len(), 1, "{:?}", seen.lost);
+    assert!(
+        seen.lost[0].0 == 1 && seen.lost[0].1.contains("rank 1") && seen.lost[0].1.contains("tail"),
+        "{:?}",
+        seen.lost
+    );
+    assert!(matches!(a.try_send(1, &Header::eager(0, 1, 1, 1), b"x"), Err(Error::PeerLost { rank: 1, .. })));
+}
+
+#[test]
+fn forged_frames_are_refused_not_read() {
+    for (what, len, kind) in [("too long", u32::MAX, 0u32), ("past the ring", 200_000, 0), ("unknown kind", 8, 7)] {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut a, mut b) = pair(dir.path());
+        let mut fh = [0u8; 8];
+        fh[0..4].copy_from_slice(&len.to_le_bytes());
+        fh[4..8].copy_from_slice(&kind.to_le_bytes());
+        b.forge_frame(0, &fh, 64).unwrap();
+        let mut seen = Seen::default();
+        a.progress(8, &mut seen).unwrap();
+        assert!(seen.messages.is_empty(), "{what}");
+        assert!(
+            seen.lost.len() == 1 && seen.lost[0].1.contains("protocol violation from rank 1"),
+            "{what}: {:?}",
+            seen.lost
+        );
+    }
+}
+
+#[test]
+fn a_head_past_the_tail_is_refused_to_the_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut a, mut b) = pair(dir.path());
+    b.forge_head(0, u64::MAX / 2).unwrap();
+    let e = a.try_send(1, &Header::eager(0, 1, 1, 1), b"x").unwrap_err().to_string();
+    assert!(e.contains("rank 1") && e.contains("head"), "{e}");
+}
+
+#[test]
+fn forged_keys_are_refused_naming_the_peer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut a, _b) = pair(dir.path());
+    let mut buf = [0x11u8; 64];
+    let into = RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() };
+    let mut key = [0u8; 20];
+    key[0..4].copy_from_slice(&0x4649_4353u32.to_le_bytes());
+    // A window the peer never registered, and one below the registrations (its ring).
+    for (at, len) in [(1u64 << 33, 4096u64), (0, 4096)] {
+        key[4..12].copy_from_slice(&at.to_le_bytes());
+        key[12..20].copy_from_slice(&len.to_le_bytes());
+        let k = RemoteKey::new(&key).unwrap();
+        let e = OneSided::get(&mut a, 1, &k, 0, into, 1).unwrap_err().to_string();
+        assert!(e.contains("rank 1"), "{e}");
+    }
+    assert!(buf.iter().all(|&x| x == 0x11));
+}
+
+#[test]
+fn a_peer_gone_is_lost_or_finished_and_named_at_once() {
+    for finalized in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut a, mut b) = pair(dir.path());
+        let hdr = Header::eager(0, 1, 1, 4);
+        assert_eq!(b.try_send(0, &hdr, b"last").unwrap(), Issued::Done);
+        if finalized {
+            b.finalize();
+        }
+        drop(b);
+        let start = Instant::now();
+        let mut seen = Seen::default();
+        while seen.lost.is_empty() {
+            a.check_peers(&mut seen);
+            assert!(start.elapsed() < Duration::from_secs(1), "finalized {finalized}: no loss seen in a second");
+        }
+        assert_eq!(seen.messages, [(1, b"last".to_vec())], "what it sent before it went arrives first");
+        let (rank, why) = &seen.lost[0];
+        let named = if finalized { why.contains("has finished") } else { why.contains("without finalizing") };
+        assert!(*rank == 1 && why.contains("rank 1") && named, "finalized {finalized}: {why}");
+    }
+}
