@@ -79,7 +79,7 @@ pub fn open(config: &Config, rank: Rank, size: u32) -> Result<std::result::Resul
 }
 
 /// The link model `POLYRAIL_LINK_PROFILE` asks for in job `job` (an emulation), with this
-/// process's node (`POLYRAIL_NODE`) and domain (`POLYRAIL_SCIF_NODE`); `None` for `none`.
+/// process's node (`POLYRAIL_NODE`) and domain (`POLYRAIL_DOMAIN`); `None` for `none`.
 fn soft_link(config: &Config, job: &str) -> Result<Option<SoftLink>> {
     let profile = polyrail_link::LinkSettings::from_config(config)?.profile;
     if profile.is_none() {

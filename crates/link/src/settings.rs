@@ -44,9 +44,9 @@ pub fn variables() -> Vec<VarInfo> {
     polyrail_core::config::infos(VARS)
 }
 
-/// This process's memory domain as the job's layout gives it: `POLYRAIL_SCIF_NODE` among
-/// [`Config::others`] (0 the host, k device k; the variable belongs to the SCIF layer, which
-/// declares it), else the host. A value that is not a number is the SCIF layer's to refuse.
+/// This process's memory domain as the job's layout gives it: `POLYRAIL_DOMAIN` (core's; 0 the
+/// host, k device k), or the SCIF layer's `POLYRAIL_SCIF_NODE` where that overrides it (among
+/// [`Config::others`]; a value that is not a number is the SCIF layer's to refuse).
 pub fn domain(config: &Config) -> Domain {
     config
         .others
@@ -54,7 +54,7 @@ pub fn domain(config: &Config) -> Domain {
         .rev()
         .find(|(k, _)| k == "POLYRAIL_SCIF_NODE")
         .and_then(|(_, v)| v.trim().parse::<u16>().ok())
-        .map_or(Domain::Host, Domain::from_scif_node)
+        .map_or(Domain::from_scif_node(config.domain), Domain::from_scif_node)
 }
 
 #[cfg(test)]
@@ -87,5 +87,7 @@ mod tests {
         assert_eq!(domain(&c(&[("POLYRAIL_SCIF_NODE", "0")])), Domain::Host);
         assert_eq!(domain(&c(&[("POLYRAIL_SCIF_NODE", "2")])), Domain::Device(2));
         assert_eq!(domain(&c(&[("POLYRAIL_SCIF_NODE", "x")])), Domain::Host);
+        assert_eq!(domain(&c(&[("POLYRAIL_DOMAIN", "1")])), Domain::Device(1), "the layout's domain");
+        assert_eq!(domain(&c(&[("POLYRAIL_DOMAIN", "1"), ("POLYRAIL_SCIF_NODE", "0")])), Domain::Host);
     }
 }
