@@ -109,6 +109,9 @@ fn main() {
         all: None,
         per_class: vec![(TopoClass::SharedL3, 16 << 10), (TopoClass::Socket, 4096), (TopoClass::CrossSocket, 1000)],
     };
+    for (name, bytes) in polyrail_scif::fuzzing::sample_records() {
+        write("scif_record", name, &bytes);
+    }
     write("tuning", "three-classes", format_tuning("measured by polyrail tune", &sizes).as_bytes());
     write("tuning", "one-class", b"# tuned\ncma_threshold shared-l2 64k\n\n");
 

@@ -31,6 +31,8 @@ mod endpoint;
 mod error;
 mod fabric;
 mod flags;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod memory;
 pub mod settings;
 mod window;
