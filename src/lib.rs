@@ -87,12 +87,17 @@ pub fn effective_settings(config: &Config) -> Vec<config::Effective> {
     for f in channels() {
         all.extend(f.effective(config, &given));
     }
+    // Channels that share a model (scif and ib the link model's) declare its variables each.
+    let mut seen = std::collections::HashSet::new();
+    all.retain(|e| seen.insert(e.var.name));
     all
 }
 
-/// Every `POLYRAIL_*` variable of this build's channels (the core's are [`config::VARS`]).
+/// Every `POLYRAIL_*` variable of this build's channels (the core's are [`config::VARS`]),
+/// each once.
 pub fn channel_variables() -> Vec<config::VarInfo> {
-    channels().iter().flat_map(|f| f.variables()).collect()
+    let mut seen = std::collections::HashSet::new();
+    channels().iter().flat_map(|f| f.variables()).filter(|v| seen.insert(v.name)).collect()
 }
 
 /// `MPI_ANY_SOURCE`: receive from any rank.

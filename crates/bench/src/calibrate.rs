@@ -6,7 +6,8 @@
 use anyhow::{bail, Context as _};
 use polyrail_ib::provider::{Access, Opcode, Provider, WcStatus, WorkRequest};
 use polyrail_ib::{SoftLink, SoftProvider};
-use polyrail_link::{Domain, LinkModel, PacingStats, Path, Profile, ScifPacer};
+use polyrail_link::{Domain, LinkModel, PacingStats, Path, Profile};
+use polyrail_scif::ScifPacer;
 use polyrail_scif::{AcceptFlags, Fabric, FabricConfig, FenceFlags, MapFlags, Memory, Pacer, PortId, Prot, RmaFlags};
 use std::collections::VecDeque;
 use std::sync::Arc;

@@ -13,13 +13,9 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod model;
-#[cfg(feature = "scif")]
-mod pacer;
 mod profile;
 pub mod settings;
 
 pub use model::{rdma_hops, scif_hops, Domain, Hop, LinkModel, PacingStats};
-#[cfg(feature = "scif")]
-pub use pacer::ScifPacer;
 pub use profile::{Link, Path, Profile};
 pub use settings::LinkSettings;

@@ -10,10 +10,12 @@
 //!   writes frames into the peer's ring with CPU stores and moves the ring's tail, the reader
 //!   polls its own ring and moves its head (both positions live in the ring's first page).
 //! - One-sided memory: a registration becomes a window at the same offset on every connection,
-//!   named by its packed key; a transfer's buffer gets a page-aligned stand-in (a bounce window:
-//!   SCIF windows are whole pages, a buffer is anywhere), long-lived memory with a memory file
-//!   is registered in place. `get`/`put` are `vreadfrom`/`vwriteto` by the provider's DMA engine,
-//!   finished when they return.
+//!   named by its packed key (the offset of the region's first byte and its length). A
+//!   transfer's buffer that peers only read is lent in place, the pages it lies in, which the
+//!   peer's DMA engine reads with no copy first; one that peers write gets a page-aligned
+//!   stand-in (a bounce window, copied back at the end); long-lived memory with a memory file
+//!   is registered as its file. `get`/`put` are `vreadfrom`/`vwriteto` by the provider's DMA
+//!   engine, finished when they return.
 //!
 //! Every position, length, offset and key a peer wrote is checked before use: a forged one is
 //! an [`Error::Protocol`] naming the peer, never an access outside the ring or a window.
@@ -23,6 +25,7 @@ use crate::error::ScifError;
 use crate::fabric::{Fabric, FabricConfig};
 use crate::flags::{AcceptFlags, MapFlags, MsgFlags, PollEvents, PortId, Prot, RmaFlags};
 use crate::memory::{page_size, Memory};
+use crate::pacing::ScifPacer;
 use crate::settings::{ScifSettings, VARS};
 use polyrail_core::{
     Address, Caps, ChannelFactory, ChannelStart, Config, Cost, Error, Header, Issued, Lifetime, MemHandle, OneSided,
@@ -47,7 +50,7 @@ const MAGIC: u32 = 0x4649_4353;
 const ADDRESS_LEN: usize = 12;
 /// Bytes of a handshake: magic, rank, ring window offset, ring length.
 const HELLO_LEN: usize = 24;
-/// Bytes of a packed key: magic, window offset, registered length.
+/// Bytes of a packed key: magic, offset of the region's first byte, registered length.
 const KEY_LEN: usize = 20;
 /// Positions in a ring's first page: the writer's tail, the reader's head, the writer's goodbye.
 const TAIL: usize = 0;
@@ -84,10 +87,13 @@ impl ChannelFactory for ScifFactory {
         SCIF
     }
     fn variables(&self) -> Vec<polyrail_core::config::VarInfo> {
-        polyrail_core::config::infos(VARS)
+        let mut v = polyrail_core::config::infos(VARS);
+        v.extend(polyrail_link::settings::variables());
+        v
     }
     fn check_settings(&self, config: &Config) -> Result<()> {
-        ScifSettings::from_config(config).map(drop)
+        ScifSettings::from_config(config)?;
+        polyrail_link::LinkSettings::from_config(config).map(drop)
     }
     fn open(&self, start: &ChannelStart<'_>) -> Result<Opened> {
         if let Some(absent) = start.without_peers() {
@@ -108,8 +114,14 @@ impl ChannelFactory for ScifFactory {
             .unwrap_or_else(|| "/tmp".into());
         let mut cfg = FabricConfig::new(base, start.job_id, node, nodes);
         cfg.physical_node = start.config.node.unwrap_or(0);
+        let pacer = ScifPacer::from_config(start.config, start.job_id, cfg.physical_node)?.map(Arc::new);
+        if let Some(p) = &pacer {
+            cfg = cfg.pacer(p.clone());
+        }
         let fabric = Fabric::new(cfg).map_err(|e| transport_error(format_args!("starting the SCIF provider: {e}")))?;
-        Ok(Opened::Channel(Box::new(ScifChannel::new(fabric, &settings, start.rank, start.size)?)))
+        let mut channel = ScifChannel::new(fabric, &settings, start.rank, start.size)?;
+        channel.pacer = pacer;
+        Ok(Opened::Channel(Box::new(channel)))
     }
 }
 
@@ -178,13 +190,35 @@ impl Link {
 
 /// A registration: the window's memory, and what to copy back at the end.
 struct Reg {
-    mem: Memory,
+    lent: Lent,
     /// Bytes of the window (whole pages).
     window_len: usize,
     /// The registered region and, for a stand-in peers write, where its bytes go back.
     region: Region,
     copy_back: bool,
     prot: Prot,
+}
+
+/// What a registration's window is.
+enum Lent {
+    /// A memory file: the region's own, or a stand-in holding a copy of it.
+    File(Memory),
+    /// The pages of the region itself, from this page-aligned address (read-only windows).
+    InPlace(usize),
+}
+
+impl Reg {
+    /// Registers the window at `at` on `ep`.
+    fn lend(&self, ep: &Endpoint, at: u64) -> std::result::Result<(), ScifError> {
+        match &self.lent {
+            Lent::File(mem) => ep.register(mem, 0, self.window_len, at, self.prot, MapFlags::FIXED).map(drop),
+            // SAFETY: the registrant keeps the region (and so the pages it lies in) mapped until
+            // `deregister`, which unregisters the window from every connection first.
+            Lent::InPlace(addr) => unsafe {
+                ep.register_in_place(*addr as *const u8, self.window_len, at, MapFlags::FIXED).map(drop)
+            },
+        }
+    }
 }
 
 /// The `scif` channel; see the module documentation.
@@ -211,6 +245,9 @@ pub struct ScifChannel {
     refused: Vec<String>,
     /// Where the next `progress` starts: every peer gets its turn.
     cursor: usize,
+    /// The link model pacing this node's transfers (its DMA through the fabric, ring frames
+    /// here), if a profile is set.
+    pacer: Option<Arc<ScifPacer>>,
 }
 
 impl ScifChannel {
@@ -283,6 +320,7 @@ impl ScifChannel {
             next_window: REG_BASE,
             refused: Vec::new(),
             cursor: 0,
+            pacer: None,
         })
     }
 
@@ -294,7 +332,7 @@ impl ScifChannel {
     /// registered on it too, at its offset.
     fn start_link(&mut self, ep: Endpoint, rx: Memory, rank: Option<Rank>) -> std::result::Result<Link, ScifError> {
         for (&at, reg) in &self.regs {
-            ep.register(&reg.mem, 0, reg.window_len, at, reg.prot, MapFlags::FIXED)?;
+            reg.lend(&ep, at)?;
         }
         Ok(Link { ep, rank, rx, hello: [0; HELLO_LEN], got: 0, tx: None, tx_cap: 0, head: 0, tail: 0 })
     }
@@ -526,7 +564,7 @@ impl ScifChannel {
         }
         let at = u64::from_le_bytes(k[4..12].try_into().unwrap());
         let len = u64::from_le_bytes(k[12..20].try_into().unwrap());
-        (at >= REG_BASE && at % page_size() as u64 == 0 && len <= KEY_LEN_MAX).then_some((at, len))
+        (at >= REG_BASE && len <= KEY_LEN_MAX).then_some((at, len))
     }
 
     /// The remote offset of `len` bytes at `offset` of the registration `key` of `peer`.
@@ -549,7 +587,7 @@ impl ScifChannel {
             _ => None,
         }));
         for link in links {
-            link.ep.register(&reg.mem, 0, reg.window_len, at, reg.prot, MapFlags::FIXED)?;
+            reg.lend(&link.ep, at)?;
         }
         Ok(())
     }
@@ -659,6 +697,7 @@ impl Transport for ScifChannel {
                 payload.len()
             )));
         }
+        let (pacer, node) = (self.pacer.clone(), self.node);
         let Some(link) = self.ready(peer, "try_send")? else { return Ok(Issued::WouldBlock) };
         let tx = link.tx.as_ref().expect("a ready link maps the peer's ring");
         let (cap, page, base) = (link.tx_cap, page_size(), tx.as_ptr());
@@ -676,6 +715,12 @@ impl Transport for ScifChannel {
         let pad = if total > room { room } else { 0 };
         if link.tail - head + pad + total > cap {
             return Ok(Issued::WouldBlock);
+        }
+        if let Some(p) = pacer {
+            let to = link.ep.peer().map_or(node, |(p, _)| p.node);
+            if !p.admit(node, to, (pad + total) as usize, std::time::Instant::now()) {
+                return Ok(Issued::WouldBlock);
+            }
         }
         let write = |at: u64, bytes: &[u8]| {
             // SAFETY: `page + at + bytes.len()` stays within the mapping of `page + cap` bytes:
@@ -808,7 +853,8 @@ impl OneSided for ScifChannel {
             PeerAccess::ReadWrite => Prot::READ | Prot::WRITE,
         };
         let failed = |e: ScifError| transport_error(format_args!("registering {} bytes: {e}", region.len));
-        let (mem, copy_back) = match lifetime {
+        // The window, where the region starts in it, and whether peers' writes go back.
+        let (lent, start, copy_back) = match lifetime {
             Lifetime::Lasting { file: Some(f) } => {
                 // SAFETY: the registrant promises the file stays open until `deregister`; it is
                 // only borrowed here to duplicate it.
@@ -827,12 +873,18 @@ impl OneSided for ScifChannel {
                         region.len
                     )));
                 }
-                (mem, false)
+                (Lent::File(mem), 0, false)
             }
             Lifetime::Lasting { file: None } => {
                 return Err(transport_error(
                     "scif lends long-lived memory only with its memory file (AnonMemory::shared): SCIF windows are files the peer maps",
                 ))
+            }
+            Lifetime::Transfer if access == PeerAccess::Read && region.len > 0 && self.fabric.lends_in_place() => {
+                // The pages the region lies in, lent in place: peers read the region itself.
+                let page = page_size();
+                let first = region.ptr as usize / page * page;
+                (Lent::InPlace(first), region.ptr as usize - first, false)
             }
             Lifetime::Transfer => {
                 // A stand-in: SCIF windows are whole pages at page offsets, a buffer is anywhere.
@@ -842,33 +894,38 @@ impl OneSided for ScifChannel {
                     let src = unsafe { std::slice::from_raw_parts(region.ptr, region.len) };
                     mem.write(0, src);
                 }
-                (mem, access != PeerAccess::Read)
+                (Lent::File(mem), 0, access != PeerAccess::Read)
             }
+        };
+        let window_len = match &lent {
+            Lent::File(mem) => mem.len(),
+            Lent::InPlace(_) => (start + region.len).next_multiple_of(page_size()),
         };
         // Every connection gets the window before its key can leave.
         self.bring_up(BRING_UP);
-        let window_len = mem.len();
         let at = self.next_window;
         self.next_window += window_len as u64;
-        let reg = Reg { mem, window_len, region, copy_back, prot };
+        let reg = Reg { lent, window_len, region, copy_back, prot };
         if let Err(e) = self.expose(at, &reg) {
             self.withdraw(at, window_len);
             return Err(failed(e));
         }
         self.regs.insert(at, reg);
-        Ok(MemHandle::new(Self::key(at, region.len as u64), &lifetime))
+        Ok(MemHandle::new(Self::key(at + start as u64, region.len as u64), &lifetime))
     }
 
     fn deregister(&mut self, handle: &MemHandle, written: Range<usize>) {
         let Some((at, _)) = Self::unpack(handle.key()) else { return };
-        let Some(reg) = self.regs.remove(&at) else { return };
+        let Some(reg) = self.regs.remove(&(at - at % page_size() as u64)) else { return };
         self.withdraw(at, reg.window_len);
         let (start, end) = (written.start, written.end.min(reg.region.len));
         if reg.copy_back && start < end {
             // SAFETY: `start..end` lies in the region (clipped above), which the registrant
             // keeps valid and unaliased until this call; the stand-in is a distinct mapping.
             let dst = unsafe { std::slice::from_raw_parts_mut(reg.region.ptr.cast_mut().add(start), end - start) };
-            reg.mem.read(start, dst);
+            if let Lent::File(mem) = &reg.lent {
+                mem.read(start, dst);
+            }
         }
     }
 

@@ -7,7 +7,7 @@ use crate::memory::{check_peer_file, map_peer_file, page_size, Memory};
 use crate::window::{Backing, Table, Win, OFFSET_LIMIT};
 use crate::wire::{self, Kind, Received, Record};
 use memmap2::MmapRaw;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -38,8 +38,10 @@ struct Rma {
     done: u64,
     /// RMAs above `done` that completed (out of order).
     done_above: BTreeSet<u64>,
-    /// RMAs that failed (the peer was lost).
+    /// RMAs that failed because the peer was lost.
     failed: BTreeSet<u64>,
+    /// RMAs whose copy failed, and why (a peer's memory registered in place that it unmapped).
+    faults: BTreeMap<u64, String>,
 }
 
 /// One connection, shared by its endpoint and the DMA engine.
@@ -249,6 +251,16 @@ impl Conn {
                     )),
                 }
             }
+            Kind::RegisterInPlace => {
+                let (off, len, addr) = (rec.a, rec.b, rec.d);
+                match self.add_peer_window_in_place(off, len, rec.c, addr, &fds) {
+                    Ok(()) => {}
+                    Err(why) => self.refuse(format!(
+                        "refused a window of {}'s own memory at {off:#x}+{len:#x} (address {addr:#x}): {why}",
+                        self.who()
+                    )),
+                }
+            }
             Kind::Unregister => {
                 let mut w = self.windows.lock().unwrap();
                 if w.peers.remove_exact(rec.a, rec.b).is_none() {
@@ -301,6 +313,40 @@ impl Conn {
         Ok(())
     }
 
+    /// Checks a window of the peer's ordinary memory it announced and records it; says why not.
+    /// Such windows are read-only here: their pages are the peer's, reached by the kernel.
+    fn add_peer_window_in_place(
+        &self,
+        off: u64,
+        len: u64,
+        prot: u64,
+        addr: u64,
+        fds: &[OwnedFd],
+    ) -> Result<(), String> {
+        let page = page_size() as u64;
+        if !fds.is_empty() {
+            return Err(format!("{} files attached, none expected", fds.len()));
+        }
+        if prot != u64::from(Prot::READ.bits()) {
+            return Err(format!("protection {prot:#x}: a window of ordinary memory is lent read-only"));
+        }
+        if len == 0 || len % page != 0 || off % page != 0 || addr % page != 0 {
+            return Err(format!("offsets, address and length must be multiples of the {page}-byte page"));
+        }
+        if off.checked_add(len).is_none_or(|end| end > OFFSET_LIMIT)
+            || addr.checked_add(len).is_none_or(|end| usize::try_from(end).is_err())
+        {
+            return Err("the range passes the end of the window space or of the address space".into());
+        }
+        let mut w = self.windows.lock().unwrap();
+        if let Some((s, l)) = w.peers.overlap(off, len) {
+            return Err(format!("it overlaps its window at {s:#x}+{l:#x}"));
+        }
+        let backing = Backing::PeerInPlace { pid: self.peer_pid, addr: addr as usize, len: len as usize };
+        w.peers.insert(off, Win { len, prot: Prot::READ, backing, base: 0, file: None });
+        Ok(())
+    }
+
     /// The next RMA's sequence number, counted as issued (published to the peer).
     pub(crate) fn issue(&self) -> u64 {
         let mut r = self.rma.lock().unwrap();
@@ -335,6 +381,11 @@ impl Conn {
         self.rma_cv.notify_all();
     }
 
+    /// RMA `seq`'s copy failed for `why`; it still completes, as failed.
+    pub(crate) fn fault(&self, seq: u64, why: String) {
+        self.rma.lock().unwrap().faults.insert(seq, why);
+    }
+
     /// Whether every RMA up to `seq` completed.
     pub(crate) fn done_through(&self, seq: u64) -> bool {
         self.rma.lock().unwrap().done >= seq
@@ -349,7 +400,16 @@ impl Conn {
             if done {
                 let failed =
                     if through { r.failed.first().is_some_and(|f| *f <= seq) } else { r.failed.contains(&seq) };
-                return if failed { Err(self.dead_error()) } else { Ok(()) };
+                if failed {
+                    return Err(self.dead_error());
+                }
+                let fault = if through { r.faults.range(..=seq).next() } else { r.faults.get_key_value(&seq) };
+                return match fault {
+                    Some((_, why)) => {
+                        Err(ScifError::Os { what: why.clone(), errno: rustix::io::Errno::FAULT.raw_os_error() })
+                    }
+                    None => Ok(()),
+                };
             }
             if self.is_dead() {
                 return Err(self.dead_error());

@@ -52,12 +52,12 @@ pub struct Transfer {
 }
 
 /// Says when a transfer completes: the hook for a link model (a transfer finishing at
-/// max(now, link busy until) + latency + bytes / bandwidth). The engine reports the transfer
+/// max(posted, link busy until) + latency + bytes / bandwidth). The engine reports the transfer
 /// complete at the returned time, never before its copy ended; it never sleeps in a post.
 pub trait Pacer: Send + Sync {
-    /// When `transfer`, whose copy ended at `copied`, completes. Called once per transfer, in the
-    /// order the copies ran, on the thread that copied; must not block.
-    fn complete_at(&self, transfer: &Transfer, copied: Instant) -> Instant;
+    /// When `transfer`, posted at `posted` and whose copy ended at `copied`, completes. Called
+    /// once per transfer, in the order the copies ran, on the thread that copied; must not block.
+    fn complete_at(&self, transfer: &Transfer, posted: Instant, copied: Instant) -> Instant;
 }
 
 /// No link model: a transfer completes when its copy ends.
@@ -65,7 +65,7 @@ pub trait Pacer: Send + Sync {
 pub struct Unpaced;
 
 impl Pacer for Unpaced {
-    fn complete_at(&self, _: &Transfer, copied: Instant) -> Instant {
+    fn complete_at(&self, _: &Transfer, _: Instant, copied: Instant) -> Instant {
         copied
     }
 }
@@ -85,11 +85,32 @@ pub struct DmaStats {
     pub cpu_bytes: u64,
 }
 
-/// An address the engine may copy from or to: a window's piece or a caller's buffer that the
-/// caller keeps borrowed until the transfer completes.
+/// Where bytes are: mapped in this process, or in a peer's ordinary memory (a window it
+/// registered in place), which only the kernel's cross-process copy reaches.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Place {
+    /// Mapped here.
+    Here(*mut u8),
+    /// At `addr` in process `pid`.
+    Peer { pid: i32, addr: usize },
+}
+
+impl Place {
+    /// The place `n` bytes further.
+    pub(crate) fn offset(self, n: usize) -> Place {
+        match self {
+            // `wrapping_add`: only an address here; `pieces` keeps it inside its span.
+            Place::Here(p) => Place::Here(p.wrapping_add(n)),
+            Place::Peer { pid, addr } => Place::Peer { pid, addr: addr + n },
+        }
+    }
+}
+
+/// An address range the engine may copy from or to: a window's piece or a caller's buffer that
+/// the caller keeps borrowed until the transfer completes.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Span {
-    pub ptr: *mut u8,
+    pub at: Place,
     pub len: usize,
 }
 
@@ -98,9 +119,61 @@ pub(crate) struct Span {
 unsafe impl Send for Span {}
 
 impl Span {
-    pub(crate) fn of(segs: &[Seg]) -> Vec<Span> {
-        segs.iter().map(|s| Span { ptr: s.ptr(), len: s.len }).collect()
+    /// `len` bytes mapped here from `ptr`.
+    pub(crate) fn here(ptr: *mut u8, len: usize) -> Span {
+        Span { at: Place::Here(ptr), len }
     }
+
+    pub(crate) fn of(segs: &[Seg]) -> Vec<Span> {
+        segs.iter().map(|s| Span { at: s.place(), len: s.len }).collect()
+    }
+}
+
+/// Copies `n` bytes from `from` to `to`: a memory copy between mappings of this process, or
+/// the kernel's cross-process copy (`process_vm_readv`/`process_vm_writev`, as a DMA engine
+/// reaches a peer's pinned pages) when one side is a peer's memory. Says why not: the peer's
+/// memory is not mapped there, or the kernel refuses (Yama, seccomp), or the peer is gone.
+///
+/// # Safety
+/// `n` bytes at each `Place::Here` are mapped (and writable for `to`) for the call.
+pub(crate) unsafe fn copy_piece(from: Place, to: Place, n: usize) -> Result<(), String> {
+    let (local, remote, pid, write) = match (from, to) {
+        (Place::Here(f), Place::Here(t)) => {
+            // SAFETY: the caller's promise; `copy` allows the two to overlap (a window mapped twice).
+            unsafe { std::ptr::copy(f, t, n) };
+            return Ok(());
+        }
+        (Place::Peer { pid, addr }, Place::Here(t)) => (t, addr, pid, false),
+        (Place::Here(f), Place::Peer { pid, addr }) => (f, addr, pid, true),
+        (Place::Peer { .. }, Place::Peer { .. }) => return Err("a copy between two peers' memory".into()),
+    };
+    let mut done = 0;
+    while done < n {
+        let l = libc::iovec { iov_base: local.wrapping_add(done).cast(), iov_len: n - done };
+        let r = libc::iovec { iov_base: (remote + done) as *mut libc::c_void, iov_len: n - done };
+        // SAFETY: the local iovec is mapped for `n - done` bytes (the caller's promise); the
+        // kernel checks the remote one against the peer's mappings and copies nothing outside.
+        let got = unsafe {
+            if write {
+                libc::process_vm_writev(pid, &l, 1, &r, 1, 0)
+            } else {
+                libc::process_vm_readv(pid, &l, 1, &r, 1, 0)
+            }
+        };
+        let call = if write { "process_vm_writev" } else { "process_vm_readv" };
+        match got {
+            n if n > 0 => done += n as usize,
+            0 => return Err(format!("{call} of pid {pid} at {:#x} copied nothing", remote + done)),
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(format!("{call} of {} bytes of pid {pid} at {:#x}: {e}", n - done, remote + done));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One RMA for the engine.
@@ -113,6 +186,8 @@ pub(crate) struct Copy {
     pub keep: Vec<Seg>,
     pub ordered: bool,
     pub transfer: Transfer,
+    /// When the RMA was posted: a link model's transfer starts then.
+    pub posted: Instant,
     /// Told when the engine is done with the spans (copied, abandoned or dropped): a caller
     /// whose buffer a span borrows waits for it before it returns.
     pub released: Option<Arc<Released>>,
@@ -275,12 +350,13 @@ impl Engine {
         }
     }
 
-    /// A copy the caller made itself (`RMA_USECPU`): completes it when the pacer says.
-    pub(crate) fn copied_by_cpu(&self, conn: &Arc<Conn>, seq: u64, transfer: Transfer) {
+    /// A copy the caller made itself (`RMA_USECPU`) from `posted` on: completes it when the pacer
+    /// says.
+    pub(crate) fn copied_by_cpu(&self, conn: &Arc<Conn>, seq: u64, transfer: Transfer, posted: Instant) {
         self.shared.cpu_transfers.fetch_add(1, Ordering::Relaxed);
         self.shared.cpu_bytes.fetch_add(transfer.bytes as u64, Ordering::Relaxed);
         let now = Instant::now();
-        let at = self.shared.pacer.complete_at(&transfer, now);
+        let at = self.shared.pacer.complete_at(&transfer, posted, now);
         if at <= now {
             conn.complete(seq);
         } else {
@@ -314,13 +390,13 @@ impl Drop for Engine {
 }
 
 /// Copies `len` bytes from `src` to `dst` (equal totals) as (from, to, len) pieces.
-fn pieces(src: &[Span], dst: &[Span]) -> Vec<(*mut u8, *mut u8, usize)> {
+fn pieces(src: &[Span], dst: &[Span]) -> Vec<(Place, Place, usize)> {
     let mut out = Vec::with_capacity(src.len().max(dst.len()));
     let (mut i, mut j, mut si, mut dj) = (0, 0, 0usize, 0usize);
     while i < src.len() && j < dst.len() {
         let n = (src[i].len - si).min(dst[j].len - dj).min(CHUNK);
-        // SAFETY: `si < src[i].len` and `dj < dst[j].len`: both stay inside their spans.
-        out.push(unsafe { (src[i].ptr.add(si), dst[j].ptr.add(dj), n) });
+        // `si < src[i].len` and `dj < dst[j].len`: both stay inside their spans.
+        out.push((src[i].at.offset(si), dst[j].at.offset(dj), n));
         si += n;
         dj += n;
         if si == src[i].len {
@@ -337,6 +413,10 @@ fn pieces(src: &[Span], dst: &[Span]) -> Vec<(*mut u8, *mut u8, usize)> {
 
 impl Shared {
     fn run(&self) {
+        // Completions the pacer defers are due microseconds apart: wake at their time, not up
+        // to the default 50 µs of timer slack later.
+        // SAFETY: PR_SET_TIMERSLACK takes an integer and changes only this thread's timers.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
         let mut st = self.st.lock().unwrap();
         let mut next_watch = Instant::now() + WATCH;
         loop {
@@ -425,8 +505,12 @@ impl Shared {
             }
             // SAFETY: `from` and `to` are `n` bytes inside spans whose memory `job.keep` (window
             // mappings) or a waiting caller (its buffer) keeps mapped until the engine releases
-            // the job below; `copy` allows the two to overlap (a window mapped twice).
-            unsafe { std::ptr::copy(from, to, n) };
+            // the job below.
+            if let Err(why) = unsafe { copy_piece(from, to, n) } {
+                job.conn.fault(job.seq, why);
+                ok = false;
+                break;
+            }
         }
         drop(std::mem::take(&mut job.keep));
         job.release();
@@ -435,7 +519,7 @@ impl Shared {
             self.bytes.fetch_add(total as u64, Ordering::Relaxed);
         }
         let now = Instant::now();
-        let at = if ok { self.pacer.complete_at(&job.transfer, now) } else { now };
+        let at = if ok { self.pacer.complete_at(&job.transfer, job.posted, now) } else { now };
         if at <= now {
             job.conn.complete(job.seq);
         } else {
@@ -480,10 +564,12 @@ fn fire_if_ready(sig: Signal) -> Option<Signal> {
         return Some(sig);
     }
     for (seg, value) in &sig.writes {
-        debug_assert!(seg.len == 8 && (seg.ptr() as usize) % 8 == 0);
+        // Windows registered in place are read-only: a signal resolves only to mapped memory.
+        let Place::Here(ptr) = seg.place() else { continue };
+        debug_assert!(seg.len == 8 && (ptr as usize) % 8 == 0);
         // SAFETY: an 8-byte aligned piece of a writable window (resolved and checked at post),
         // mapped while `seg` lives; accessed atomically here and by the readers of the flag.
-        let word = unsafe { &*seg.ptr().cast::<AtomicU64>() };
+        let word = unsafe { &*ptr.cast::<AtomicU64>() };
         // Release: the RMAs this signal waited for are visible to whoever reads the value with
         // Acquire (`Memory::load_u64`, `PeerMap::load_u64`).
         word.store(*value, Ordering::Release);

@@ -1,12 +1,12 @@
 //! [`Endpoint`]: libscif's endpoint and its calls.
 
 use crate::conn::{map_peer_status, Conn};
-use crate::dma::{After, Copy, Released, Signal, Span, Transfer};
+use crate::dma::{copy_piece, After, Copy, Released, Signal, Span, Transfer};
 use crate::error::{Result, ScifError};
 use crate::fabric::{Fabric, Inner, PortHold};
 use crate::flags::{AcceptFlags, FenceFlags, MapFlags, MsgFlags, PollEvents, PortId, Prot, RmaFlags};
 use crate::memory::{map_peer_file, page_size, reopen_read_only, Memory};
-use crate::window::{Backing, Seg, Win, OFFSET_LIMIT};
+use crate::window::{Backing, Seg, Table, Win, OFFSET_LIMIT};
 use crate::wire::{self, Kind, Received, Record};
 use memmap2::MmapRaw;
 use rustix::event::{PollFd, PollFlags};
@@ -366,19 +366,7 @@ impl Endpoint {
         conn.check()?;
         let len64 = len as u64;
         let mut w = conn.windows.lock().unwrap();
-        let at = if flags.contains(MapFlags::FIXED) {
-            if offset % page as u64 != 0 || offset.checked_add(len64).is_none_or(|e| e > OFFSET_LIMIT) {
-                return Err(ScifError::Einval(format!(
-                    "{what}: a fixed offset must be page-aligned and the window below 2^63"
-                )));
-            }
-            if let Some((s, l)) = w.mine.overlap(offset, len64) {
-                return Err(ScifError::Eaddrinuse(format!("{what}: overlaps the window at {s:#x}+{l:#x}")));
-            }
-            offset
-        } else {
-            w.mine.choose(len64).ok_or_else(|| ScifError::Enomem(format!("{what}: no room in the window space")))?
-        };
+        let at = Self::place_window(&w.mine, offset, len64, flags, &what)?;
         w.mine.insert(at, Win { len: len64, prot, backing: Backing::Local(mem.clone()), base: mem_offset, file: None });
         let rec = Record::new(Kind::Register, at, len64, u64::from(prot.bits()), mem_offset as u64);
         if let Err(e) = conn.send_after(w, &rec, &[file]) {
@@ -386,6 +374,61 @@ impl Endpoint {
             return Err(e);
         }
         Ok(at)
+    }
+
+    /// `scif_register` of ordinary memory, in place: `len` bytes from `addr` (whole pages,
+    /// page-aligned) become a window the peer may read, at `offset` with [`MapFlags::FIXED`] or
+    /// where the provider chooses; returns the window's offset. The pages are not copied: the
+    /// peer's RMAs read them with `process_vm_readv`, as a DMA engine reads pinned pages. This
+    /// provider lends such windows for reading only and its peers cannot `mmap` them (`EINVAL`);
+    /// [`Fabric::lends_in_place`] says whether peers can read them at all. Errors as
+    /// [`Endpoint::register`].
+    ///
+    /// # Safety
+    /// The `len` bytes from `addr` stay mapped and readable until the window is unregistered or
+    /// the endpoint closed: this endpoint's own RMAs (`writeto` from the window) read them here.
+    pub unsafe fn register_in_place(&self, addr: *const u8, len: usize, offset: u64, flags: MapFlags) -> Result<u64> {
+        let conn = self.conn("register_in_place")?;
+        let page = page_size();
+        let what = format!("register_in_place({addr:p}+{len:#x} at {offset:#x})");
+        if len == 0 || len % page != 0 || addr as usize % page != 0 {
+            return Err(ScifError::Einval(format!("{what}: the memory range must be whole {page}-byte pages")));
+        }
+        if !self.fabric.in_place {
+            return Err(ScifError::Eacces(format!(
+                "{what}: peers cannot read this process's memory (Yama ptrace_scope above 1): register memory files"
+            )));
+        }
+        conn.check()?;
+        let len64 = len as u64;
+        let mut w = conn.windows.lock().unwrap();
+        let at = Self::place_window(&w.mine, offset, len64, flags, &what)?;
+        let backing = Backing::InPlace { addr: addr as usize, len };
+        w.mine.insert(at, Win { len: len64, prot: Prot::READ, backing, base: 0, file: None });
+        let rec = Record::new(Kind::RegisterInPlace, at, len64, u64::from(Prot::READ.bits()), addr as u64);
+        if let Err(e) = conn.send_after(w, &rec, &[]) {
+            conn.windows.lock().unwrap().mine.remove_exact(at, len64);
+            return Err(e);
+        }
+        Ok(at)
+    }
+
+    /// Where a new window of `len` bytes goes: at `offset` if fixed (page-aligned, below 2^63,
+    /// `EADDRINUSE` over another), else where the table has room.
+    fn place_window(mine: &Table, offset: u64, len: u64, flags: MapFlags, what: &str) -> Result<u64> {
+        let page = page_size() as u64;
+        if !flags.contains(MapFlags::FIXED) {
+            return mine.choose(len).ok_or_else(|| ScifError::Enomem(format!("{what}: no room in the window space")));
+        }
+        if offset % page != 0 || offset.checked_add(len).is_none_or(|e| e > OFFSET_LIMIT) {
+            return Err(ScifError::Einval(format!(
+                "{what}: a fixed offset must be page-aligned and the window below 2^63"
+            )));
+        }
+        if let Some((s, l)) = mine.overlap(offset, len) {
+            return Err(ScifError::Eaddrinuse(format!("{what}: overlaps the window at {s:#x}+{l:#x}")));
+        }
+        Ok(offset)
     }
 
     /// `scif_unregister`: removes the windows exactly covering `[offset, offset + len)`.
@@ -426,14 +469,14 @@ impl Endpoint {
     /// `scif_vreadfrom`: copies the peer's windows at `remote` into `buf`, ordinary memory. The
     /// buffer is borrowed, so the call returns once the copy completed (as with `RMA_SYNC`).
     pub fn vreadfrom(&self, buf: &mut [u8], remote: u64, flags: RmaFlags) -> Result<()> {
-        let span = Span { ptr: buf.as_mut_ptr(), len: buf.len() };
+        let span = Span::here(buf.as_mut_ptr(), buf.len());
         self.rma("vreadfrom", Target::Buffer(span), buf.len(), remote, flags | RmaFlags::SYNC, true)
     }
 
     /// `scif_vwriteto`: copies `buf`, ordinary memory, into the peer's windows at `remote`;
     /// returns once the copy completed (as with `RMA_SYNC`).
     pub fn vwriteto(&self, buf: &[u8], remote: u64, flags: RmaFlags) -> Result<()> {
-        let span = Span { ptr: buf.as_ptr().cast_mut(), len: buf.len() };
+        let span = Span::here(buf.as_ptr().cast_mut(), buf.len());
         self.rma("vwriteto", Target::Buffer(span), buf.len(), remote, flags | RmaFlags::SYNC, false)
     }
 
@@ -466,6 +509,7 @@ impl Endpoint {
         let (from, to) = if read { (conn.peer.node, conn.local.node) } else { (conn.local.node, conn.peer.node) };
         let by_cpu = flags.contains(RmaFlags::USECPU);
         let transfer = Transfer { from, to, bytes: len, by_cpu };
+        let posted = std::time::Instant::now();
         let engine = &self.fabric.engine;
         if by_cpu && flags.contains(RmaFlags::ORDERED) {
             engine.kick();
@@ -473,15 +517,19 @@ impl Endpoint {
         }
         let seq = conn.issue();
         if by_cpu {
-            copy_spans(&src, &dst);
+            let copied = copy_spans(&src, &dst);
             drop(keep);
-            engine.copied_by_cpu(conn, seq, transfer);
+            if let Err(why) = copied {
+                conn.fault(seq, why);
+            }
+            engine.copied_by_cpu(conn, seq, transfer, posted);
         } else {
             let ordered = flags.contains(RmaFlags::ORDERED);
             // A caller's buffer stays borrowed until the engine let go of it, whatever happens
             // to the connection meanwhile.
             let released = borrowed.then(|| Arc::new(Released::default()));
-            let job = Copy { conn: conn.clone(), seq, src, dst, keep, ordered, transfer, released: released.clone() };
+            let job =
+                Copy { conn: conn.clone(), seq, src, dst, keep, ordered, transfer, posted, released: released.clone() };
             engine.post(job);
             if let Some(r) = released {
                 engine.kick();
@@ -599,7 +647,13 @@ impl Endpoint {
                 win.prot.name()
             )));
         }
-        let (file, file_off) = win.file.as_ref().expect("a peer window has its file");
+        let Some((file, file_off)) = win.file.as_ref() else {
+            return Err(ScifError::Einval(format!(
+                "mmap({offset:#x}+{len:#x}): the window at {start:#x} is {}'s ordinary memory, registered in place, \
+                 which this software provider does not map (only windows of memory files)",
+                conn.who()
+            )));
+        };
         let map = map_peer_file(file.as_fd(), file_off + (offset - start), len, prot.contains(Prot::WRITE))
             .map_err(|e| ScifError::os(format_args!("mmap({offset:#x}+{len:#x})"), e))?;
         Ok(PeerMap { map, prot })
@@ -619,6 +673,14 @@ impl Endpoint {
         let conn = self.conn("forge_window")?;
         let files: Vec<BorrowedFd<'_>> = file.into_iter().collect();
         conn.send(&Record::new(Kind::Register, offset, len, prot, file_offset), &files)
+    }
+
+    /// Sends a record of a window registered in place with any values, as a faulty or hostile
+    /// peer would: for tests of the receiver's checks.
+    #[doc(hidden)]
+    pub fn forge_window_in_place(&self, offset: u64, len: u64, prot: u64, addr: u64) -> Result<()> {
+        let conn = self.conn("forge_window_in_place")?;
+        conn.send(&Record::new(Kind::RegisterInPlace, offset, len, prot, addr), &[])
     }
 
     /// The memory file behind `mem`, for [`Endpoint::forge_window`].
@@ -642,14 +704,14 @@ enum Target {
     Buffer(Span),
 }
 
-/// Copies between span lists of equal totals, in the caller.
-fn copy_spans(src: &[Span], dst: &[Span]) {
+/// Copies between span lists of equal totals, in the caller; says why not.
+fn copy_spans(src: &[Span], dst: &[Span]) -> std::result::Result<(), String> {
     let (mut i, mut j, mut si, mut dj) = (0, 0, 0, 0);
     while i < src.len() && j < dst.len() {
         let n = (src[i].len - si).min(dst[j].len - dj);
         // SAFETY: both pieces lie inside their spans, which the caller keeps mapped (window
-        // segments it holds, or a buffer it borrows) for the call; `copy` allows overlap.
-        unsafe { std::ptr::copy(src[i].ptr.add(si), dst[j].ptr.add(dj), n) };
+        // segments it holds, or a buffer it borrows) for the call.
+        unsafe { copy_piece(src[i].at.offset(si), dst[j].at.offset(dj), n)? };
         si += n;
         dj += n;
         if si == src[i].len {
@@ -659,6 +721,7 @@ fn copy_spans(src: &[Span], dst: &[Span]) {
             (j, dj) = (j + 1, 0);
         }
     }
+    Ok(())
 }
 
 /// Waits until `fd` is readable, at most `timeout` (`None`: for ever); whether it is.

@@ -124,6 +124,8 @@ pub(crate) struct Inner {
     pub privileged: bool,
     pub dir: PathBuf,
     pub engine: Engine,
+    /// Whether peers may read this process's ordinary memory (windows registered in place).
+    pub in_place: bool,
 }
 
 impl std::fmt::Debug for Inner {
@@ -161,6 +163,7 @@ impl Fabric {
             )));
         }
         make_private_dir(&dir, uid)?;
+        let in_place = allow_peer_reads();
         let engine = Engine::start(cfg.dma, cfg.pacer.clone(), format!("scif-dma-{}", cfg.node))
             .map_err(|e| ScifError::os("starting the DMA engine's thread", e))?;
         Ok(Fabric {
@@ -171,6 +174,7 @@ impl Fabric {
                 privileged: cfg.privileged,
                 dir,
                 engine,
+                in_place,
             }),
         })
     }
@@ -196,6 +200,13 @@ impl Fabric {
         &self.inner.dir
     }
 
+    /// Whether this process's peers can read windows of ordinary memory it registers in place
+    /// ([`Endpoint::register_in_place`]): the kernel's cross-process copy is allowed between
+    /// processes of one user unless Yama's `ptrace_scope` is 2 or 3.
+    pub fn lends_in_place(&self) -> bool {
+        self.inner.in_place
+    }
+
     /// What the DMA engine did so far, with the CPU time it took.
     pub fn dma_stats(&self) -> DmaStats {
         self.inner.engine.stats()
@@ -218,6 +229,18 @@ impl Fabric {
             s.cpu.as_secs_f64() * 1e3,
             s.transfers
         )
+    }
+}
+
+/// Lets processes of this user read this process's memory with `process_vm_readv` (Yama's
+/// `PR_SET_PTRACER_ANY`, as the `cma` channel does) and says whether they can: not under Yama's
+/// `ptrace_scope` 2 (admin only) or 3 (none).
+fn allow_peer_reads() -> bool {
+    let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok();
+    match scope.as_deref().map(str::trim) {
+        None | Some("0") => true,
+        Some("1") => rustix::process::set_ptracer(rustix::process::PTracer::Any).is_ok(),
+        Some(_) => false,
     }
 }
 

@@ -16,6 +16,7 @@ pub fn sample_records() -> Vec<(&'static str, Vec<u8>)> {
         ("hello", Record::new(Kind::Hello, 0, 0, 0, 0)),
         ("welcome", Record::new(Kind::Welcome, 0, 0, 0, 0)),
         ("register", Record::new(Kind::Register, 0x10000, 0x4000, 3, 0)),
+        ("register_in_place", Record::new(Kind::RegisterInPlace, 0x20000, 0x4000, 1, 0x7f00_0000_0000)),
         ("unregister", Record::new(Kind::Unregister, 0x10000, 0x4000, 0, 0)),
         ("close", Record::new(Kind::Close, 0, 0, 0, 0)),
     ]

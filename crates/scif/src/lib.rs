@@ -11,7 +11,10 @@
 //! to the peer once and mapped there, so RMAs and `mmap` are copies between mappings, each
 //! checked against the window tables; the DMA engine is a thread of the process whose CPU time
 //! is reported ([`DmaStats`]), RMAs complete later and, in [`DmaMode::Reverse`], out of order on
-//! purpose; a [`Pacer`] decides when a transfer completes (the link model's hook).
+//! purpose; a [`Pacer`] decides when a transfer completes ([`ScifPacer`]: the link model of
+//! `polyrail-link`). Ordinary memory can be registered in place
+//! ([`Endpoint::register_in_place`]), read-only: the peer's DMA engine reads it with the kernel's
+//! cross-process copy, as hardware DMA reads pinned pages.
 //!
 //! The `scif` channel ([`ScifChannel`], started by [`ScifFactory`]) is polyrail's transport
 //! between the host and the devices of a node on this API: eager messages through rings in
@@ -34,6 +37,7 @@ mod flags;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod memory;
+mod pacing;
 pub mod settings;
 mod window;
 mod wire;
@@ -45,3 +49,4 @@ pub use error::{Result, ScifError};
 pub use fabric::{remove_job_dirs, Fabric, FabricConfig, EPHEMERAL_PORT_FIRST, PRIVILEGED_PORT_LIMIT, PROVIDER};
 pub use flags::{AcceptFlags, FenceFlags, MapFlags, MsgFlags, PollEvents, PortId, Prot, RmaFlags};
 pub use memory::{page_size, Memory};
+pub use pacing::{ScifPacer, STORE_QUEUE};

@@ -2,6 +2,7 @@
 //! mapping and protection. Every RMA, signal and mapping resolves its range here first: a range
 //! outside the windows is `ENXIO`, a protection the window lacks `EACCES`.
 
+use crate::dma::Place;
 use crate::error::{Result, ScifError};
 use crate::flags::Prot;
 use crate::memory::Memory;
@@ -14,27 +15,27 @@ use std::sync::Arc;
 /// The highest window end: libscif offsets are `off_t`.
 pub(crate) const OFFSET_LIMIT: u64 = i64::MAX as u64;
 
-/// Mapped pages a window lies in; clones keep them mapped.
+/// The memory a window lies in; clones keep mapped what the provider mapped.
 #[derive(Clone, Debug)]
 pub(crate) enum Backing {
-    /// Memory of this process.
+    /// A memory file of this process.
     Local(Memory),
     /// This process's mapping of a peer's memory file.
     Peer(Arc<MmapRaw>),
+    /// Ordinary memory of this process registered in place: `len` bytes from `addr`, which the
+    /// registrant keeps mapped while the window lives.
+    InPlace { addr: usize, len: usize },
+    /// A peer's ordinary memory registered in place: `len` bytes from `addr` in process `pid`,
+    /// reached only by the kernel's cross-process copy.
+    PeerInPlace { pid: i32, addr: usize, len: usize },
 }
 
 impl Backing {
-    fn base(&self) -> *mut u8 {
-        match self {
-            Backing::Local(m) => m.as_ptr(),
-            Backing::Peer(m) => m.as_mut_ptr(),
-        }
-    }
-
     fn len(&self) -> usize {
         match self {
             Backing::Local(m) => m.len(),
             Backing::Peer(m) => m.len(),
+            Backing::InPlace { len, .. } | Backing::PeerInPlace { len, .. } => *len,
         }
     }
 }
@@ -48,12 +49,17 @@ pub(crate) struct Seg {
 }
 
 impl Seg {
-    /// Start of the piece; `len` bytes from it are mapped while the segment lives.
-    pub(crate) fn ptr(&self) -> *mut u8 {
+    /// Where the piece starts; `len` bytes from it stay there while the segment lives.
+    pub(crate) fn place(&self) -> Place {
         debug_assert!(self.off + self.len <= self.backing.len());
-        // SAFETY: `off + len` is within the backing: `Table::resolve` only makes segments inside
-        // a window, and a window lies inside its backing (checked at insertion).
-        unsafe { self.backing.base().add(self.off) }
+        // `off + len` is within the backing: `Table::resolve` only makes segments inside a
+        // window, and a window lies inside its backing (checked at insertion).
+        match &self.backing {
+            Backing::Local(m) => Place::Here(m.as_ptr().wrapping_add(self.off)),
+            Backing::Peer(m) => Place::Here(m.as_mut_ptr().wrapping_add(self.off)),
+            Backing::InPlace { addr, .. } => Place::Here((addr + self.off) as *mut u8),
+            Backing::PeerInPlace { pid, addr, .. } => Place::Peer { pid: *pid, addr: addr + self.off },
+        }
     }
 }
 

@@ -30,6 +30,9 @@ pub(crate) enum Kind {
     Unregister = 4,
     /// The endpoint closes in order.
     Close = 5,
+    /// A window of the sender's ordinary memory, registered in place (read-only): `a` offset,
+    /// `b` length, `c` protection, `d` its address in the sender.
+    RegisterInPlace = 6,
 }
 
 /// One record: a kind and four numbers.
@@ -69,6 +72,7 @@ impl Record {
             3 => Kind::Register,
             4 => Kind::Unregister,
             5 => Kind::Close,
+            6 => Kind::RegisterInPlace,
             _ => return Err(format!("an unknown record tag {tag:#x}")),
         };
         Ok(Record { kind, a: word(0), b: word(1), c: word(2), d: word(3) })

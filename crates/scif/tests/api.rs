@@ -324,6 +324,97 @@ fn vreadfrom_and_vwriteto_use_ordinary_memory() {
 }
 
 #[test]
+fn ordinary_memory_registered_in_place_is_lent_for_reading_only() {
+    let dir = tmp();
+    let s = setup(dir.path(), DmaMode::InOrder);
+    let page = page_size();
+    assert!(s._fb.lends_in_place(), "this machine lets processes of one user read each other");
+    let mut mem = memmap2::MmapMut::map_anon(3 * page).unwrap();
+    for (i, b) in mem.iter_mut().enumerate() {
+        *b = (i * 7 % 251) as u8;
+    }
+    let base = mem.as_ptr();
+    // SAFETY (all calls below): `mem` outlives the windows, which are unregistered or closed
+    // with `s` first, but for the one the test unmaps on purpose.
+    let unaligned = unsafe { s.b.register_in_place(base.wrapping_add(8), page, 0, MapFlags::NONE) }.unwrap_err();
+    assert!(matches!(unaligned, ScifError::Einval(_)), "{unaligned}");
+    let partial = unsafe { s.b.register_in_place(base, 100, 0, MapFlags::NONE) }.unwrap_err();
+    assert!(matches!(partial, ScifError::Einval(_)), "{partial}");
+    let over = unsafe { s.b.register_in_place(base, page, s.rb, MapFlags::FIXED) }.unwrap_err();
+    assert!(matches!(over, ScifError::Eaddrinuse(_)), "{over}");
+    let w = unsafe { s.b.register_in_place(base, 3 * page, 0x50_0000, MapFlags::FIXED) }.unwrap();
+    assert_eq!(w, 0x50_0000);
+
+    // Read with no copy made first, by the DMA engine and by the caller's CPU.
+    let mut got = vec![0u8; 2 * page - 2];
+    s.a.vreadfrom(&mut got, w + page as u64 - 1, RmaFlags::NONE).unwrap();
+    assert_eq!(got, mem[page - 1..3 * page - 3]);
+    s.a.readfrom(s.la, page, w + 5, RmaFlags::SYNC | RmaFlags::USECPU).unwrap();
+    assert_eq!(bytes(&s.ma, 0, page), mem[5..page + 5]);
+    mem[0] = 99;
+    s.a.readfrom(s.la, 8, w, RmaFlags::NONE).unwrap();
+    s.a.fence_wait(s.a.fence_mark(FenceFlags::INIT_SELF).unwrap()).unwrap();
+    assert_eq!(bytes(&s.ma, 0, 1), vec![99], "the window is the memory, not a copy of it");
+
+    // Read-only: writes, signals and mappings are refused.
+    let e = s.a.writeto(s.la, 8, w, RmaFlags::SYNC).unwrap_err();
+    assert!(matches!(e, ScifError::Eacces(_)), "{e}");
+    let e = s.a.vwriteto(&[1; 8], w, RmaFlags::NONE).unwrap_err();
+    assert!(matches!(e, ScifError::Eacces(_)), "{e}");
+    let e = s.a.fence_signal(0, 0, w, 1, FenceFlags::INIT_SELF | FenceFlags::SIGNAL_REMOTE).unwrap_err();
+    assert!(matches!(e, ScifError::Eacces(_)), "{e}");
+    let e = s.a.mmap(w, page, Prot::READ).unwrap_err();
+    assert!(matches!(e, ScifError::Einval(_)) && e.to_string().contains("registered in place"), "{e}");
+
+    // Unregistered, it is gone for the peer.
+    s.b.unregister(w, 3 * page).unwrap();
+    let e = s.a.vreadfrom(&mut got, w, RmaFlags::NONE).unwrap_err();
+    assert!(matches!(e, ScifError::Enxio(_)), "{e}");
+
+    // Memory its owner unmapped while lent: the peer's read fails naming it, nothing else.
+    let gone = memmap2::MmapMut::map_anon(page).unwrap();
+    let g = unsafe { s.b.register_in_place(gone.as_ptr(), page, 0x60_0000, MapFlags::FIXED) }.unwrap();
+    drop(gone);
+    let e = s.a.vreadfrom(&mut got[..page], g, RmaFlags::NONE).unwrap_err();
+    assert_eq!(e.errno(), rustix::io::Errno::FAULT.raw_os_error(), "{e}");
+    assert!(e.to_string().contains("process_vm_readv"), "{e}");
+    // The connection still works.
+    s.a.readfrom(s.la, 8, s.rb, RmaFlags::SYNC).unwrap();
+}
+
+#[test]
+fn forged_windows_in_place_from_a_peer_are_refused() {
+    let dir = tmp();
+    let s = setup(dir.path(), DmaMode::InOrder);
+    let page = page_size() as u64;
+    let cases: Vec<(u64, u64, u64, u64, &str)> = vec![
+        (0x70_0000, page, 3, 0x1000_0000, "read-only"),
+        (0x71_0000, page, 2, 0x1000_0000, "read-only"),
+        (0x72_0000, page, 1, 0x1000_0001, "multiples"),
+        (0x73_0000, 100, 1, 0x1000_0000, "multiples"),
+        (0x74_0000, page, 1, u64::MAX - page + 1, "address space"),
+        (s.rb, page, 1, 0x1000_0000, "overlaps"),
+    ];
+    for (off, len, prot, addr, _) in &cases {
+        s.b.forge_window_in_place(*off, *len, *prot, *addr).unwrap();
+    }
+    let refused = s.a.refusals();
+    assert_eq!(refused.len(), cases.len(), "{refused:#?}");
+    for ((.., why), got) in cases.iter().zip(&refused) {
+        assert!(got.contains(why) && got.contains("pid"), "expected {why:?} in {got:?}");
+    }
+    for (off, ..) in &cases[..5] {
+        let e = s.a.readfrom(s.la, 8, *off, RmaFlags::SYNC).unwrap_err();
+        assert!(matches!(e, ScifError::Enxio(_)), "{off:#x}: {e}");
+    }
+    // A window of memory the peer does not have: the read fails, the connection lives.
+    s.b.forge_window_in_place(0x80_0000, page, 1, 0x1000).unwrap();
+    let e = s.a.readfrom(s.la, 8, 0x80_0000, RmaFlags::SYNC).unwrap_err();
+    assert_eq!(e.errno(), rustix::io::Errno::FAULT.raw_os_error(), "{e}");
+    s.a.readfrom(s.la, 8, s.rb, RmaFlags::SYNC).unwrap();
+}
+
+#[test]
 fn fences_mark_wait_and_signal() {
     let dir = tmp();
     let s = setup(dir.path(), DmaMode::InOrder);
@@ -444,7 +535,7 @@ struct Slow {
 }
 
 impl Pacer for Slow {
-    fn complete_at(&self, t: &Transfer, copied: Instant) -> Instant {
+    fn complete_at(&self, t: &Transfer, _: Instant, copied: Instant) -> Instant {
         self.seen.lock().unwrap().push(*t);
         copied + self.delay
     }

@@ -121,7 +121,7 @@ fn windows_pass_to_a_peer_process_and_its_rmas_stay_inside_them() {
 struct Slow(Duration);
 
 impl Pacer for Slow {
-    fn complete_at(&self, _: &Transfer, copied: Instant) -> Instant {
+    fn complete_at(&self, _: &Transfer, _: Instant, copied: Instant) -> Instant {
         copied + self.0
     }
 }

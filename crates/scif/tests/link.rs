@@ -1,8 +1,7 @@
-//! The SCIF provider's DMA paced by the link model (feature `scif`): a write from the host
-//! completes at the model's host→device time and takes that link only.
-#![cfg(feature = "scif")]
+//! The SCIF provider's DMA paced by the link model: a write from the host completes at the
+//! model's host→device time and takes that link only.
 
-use polyrail_link::{LinkModel, Path, Profile, ScifPacer};
+use polyrail_link::{LinkModel, Path, Profile};
 use polyrail_scif::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
