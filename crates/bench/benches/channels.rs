@@ -15,7 +15,7 @@
 use criterion::{BenchmarkId, Criterion, Throughput};
 use polyrail::Context;
 use polyrail_bench::osu::{window, WINDOW};
-use polyrail_bench::{channel_config, channel_nodes, check_forced, transport_env};
+use polyrail_bench::{channel_config, channel_layout, check_forced, transport_env};
 use polyrail_cli::launch::{spawn_peers, LaunchOptions};
 use std::time::{Duration, Instant};
 
@@ -73,7 +73,8 @@ fn bench_channel(c: &mut Criterion, channel: &str) {
     let exe = std::env::current_exe().expect("bench executable");
     let mut opts = LaunchOptions::new(2, exe);
     opts.env = transport_env(channel).expect("channel");
-    opts.nodes = channel_nodes(channel, 2);
+    let layout = channel_layout(channel, 2);
+    (opts.nodes, opts.domains) = (layout.nodes, layout.domains);
     let mut job = spawn_peers(&opts).expect("start the peer process");
     let boot = job.take_bootstrap().expect("bootstrap");
     let mut ctx = Context::init_with_bootstrap(channel_config(channel).expect("config"), boot).expect("init");
@@ -140,7 +141,7 @@ fn main() {
         .measurement_time(Duration::from_secs(2))
         .sample_size(20)
         .configure_from_args();
-    for channel in ["shm", "cma", "auto", "ib"] {
+    for channel in ["shm", "cma", "auto", "ib", "scif"] {
         bench_channel(&mut c, channel);
     }
     c.final_summary();

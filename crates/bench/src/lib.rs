@@ -17,9 +17,12 @@ pub const DEFAULT_SIZES: &str = "0,1,8,64,512,4k,16k,32k,64k,256k,1m,4m";
 #[derive(Args, Clone, Debug)]
 pub struct Common {
     /// Channel to force: `auto` (the policy decides), `shm` (rings and send cells only; large
-    /// messages pipelined through cells), `cma` (single copy for every non-empty message) or
-    /// `ib` (each rank on its own virtual node: DirectIB over real verbs when there is an RDMA
-    /// device, else over the software provider).
+    /// messages pipelined through cells), `cma` (single copy for every non-empty message), `ib`
+    /// (each rank on its own virtual node: DirectIB over real verbs when there is an RDMA
+    /// device, else over the software provider), `scif` (even ranks on the host, odd ones on
+    /// device 1 of one node: the software SCIF provider, an emulation) or `ib-device` (each rank
+    /// on device 1 of its own node: DirectIB between devices, paying the link model's adapter
+    /// read of device memory with `POLYRAIL_LINK_PROFILE`).
     #[arg(long, default_value = "auto")]
     pub transport: String,
     /// Sizes to measure (comma-separated, with k/m suffixes).
@@ -122,11 +125,11 @@ impl Common {
 
 /// The `POLYRAIL_*` settings that force a channel: `auto` (none), `shm` (rings and send cells
 /// only), `cma` (single copy for every non-empty message: no placement, skew or stream rule
-/// sends one eagerly), `ib` (none: the ranks are placed on different virtual nodes instead,
-/// see [`channel_nodes`]).
+/// sends one eagerly), `ib`, `scif` and `ib-device` (none: the ranks are placed instead, see
+/// [`channel_layout`]).
 pub fn channel_settings(transport: &str) -> anyhow::Result<&'static [(&'static str, &'static str)]> {
     Ok(match transport {
-        "auto" | "ib" => &[],
+        "auto" | "ib" | "scif" | "ib-device" => &[],
         "shm" => &[("POLYRAIL_TRANSPORTS", "shm")],
         // Not eager by the placement rule either: single copy whatever the placement.
         "cma" => &[
@@ -136,15 +139,41 @@ pub fn channel_settings(transport: &str) -> anyhow::Result<&'static [(&'static s
             ("POLYRAIL_SKEW", "off"),
             ("POLYRAIL_STREAM_EAGER", "off"),
         ],
-        other => anyhow::bail!("--transport {other} is not accepted: use auto, shm, cma or ib"),
+        other => anyhow::bail!("--transport {other} is not accepted: use auto, shm, cma, ib, scif or ib-device"),
     })
 }
 
-/// Virtual node of each of `ranks` ranks: each on its own node for `ib` (so that they talk
-/// over ib only: real verbs when there is an RDMA device, else the software provider), none
-/// for the node-local channels.
-pub fn channel_nodes(transport: &str, ranks: u32) -> Option<Vec<u32>> {
-    (transport == "ib").then(|| (0..ranks).collect())
+/// Where the ranks of a job run: each rank's virtual node (`None`: all on one node) and its
+/// memory domain with its node's number of domains (`None`: all on the host).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ChannelLayout {
+    /// `POLYRAIL_NODE` of each rank.
+    pub nodes: Option<Vec<u32>>,
+    /// `POLYRAIL_DOMAIN` and `POLYRAIL_SCIF_NODES` of each rank.
+    pub domains: Option<Vec<(u16, u16)>>,
+}
+
+/// Where each of `ranks` ranks runs so that they talk over `transport`: each on its own node
+/// for `ib` (real verbs when there is an RDMA device, else the software provider), and on
+/// device 1 of its own node for `ib-device`; host and device 1 of one node in turn for `scif`;
+/// one node, on the host, for the node-local channels.
+pub fn channel_layout(transport: &str, ranks: u32) -> ChannelLayout {
+    let own_nodes = || Some((0..ranks).collect());
+    match transport {
+        "ib" => ChannelLayout { nodes: own_nodes(), domains: None },
+        "ib-device" => ChannelLayout { nodes: own_nodes(), domains: Some(vec![(1, 2); ranks as usize]) },
+        "scif" => ChannelLayout { nodes: None, domains: Some((0..ranks).map(|r| ((r % 2) as u16, 2)).collect()) },
+        _ => ChannelLayout::default(),
+    }
+}
+
+/// The channel `--transport` names, as the job report names it.
+fn channel_name(transport: &str) -> &str {
+    if transport == "ib-device" {
+        "ib"
+    } else {
+        transport
+    }
 }
 
 /// [`channel_settings`] as environment variables for a launched job.
@@ -166,22 +195,29 @@ fn env_config_with(transport: &str) -> anyhow::Result<polyrail::Config> {
 /// under any launcher. `ib` needs the ranks on different nodes already (`POLYRAIL_NODE`).
 pub fn rank_config(transport: &str) -> anyhow::Result<polyrail::Config> {
     let cfg = env_config_with(transport)?;
-    if transport == "ib" && cfg.node.is_none() {
+    if channel_name(transport) == "ib" && cfg.node.is_none() {
         anyhow::bail!(
-            "--transport ib under a launcher needs the ranks on different virtual nodes \
-             (polyrail run --nodes N), or start polyrail-bench alone"
+            "--transport {transport} under a launcher needs the ranks on different virtual nodes \
+             (polyrail run --nodes N or --layout), or start polyrail-bench alone"
+        );
+    }
+    if transport == "scif" && std::env::var_os("POLYRAIL_DOMAIN").is_none() {
+        anyhow::bail!(
+            "--transport scif under a launcher needs ranks on the host and a device (polyrail run --layout 1+1), \
+             or start polyrail-bench alone"
         );
     }
     Ok(cfg)
 }
 
-/// An error unless the channel `--transport` forces (shm, cma, ib) carries messages to every
-/// peer in `report`, this process's job report: a channel refused at start (cma under a
+/// An error unless the channel `--transport` forces (shm, cma, ib, scif) carries messages to
+/// every peer in `report`, this process's job report: a channel refused at start (cma under a
 /// ptrace rule, one denied by `POLYRAIL_TRANSPORTS`) would leave its numbers those of another.
 pub fn check_forced(report: &polyrail::JobReport, me: polyrail::Rank, transport: &str) -> anyhow::Result<()> {
-    if !["shm", "cma", "ib"].contains(&transport) {
+    if !["shm", "cma", "ib", "scif", "ib-device"].contains(&transport) {
         return Ok(());
     }
+    let transport = channel_name(transport);
     let is_wanted = |c| report.channel_kind(c).is_some_and(|k| k.name() == transport);
     for p in report.peers.iter().filter(|p| p.rank != me) {
         let carries =
@@ -202,11 +238,16 @@ pub fn check_forced(report: &polyrail::JobReport, me: polyrail::Rank, transport:
 }
 
 /// [`channel_settings`] applied to the configuration from the environment, for rank 0 of a job
-/// started with [`polyrail_cli::launch::spawn_peers`] (its node too, see [`channel_nodes`]).
+/// started with [`polyrail_cli::launch::spawn_peers`] (its place too, see [`channel_layout`]).
 pub fn channel_config(transport: &str) -> anyhow::Result<polyrail::Config> {
     let mut cfg = env_config_with(transport)?;
-    if let Some(nodes) = channel_nodes(transport, 1) {
+    let layout = channel_layout(transport, 1);
+    if let Some(nodes) = layout.nodes {
         cfg.node = nodes.first().copied();
+    }
+    if let Some(&(domain, domains)) = layout.domains.as_ref().and_then(|d| d.first()) {
+        cfg.set("POLYRAIL_DOMAIN", &domain.to_string())?;
+        cfg.set("POLYRAIL_SCIF_NODES", &domains.to_string())?;
     }
     Ok(cfg)
 }

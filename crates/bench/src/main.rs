@@ -7,7 +7,7 @@
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
-use polyrail_bench::{channel_nodes, experiments, osu, transport_env, Common};
+use polyrail_bench::{channel_layout, experiments, osu, transport_env, Common};
 use polyrail_cli::launch::{launch, LaunchOptions};
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -117,6 +117,28 @@ enum Cmd {
         #[arg(long, default_value_t = 8)]
         window: usize,
     },
+    /// The channels of nodes with devices (emulated: the software SCIF and RDMA providers and
+    /// the link model): `scif` between the host and a device without a model, beside a
+    /// single-thread memcpy of this machine; then, with the model's --profile, `scif`, DirectIB
+    /// between devices of two nodes (`ib-device`) and between hosts (`ib`), each beside the
+    /// profile's ceiling for its path.
+    ///
+    /// Eight jobs of 2 ranks (latency and bw each), each stopped after 15 minutes.
+    Devices {
+        /// Sizes to measure (comma-separated, with k/m suffixes).
+        #[arg(long, default_value = "8,4k,64k,1m,4m")]
+        sizes: String,
+        /// The link model's profile for the paced runs (`prism/N`: every bandwidth divided by N,
+        /// so that no path asks for more than this machine copies).
+        #[arg(long, default_value = "prism/4")]
+        profile: String,
+        /// Fewer iterations (for smoke tests).
+        #[arg(long)]
+        quick: bool,
+        /// Also write every point to this CSV file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
     /// Medians, ratios and SVG plots from a comparison CSV (scripts/compare-peers.sh).
     Report {
         /// The CSV (`tool,mode,metric,size,rep,value`).
@@ -169,11 +191,24 @@ fn relaunch(
     args: Vec<OsString>,
     timeout: Option<std::time::Duration>,
 ) -> anyhow::Result<i32> {
+    relaunch_with(ranks, transport, args, timeout, Vec::new())
+}
+
+/// [`relaunch`] with more variables in the job's environment.
+fn relaunch_with(
+    ranks: u32,
+    transport: &str,
+    args: Vec<OsString>,
+    timeout: Option<std::time::Duration>,
+    env: Vec<(OsString, OsString)>,
+) -> anyhow::Result<i32> {
     let exe = std::env::current_exe().context("cannot find the polyrail-bench executable")?;
     let mut opts = LaunchOptions::new(ranks, exe);
     opts.args = args;
     opts.env = transport_env(transport)?;
-    opts.nodes = channel_nodes(transport, ranks);
+    opts.env.extend(env);
+    let layout = channel_layout(transport, ranks);
+    (opts.nodes, opts.domains) = (layout.nodes, layout.domains);
     opts.timeout = timeout;
     Ok(launch(&opts)?)
 }
@@ -196,10 +231,12 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
     if let Some((command, common)) = unchecked {
         common.refuse(command, &[Validate], "it checks no data (latency and bw do, with --validate)")?;
     }
-    if under_launcher() && matches!(cli.cmd, Cmd::Compare { .. } | Cmd::Report { .. } | Cmd::LinkCalibrate { .. }) {
+    if under_launcher()
+        && matches!(cli.cmd, Cmd::Compare { .. } | Cmd::Devices { .. } | Cmd::Report { .. } | Cmd::LinkCalibrate { .. })
+    {
         bail!(
-            "compare and report run alone (compare starts its own jobs; every rank would run all of them): \
-             start polyrail-bench without polyrail run or mpiexec"
+            "compare, devices, link-calibrate and report run alone (compare and devices start their own jobs; \
+             every rank would run all of them): start polyrail-bench without polyrail run or mpiexec"
         );
     }
     match &cli.cmd {
@@ -306,6 +343,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Compare { sizes, quick, csv } => compare(&sizes, quick, csv),
+        Cmd::Devices { sizes, profile, quick, csv } => devices(&sizes, &profile, quick, csv),
         Cmd::Report { input, out } => polyrail_bench::report::report(&input, &out).map(|_| 0),
     }
 }
@@ -376,6 +414,112 @@ fn compare(sizes: &str, quick: bool, csv: Option<PathBuf>) -> anyhow::Result<i32
         std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(failed.unwrap_or(0))
+}
+
+/// The runs of `devices`: a column name, the channel, whether the link model paces it, and the
+/// path whose bandwidth bounds it under the model.
+const DEVICE_RUNS: [(&str, &str, bool, Option<polyrail_link::Path>); 4] = [
+    ("scif", "scif", false, None),
+    ("scif paced", "scif", true, Some(polyrail_link::Path::HostToDevice)),
+    ("ib-device paced", "ib-device", true, Some(polyrail_link::Path::AdapterReadsDevice)),
+    ("ib paced", "ib", true, Some(polyrail_link::Path::NetOut)),
+];
+
+/// Runs latency and bandwidth over the channels of nodes with devices ([`DEVICE_RUNS`]) and
+/// prints them beside this machine's memcpy and the profile's ceilings.
+fn devices(sizes: &str, profile: &str, quick: bool, csv: Option<PathBuf>) -> anyhow::Result<i32> {
+    let list = osu::parse_sizes(sizes)?;
+    let model = polyrail_link::Profile::parse(profile)
+        .filter(|p| !p.is_none())
+        .with_context(|| format!("--profile {profile:?}: give prism, or prism/N with N > 0"))?;
+    let dir =
+        tempfile::Builder::new().prefix("polyrail-devices-").tempdir().context("creating a temporary directory")?;
+    // One CSV per run, its rows then named by the run's column.
+    let file = |column: &str| dir.path().join(format!("{}.csv", column.replace(' ', "-")));
+    let mut failed = None;
+    'runs: for bench in ["latency", "bw"] {
+        for (column, transport, paced, _) in DEVICE_RUNS {
+            let mut args: Vec<OsString> = vec![bench.into(), "--transport".into(), transport.into()];
+            args.extend(["--sizes".into(), sizes.into(), "--csv".into(), file(column).into(), "--quiet".into()]);
+            if quick {
+                args.push("--quick".into());
+            }
+            let link = if paced { profile } else { "none" };
+            let env = vec![("POLYRAIL_LINK_PROFILE".into(), link.into())];
+            let code = relaunch_with(2, transport, args, Some(COMPARE_TIMEOUT), env)?;
+            if code != 0 {
+                eprintln!("polyrail-bench devices: {bench} over {column} failed with status {code}; its cells show -");
+                failed.get_or_insert(code);
+                if STOPPED_BY_SIGNAL.contains(&(code - 128)) {
+                    break 'runs;
+                }
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    let mut text = String::from("bench,transport,size,value,unit\n");
+    for (column, ..) in DEVICE_RUNS {
+        for mut row in osu::read_csv(&std::fs::read_to_string(file(column)).unwrap_or_default()) {
+            row.transport = column.to_string();
+            let unit = if row.bench == "bw" { "MB/s" } else { "us" };
+            text += &format!("{},{},{},{},{unit}\n", row.bench, row.transport, row.size, row.value);
+            rows.push(row);
+        }
+    }
+    let cell = |bench: &str, column: &str, size: usize| {
+        rows.iter().find(|r| r.bench == bench && r.transport == column && r.size == size).map(|r| r.value)
+    };
+    let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+        _ => "-".into(),
+    };
+    println!(
+        "# polyrail-bench devices: 2 ranks; the software SCIF and RDMA providers and the link model are emulations"
+    );
+    println!("# paced runs: POLYRAIL_LINK_PROFILE={profile}; ceilings are the profile's bandwidth of the path that bounds each");
+    println!(
+        "\n# one-way latency (us)\n{:>8} {:>16} {:>16} {:>16} {:>16}",
+        "size", "scif", "scif paced", "ib-device paced", "ib paced"
+    );
+    for &size in &list {
+        print!("{:>8}", polyrail::format_size(size));
+        for (column, ..) in DEVICE_RUNS {
+            print!(" {:>16}", fmt(cell("latency", column, size)));
+        }
+        println!();
+    }
+    println!(
+        "\n# bandwidth (MB/s); memcpy: one thread of this machine copying the size\n{:>8} {:>10} {:>10} {:>8} {:>12} {:>8} {:>8} {:>16} {:>8} {:>8} {:>10} {:>8} {:>8}",
+        "size", "memcpy", "scif", "/memcpy", "scif paced", "ceiling", "/ceil", "ib-device paced", "ceiling", "/ceil", "ib paced", "ceiling", "/ceil"
+    );
+    for &size in &list {
+        let memcpy = calibrate_copy_rate(size);
+        let scif = cell("bw", "scif", size);
+        print!(
+            "{:>8} {:>10.0} {:>10} {:>8}",
+            polyrail::format_size(size),
+            memcpy,
+            fmt(scif),
+            ratio(scif, Some(memcpy))
+        );
+        for (column, _, _, path) in &DEVICE_RUNS[1..] {
+            let ceiling = path.and_then(|p| model.link(p)).map(|l| l.bandwidth / 1e6);
+            let got = cell("bw", column, size);
+            let width = column.len().max(10);
+            print!(" {:>width$} {:>8} {:>8}", fmt(got), fmt(ceiling), ratio(got, ceiling));
+        }
+        println!();
+    }
+    if let Some(path) = csv {
+        std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(failed.unwrap_or(0))
+}
+
+/// This machine's single-thread memcpy rate over `size`-byte copies, in MB/s.
+fn calibrate_copy_rate(size: usize) -> f64 {
+    polyrail_bench::calibrate::copy_rate(size.max(1)) / 1e6
 }
 
 /// How long one job of `compare` may run: its longest at the default sizes takes seconds, and

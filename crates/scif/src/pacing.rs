@@ -3,12 +3,12 @@
 
 use crate::dma::{Pacer, Transfer};
 use polyrail_link::{scif_hops, LinkModel};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// How far ahead a link may be booked when CPU stores (ring frames) join it: PCIe posted writes
-/// interleave with DMA rather than wait for a whole transfer, up to a queue's worth.
-pub const STORE_QUEUE: Duration = Duration::from_micros(64);
+/// How far ahead of now this process's CPU stores (ring frames) may be queued on a link: a
+/// posted-write queue of some kilobytes; beyond it a store waits.
+pub const STORE_QUEUE: Duration = Duration::from_micros(8);
 
 /// A [`Pacer`] for the SCIF provider of physical node `node`: host↔device transfers take the
 /// model's PCIe paths (which way from the transfer's SCIF nodes), `RMA_USECPU` copies too (they
@@ -17,12 +17,14 @@ pub const STORE_QUEUE: Duration = Duration::from_micros(64);
 pub struct ScifPacer {
     model: Arc<LinkModel>,
     node: u32,
+    /// Until when this process's stores keep each way busy, by (from, to) SCIF node.
+    stores: Mutex<Vec<((u16, u16), Instant)>>,
 }
 
 impl ScifPacer {
     /// Paces the transfers of physical node `node` with `model`.
     pub fn new(model: Arc<LinkModel>, node: u32) -> ScifPacer {
-        ScifPacer { model, node }
+        ScifPacer { model, node, stores: Mutex::new(Vec::new()) }
     }
 
     /// The pacer `POLYRAIL_LINK_PROFILE` asks for in job `job` on physical node `node`
@@ -45,18 +47,28 @@ impl ScifPacer {
     }
 
     /// Whether `bytes` a CPU stores from SCIF node `from` into a mapping of node `to`'s memory
-    /// may cross now: `false` while a link on the way is booked more than [`STORE_QUEUE`] ahead
-    /// (a full write queue); when `true` they take it from `now`. Throttles stores, which no
-    /// completion reports, to the link's rate, while they still pass between long DMA transfers
-    /// booked ahead of them.
+    /// may cross now: `false` while this process's stores that way are queued more than
+    /// [`STORE_QUEUE`] ahead; when `true` they are queued at the slowest hop's rate and take the
+    /// node's links too (so DMA transfers meet them). Throttles stores, which no completion
+    /// reports, to the link's rate; they pass between DMA transfers rather than wait for them,
+    /// as posted writes interleave with DMA on PCIe.
     pub fn admit(&self, from: u16, to: u16, bytes: usize, now: Instant) -> bool {
         let hops = scif_hops(self.node, from, to);
-        let full = now + STORE_QUEUE;
-        let busy =
-            |h: &polyrail_link::Hop| self.model.busy_until(h.node, h.path).ok().flatten().is_some_and(|t| t > full);
-        if hops.iter().any(busy) {
+        let links = hops.iter().filter_map(|h| self.model.profile().link(h.path));
+        let rate = links.map(|l| l.bandwidth).fold(f64::INFINITY, f64::min);
+        if !rate.is_finite() || rate <= 0.0 {
+            return true;
+        }
+        let mut stores = self.stores.lock().unwrap_or_else(|e| e.into_inner());
+        let i = stores.iter().position(|(way, _)| *way == (from, to)).unwrap_or_else(|| {
+            stores.push(((from, to), now));
+            stores.len() - 1
+        });
+        let busy = &mut stores[i].1;
+        if *busy > now + STORE_QUEUE {
             return false;
         }
+        *busy = (*busy).max(now) + Duration::from_secs_f64(bytes as f64 / rate);
         // A node file that cannot be opened leaves the stores unpaced rather than failing them.
         let _ = self.model.reserve(&hops, bytes, now);
         true
