@@ -34,6 +34,7 @@ mod flags;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod memory;
+mod ring;
 pub mod settings;
 mod window;
 mod wire;
