@@ -1,7 +1,7 @@
 //! Writes the seed corpora under `fuzz/corpus/<target>/`: addresses and keys published by live
 //! channels (shm, cma, ib over the software provider), headers, ring records, blocks, split
-//! entries and PMI messages from the crates' own encoders, and scripts that drive the engine,
-//! the ring and the PMI server through an ordinary exchange. Run from `fuzz/`:
+//! entries, scif ring frames and PMI messages from the crates' own encoders, and scripts that
+//! drive the engine, the rings and the PMI server through an ordinary exchange. Run from `fuzz/`:
 //! `cargo +nightly run --example seeds`.
 
 use std::fs;
@@ -145,6 +145,45 @@ fn main() {
     ];
     for (name, s) in &ring_scripts {
         write("shm_ring", name, s);
+    }
+
+    // scif ring scripts (see fuzz_targets/scif_ring.rs): the capacity (u16: 63 is 512 bytes,
+    // 31 256), the starting position (u64), then op 0 writes a frame (header bytes as the
+    // engine script's, payload length u16, payload), op 2 reads (budget u8, 255 for all), op 4
+    // writes bytes into the ring (offset u16, length u16, bytes), op 5 sets the reader's tail
+    // (mode 1: a u16 distance after its head), op 6 the writer's head (mode 2: a u16 distance
+    // after its tail).
+    let ring_start = |cap_raw: u16, start: u64| [cap_raw.to_le_bytes().to_vec(), start.to_le_bytes().to_vec()].concat();
+    let ring_send =
+        |len: u16| [vec![0u8], hdr_bytes(0, len), len.to_le_bytes().to_vec(), vec![0x5c; len as usize]].concat();
+    let ring_read = |budget: u8| vec![2u8, budget];
+    let scif_scripts: Vec<(&str, Vec<u8>)> = vec![
+        ("small", [ring_start(63, 0), ring_send(0), ring_send(3), ring_send(40), ring_read(255)].concat()),
+        (
+            "wrap",
+            [ring_start(31, 0), (0..6).flat_map(|_| [ring_send(100), ring_read(255)].concat()).collect()].concat(),
+        ),
+        (
+            "full",
+            [
+                ring_start(63, 0),
+                (0..5).flat_map(|_| ring_send(80)).collect(),
+                ring_read(2),
+                ring_send(80),
+                ring_read(255),
+            ]
+            .concat(),
+        ),
+        ("forged-head", [ring_start(63, 0), ring_send(8), vec![6, 2, 64, 0], ring_send(8)].concat()),
+    ];
+    for (name, s) in &scif_scripts {
+        write("scif_ring", name, s);
+    }
+    // Rings the channel's writer filled, loaded whole (op 4) and read with the tail it left.
+    for (name, bytes, head, tail) in polyrail_scif::fuzzing::sample_rings() {
+        let load = [vec![4u8, 0, 0], (bytes.len() as u16).to_le_bytes().to_vec(), bytes].concat();
+        let tail = [vec![5u8, 1], ((tail - head) as u16).to_le_bytes().to_vec()].concat();
+        write("scif_ring", &format!("ring-{name}"), &[ring_start(63, head), load, tail, ring_read(255)].concat());
     }
 
     // Addresses and keys published by live channels.

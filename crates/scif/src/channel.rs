@@ -26,6 +26,7 @@ use crate::fabric::{Fabric, FabricConfig};
 use crate::flags::{AcceptFlags, MapFlags, MsgFlags, PollEvents, PortId, Prot, RmaFlags};
 use crate::memory::{page_size, Memory};
 use crate::pacing::ScifPacer;
+use crate::ring::{self, frame_len, Frame, RingRead, RingWrite, FRAME_HEAD, MAX_EAGER};
 use crate::settings::{ScifSettings, VARS};
 use polyrail_core::{
     Address, Caps, ChannelFactory, ChannelStart, Config, Cost, Error, Header, Issued, Lifetime, MemHandle, OneSided,
@@ -56,12 +57,6 @@ const KEY_LEN: usize = 20;
 const TAIL: usize = 0;
 const HEAD: usize = 64;
 const BYE: usize = 128;
-/// A frame's head: payload length (u32) and kind (u32), then the 36-byte engine header.
-const FRAME_HEAD: usize = 8;
-const FRAME: u32 = 0;
-const PAD: u32 = 1;
-/// Largest eager payload.
-const MAX_EAGER: usize = 16 << 10;
 /// Largest `get`/`put`.
 const MAX_RMA: usize = 64 << 20;
 /// How long a registration waits for the connections still coming up.
@@ -70,10 +65,6 @@ const BRING_UP: Duration = Duration::from_secs(10);
 const REG_BASE: u64 = 1 << 32;
 /// Largest registration a key may name.
 const KEY_LEN_MAX: u64 = 1 << 40;
-
-fn frame_len(payload: usize) -> usize {
-    (FRAME_HEAD + Header::WIRE_LEN + payload).next_multiple_of(8)
-}
 
 fn transport_error(what: impl std::fmt::Display) -> Error {
     Error::Transport { kind: SCIF.name(), what: what.to_string() }
@@ -185,6 +176,39 @@ impl Link {
         // of the first page that is 8-byte aligned (TAIL, HEAD, BYE); the mapping outlives the
         // borrow (it belongs to the link), and the word is only accessed atomically.
         unsafe { &*base.add(offset).cast::<AtomicU64>() }
+    }
+}
+
+/// This side's receive ring as its reader sees it: the data bytes after the positions' page.
+struct RxRing<'a> {
+    mem: &'a Memory,
+    page: usize,
+    cap: usize,
+}
+
+impl RingRead for RxRing<'_> {
+    fn cap(&self) -> usize {
+        self.cap
+    }
+    fn read(&self, at: usize, out: &mut [u8]) {
+        self.mem.read(self.page + at, out);
+    }
+}
+
+/// The peer's ring mapped here as its writer sees it: the data bytes after the positions' page.
+struct TxRing<'a> {
+    map: &'a PeerMap,
+    page: usize,
+    cap: usize,
+}
+
+impl RingWrite for TxRing<'_> {
+    fn cap(&self) -> usize {
+        self.cap
+    }
+    fn write(&mut self, at: usize, bytes: &[u8]) {
+        // The handshake mapped the ring read-write; `PeerMap::write` checks the range.
+        self.map.write(self.page + at, bytes).expect("the peer's ring is mapped writable");
     }
 }
 
@@ -472,46 +496,29 @@ impl ScifChannel {
         let Slot::Ready(link) = &mut self.slots[peer] else { return 0 };
         let rank = peer as Rank;
         let page = page_size();
-        let cap = self.ring as u64;
         let base = link.rx.as_ptr();
         // Acquire: pairs with the writer's Release store of the tail after its frames.
         let tail = Link::word(base, TAIL).load(Ordering::Acquire);
+        let rx = RxRing { mem: &link.rx, page, cap: self.ring };
         let mut n = 0;
-        let result = (|| {
-            if tail < link.head || tail - link.head > cap {
-                return Err(format!("ring tail {tail} is not within {cap} bytes after the head {}", link.head));
-            }
-            while link.head < tail && n < budget {
-                let pos = (link.head % cap) as usize;
-                let room = self.ring - pos;
-                let mut fh = [0u8; FRAME_HEAD];
-                link.rx.read(page + pos, &mut fh);
-                let len = u32::from_le_bytes(fh[0..4].try_into().unwrap()) as usize;
-                let kind = u32::from_le_bytes(fh[4..8].try_into().unwrap());
-                let total = match kind {
-                    PAD if len + FRAME_HEAD == room => room,
-                    FRAME if len <= MAX_EAGER && frame_len(len) <= room => frame_len(len),
-                    _ => return Err(format!("a frame of kind {kind} and {len} bytes at ring byte {pos}")),
-                };
-                if link.head + total as u64 > tail {
-                    return Err(format!("a frame of {total} bytes at ring byte {pos} passes the tail"));
-                }
-                if kind == FRAME {
-                    let mut hb = [0u8; Header::WIRE_LEN];
-                    link.rx.read(page + pos + FRAME_HEAD, &mut hb);
-                    let hdr = Header::decode(rank, &hb).map_err(|e| e.to_string())?;
-                    let at = page + pos + FRAME_HEAD + Header::WIRE_LEN;
-                    // SAFETY: `at..at + len` lies in the ring (`frame_len(len) <= room` above),
-                    // which the link maps while it lives; the writer does not reuse the bytes
-                    // before the head passes them (published below, after the sink's call).
-                    let payload = unsafe { std::slice::from_raw_parts(base.add(at), len) };
-                    sink.message(rank, &hdr, payload);
+        let result = match ring::Frames::new(&rx, rank, link.head, tail) {
+            Err(what) => Err(what),
+            Ok(mut frames) => {
+                let read = frames.by_ref().take(budget).try_for_each(|frame| {
+                    let Frame { hdr, payload, .. } = frame?;
+                    assert!(page + payload.end <= link.rx.len(), "a frame's payload outside the ring");
+                    // SAFETY: `page + payload` lies in the ring's mapping (checked), which the
+                    // link holds while it lives; the writer does not reuse the bytes before the
+                    // head passes them (published below, after the sink's call).
+                    let bytes = unsafe { std::slice::from_raw_parts(base.add(page + payload.start), payload.len()) };
+                    sink.message(rank, &hdr, bytes);
                     n += 1;
-                }
-                link.head += total as u64;
+                    Ok(())
+                });
+                link.head = frames.head();
+                read
             }
-            Ok(())
-        })();
+        };
         // Release: the writer may reuse the bytes read once it loads the head with Acquire.
         Link::word(base, HEAD).store(link.head, Ordering::Release);
         if let Err(what) = result {
@@ -700,52 +707,25 @@ impl Transport for ScifChannel {
         let (pacer, node) = (self.pacer.clone(), self.node);
         let Some(link) = self.ready(peer, "try_send")? else { return Ok(Issued::WouldBlock) };
         let tx = link.tx.as_ref().expect("a ready link maps the peer's ring");
-        let (cap, page, base) = (link.tx_cap, page_size(), tx.as_ptr());
+        let base = tx.as_ptr();
         // Acquire: pairs with the reader's Release store of its head after it read the bytes.
         let head = Link::word(base, HEAD).load(Ordering::Acquire);
-        if head > link.tail || link.tail - head > cap {
-            return Err(Error::protocol(
-                peer,
-                format_args!("its ring head {head} is not within {cap} bytes before the tail {}", link.tail),
-            ));
-        }
-        let total = frame_len(payload.len()) as u64;
-        let pos = link.tail % cap;
-        let room = cap - pos;
-        let pad = if total > room { room } else { 0 };
-        if link.tail - head + pad + total > cap {
-            return Ok(Issued::WouldBlock);
-        }
+        let cap = link.tx_cap;
+        let frame = frame_len(payload.len()) as u64;
         if let Some(p) = pacer {
+            // Only a frame the ring has room for takes the link (a bogus head fails below).
+            let room = head <= link.tail && cap.saturating_sub(link.tail - head) >= frame;
             let to = link.ep.peer().map_or(node, |(p, _)| p.node);
-            if !p.admit(node, to, (pad + total) as usize, std::time::Instant::now()) {
+            if room && !p.admit(node, to, frame as usize, std::time::Instant::now()) {
                 return Ok(Issued::WouldBlock);
             }
         }
-        let write = |at: u64, bytes: &[u8]| {
-            // SAFETY: `page + at + bytes.len()` stays within the mapping of `page + cap` bytes:
-            // callers write frames that end at or before the ring's end (`total <= room` once
-            // padded); the bytes are not read by the peer before the tail passes them.
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), base.add(page + at as usize), bytes.len()) }
+        let mut ring = TxRing { map: tx, page: page_size(), cap: cap as usize };
+        let tail = match ring::write(&mut ring, head, link.tail, hdr, payload) {
+            Err(what) => return Err(Error::protocol(peer, what)),
+            Ok(None) => return Ok(Issued::WouldBlock),
+            Ok(Some(tail)) => tail,
         };
-        let mut tail = link.tail;
-        if pad > 0 {
-            let mut fh = [0u8; FRAME_HEAD];
-            fh[0..4].copy_from_slice(&((pad as usize - FRAME_HEAD) as u32).to_le_bytes());
-            fh[4..8].copy_from_slice(&PAD.to_le_bytes());
-            write(pos, &fh);
-            tail += pad;
-        }
-        let at = tail % cap;
-        let mut head_bytes = [0u8; FRAME_HEAD + Header::WIRE_LEN];
-        head_bytes[0..4].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-        head_bytes[4..8].copy_from_slice(&FRAME.to_le_bytes());
-        let mut hb = [0u8; Header::WIRE_LEN];
-        hdr.encode(&mut hb);
-        head_bytes[FRAME_HEAD..].copy_from_slice(&hb);
-        write(at, &head_bytes);
-        write(at + head_bytes.len() as u64, payload);
-        tail += total;
         link.tail = tail;
         // Release: the frame's bytes are visible to the reader that loads the tail with Acquire.
         Link::word(base, TAIL).store(tail, Ordering::Release);

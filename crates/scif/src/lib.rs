@@ -38,6 +38,7 @@ mod flags;
 pub mod fuzzing;
 mod memory;
 mod pacing;
+mod ring;
 pub mod settings;
 mod window;
 mod wire;
