@@ -501,7 +501,7 @@ impl ScifChannel {
         let tail = Link::word(base, TAIL).load(Ordering::Acquire);
         let rx = RxRing { mem: &link.rx, page, cap: self.ring };
         let mut n = 0;
-        let result = match ring::Frames::new(&rx, rank, link.head, tail) {
+        let result = match ring::Frames::new(&rx, link.head, tail) {
             Err(what) => Err(what),
             Ok(mut frames) => {
                 let read = frames.by_ref().take(budget).try_for_each(|frame| {

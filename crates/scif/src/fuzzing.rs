@@ -32,9 +32,6 @@ pub fn sample_records() -> Vec<(&'static str, Vec<u8>)> {
     .collect()
 }
 
-/// The rank [`read_ring`] says wrote the ring, in the header's errors.
-pub const RING_PEER: u32 = 1;
-
 /// Largest payload of a ring frame.
 pub const MAX_EAGER: usize = ring::MAX_EAGER;
 
@@ -55,7 +52,7 @@ pub type RingTaken = (Vec<RingFrame>, u64, Option<String>);
 /// capacity is its length), from the reader's `head` to the writer's `tail`, as
 /// `ScifChannel::drain` does (the ring module's `Frames`).
 pub fn read_ring(ring: &[u8], head: u64, tail: u64, budget: usize) -> RingTaken {
-    let mut frames = match Frames::new(ring, RING_PEER, head, tail) {
+    let mut frames = match Frames::new(ring, head, tail) {
         Ok(frames) => frames,
         Err(what) => return (Vec::new(), head, Some(what)),
     };

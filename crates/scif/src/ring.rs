@@ -12,7 +12,7 @@
 //! and its header; the writer the head the reader publishes. A forged one is an error text (the
 //! channel turns it into a protocol error naming the peer), never an access outside the ring.
 
-use polyrail_core::{Header, Rank};
+use polyrail_core::Header;
 use std::ops::Range;
 
 /// Bytes of a frame's head: payload length (u32) and kind (u32); the engine header follows.
@@ -80,8 +80,6 @@ pub(crate) struct Frame {
 /// bytes and the tail say.
 pub(crate) struct Frames<'r, R: RingRead + ?Sized> {
     ring: &'r R,
-    /// Who wrote the ring, for the header's errors.
-    peer: Rank,
     head: u64,
     tail: u64,
     /// A frame was refused: nothing more is read.
@@ -89,14 +87,14 @@ pub(crate) struct Frames<'r, R: RingRead + ?Sized> {
 }
 
 impl<'r, R: RingRead + ?Sized> Frames<'r, R> {
-    /// The frames of `ring` from the reader's `head` to the `tail` the writer (`peer`)
-    /// published; `Err` when the tail is not within the ring's capacity after the head.
-    pub fn new(ring: &'r R, peer: Rank, head: u64, tail: u64) -> Result<Self, String> {
+    /// The frames of `ring` from the reader's `head` to the `tail` the writer published; `Err`
+    /// when the tail is not within the ring's capacity after the head.
+    pub fn new(ring: &'r R, head: u64, tail: u64) -> Result<Self, String> {
         let cap = ring.cap() as u64;
         if tail < head || tail - head > cap {
             return Err(format!("ring tail {tail} is not within {cap} bytes after the head {head}"));
         }
-        Ok(Frames { ring, peer, head, tail, broken: false })
+        Ok(Frames { ring, head, tail, broken: false })
     }
 
     /// The reader's head: past every frame taken (and PAD frame passed), at a refused one.
@@ -130,7 +128,7 @@ impl<'r, R: RingRead + ?Sized> Frames<'r, R> {
         let frame = if kind == FRAME {
             let mut hb = [0u8; Header::WIRE_LEN];
             self.ring.read(pos + FRAME_HEAD, &mut hb);
-            let hdr = Header::decode(self.peer, &hb).map_err(|e| e.to_string())?;
+            let hdr = Header::parse(&hb)?;
             let at = pos + FRAME_HEAD + Header::WIRE_LEN;
             Some(Frame { hdr, payload: at..at + len, head: self.head + total as u64 })
         } else {
@@ -222,7 +220,7 @@ mod tests {
     /// Reads every frame of `ring` from `head` to `tail`: the frames and the head after them, or
     /// the error.
     fn read_all(ring: &[u8], head: u64, tail: u64) -> Result<(Sent, u64), String> {
-        let mut frames = Frames::new(ring, 1, head, tail)?;
+        let mut frames = Frames::new(ring, head, tail)?;
         let got = frames.by_ref().map(|f| f.map(|f| (f.hdr, ring[f.payload].to_vec()))).collect::<Result<_, _>>()?;
         Ok((got, frames.head()))
     }
@@ -289,7 +287,7 @@ mod tests {
         for seq in 0..3 {
             tail = write(&mut ring[..], 0, tail, &hdr(seq, 1), &[0]).unwrap().unwrap();
         }
-        let mut frames = Frames::new(&ring[..], 1, 0, tail).unwrap();
+        let mut frames = Frames::new(&ring[..], 0, tail).unwrap();
         assert_eq!(frames.by_ref().take(2).count(), 2);
         assert_eq!(frames.head(), 2 * frame_len(1) as u64);
     }
@@ -304,20 +302,20 @@ mod tests {
             (frame(8, PAD), 64, "a frame of kind 1 and 8 bytes at ring byte 0"),
             (frame(8, FRAME), 8, "a frame of 56 bytes at ring byte 0 passes the tail"),
             // The header's bytes are zeros: kind 0 is none (the error text is the header's own).
-            (frame(0, FRAME), 64, "protocol violation from rank 1: unknown packet kind 0"),
+            (frame(0, FRAME), 64, "unknown packet kind 0"),
         ];
         for (bytes, tail, what) in cases {
             let mut ring = vec![0u8; 1024];
             ring[..8].copy_from_slice(&bytes);
             assert_eq!(read_all(&ring, 0, tail), Err(what.to_string()));
-            let mut frames = Frames::new(&ring[..], 1, 0, tail).unwrap();
+            let mut frames = Frames::new(&ring[..], 0, tail).unwrap();
             assert!(matches!(frames.next(), Some(Err(_))));
             assert_eq!((frames.next(), frames.head()), (None, 0), "{what}: stops at the broken frame");
         }
-        let e = Frames::new(&[0u8; 1024][..], 1, 8, 8 + 1025).err().unwrap();
+        let e = Frames::new(&[0u8; 1024][..], 8, 8 + 1025).err().unwrap();
         assert_eq!(e, "ring tail 1033 is not within 1024 bytes after the head 8");
-        assert!(Frames::new(&[0u8; 1024][..], 1, 8, 0).is_err());
-        let e = Frames::new(&[0u8; 12][..], 1, 8, 12).unwrap().next().unwrap().unwrap_err();
+        assert!(Frames::new(&[0u8; 1024][..], 8, 0).is_err());
+        let e = Frames::new(&[0u8; 12][..], 8, 12).unwrap().next().unwrap().unwrap_err();
         assert_eq!(e, "a frame head at ring byte 8 passes the ring's end");
     }
 
