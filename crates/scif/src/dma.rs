@@ -8,12 +8,15 @@ use crate::window::Seg;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{mpsc, Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Bytes the engine copies between two checks that the peer is alive.
 const CHUNK: usize = 1 << 20;
+/// Transfers from this size on are split between the engine's two channels (as a DMA engine
+/// spreads a large transfer over its channels); smaller ones run on one.
+const SPLIT_FROM: usize = 512 << 10;
 /// In [`DmaMode::Reverse`], how long after the last post the engine waits for more before it
 /// runs the queue (a fence or a synchronous RMA runs it at once): long enough that a test's
 /// posts land in one batch on a loaded machine.
@@ -289,16 +292,52 @@ struct Shared {
     cpu_ns: AtomicU64,
     cpu_transfers: AtomicU64,
     cpu_bytes: AtomicU64,
+    /// The second channel: takes half of a large transfer's pieces.
+    lane: Mutex<Option<mpsc::Sender<LaneJob>>>,
+    /// CPU time of the second channel's thread.
+    lane_cpu_ns: Arc<AtomicU64>,
 }
 
-/// The engine: its thread runs while the engine lives.
+/// Pieces for the engine's second channel, and where to say how the copy went.
+struct LaneJob {
+    parts: Vec<(Place, Place, usize)>,
+    done: mpsc::Sender<Result<(), String>>,
+}
+
+// SAFETY: the places are addresses whose memory the job that owns them keeps mapped until the
+// lane answered (the engine's thread waits for the answer before it releases the job).
+unsafe impl Send for LaneJob {}
+
+/// The second channel's thread: copies the pieces it is given, in order, until the engine goes.
+fn run_lane(jobs: mpsc::Receiver<LaneJob>, cpu_ns: Arc<AtomicU64>) {
+    while let Ok(job) = jobs.recv() {
+        // SAFETY: each piece lies in memory the owning job keeps mapped until this answer.
+        let copied = job.parts.into_iter().try_for_each(|(from, to, n)| unsafe { copy_piece(from, to, n) });
+        let _ = job.done.send(copied);
+        // Relaxed: a counter for reports.
+        cpu_ns.store(thread_cpu_ns(), Ordering::Relaxed);
+    }
+}
+
+/// CPU time of the calling thread, in nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    (t.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec as u64)
+}
+
+/// The engine: its threads run while the engine lives.
 pub(crate) struct Engine {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    lane: Option<JoinHandle<()>>,
 }
 
 impl Engine {
     pub(crate) fn start(mode: DmaMode, pacer: Arc<dyn Pacer>, name: String) -> std::io::Result<Engine> {
+        let (lane_tx, lane_rx) = mpsc::channel();
+        let lane_cpu_ns = Arc::new(AtomicU64::new(0));
+        let cpu = lane_cpu_ns.clone();
+        let lane = std::thread::Builder::new().name(format!("{name}.1")).spawn(move || run_lane(lane_rx, cpu))?;
         let shared = Arc::new(Shared {
             st: Mutex::new(State::default()),
             watched: Mutex::new(Vec::new()),
@@ -310,10 +349,12 @@ impl Engine {
             cpu_ns: AtomicU64::new(0),
             cpu_transfers: AtomicU64::new(0),
             cpu_bytes: AtomicU64::new(0),
+            lane: Mutex::new(Some(lane_tx)),
+            lane_cpu_ns,
         });
         let run = shared.clone();
         let thread = std::thread::Builder::new().name(name).spawn(move || run.run())?;
-        Ok(Engine { shared, thread: Some(thread) })
+        Ok(Engine { shared, thread: Some(thread), lane: Some(lane) })
     }
 
     pub(crate) fn mode(&self) -> DmaMode {
@@ -372,7 +413,7 @@ impl Engine {
         DmaStats {
             transfers: s.transfers.load(Ordering::Relaxed),
             bytes: s.bytes.load(Ordering::Relaxed),
-            cpu: Duration::from_nanos(s.cpu_ns.load(Ordering::Relaxed)),
+            cpu: Duration::from_nanos(s.cpu_ns.load(Ordering::Relaxed) + s.lane_cpu_ns.load(Ordering::Relaxed)),
             cpu_transfers: s.cpu_transfers.load(Ordering::Relaxed),
             cpu_bytes: s.cpu_bytes.load(Ordering::Relaxed),
         }
@@ -386,7 +427,34 @@ impl Drop for Engine {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        // The second channel ends when its queue closes.
+        drop(self.shared.lane.lock().unwrap().take());
+        if let Some(t) = self.lane.take() {
+            let _ = t.join();
+        }
     }
+}
+
+/// Moves the pieces after the first `at` bytes of `parts` (splitting one if needed) into the
+/// returned list.
+fn split_at_bytes(parts: &mut Vec<(Place, Place, usize)>, at: usize) -> Vec<(Place, Place, usize)> {
+    let mut seen = 0;
+    for i in 0..parts.len() {
+        let (from, to, n) = parts[i];
+        if seen + n > at {
+            let keep = at - seen;
+            let mut rest = parts.split_off(i + 1);
+            if keep == 0 {
+                rest.insert(0, parts.pop().expect("piece i"));
+            } else {
+                parts[i].2 = keep;
+                rest.insert(0, (from.offset(keep), to.offset(keep), n - keep));
+            }
+            return rest;
+        }
+        seen += n;
+    }
+    Vec::new()
 }
 
 /// Copies `len` bytes from `src` to `dst` (equal totals) as (from, to, len) pieces.
@@ -496,6 +564,21 @@ impl Shared {
         if reverse {
             parts.reverse();
         }
+        // A large transfer's second half goes to the second channel, unless it is busy or gone.
+        let mut lane = None;
+        if !reverse && total >= SPLIT_FROM {
+            let half = split_at_bytes(&mut parts, (total / 2).next_multiple_of(4096));
+            let (done, answer) = mpsc::channel();
+            let work = LaneJob { parts: half, done };
+            let sent = match self.lane.lock().unwrap().as_ref() {
+                Some(l) => l.send(work).map_err(|e| e.0),
+                None => Err(work),
+            };
+            match sent {
+                Ok(()) => lane = Some(answer),
+                Err(back) => parts.extend(back.parts),
+            }
+        }
         let mut ok = true;
         for (from, to, n) in parts {
             // A lost peer stops the transfer within a piece (at most `CHUNK` bytes).
@@ -510,6 +593,16 @@ impl Shared {
                 job.conn.fault(job.seq, why);
                 ok = false;
                 break;
+            }
+        }
+        // The job's memory stays mapped until the second channel answered.
+        if let Some(answer) = lane {
+            let copied = answer.recv().unwrap_or_else(|_| Err("the DMA engine's second channel stopped".into()));
+            if let Err(why) = copied {
+                if ok && job.conn.alive() {
+                    job.conn.fault(job.seq, why);
+                }
+                ok = false;
             }
         }
         drop(std::mem::take(&mut job.keep));
@@ -544,9 +637,8 @@ impl Shared {
     }
 
     fn note_cpu(&self) {
-        let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-        let ns = (t.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec as u64);
-        self.cpu_ns.store(ns, Ordering::Relaxed);
+        // Relaxed: a counter for reports.
+        self.cpu_ns.store(thread_cpu_ns(), Ordering::Relaxed);
     }
 }
 

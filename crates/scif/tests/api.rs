@@ -383,6 +383,46 @@ fn ordinary_memory_registered_in_place_is_lent_for_reading_only() {
 }
 
 #[test]
+fn large_transfers_copy_every_byte_over_both_dma_channels() {
+    let dir = tmp();
+    let (fa, fb) = fabrics(dir.path(), DmaMode::InOrder);
+    let (a, b) = pair(&fa, &fb);
+    let len = 3 << 20;
+    let (ma, mb) = (Memory::new(len).unwrap(), Memory::new(len).unwrap());
+    // A pattern that does not repeat every 256 bytes: a piece copied to the wrong place shows.
+    mb.write(0, &(0..len).map(|i| ((i as u64).wrapping_mul(2_654_435_761) >> 13) as u8).collect::<Vec<_>>());
+    let rw = Prot::READ | Prot::WRITE;
+    let la = a.register(&ma, 0, len, 0, rw, MapFlags::NONE).unwrap();
+    let rb = b.register(&mb, 0, len, 0, rw, MapFlags::NONE).unwrap();
+    // Odd lengths and offsets: the halves meet inside a piece.
+    for (n, at) in [(len, 0), ((1 << 20) + 12_345, 777), ((512 << 10) + 1, 3)] {
+        a.readfrom(la, n, rb + at as u64, RmaFlags::SYNC).unwrap();
+        assert!(bytes(&ma, 0, n) == bytes(&mb, at, n), "{n} bytes at {at}");
+        let mut buf = vec![0u8; n];
+        a.vreadfrom(&mut buf, rb + at as u64, RmaFlags::NONE).unwrap();
+        assert!(buf == bytes(&mb, at, n), "{n} bytes at {at} into ordinary memory");
+    }
+    // Memory the owner unmapped in the second half of a window lent in place: the transfer
+    // fails naming the read, whichever channel met it.
+    let page = page_size();
+    let mut lent = memmap2::MmapMut::map_anon(2 << 20).unwrap();
+    lent.fill(5);
+    // SAFETY: the first MiB stays mapped while lent; the second is unmapped on purpose, which
+    // only the peer's reads meet.
+    let w = unsafe { b.register_in_place(lent.as_ptr(), 2 << 20, 0x1000_0000, MapFlags::FIXED) }.unwrap();
+    let tail = unsafe { lent.as_mut_ptr().add(1 << 20) };
+    // SAFETY: unmaps the second MiB of `lent`, which nothing here touches again (`lent` is
+    // forgotten below rather than dropped).
+    assert_eq!(unsafe { libc::munmap(tail.cast(), 1 << 20) }, 0);
+    let mut buf = vec![0u8; 2 << 20];
+    let e = a.vreadfrom(&mut buf, w, RmaFlags::NONE).unwrap_err();
+    assert_eq!(e.errno(), rustix::io::Errno::FAULT.raw_os_error(), "{e}");
+    a.vreadfrom(&mut buf[..page], w, RmaFlags::NONE).unwrap();
+    assert!(buf[..page].iter().all(|&x| x == 5));
+    std::mem::forget(lent);
+}
+
+#[test]
 fn forged_windows_in_place_from_a_peer_are_refused() {
     let dir = tmp();
     let s = setup(dir.path(), DmaMode::InOrder);
