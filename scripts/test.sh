@@ -28,7 +28,7 @@ if command -v mpiexec.hydra > /dev/null; then
     # Nodes with devices (--layout 1+1,1+1 of polyrail run): each block of Hydra's command line
     # places one rank, so host and device ranks talk over scif, the nodes over ib.
     cargo build --release --workspace --quiet
-    place() { echo "-n 1 -env POLYRAIL_NODE $1 -env POLYRAIL_DOMAIN $2 -env POLYRAIL_SCIF_NODES 2"; }
+    place() { echo "-n 1 -env POLYRAIL_NODE $1 -env POLYRAIL_DOMAIN $2 -env POLYRAIL_DOMAINS 2"; }
     ring=target/release/examples/ring
     timeout 120 mpiexec.hydra $(place 0 0) $ring : $(place 0 1) $ring : $(place 1 0) $ring : $(place 1 1) $ring
     check="target/release/polyrail-bench latency --sizes 8,16k,64k,1m,4m --validate --iters 10"

@@ -149,7 +149,7 @@ pub fn channel_settings(transport: &str) -> anyhow::Result<&'static [(&'static s
 pub struct ChannelLayout {
     /// `POLYRAIL_NODE` of each rank.
     pub nodes: Option<Vec<u32>>,
-    /// `POLYRAIL_DOMAIN` and `POLYRAIL_SCIF_NODES` of each rank.
+    /// `POLYRAIL_DOMAIN` and `POLYRAIL_DOMAINS` of each rank.
     pub domains: Option<Vec<(u16, u16)>>,
 }
 
@@ -247,7 +247,7 @@ pub fn channel_config(transport: &str) -> anyhow::Result<polyrail::Config> {
     }
     if let Some(&(domain, domains)) = layout.domains.as_ref().and_then(|d| d.first()) {
         cfg.set("POLYRAIL_DOMAIN", &domain.to_string())?;
-        cfg.set("POLYRAIL_SCIF_NODES", &domains.to_string())?;
+        cfg.set("POLYRAIL_DOMAINS", &domains.to_string())?;
     }
     Ok(cfg)
 }

@@ -77,7 +77,7 @@ pub struct LaunchOptions {
     /// Ranks on different nodes never use node-local channels. See [`nodes_from_counts`].
     pub nodes: Option<Vec<u32>>,
     /// Memory domain of each rank within its node (`POLYRAIL_DOMAIN`: 0 the host, k device k)
-    /// and how many domains its node has (`POLYRAIL_SCIF_NODES`), or none: every rank on the
+    /// and how many domains its node has (`POLYRAIL_DOMAINS`), or none: every rank on the
     /// host. See [`Layout`].
     pub domains: Option<Vec<(u16, u16)>>,
     /// Start every line of the ranks' output with `[rank] ` (`polyrail run --label`).
@@ -510,7 +510,7 @@ fn spawn_rank(
         cmd.env("POLYRAIL_NODE", node.to_string());
     }
     if let Some(&(domain, domains)) = opts.domains.as_ref().and_then(|d| d.get(rank as usize)) {
-        cmd.env("POLYRAIL_DOMAIN", domain.to_string()).env("POLYRAIL_SCIF_NODES", domains.to_string());
+        cmd.env("POLYRAIL_DOMAIN", domain.to_string()).env("POLYRAIL_DOMAINS", domains.to_string());
     }
     if rank != 0 {
         cmd.stdin(Stdio::null());

@@ -184,7 +184,9 @@ fn get_long(boot: &mut dyn Bootstrap, key: &str) -> Result<String> {
 /// own values, and that every `POLYRAIL_*` name is one some table declares (else an error that
 /// suggests the nearest).
 pub fn check_settings(factories: &[&dyn ChannelFactory], config: &Config) -> Result<()> {
-    let declared: Vec<VarInfo> = factories.iter().flat_map(|f| f.variables()).collect();
+    // Channels that share a model (scif and ib the link model's) declare its variables each.
+    let mut seen = std::collections::HashSet::new();
+    let declared: Vec<VarInfo> = factories.iter().flat_map(|f| f.variables()).filter(|v| seen.insert(v.name)).collect();
     config.check_names(&declared)?;
     // Channel names: which channels exist is known here, from the registered factories.
     let built: Vec<&str> = factories.iter().map(|f| f.kind().name()).collect();

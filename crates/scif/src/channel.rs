@@ -92,10 +92,10 @@ impl ChannelFactory for ScifFactory {
         }
         let settings = ScifSettings::from_config(start.config)?;
         let node = settings.node.unwrap_or(start.config.domain);
-        let nodes = settings.nodes.unwrap_or(node.saturating_add(1)).max(node.saturating_add(1));
+        let nodes = settings.nodes.unwrap_or(start.config.domains).max(node.saturating_add(1));
         if nodes < 2 {
             return Ok(Opened::Absent(
-                "this node has no device (POLYRAIL_SCIF_NODES is 1 or unset): scif joins a host and its devices".into(),
+                "this node has no device (POLYRAIL_DOMAINS is 1 or unset): scif joins a host and its devices".into(),
             ));
         }
         let base = settings

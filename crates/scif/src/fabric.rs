@@ -71,8 +71,9 @@ impl FabricConfig {
     }
 
     /// For job `job`, from the environment: `POLYRAIL_NODE` (physical node, default 0),
-    /// `POLYRAIL_SCIF_NODE` (SCIF node, default 0: the host), `POLYRAIL_SCIF_NODES` (default
-    /// one more than the node), `POLYRAIL_SCIF_DIR`, else `$XDG_RUNTIME_DIR`, else `/tmp`.
+    /// `POLYRAIL_SCIF_NODE` (SCIF node, default `POLYRAIL_DOMAIN`, else 0: the host),
+    /// `POLYRAIL_SCIF_NODES` (default `POLYRAIL_DOMAINS`, else one more than the node),
+    /// `POLYRAIL_SCIF_DIR`, else `$XDG_RUNTIME_DIR`, else `/tmp`.
     pub fn from_env(job: &str) -> Result<FabricConfig> {
         fn var<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
             match std::env::var(name) {
@@ -88,8 +89,9 @@ impl FabricConfig {
             .iter()
             .find_map(|v| std::env::var_os(v).filter(|p| !p.is_empty()))
             .map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
-        let node = var::<u16>("POLYRAIL_SCIF_NODE")?.unwrap_or(0);
-        let nodes = var::<u16>("POLYRAIL_SCIF_NODES")?.unwrap_or(node.saturating_add(1));
+        let node = var::<u16>("POLYRAIL_SCIF_NODE")?.or(var::<u16>("POLYRAIL_DOMAIN")?).unwrap_or(0);
+        let nodes =
+            var::<u16>("POLYRAIL_SCIF_NODES")?.or(var::<u16>("POLYRAIL_DOMAINS")?).unwrap_or(node.saturating_add(1));
         let mut cfg = FabricConfig::new(base, job, node, nodes);
         cfg.physical_node = var("POLYRAIL_NODE")?.unwrap_or(0);
         Ok(cfg)
@@ -425,7 +427,21 @@ mod tests {
         std::env::set_var("POLYRAIL_SCIF_NODES", "many");
         let e = FabricConfig::from_env("j").unwrap_err();
         assert!(e.to_string().contains("POLYRAIL_SCIF_NODES=\"many\""), "{e}");
-        for v in ["POLYRAIL_SCIF_DIR", "POLYRAIL_SCIF_NODE", "POLYRAIL_NODE", "POLYRAIL_SCIF_NODES"] {
+        // The layout's domain and domain count when the SCIF variables are not given.
+        std::env::remove_var("POLYRAIL_SCIF_NODES");
+        std::env::remove_var("POLYRAIL_SCIF_NODE");
+        std::env::set_var("POLYRAIL_DOMAIN", "1");
+        std::env::set_var("POLYRAIL_DOMAINS", "4");
+        let cfg = FabricConfig::from_env("j").unwrap();
+        assert_eq!((cfg.node, cfg.nodes), (1, 4));
+        for v in [
+            "POLYRAIL_SCIF_DIR",
+            "POLYRAIL_SCIF_NODE",
+            "POLYRAIL_NODE",
+            "POLYRAIL_SCIF_NODES",
+            "POLYRAIL_DOMAIN",
+            "POLYRAIL_DOMAINS",
+        ] {
             std::env::remove_var(v);
         }
     }

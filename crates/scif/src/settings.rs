@@ -11,8 +11,8 @@ pub struct ScifSettings {
     /// `POLYRAIL_SCIF_NODE`: this process's SCIF node (0 the host, k device k). Default: the
     /// process's domain (`POLYRAIL_DOMAIN`).
     pub node: Option<u16>,
-    /// `POLYRAIL_SCIF_NODES`: SCIF nodes of the physical node, host included. Default: one more
-    /// than this process's node.
+    /// `POLYRAIL_SCIF_NODES`: SCIF nodes of the physical node, host included. Default: the
+    /// node's domains (`POLYRAIL_DOMAINS`), at least one more than this process's node.
     pub nodes: Option<u16>,
     /// `POLYRAIL_SCIF_DIR`: where the job's endpoint directory is made. Default:
     /// `$XDG_RUNTIME_DIR`, else `/tmp`.
@@ -72,7 +72,7 @@ pub static VARS: &[Var<ScifSettings>] = &[
         info: VarInfo {
             name: "POLYRAIL_SCIF_NODES",
             default: "auto",
-            doc: "SCIF nodes of this physical node, host included (set by `polyrail run --layout`)",
+            doc: "SCIF nodes of this physical node, host included (default: POLYRAIL_DOMAINS)",
         },
         apply: |c, v| set(&mut c.nodes, node(v, 1)),
     },

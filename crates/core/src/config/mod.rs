@@ -387,6 +387,9 @@ pub struct Config {
     /// device k, set by `polyrail run --layout`. Domain-local channels ([`crate::Caps::DOMAIN_LOCAL`])
     /// do not cross domains. Default 0.
     pub domain: u16,
+    /// `POLYRAIL_DOMAINS`: how many memory domains this process's node has, the host and its
+    /// devices, set by `polyrail run --layout`. Default 1 (the host alone).
+    pub domains: u16,
     /// `POLYRAIL_*` variables no variable of this table is: the channels' own, which the channel
     /// crates that declare them parse ([`crate::ChannelFactory::check_settings`]). In the order
     /// given; a name set again replaces its value.
@@ -413,6 +416,7 @@ impl Default for Config {
             poll: PollPolicy::Dynamic(8),
             node: None,
             domain: 0,
+            domains: 1,
             others: Vec::new(),
         }
     }

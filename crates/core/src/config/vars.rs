@@ -356,6 +356,17 @@ pub static VARS: &[Var] = &[
             set(&mut c.domain, v.text.parse().map_err(|_| v.bad("a domain number from 0 (the host) to 65535")))
         },
     },
+    Var {
+        info: VarInfo {
+            name: "POLYRAIL_DOMAINS",
+            default: "1",
+            doc: "memory domains of this process's node, the host and its devices (set by `polyrail run --layout`)",
+        },
+        apply: |c, v| {
+            let n = v.text.parse().ok().filter(|&n: &u16| n >= 1);
+            set(&mut c.domains, n.ok_or_else(|| v.bad("a count of domains from 1 (the host alone) to 65535")))
+        },
+    },
 ];
 
 /// A variable's effective value in one process, for `polyrail info --config` (as `ucx_info -c`).
