@@ -36,8 +36,10 @@ mod requests;
 mod spare;
 mod split_share;
 mod types;
+mod views;
 
 pub use types::{Action, OpOutcome, Payload, ReqId, Source, SpaceId, Status, TagMatch};
+pub use views::{Activity, PeerView, Probe, ReqPhase};
 
 use crate::adapt::{Adapter, PeerAdapters, Seen, SendFacts, Tuning};
 use crate::config::SplitShare;
@@ -93,7 +95,7 @@ struct Rtr {
     key: RemoteKey,
 }
 
-/// A blocking receive waiting without a request ([`Engine::park_recv`]).
+/// A blocking receive waiting without a request ([`Engine::inline_recv`]).
 struct Parked {
     from: Rank,
     tag: TagMatch,
@@ -114,6 +116,18 @@ pub enum Unparked {
     Withdrawn,
 }
 
+/// What [`Engine::inline_recv`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum InlineRecv {
+    /// The message was here: it is in the buffer.
+    Received(Status),
+    /// The receive waits parked: progress until [`Engine::parked_settled`], then
+    /// [`Engine::unpark`].
+    Parked,
+    /// Nothing was done: post the receive with [`Engine::post_recv`].
+    Post,
+}
+
 /// What [`Engine::cancel_recv`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CancelRecv {
@@ -123,7 +137,7 @@ pub enum CancelRecv {
     NotCancelled,
     /// Withdrawing the receive needs its sender's word (it holds the receive's key, or an RTR
     /// whose place counts the receive): a `Withdraw` went to it, and
-    /// [`Engine::cancel_outcome`] tells how it ends.
+    /// [`Engine::phase`] tells how it ends (it stays [`ReqPhase::Posted`] until then).
     Asked,
 }
 
@@ -229,7 +243,7 @@ pub struct Engine {
     /// ANY_SOURCE receives, in post order.
     wild: VecDeque<ReqId>,
     /// The ranks that may send in a context, where not every rank may
-    /// ([`Engine::set_context_members`]).
+    /// ([`Engine::set_space_members`]).
     members_of: HashMap<u16, Box<[Rank]>>,
     /// Peers that finished or were lost.
     gone_peers: u32,
@@ -252,7 +266,7 @@ pub struct Engine {
     /// Registered memory that peers map, as address ranges sorted by start (see
     /// [`Engine::set_mapped_memory`]).
     mapped: Vec<Range<usize>>,
-    /// The blocking receive parked by [`Engine::park_recv`], if any.
+    /// The blocking receive parked by [`Engine::inline_recv`], if any.
     parked: Option<Parked>,
     /// Buffers of unexpected eager messages already taken, for the next ones.
     spare: SpareBuffers,
@@ -282,6 +296,8 @@ struct SplitProbe {
 pub enum SplitTiming {
     /// Its share was chosen and none of its actions ran yet: start the clock.
     Start,
+    /// It runs: keep the clock going (and see whether the process was away meanwhile).
+    Running,
     /// It has ended: report the time since the start with [`Engine::handle_split_time`].
     End,
 }
@@ -343,22 +359,29 @@ impl Engine {
         }
     }
 
-    /// Whether a split message is being timed: then call [`Engine::poll_split_timing`] before
-    /// and after executing actions. (Inline: the driver asks on every drain.)
+    /// What to do with the clock of the timed split message now; `None` when no message is
+    /// timed (the driver then reads no clock). Call it before and after executing actions.
+    /// (Inline: the driver asks on every drain.)
     #[inline]
-    pub fn split_timed(&self) -> bool {
-        self.split_probe.is_some()
+    pub fn poll_split_timing(&mut self) -> Option<SplitTiming> {
+        self.split_probe.as_ref()?;
+        Some(self.split_timing())
     }
 
-    /// What to do with the clock of the timed split message now, if anything.
-    pub fn poll_split_timing(&mut self) -> Option<SplitTiming> {
-        let probe = self.split_probe.as_mut()?;
+    /// [`Engine::poll_split_timing`] while a message is timed.
+    #[cold]
+    fn split_timing(&mut self) -> SplitTiming {
+        let probe = self.split_probe.as_mut().expect("checked by the caller");
         if !probe.started {
             probe.started = true;
-            return Some(SplitTiming::Start);
+            return SplitTiming::Start;
         }
         let ended = self.reqs.get(probe.id).is_none_or(|r| r.result.is_some());
-        ended.then_some(SplitTiming::End)
+        if ended {
+            SplitTiming::End
+        } else {
+            SplitTiming::Running
+        }
     }
 
     /// What the driver's clock says of the timed split message: [`SplitTime::Disturbed`], the
@@ -459,48 +482,39 @@ impl Engine {
         }
     }
 
-    /// The smallest message whose protocol the measured placement of a peer's core may decide
-    /// (`usize::MAX` when no route has a placement rule): smaller ones need no
-    /// [`Engine::wants_placement`].
-    #[inline]
-    pub fn placement_from(&self) -> usize {
-        self.placement_from
-    }
-
     /// The channel to time a line transfer from `peer` on before a send of `len` bytes to it,
     /// or a receive of at most `len` bytes from it (report it with
     /// [`Engine::handle_observation`]): see [`PlacementAdapter::wants_sample`](crate::adapt::PlacementAdapter::wants_sample).
+    /// Inline: a message smaller than any size a route's placement rule decides costs one
+    /// comparison.
     #[inline]
     pub fn wants_placement(&mut self, peer: Rank, len: usize) -> Option<ChannelId> {
         if len < self.placement_from {
-            return None; // every small message: one comparison
+            return None;
         }
+        self.placement_sample(peer, len)
+    }
+
+    /// [`Engine::wants_placement`] for a size a placement rule may decide.
+    #[inline(never)]
+    fn placement_sample(&mut self, peer: Rank, len: usize) -> Option<ChannelId> {
         let p = self.peers.get_mut(peer as usize)?;
         let route = p.route.as_ref()?;
         p.adapt.placement.wants_sample(route, len).then_some(route.am)
     }
 
-    /// The run-time adaptations' state for `peer`.
-    pub fn adapters(&self, peer: Rank) -> Option<&PeerAdapters> {
-        Some(&self.peers.get(peer as usize)?.adapt)
-    }
-
-    /// This process's rank.
-    pub fn rank(&self) -> Rank {
-        self.me
-    }
-
-    /// Number of ranks.
-    pub fn size(&self) -> u32 {
-        self.peers.len() as u32
-    }
-
-    /// An error naming `r` if it is no rank of the job.
-    pub fn check_rank(&self, r: Rank) -> Result<()> {
-        if (r as usize) < self.peers.len() {
-            return Ok(());
+    /// What the engine knows of job rank `peer`: its route, adapters and whether it is gone;
+    /// an error naming `peer` if it is no rank of the job.
+    pub fn peer(&self, peer: Rank) -> Result<PeerView<'_>> {
+        if (peer as usize) < self.peers.len() {
+            return Ok(PeerView { engine: self, rank: peer });
         }
-        Err(Error::InvalidArgument(format!("rank {r} is out of range (job size {})", self.peers.len())))
+        Err(Error::InvalidArgument(format!("rank {peer} is out of range (job size {})", self.peers.len())))
+    }
+
+    /// This process's rank and the number of ranks of the job.
+    pub fn rank_and_size(&self) -> (Rank, u32) {
+        (self.me, self.peers.len() as u32)
     }
 
     /// Sets the route table to `peer`, or records that no channel reaches it and why (`Err`:
@@ -529,17 +543,26 @@ impl Engine {
     }
 
     /// The route table to `peer`, if any.
-    pub fn route(&self, peer: Rank) -> Option<&PeerRoute> {
+    pub(super) fn route(&self, peer: Rank) -> Option<&PeerRoute> {
         self.peers.get(peer as usize)?.route.as_ref()
     }
 
     // ---- getters ------------------------------------------------------------------------
 
-    /// Whether the request finished (successfully or not). A receive that failed while its
-    /// own read into the buffer was in flight (an RDMA read the adapter may still place)
-    /// finishes when that read completes.
-    pub fn is_done(&self, req: ReqId) -> bool {
-        self.reqs.get(req).is_none_or(|r| r.result.is_some() && !r.copying)
+    /// Where request `req` stands: running, posted (a receive no message matched yet), done
+    /// (its result waits for [`Engine::take_result`]; also for an unknown or stale id) or
+    /// withdrawn by [`Engine::cancel_recv`]. A receive that failed while its own read into the
+    /// buffer was in flight (an RDMA read the adapter may still place) is done when that read
+    /// completes.
+    #[inline]
+    pub fn phase(&self, req: ReqId) -> ReqPhase {
+        let Some(r) = self.reqs.get(req) else { return ReqPhase::Done };
+        match &r.result {
+            Some(_) if r.withdrawal == Withdrawal::Done => ReqPhase::Withdrawn,
+            Some(_) if !r.copying => ReqPhase::Done,
+            None if r.dir == Dir::Recv && !r.matched => ReqPhase::Posted,
+            _ => ReqPhase::Running,
+        }
     }
 
     /// Takes the result of a finished request and forgets it; `None` while it runs.
@@ -566,43 +589,33 @@ impl Engine {
         self.peer_may_write.len() != before
     }
 
-    /// Every request for which [`Engine::take_peer_may_write`] would answer yes.
-    pub fn take_all_peer_may_write(&mut self) -> Vec<ReqId> {
-        std::mem::take(&mut self.peer_may_write)
-    }
-
-    /// The status of the first unexpected message matching `(src, tag, ctx)`, without
-    /// receiving it (`MPI_Iprobe`).
-    pub fn probe(&self, src: Source, tag: TagMatch, space: SpaceId) -> Option<Status> {
-        let ctx = space.0;
-        self.find_unexpected(src, tag, ctx).map(|(from, i)| {
+    /// What a probe for `(src, tag, space)` finds (`MPI_Iprobe`): the status of the first
+    /// unexpected message matching, without receiving it, or, when none does, what the
+    /// probe's senders' losses say ([`Probe::lost`], [`Probe::never`]).
+    pub fn probe(&self, src: Source, tag: TagMatch, space: SpaceId) -> Probe<'_> {
+        let found = self.find_unexpected(src, tag, space.0).map(|(from, i)| {
             let u = &self.peers[from as usize].unexpected[i];
             Status { source: from, tag: u.tag, len: u.len }
-        })
+        });
+        Probe { engine: self, src, space, found }
     }
 
     /// Why `peer` can no longer be used, if it cannot.
-    pub fn peer_error(&self, peer: Rank) -> Option<Error> {
+    pub(super) fn peer_error(&self, peer: Rank) -> Option<Error> {
         let gone = self.peers.get(peer as usize)?.gone?;
         Some(self.gone_error(peer, gone))
     }
 
-    /// Requests not yet forgotten (running, or finished with their result not taken).
-    pub fn active_requests(&self) -> usize {
-        self.reqs.live()
-    }
-
-    /// Whether a peer that is still alive holds the key of a running receive (so it may yet
-    /// write into that receive's buffer): ending the receive now, e.g. because the process
-    /// manager has gone, would hand back a buffer that peer can still write.
-    pub fn lends_keys_to_live_peers(&self) -> bool {
-        self.reqs.ids().any(|id| self.reqs.get(id).is_some_and(|r| r.result.is_none() && self.lent_to_live_peer(r)))
-    }
-
-    /// Whether a one-sided read into a receive's buffer is still in flight (a channel may still
-    /// write there, also for a request that failed or was discarded).
-    pub fn copies_in_flight(&self) -> bool {
-        self.reqs.ids().any(|id| self.reqs.get(id).is_some_and(|r| r.copying))
+    /// Counts of the requests not yet forgotten and what may still write their buffers (one
+    /// pass over the requests: for waits and finalize, not for every message).
+    pub fn activity(&self) -> Activity {
+        let mut a = Activity { requests: self.reqs.live(), ..Activity::default() };
+        for r in self.reqs.ids().filter_map(|id| self.reqs.get(id)) {
+            a.running += usize::from(r.result.is_none() || r.copying);
+            a.lends_keys_to_live_peers |= r.result.is_none() && self.lent_to_live_peer(r);
+            a.copies_in_flight |= r.copying;
+        }
+        a
     }
 
     fn peer_alive(&self, peer: Rank) -> bool {
@@ -619,11 +632,6 @@ impl Engine {
     /// there).
     fn lent_to_live_peer(&self, r: &Req) -> bool {
         r.lends_key() && self.peer_alive(r.peer)
-    }
-
-    /// Requests still running.
-    pub fn running_requests(&self) -> usize {
-        self.reqs.ids().filter(|&id| !self.is_done(id)).count()
     }
 
     /// Channels on which something this process waits for can arrive: the active-message
@@ -859,34 +867,54 @@ impl Engine {
         Ok(id)
     }
 
-    /// The fast path of a receive whose message is here already: when the first unexpected
-    /// message matching `(src, tag, ctx)` is an eager one that arrived whole and fits `buf`,
-    /// copies it into `buf` and returns its status, without a request (the skew feedback counts
-    /// the receive as [`Engine::post_recv`] does; run the actions afterwards). `None`: post the
-    /// receive instead (nothing matched, a rendezvous or fragments still to come, a message
-    /// too long for `buf`, which the request then reports).
+    /// The fast paths of a receive, without a request. When the first unexpected message
+    /// matching `(src, tag, space)` is an eager one that arrived whole and fits `buf`, copies
+    /// it into `buf`: [`InlineRecv::Received`]. When nothing matches and `park` allows it, the
+    /// receive may wait parked: [`InlineRecv::Parked`] (see below). Else
+    /// [`InlineRecv::Post`]: post it with [`Engine::post_recv`] (a rendezvous or fragments
+    /// still to come, a message too long for `buf`, which the request then reports, or a
+    /// receive that cannot park). The skew feedback counts the receive as `post_recv` does;
+    /// run the actions afterwards.
+    ///
+    /// A parked receive (a blocking one, `park`) names one peer, no other receive waits for
+    /// that peer's messages (none posted for it, no ANY_SOURCE one), and a buffer of
+    /// `buf.len` bytes takes eager messages from it (so `post_recv` would send no
+    /// receive-first hint). A whole eager message that fits is copied straight into `buf` on
+    /// arrival; any other matching packet (a first fragment, an RTS, a message too long) first
+    /// turns it into the request `post_recv` would have made, in its place. Progress until
+    /// [`Engine::parked_settled`], then end it with [`Engine::unpark`].
     ///
     /// # Safety
-    /// `buf` must be valid for writes of `buf.len` bytes during the call.
+    /// `buf` must be valid for writes of `buf.len` bytes during the call; when parked, it must
+    /// stay valid and not be accessed otherwise until [`Engine::unpark`] (and, when that gives
+    /// a request, until the request's result was taken or it failed).
     #[inline]
-    pub unsafe fn recv_unexpected(
+    pub unsafe fn inline_recv(
         &mut self,
         src: Source,
         tag: TagMatch,
         space: SpaceId,
         buf: RegionMut,
-    ) -> Option<Status> {
-        let ctx = space.0;
-        let (from, i) = self.find_unexpected(src, tag, ctx)?;
-        // SAFETY: forwarded to the caller.
-        unsafe { self.take_unexpected(src, from, i, buf) }
+        park: bool,
+    ) -> InlineRecv {
+        if let Some((from, i)) = self.find_unexpected(src, tag, space.0) {
+            // SAFETY: forwarded to the caller.
+            return match unsafe { self.take_unexpected(src, from, i, buf) } {
+                Some(status) => InlineRecv::Received(status),
+                None => InlineRecv::Post,
+            };
+        }
+        if park && self.park_recv(src, tag, space, buf) {
+            return InlineRecv::Parked;
+        }
+        InlineRecv::Post
     }
 
-    /// [`Engine::recv_unexpected`] once a message matched: unexpected message `i` of `from`.
+    /// [`Engine::inline_recv`] once a message matched: unexpected message `i` of `from`.
     /// Out of line: a receive mostly finds none.
     ///
     /// # Safety
-    /// As for [`Engine::recv_unexpected`].
+    /// As for [`Engine::inline_recv`].
     #[inline(never)]
     unsafe fn take_unexpected(&mut self, src: Source, from: Rank, i: usize, buf: RegionMut) -> Option<Status> {
         let u = &self.peers[from as usize].unexpected[i];
@@ -905,20 +933,9 @@ impl Engine {
         Some(Status { source: from, tag: ux.tag, len: ux.len })
     }
 
-    /// The fast path of a blocking receive whose message is not here yet: when it names one
-    /// peer, no other receive waits for that peer's messages (none posted for it, no
-    /// ANY_SOURCE one), nothing unexpected of the peer matches, and a buffer of `buf.len`
-    /// bytes takes eager messages from it (so [`Engine::post_recv`] would send no
-    /// receive-first hint), the receive waits here without a request and returns `true`. A
-    /// whole eager message that fits is copied straight into `buf` on arrival; any other
-    /// matching packet (a first fragment, an RTS, a message too long) first turns it into the
-    /// request `post_recv` would have made, in its place. Progress until
-    /// [`Engine::parked_settled`], then end it with [`Engine::unpark`]. `false`: post it.
-    ///
-    /// # Safety
-    /// `buf` must stay valid and not be accessed otherwise until [`Engine::unpark`] (and, when
-    /// that gives a request, until the request's result was taken or it failed).
-    pub unsafe fn park_recv(&mut self, src: Source, tag: TagMatch, space: SpaceId, buf: RegionMut) -> bool {
+    /// [`Engine::inline_recv`] of a blocking receive that nothing unexpected matches: parks it
+    /// when it may (see there); whether it did. The caller keeps `buf` as `inline_recv` says.
+    fn park_recv(&mut self, src: Source, tag: TagMatch, space: SpaceId, buf: RegionMut) -> bool {
         let ctx = space.0;
         let Source::Rank(from) = src else { return false };
         if self.parked.is_some() || !self.wild.is_empty() {
@@ -930,7 +947,7 @@ impl Engine {
         let eager = placement_says_eager(p, buf.len)
             .or_else(|| p.route.as_ref().map(|r| !r.lookup(buf.len).protocol.is_one_sided()))
             .unwrap_or(false);
-        if !eager || p.gone.is_some() || !p.posted.is_empty() || self.find_unexpected(src, tag, ctx).is_some() {
+        if !eager || p.gone.is_some() || !p.posted.is_empty() {
             return false;
         }
         self.touched();
@@ -962,7 +979,7 @@ impl Engine {
             return false;
         }
         if hdr.kind == PacketKind::Eager && payload.len() as u64 == hdr.len && payload.len() <= p.buf.len {
-            // SAFETY: payload.len() <= buf.len; park_recv's caller keeps the buffer valid and
+            // SAFETY: payload.len() <= buf.len; inline_recv's caller keeps the buffer valid and
             // unaliased while it is parked.
             unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), p.buf.ptr, payload.len()) };
             p.end = Some(Unparked::Done(Ok(Status { source: from, tag: hdr.tag, len: payload.len() })));
@@ -1022,10 +1039,11 @@ impl Engine {
     }
 
     /// Fails the receives whose withdrawal is still unanswered and the running ones whose key
-    /// a live peer holds (an RTR or a CTS gave it to the sender): those peers may yet
-    /// write their buffers, which [`Engine::take_peer_may_write`] then names. Returns how many.
-    /// For a process that can wait no longer.
-    pub fn abandon_lent_receives(&mut self) -> usize {
+    /// a live peer holds (an RTR or a CTS gave it to the sender): those peers may yet write
+    /// their buffers. Returns every request whose buffer a peer may still write (these, and
+    /// those [`Engine::take_peer_may_write`] was not asked about yet), which must never be
+    /// reused. For a process that can wait no longer.
+    pub fn abandon_lent_receives(&mut self) -> Vec<ReqId> {
         let ids: Vec<(ReqId, bool)> = self
             .reqs
             .ids()
@@ -1043,12 +1061,7 @@ impl Engine {
             };
             self.fail(id, Error::InvalidArgument(why.into()));
         }
-        ids.len()
-    }
-
-    /// The request an operation id (from an [`Action`]) belongs to.
-    pub fn op_request(op: OpId) -> Option<ReqId> {
-        split_op(op).map(|(id, _)| id)
+        std::mem::take(&mut self.peer_may_write)
     }
 
     /// Withdraws a receive that no message has matched (`MPI_Cancel`). [`CancelRecv::Cancelled`]:
@@ -1057,8 +1070,8 @@ impl Engine {
     /// [`CancelRecv::Asked`]: its RTR gave the sender its key, which that peer may be writing
     /// through, or a later receive's RTR counts it (see `ask_withdrawal`); a `Withdraw` went
     /// to the sender, the receive still matches messages meanwhile, and
-    /// [`Engine::cancel_outcome`] tells how it ends (withdrawn when the answer comes before a
-    /// message; else it finishes with that message, or fails with the peer).
+    /// [`Engine::phase`] tells how it ends ([`ReqPhase::Withdrawn`] when the answer comes
+    /// before a message; else it finishes with that message, or fails with the peer).
     pub fn cancel_recv(&mut self, req: ReqId) -> CancelRecv {
         let Some(r) = self.reqs.get(req) else { return CancelRecv::NotCancelled };
         if r.dir != Dir::Recv || r.result.is_some() || r.matched {
@@ -1069,17 +1082,6 @@ impl Engine {
         }
         self.discard(req);
         CancelRecv::Cancelled
-    }
-
-    /// How the cancellation of `req` ([`CancelRecv::Asked`]) ended: `Some(true)` withdrawn (its
-    /// result is an error; [`Engine::discard`] it), `Some(false)` not (it matched a message, or
-    /// failed), `None` while the sender's answer is awaited.
-    pub fn cancel_outcome(&self, req: ReqId) -> Option<bool> {
-        match self.reqs.get(req) {
-            Some(r) if r.withdrawal == Withdrawal::Done => Some(true),
-            Some(r) if r.result.is_none() && !r.matched => None,
-            _ => Some(false),
-        }
     }
 
     /// Sends a `Withdraw` for receive `id` when withdrawing it needs its sender's word; whether
@@ -1342,7 +1344,7 @@ impl Engine {
     // ---- internals ----------------------------------------------------------------------
 
     fn usable_peer(&mut self, r: Rank) -> Result<&mut Peer> {
-        self.check_rank(r)?;
+        self.peer(r)?;
         if let Some(gone) = self.peers[r as usize].gone {
             return Err(self.gone_error(r, gone));
         }
@@ -1362,7 +1364,7 @@ impl Engine {
     /// Declares that only `members` (job ranks, this one among them) send in matching context
     /// `ctx` (a space over some of the ranks): an ANY_SOURCE receive in it is then refused, or
     /// failed, once every other member has finished, not only once every other rank has.
-    pub fn set_context_members(&mut self, space: SpaceId, members: &[Rank]) {
+    pub fn set_space_members(&mut self, space: SpaceId, members: &[Rank]) {
         let ctx = space.0;
         self.members_of.insert(ctx, members.into());
     }
@@ -1374,7 +1376,7 @@ impl Engine {
 
     /// Whether every other rank that may send in `ctx` has finished or was lost (never when
     /// there is no other).
-    pub fn all_others_gone_in(&self, space: SpaceId) -> bool {
+    pub(super) fn all_others_gone_in(&self, space: SpaceId) -> bool {
         let ctx = space.0;
         if self.gone_peers == 0 {
             return false;
@@ -1396,13 +1398,13 @@ impl Engine {
     /// for breaking the protocol; not a finish): `from` itself, or for [`Source::Any`] the
     /// first lost rank that may send in `ctx`. Such a probe finding nothing may wait for a
     /// message the loss took.
-    pub fn lost_sender(&self, from: Source, space: SpaceId) -> Option<Error> {
+    pub(super) fn lost_sender(&self, from: Source, space: SpaceId) -> Option<Error> {
         let ctx = space.0;
         let lost = |r: Rank| matches!(self.peers.get(r as usize).and_then(|p| p.gone), Some(Gone::Lost | Gone::Faulty));
         let r = match from {
             Source::Rank(r) => Some(r).filter(|&r| lost(r)),
             Source::Any if self.gone_peers == 0 => None,
-            Source::Any => (0..self.size()).find(|&r| r != self.me && lost(r) && self.may_send_in(r, ctx)),
+            Source::Any => (0..self.peers.len() as Rank).find(|&r| r != self.me && lost(r) && self.may_send_in(r, ctx)),
         }?;
         self.peer_error(r)
     }
@@ -1675,15 +1677,7 @@ fn am_of(peers: &[Peer], peer: Rank) -> ChannelId {
     peers[peer as usize].route.as_ref().map_or(ChannelId(0), |r| r.am)
 }
 
-impl Engine {
-    /// The engine as the sink of channel `channel` (what a driver hands to that channel's
-    /// `progress` and `check_peers`).
-    pub fn sink_for(&mut self, channel: ChannelId) -> ChannelSink<'_> {
-        ChannelSink { engine: self, channel }
-    }
-}
-
-/// The engine as one channel's [`Sink`] (see [`Engine::sink_for`]). A peer's normal finish
+/// The engine as one channel's [`Sink`] (see [`ChannelSink::new`]). A peer's normal finish
 /// counts only when the channel that carries the peer's messages reports it: that channel
 /// delivers what the peer sent before it finished first, while another one may hear of the
 /// finish earlier (the `ib` channel connects to peers on the same node too and gets their BYE
@@ -1692,6 +1686,15 @@ impl Engine {
 pub struct ChannelSink<'a> {
     engine: &'a mut Engine,
     channel: ChannelId,
+}
+
+impl<'a> ChannelSink<'a> {
+    /// The engine as the sink of channel `channel` (what a driver hands to that channel's
+    /// `progress` and `check_peers`).
+    #[inline]
+    pub fn new(engine: &'a mut Engine, channel: ChannelId) -> Self {
+        ChannelSink { engine, channel }
+    }
 }
 
 impl Sink for ChannelSink<'_> {
@@ -1719,8 +1722,65 @@ impl Sink for ChannelSink<'_> {
 #[cfg(test)]
 mod tests;
 
+/// Shorthands of the getters for the scenario tests.
 #[cfg(test)]
 impl Engine {
+    pub(crate) fn is_done(&self, req: ReqId) -> bool {
+        self.phase(req).is_done()
+    }
+    /// `Some(true)` withdrawn, `None` still posted, `Some(false)` not withdrawn.
+    pub(crate) fn cancel_outcome(&self, req: ReqId) -> Option<bool> {
+        match self.phase(req) {
+            ReqPhase::Withdrawn => Some(true),
+            ReqPhase::Posted => None,
+            _ => Some(false),
+        }
+    }
+    pub(crate) fn active_requests(&self) -> usize {
+        self.activity().requests
+    }
+    pub(crate) fn running_requests(&self) -> usize {
+        self.activity().running
+    }
+    pub(crate) fn lends_keys_to_live_peers(&self) -> bool {
+        self.activity().lends_keys_to_live_peers
+    }
+    pub(crate) fn take_all_peer_may_write(&mut self) -> Vec<ReqId> {
+        std::mem::take(&mut self.peer_may_write)
+    }
+    pub(crate) fn adapters(&self, peer: Rank) -> Option<&PeerAdapters> {
+        Some(&self.peers.get(peer as usize)?.adapt)
+    }
+    pub(crate) fn rank(&self) -> Rank {
+        self.me
+    }
+    pub(crate) fn split_timed(&self) -> bool {
+        self.split_probe.is_some()
+    }
+    pub(crate) fn placement_from(&self) -> usize {
+        self.placement_from
+    }
+    pub(crate) fn sink_for(&mut self, channel: ChannelId) -> ChannelSink<'_> {
+        ChannelSink::new(self, channel)
+    }
+    pub(crate) unsafe fn recv_unexpected(
+        &mut self,
+        src: Source,
+        tag: TagMatch,
+        space: SpaceId,
+        buf: RegionMut,
+    ) -> Option<Status> {
+        // SAFETY: forwarded to the caller.
+        match unsafe { self.inline_recv(src, tag, space, buf, false) } {
+            InlineRecv::Received(status) => Some(status),
+            _ => None,
+        }
+    }
+    /// [`Engine::inline_recv`] with `park`, checking first that nothing unexpected matches.
+    pub(crate) unsafe fn try_park(&mut self, src: Source, tag: TagMatch, space: SpaceId, buf: RegionMut) -> bool {
+        self.find_unexpected(src, tag, space.0).is_none() && self.park_recv(src, tag, space, buf)
+    }
+
     /// Changes the adaptations' settings of a running engine (the adapters keep what they
     /// measured).
     pub(crate) fn retune(&mut self, change: impl FnOnce(&mut Tuning)) {
