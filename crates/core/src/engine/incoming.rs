@@ -1,6 +1,6 @@
 //! The receiving half of the engine: packets from peers, matching, unexpected messages.
 
-use super::requests::{Dir, ExposeFor, Req, Withdrawal};
+use super::requests::{Dir, ExposeFor, Matching, Req, ReqKind};
 use super::types::{op_id, OpKind};
 use super::{
     am_of, finish_req, placement_says_eager, Action, Engine, FragTarget, Incoming, Payload, ReqId, Rtr, Source,
@@ -395,7 +395,7 @@ impl Engine {
     fn named_request(&self, from: Rank, wire: u32, dir: Dir, what: &str) -> Result<ReqId> {
         let id = ReqId::from_wire(wire).ok_or_else(|| Error::protocol(from, format!("{what} names no request")))?;
         match self.reqs.get(id) {
-            Some(r) if r.dir == dir && r.peer == from && r.result.is_none() => Ok(id),
+            Some(r) if r.dir() == dir && r.peer == from && r.result.is_none() => Ok(id),
             _ => Err(Error::protocol(from, format!("{what} names request {wire:#x}, which is not waiting for it"))),
         }
     }
@@ -594,16 +594,14 @@ impl Engine {
         let Some(id) = ReqId::from_wire(hdr.rreq) else {
             return Err(Error::protocol(from, "withdrawal answer names no request"));
         };
-        let Some(req) = self
-            .reqs
-            .get_mut(id)
-            .filter(|r| r.dir == Dir::Recv && !r.any_source && r.peer == from && !r.matched && r.result.is_none())
+        let Some(req) =
+            self.reqs.get_mut(id).filter(|r| r.unmatched() && !r.any_source() && r.peer == from && r.result.is_none())
         else {
             return Ok(()); // it matched a message meanwhile (or ended)
         };
         req.rtr_sent = false;
-        if req.withdrawal == Withdrawal::Asked {
-            req.withdrawal = Withdrawal::Done;
+        if req.kind == ReqKind::Recv(Matching::Withdrawing) {
+            req.kind = ReqKind::Recv(Matching::Withdrawn);
             self.fail(id, Error::InvalidArgument("receive cancelled".into()));
         } else {
             self.release_key(id);
@@ -715,9 +713,7 @@ impl Engine {
         // loss at once, instead of waiting for ever.
         let gone = self.peer_error(from);
         let req = self.reqs.get_mut(id).expect("live request");
-        req.matched = true;
-        req.peer = from;
-        req.tag = TagMatch::Tag(ux.tag);
+        req.mark_matched(from, ux.tag);
         req.len = ux.len;
         match ux.body {
             UxBody::Eager { data, received } => {
@@ -789,10 +785,7 @@ impl Engine {
 /// A posted receive met a message `(from, tag)`.
 #[inline]
 fn mark(req: &mut Req, from: Rank, tag: u32) {
-    req.matched = true;
-    req.any_source = false;
-    req.peer = from;
-    req.tag = TagMatch::Tag(tag);
+    req.mark_matched(from, tag);
 }
 
 /// Where in `unexpected` the first message matching `(tag, ctx)` is (out of line: the

@@ -48,7 +48,7 @@ use crate::header::{Envelope, Header, PacketKind};
 use crate::observe::{Observation, Placement};
 use crate::policy::{ChannelId, ChannelSet, PeerRoute, Protocol};
 use crate::transport::{MemHandle, OpId, PeerAccess, Region, RegionMut, RemoteKey, Sink};
-use requests::{Dir, ExposeFor, Req, Requests, Withdrawal};
+use requests::{Dir, ExposeFor, Matching, OwnCopy, Req, ReqKind, Requests};
 use spare::SpareBuffers;
 use split_share::{SplitTuner, Trial};
 use std::collections::{HashMap, VecDeque};
@@ -558,9 +558,9 @@ impl Engine {
     pub fn phase(&self, req: ReqId) -> ReqPhase {
         let Some(r) = self.reqs.get(req) else { return ReqPhase::Done };
         match &r.result {
-            Some(_) if r.withdrawal == Withdrawal::Done => ReqPhase::Withdrawn,
-            Some(_) if !r.copying => ReqPhase::Done,
-            None if r.dir == Dir::Recv && !r.matched => ReqPhase::Posted,
+            Some(_) if r.kind == ReqKind::Recv(Matching::Withdrawn) => ReqPhase::Withdrawn,
+            Some(_) if !r.reading() => ReqPhase::Done,
+            None if r.unmatched() => ReqPhase::Posted,
             _ => ReqPhase::Running,
         }
     }
@@ -611,9 +611,9 @@ impl Engine {
     pub fn activity(&self) -> Activity {
         let mut a = Activity { requests: self.reqs.live(), ..Activity::default() };
         for r in self.reqs.ids().filter_map(|id| self.reqs.get(id)) {
-            a.running += usize::from(r.result.is_none() || r.copying);
+            a.running += usize::from(r.result.is_none() || r.reading());
             a.lends_keys_to_live_peers |= r.result.is_none() && self.lent_to_live_peer(r);
-            a.copies_in_flight |= r.copying;
+            a.copies_in_flight |= r.reading();
         }
         a
     }
@@ -847,7 +847,7 @@ impl Engine {
         if found.is_none() {
             req.order = self.post_counter;
             self.post_counter += 1;
-            req.any_source = src == Source::Any;
+            req.kind = ReqKind::Recv(Matching::Posted { any_source: src == Source::Any });
         }
         self.count_receive(src);
         if let Some((from, i)) = found {
@@ -1023,7 +1023,7 @@ impl Engine {
         let ids: Vec<ReqId> = self
             .reqs
             .ids()
-            .filter(|&id| self.reqs.get(id).is_some_and(|r| r.dir == Dir::Recv && !r.matched && r.result.is_none()))
+            .filter(|&id| self.reqs.get(id).is_some_and(|r| r.unmatched() && r.result.is_none()))
             .collect();
         for &id in &ids {
             if !self.ask_withdrawal(id) {
@@ -1049,7 +1049,7 @@ impl Engine {
             .ids()
             .filter_map(|id| {
                 let r = self.reqs.get(id).filter(|r| r.result.is_none())?;
-                let asked = r.withdrawal == Withdrawal::Asked;
+                let asked = r.withdrawal_asked();
                 (asked || self.lent_to_live_peer(r)).then_some((id, asked))
             })
             .collect();
@@ -1074,10 +1074,10 @@ impl Engine {
     /// before a message; else it finishes with that message, or fails with the peer).
     pub fn cancel_recv(&mut self, req: ReqId) -> CancelRecv {
         let Some(r) = self.reqs.get(req) else { return CancelRecv::NotCancelled };
-        if r.dir != Dir::Recv || r.result.is_some() || r.matched {
+        if !r.unmatched() || r.result.is_some() {
             return CancelRecv::NotCancelled;
         }
-        if r.withdrawal == Withdrawal::Asked || self.ask_withdrawal(req) {
+        if r.withdrawal_asked() || self.ask_withdrawal(req) {
             return CancelRecv::Asked;
         }
         self.discard(req);
@@ -1092,10 +1092,10 @@ impl Engine {
     fn ask_withdrawal(&mut self, id: ReqId) -> bool {
         let Some(r) = self.reqs.get(id) else { return false };
         let (peer, tag, ctx) = (r.peer, r.tag, r.ctx);
-        if r.any_source || !self.peer_alive(peer) {
+        if r.any_source() || !self.peer_alive(peer) {
             return false;
         }
-        if r.withdrawal != Withdrawal::Asked {
+        if !r.withdrawal_asked() {
             let posted = &self.peers[peer as usize].posted;
             let later_rtr = || {
                 let mut later = posted.iter().skip_while(|&&q| q != id).skip(1).filter_map(|q| self.reqs.get(*q));
@@ -1106,7 +1106,8 @@ impl Engine {
             if !r.lends_key() && !later_rtr() {
                 return false;
             }
-            self.reqs.get_mut(id).expect("checked above").withdrawal = Withdrawal::Asked;
+            // Only an unmatched receive is withdrawn (the callers check).
+            self.reqs.get_mut(id).expect("checked above").kind = ReqKind::Recv(Matching::Withdrawing);
             self.peers[peer as usize].withdrawals += 1;
             let mut hdr = Header::new(PacketKind::Withdraw);
             hdr.rreq = id.wire();
@@ -1130,7 +1131,7 @@ impl Engine {
                 false
             }
         });
-        let unmatched = self.reqs.get(req).is_some_and(|r| r.dir == Dir::Recv && !r.matched && r.result.is_none());
+        let unmatched = self.reqs.get(req).is_some_and(|r| r.unmatched() && r.result.is_none());
         if unmatched && self.ask_withdrawal(req) {
             let r = self.reqs.get_mut(req).expect("checked above");
             if r.lends_key() {
@@ -1151,7 +1152,7 @@ impl Engine {
             // Its exposure is on its way (kept until it lands and is ended, `exposed`), or its
             // read is (kept until it completes, so that `copies_in_flight` sees it; the read may
             // still write the buffer, whose owner must not get it back for reuse).
-            if r.copying && !self.peer_may_write.contains(&req) {
+            if r.reading() && !self.peer_may_write.contains(&req) {
                 self.peer_may_write.push(req);
             }
             self.zombies.push(req);
@@ -1219,7 +1220,7 @@ impl Engine {
             Some(ExposeFor::Rts) => self.send_rts(id, 0, Payload::Key(key)),
             Some(ExposeFor::RtsAfterRtr) => self.send_rts_after_rtr(id, Some(key)),
             Some(ExposeFor::Cts) => self.send_cts(id, key),
-            Some(ExposeFor::Rtr) if !req.matched && req.withdrawal != Withdrawal::Asked => {
+            Some(ExposeFor::Rtr) if matches!(req.kind, ReqKind::Recv(Matching::Posted { .. })) => {
                 req.rtr_sent = true;
                 let mut hdr = Header::new(PacketKind::Rtr);
                 hdr.flags = if req.tag == TagMatch::Any { Header::ANY_TAG } else { 0 };
@@ -1250,26 +1251,26 @@ impl Engine {
         self.touched();
         let Some((id, OpKind::Copy)) = split_op(op) else { return };
         let Some(req) = self.reqs.get_mut(id) else { return };
-        req.copying = false;
-        if req.copied {
+        if req.copy == OwnCopy::Done {
             return;
         }
+        req.copy = OwnCopy::Idle;
         if req.result.is_some() {
             // A receive that ended (failed, or was discarded) while its read ran: the sender
             // still waits for our FIN to release its buffer, which we no longer read.
-            let (dir, peer) = (req.dir, req.peer);
+            let (dir, peer) = (req.dir(), req.peer);
             if dir == Dir::Recv && self.peer_alive(peer) {
-                self.reqs.get_mut(id).expect("live request").copied = true;
+                self.reqs.get_mut(id).expect("live request").copy = OwnCopy::Done;
                 self.send_fin(id, 0);
             }
             return;
         }
-        req.copied = true;
+        req.copy = OwnCopy::Done;
         // Tell the peer our part is done, also when it failed (the peer would otherwise wait
         // for ever): the receiver's FIN releases the sender's buffer (we no longer read it);
         // the sender's completes the receiver's buffer, or, flagged TRUNCATED after a failed
         // write, fails the receive (its buffer lacks our part).
-        let failed_write = req.dir == Dir::Send && result.is_err();
+        let failed_write = req.dir() == Dir::Send && result.is_err();
         self.send_fin(id, if failed_write { Header::TRUNCATED } else { 0 });
         let req = self.reqs.get_mut(id).expect("live request");
         if let Err(e) = result {
@@ -1278,7 +1279,7 @@ impl Engine {
             // writes its part (split), so that nothing writes the buffer once the receive has
             // ended; a send whose receiver still reads its part, so that the exposure stays
             // until then (and the receiver's FIN still finds the send).
-            let peer_busy = match req.dir {
+            let peer_busy = match req.dir() {
                 Dir::Recv => req.peer_writing && req.pending > 1,
                 Dir::Send => req.fin_due,
             };
@@ -1543,7 +1544,7 @@ impl Engine {
         let Some(req) = self.reqs.get(id) else { return };
         let mut hdr = Header::new(PacketKind::Fin);
         hdr.flags = flags;
-        match req.dir {
+        match req.dir() {
             Dir::Send => hdr.rreq = req.peer_req,
             Dir::Recv => hdr.sreq = req.peer_req,
         }
@@ -1568,7 +1569,7 @@ impl Engine {
     /// `[split, len)`. An empty part counts as done at once.
     fn start_own_copy(&mut self, id: ReqId) {
         let req = self.reqs.get(id).expect("live request");
-        let (range, key) = match req.dir {
+        let (range, key) = match req.dir() {
             Dir::Recv => (0..req.split, req.peer_key.as_deref().copied()),
             Dir::Send => (req.split..req.len, req.peer_key.as_deref().copied()),
         };
@@ -1577,7 +1578,7 @@ impl Engine {
             // Nothing to copy on our side. A receiver that pulls everything (an empty message
             // by rendezvous) still owes the sender its FIN; a sender with nothing to push owes
             // nothing (the receiver does not wait for it).
-            return match req.dir {
+            return match req.dir() {
                 Dir::Recv => self.op_done(op, Ok(())),
                 Dir::Send => self.count_down(id),
             };
@@ -1586,9 +1587,9 @@ impl Engine {
         // SAFETY: range lies within the request's buffer, valid while the request lives.
         let ptr = unsafe { req.ptr.add(range.start) };
         let len = range.len();
-        let (channel, peer, offset, dir) = (req.channel, req.peer, range.start, req.dir);
+        let (channel, peer, offset, dir) = (req.channel, req.peer, range.start, req.dir());
         if dir == Dir::Recv {
-            self.reqs.get_mut(id).expect("live request").copying = true;
+            self.reqs.get_mut(id).expect("live request").copy = OwnCopy::Reading;
         }
         self.actions.push_back(match dir {
             Dir::Recv => Action::Get { channel, peer, key, offset, into: RegionMut { ptr, len }, op },
@@ -1632,11 +1633,11 @@ impl Engine {
             return;
         }
         req.result = Some(Err(Box::new(e)));
-        let (dir, peer, matched, key_out) = (req.dir, req.peer, req.matched, req.lends_key());
+        let (unmatched, peer, key_out) = (req.unmatched(), req.peer, req.lends_key());
         if key_out && self.may_still_write(peer) {
             self.peer_may_write.push(id);
         }
-        if dir == Dir::Recv && !matched {
+        if unmatched {
             self.wild.retain(|&r| r != id);
             if let Some(p) = self.peers.get_mut(peer as usize) {
                 p.posted.retain(|&r| r != id);

@@ -1232,7 +1232,7 @@ proptest! {
                     let Some(&(i, id)) = requests.get(k as usize % requests.len().max(1)) else { continue };
                     if matches!(op, Op::Discard(_)) {
                         let e = &mut sim.engines[2];
-                        if !e.reqs.get(id).is_some_and(|r| r.result.is_none() && !r.matched) {
+                        if !e.reqs.get(id).is_some_and(|r| r.result.is_none() && !r.matched()) {
                             continue; // a matched one's queued copy is the driver's to drop
                         }
                         e.discard(id);
@@ -1240,7 +1240,7 @@ proptest! {
                         discarded.push((i, (!may_write).then(|| recv_bufs[i].to_vec())));
                         // Withdrawn now, or through its sender (it stays posted until then).
                         match e.reqs.get(id) {
-                            Some(r) if r.withdrawal == Withdrawal::Asked => {
+                            Some(r) if r.withdrawal_asked() => {
                                 if !sim.asked.contains(&(2, id)) {
                                     sim.asked.push((2, id)); // not already by a cancel
                                 }
