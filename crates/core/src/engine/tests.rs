@@ -1,10 +1,16 @@
 //! Scenario tests of the engine over a simulated job: engines joined by in-memory packet
 //! queues (channel 0, active messages) and memcpy one-sided copies (channel 1).
 
+use super::send::in_ranges;
 use super::*;
 use crate::config::SkewPolicy;
+use crate::config::SplitShare;
+use crate::header::PacketKind;
+use crate::observe::{Observation, Placement};
+use crate::policy::Protocol;
 use crate::policy::{PeerRoute, PlacementRule, RouteEntry};
 use crate::transport::Lifetime;
+use crate::transport::{MemHandle, PeerAccess};
 use proptest::prelude::*;
 use std::collections::VecDeque;
 
