@@ -59,6 +59,10 @@ pub struct Driver {
     pub engine: Engine,
     /// This process's rank.
     me: Rank,
+    /// A blocking receive waits parked in the engine ([`Driver::wait_parked`]): channels are
+    /// polled one message at a time, so that the one it waits for returns to the caller
+    /// without the channel looking for another first.
+    parked: bool,
     /// The channels, indexed by channel id.
     pub channels: Vec<Box<dyn Transport>>,
     /// Channels that deliver arrivals (active messages, or completions of pending one-sided
@@ -211,6 +215,7 @@ impl Driver {
             split_since: Instant::now(),
             split_seen: Instant::now(),
             me,
+            parked: false,
             poll,
             engine,
             channels,
@@ -409,7 +414,7 @@ impl Driver {
         let primary = self.polled.get(self.poll.primary).copied();
         // A blocking receive waits (parked): one message at a time, so that the one it waits
         // for returns to the caller without the channel looking for another first.
-        let budget = if self.engine.parked_settled() { 64 } else { 1 };
+        let budget = if self.parked { 1 } else { 64 };
         let mut n = match primary {
             Some(i) if !skip.contains(ChannelId(i as u8)) => {
                 self.channels[i].progress(budget, &mut ChannelSink::new(&mut self.engine, ChannelId(i as u8)))?
@@ -453,7 +458,7 @@ impl Driver {
         // The clock read every 16th poll only (a `test` loop polls millions of times a second).
         self.polls = self.polls.wrapping_add(1);
         if self.polls % 16 == 0 && self.last_liveness.elapsed() >= LIVENESS_PERIOD {
-            self.check_liveness(&mut |_: &Engine| false)?;
+            self.check_liveness(&mut |_: &mut Engine| false)?;
         }
         Ok(n)
     }
@@ -486,7 +491,7 @@ impl Driver {
     /// For a wait until `done`: checks peers' liveness now, and that the process manager is
     /// still there. (A wait that the check itself ended, by failing its request when the peer
     /// was found lost, reports that request's error rather than the manager's.)
-    fn check_liveness(&mut self, done: &mut impl FnMut(&Engine) -> bool) -> Result<()> {
+    fn check_liveness(&mut self, done: &mut impl FnMut(&mut Engine) -> bool) -> Result<()> {
         self.last_liveness = Instant::now();
         for (i, ch) in self.channels.iter_mut().enumerate() {
             ch.check_peers(&mut ChannelSink::new(&mut self.engine, ChannelId(i as u8)));
@@ -502,7 +507,7 @@ impl Driver {
         let gone_at = *self.manager_gone_at.get_or_insert_with(Instant::now);
         let activity = self.engine.activity();
         let writers = activity.lends_keys_to_live_peers || activity.copies_in_flight;
-        if done(&self.engine) || (writers && gone_at.elapsed() < KEYS_SETTLE) {
+        if done(&mut self.engine) || (writers && gone_at.elapsed() < KEYS_SETTLE) {
             return Ok(());
         }
         Err(Error::Bootstrap(
@@ -515,7 +520,7 @@ impl Driver {
     /// Progresses until `done()` holds: polls, then sleeps (or naps) until arrivals, or yields
     /// the core where sleeping is not safe; checks liveness of peers periodically so that a
     /// lost peer ends the wait with an error.
-    pub fn wait_until(&mut self, mut done: impl FnMut(&Engine) -> bool) -> Result<()> {
+    pub fn wait_until(&mut self, mut done: impl FnMut(&mut Engine) -> bool) -> Result<()> {
         // 64 bits: it never overflows (a saturated 32-bit count, reached after 2^32 empty polls
         // of a long spin, stuck at a value that is never a multiple of 256, which ended the
         // liveness checks and the decision to sleep for the rest of the wait).
@@ -527,7 +532,7 @@ impl Driver {
         let mut slept = false;
         let mut nap = NAP;
         loop {
-            if done(&self.engine) {
+            if done(&mut self.engine) {
                 return Ok(());
             }
             let mut arrived = self.progress()?;
@@ -747,13 +752,22 @@ impl Driver {
         self.engine.take_result(req).unwrap_or_else(|| Err(Error::InvalidArgument("unknown request".into())))
     }
 
-    /// Waits for the receive parked by [`Engine::park_recv`]: its status, or the request it
+    /// Waits for the receive parked by [`Engine::inline_recv`]: its status, or the request it
     /// became (which the caller then waits for). Either way the engine no longer holds the
     /// parked buffer outside that request when this returns.
     #[inline]
     pub fn wait_parked(&mut self) -> Result<ParkedEnd> {
-        let waited = self.wait_until(Engine::parked_settled);
-        match self.engine.unpark() {
+        self.parked = true;
+        let mut end = None;
+        let waited = self.wait_until(|e| {
+            // Once: the liveness check may ask too.
+            if end.is_none() {
+                end = e.poll_parked(false);
+            }
+            end.is_some()
+        });
+        self.parked = false;
+        match end.unwrap_or_else(|| self.engine.poll_parked(true).expect("a receive given up ends")) {
             Unparked::Done(status) => status.map(ParkedEnd::Received),
             Unparked::Promoted(id) if waited.is_ok() => Ok(ParkedEnd::Request(id)),
             Unparked::Promoted(id) => {
@@ -782,7 +796,7 @@ impl Driver {
 
     /// Drops the blocked actions to `peer` that `pick` chooses. A read among them never runs:
     /// the engine is told (with `why`), so that it does not count it in flight
-    /// (`Engine::copies_in_flight`).
+    /// ([`polyrail_core::engine::Activity::copies_in_flight`]).
     fn drop_blocked(&mut self, peer: usize, pick: impl Fn(&Action) -> bool, why: &str) {
         let q = &mut self.blocked[peer];
         if q.is_empty() {

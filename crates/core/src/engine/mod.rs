@@ -102,7 +102,7 @@ struct Parked {
     end: Option<Unparked>,
 }
 
-/// How a parked receive ended ([`Engine::unpark`]).
+/// How a parked receive ended ([`Engine::poll_parked`]).
 #[derive(Debug)]
 pub enum Unparked {
     /// It took its message (or failed) without a request.
@@ -118,8 +118,7 @@ pub enum Unparked {
 pub enum InlineRecv {
     /// The message was here: it is in the buffer.
     Received(Status),
-    /// The receive waits parked: progress until [`Engine::parked_settled`], then
-    /// [`Engine::unpark`].
+    /// The receive waits parked: progress until [`Engine::poll_parked`] ends it.
     Parked,
     /// Nothing was done: post the receive with [`Engine::post_recv`].
     Post,
@@ -778,6 +777,12 @@ impl Engine {
     }
     pub(crate) fn rank(&self) -> Rank {
         self.me
+    }
+    pub(crate) fn parked_settled(&self) -> bool {
+        self.parked.as_ref().is_none_or(|p| p.end.is_some())
+    }
+    pub(crate) fn unpark(&mut self) -> Unparked {
+        self.poll_parked(true).expect("given up")
     }
     pub(crate) fn split_timed(&self) -> bool {
         self.split_probe.is_some()

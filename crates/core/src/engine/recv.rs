@@ -76,11 +76,11 @@ impl Engine {
     /// receive-first hint). A whole eager message that fits is copied straight into `buf` on
     /// arrival; any other matching packet (a first fragment, an RTS, a message too long) first
     /// turns it into the request `post_recv` would have made, in its place. Progress until
-    /// [`Engine::parked_settled`], then end it with [`Engine::unpark`].
+    /// [`Engine::poll_parked`] ends it.
     ///
     /// # Safety
     /// `buf` must be valid for writes of `buf.len` bytes during the call; when parked, it must
-    /// stay valid and not be accessed otherwise until [`Engine::unpark`] (and, when that gives
+    /// stay valid and not be accessed otherwise until [`Engine::poll_parked`] (and, when that gives
     /// a request, until the request's result was taken or it failed).
     #[inline]
     pub unsafe fn inline_recv(
@@ -156,17 +156,17 @@ impl Engine {
         true
     }
 
-    /// Whether the parked receive ended or became a request (or none is parked).
-    #[inline]
-    pub fn parked_settled(&self) -> bool {
-        self.parked.as_ref().is_none_or(|p| p.end.is_some())
-    }
-
-    /// Ends the parked receive: what became of it. After this the engine no longer uses its
-    /// buffer, unless it became a request.
-    pub fn unpark(&mut self) -> Unparked {
+    /// Ends the parked receive once it settled (it took its message, failed, or became a
+    /// request) and says what became of it; `None` while it still waits. `give_up` ends it
+    /// whatever it does ([`Unparked::Withdrawn`] if nothing happened yet). Once it ended, the
+    /// engine no longer uses its buffer, unless it became a request. With nothing parked:
+    /// [`Unparked::Withdrawn`].
+    pub fn poll_parked(&mut self, give_up: bool) -> Option<Unparked> {
+        if !give_up && self.parked.as_ref().is_some_and(|p| p.end.is_none()) {
+            return None;
+        }
         self.touched();
-        self.parked.take().and_then(|p| p.end).unwrap_or(Unparked::Withdrawn)
+        Some(self.parked.take().and_then(|p| p.end).unwrap_or(Unparked::Withdrawn))
     }
 
     /// A packet `hdr` from `from` that starts a message, in order. When it matches the parked
