@@ -1,7 +1,7 @@
 //! The rendezvous protocols: exposures of request buffers, one-sided copies and their
 //! completions (`handle_op`), and the RTS/CTS/DATA/FIN exchange on the receiving side of it.
 
-use super::requests::{Dir, ExposeFor, Matching, OwnCopy, ReqKind};
+use super::requests::{Dir, ExposeFor, Matching, OwnCopy, ReqKind, SendWait};
 use super::types::{op_id, split_op, Action, OpKind, OpOutcome, Payload, ReqId, TagMatch};
 use super::{am_of, Engine};
 use crate::error::{Error, Rank, Result};
@@ -127,8 +127,8 @@ impl Engine {
             // ended; a send whose receiver still reads its part, so that the exposure stays
             // until then (and the receiver's FIN still finds the send).
             let peer_busy = match req.dir() {
-                Dir::Recv => req.peer_writing && req.pending > 1,
-                Dir::Send => req.fin_due,
+                Dir::Recv => req.peer_writing() && req.pending > 1,
+                Dir::Send => req.fin_due(),
             };
             if !peer_busy {
                 return self.fail(id, e);
@@ -153,7 +153,8 @@ impl Engine {
             Some(ExposeFor::Rts) => self.send_stream_rts(id),
             // Receiver first, split: we write all of it through the receiver's key.
             Some(ExposeFor::RtsAfterRtr) => {
-                (req.split, req.pending, req.fin_due) = (0, 1, false);
+                (req.split, req.pending) = (0, 1);
+                req.set_send_wait(SendWait::Nothing);
                 self.send_rts_after_rtr(id, None);
             }
             // Sender first, split: we read all of it through the sender's key.
@@ -265,7 +266,7 @@ impl Engine {
             req.split = split;
             req.peer_key = key.map(Box::new);
             req.peer_writes = split..len;
-            req.peer_writing = split < len;
+            req.set_peer_writing(split < len);
             req.pending = (split > 0) as u32 + (split < len) as u32;
             if split > 0 {
                 self.start_own_copy(id);
@@ -315,7 +316,7 @@ impl Engine {
     /// Split rendezvous, receiver side: tell the sender where to write, then read the front.
     pub(super) fn send_cts(&mut self, id: ReqId, key: RemoteKey) {
         let req = self.reqs.get_mut(id).expect("live request");
-        req.peer_writing = true;
+        req.set_peer_writing(true);
         let mut cts = Header::new(PacketKind::Cts);
         (cts.sreq, cts.rreq, cts.offset, cts.len) = (req.peer_req, id.wire(), req.split as u64, req.len as u64);
         let (to, am) = (req.peer, am_of(&self.peers, req.peer));
@@ -337,12 +338,12 @@ impl Engine {
         let frag = self.frag(from);
         let am = am_of(&self.peers, from);
         let req = self.reqs.get_mut(id).expect("checked live");
-        if req.protocol == Protocol::Eager || req.peer_req != 0 {
+        if req.protocol == Protocol::Eager || req.kind != ReqKind::Send(SendWait::Answer) {
             return Err(Error::protocol(from, "CTS for a send that does not wait for one"));
         }
-        // `peer_req != 0` is what marks a send that took its CTS (above, and for a truncation
-        // FIN): a CTS naming no receive would leave it unmarked, and a second CTS or a FIN could
-        // then end or restart the send while its data still leaves from the buffer.
+        // A send that took its CTS waits for no other answer (a second CTS or a truncation FIN
+        // could end or restart it while its data still leaves from the buffer); the CTS must
+        // name the receive its FIN will name.
         if ReqId::from_wire(hdr.rreq).is_none() {
             return Err(Error::protocol(from, "CTS names no receive"));
         }
@@ -354,7 +355,7 @@ impl Engine {
             let n = Self::push_chunks(&mut self.actions, am, from, data, buf, frag, id);
             // The FIN or CTS we waited for is this CTS; now wait for the packets to leave.
             req.pending = n;
-            req.fin_due = false;
+            req.set_send_wait(SendWait::Nothing);
             return Ok(());
         }
         let key = RemoteKey::new(payload).ok_or_else(|| Error::protocol(from, "CTS without a valid key"))?;
@@ -368,7 +369,7 @@ impl Engine {
         req.split = split;
         req.peer_key = Some(Box::new(key));
         req.pending = (split > 0) as u32 + (split < req.len) as u32;
-        req.fin_due = split > 0;
+        req.set_send_wait(if split > 0 { SendWait::Fin } else { SendWait::Nothing });
         if split < req.len {
             self.start_own_copy(id);
         } else if req.pending == 0 {
@@ -411,10 +412,10 @@ impl Engine {
             let req = self.reqs.get_mut(id).expect("checked live");
             let truncated = hdr.flags & Header::TRUNCATED != 0;
             // A truncation answers our RTS, before any CTS (or RTR) named the receive.
-            if !req.fin_due || truncated && req.peer_req != 0 {
+            if !req.fin_due() || truncated && req.kind != ReqKind::Send(SendWait::Answer) {
                 return Err(unexpected());
             }
-            req.fin_due = false;
+            req.set_send_wait(SendWait::Nothing);
             if truncated {
                 self.finish(id);
             } else {
@@ -423,10 +424,10 @@ impl Engine {
         } else {
             let id = self.named_request(from, hdr.rreq, Dir::Recv, "FIN")?;
             let req = self.reqs.get_mut(id).expect("checked live");
-            if !req.peer_writing {
+            if !req.peer_writing() {
                 return Err(unexpected());
             }
-            req.peer_writing = false; // the sender is done with our key
+            req.set_peer_writing(false); // the sender is done with our key
             if hdr.flags & Header::TRUNCATED != 0 && req.deferred.is_none() {
                 // Its write of its part failed: the receive fails once our own part is done.
                 let (start, end) = (req.split, req.len);

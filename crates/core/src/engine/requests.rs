@@ -27,10 +27,24 @@ pub(super) enum ExposeFor {
 /// completion with sends and receives, and nothing of the send and receive paths.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum ReqKind {
-    /// A send (`post_send`): its protocol's steps are `pending`, `fin_due` and `expose_for`.
-    Send,
+    /// A send (`post_send`), and what it waits for from its receiver.
+    Send(SendWait),
     /// A receive (`post_recv`), and where its matching stands.
     Recv(Matching),
+}
+
+/// What a send waits for from its receiver, besides its own packets and put (`pending`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum SendWait {
+    /// Nothing: an eager send, a stream whose data leaves, a receiver-first send that puts
+    /// all of it, or a send whose receiver answered and reads nothing.
+    Nothing,
+    /// Sender first, before the receiver answered: its CTS (split, stream) or its FIN (get),
+    /// or a truncation FIN, which ends the send.
+    Answer,
+    /// The receiver answered (a CTS, or receiver first with a split) and reads the front of
+    /// the message through our key: its FIN is due.
+    Fin,
 }
 
 /// Where a receive's matching stands.
@@ -45,8 +59,9 @@ pub(super) enum Matching {
     /// The sender answered the withdrawal before any message matched: withdrawn (it failed).
     Withdrawn,
     /// A message matched it (`asked`: while its withdrawal was being asked; it ends with that
-    /// message).
-    Matched { asked: bool },
+    /// message). `sender_writes`: the sender holds our key and writes its part of the buffer
+    /// until its FIN (after our CTS, or receiver first with a split below the length).
+    Matched { asked: bool, sender_writes: bool },
 }
 
 /// The request's own one-sided copy (a receive's get, a send's put).
@@ -115,12 +130,6 @@ pub(super) struct Req {
     pub rtr_seq: u32,
     pub rtr_place: u32,
     pub rtr_sent: bool,
-    /// Receives: the sender holds `own_key` and writes its part of the buffer until its FIN
-    /// (after our CTS, or receiver first with a split below the length); a FIN is due.
-    pub peer_writing: bool,
-    /// Sends: the receiver reads (all of the message, or the front of a split) and then sends
-    /// its FIN, or answers our RTS with a truncation FIN; a FIN is due.
-    pub fin_due: bool,
     /// An error to end with once the peer is done with our key: a receive whose own copy
     /// failed while the sender still wrote its part, or whose sender's FIN said its write
     /// failed; a send whose put failed while the receiver still read its part (see
@@ -153,7 +162,7 @@ impl Req {
     #[inline]
     pub fn dir(&self) -> Dir {
         match self.kind {
-            ReqKind::Send => Dir::Send,
+            ReqKind::Send(_) => Dir::Send,
             ReqKind::Recv(_) => Dir::Recv,
         }
     }
@@ -178,14 +187,42 @@ impl Req {
 
     /// A receive whose withdrawal was asked and not answered (matched meanwhile or not).
     pub fn withdrawal_asked(&self) -> bool {
-        matches!(self.kind, ReqKind::Recv(Matching::Withdrawing | Matching::Matched { asked: true }))
+        matches!(self.kind, ReqKind::Recv(Matching::Withdrawing | Matching::Matched { asked: true, .. }))
+    }
+
+    /// A send whose receiver's FIN (or truncation FIN) is due ([`SendWait`]).
+    #[inline]
+    pub fn fin_due(&self) -> bool {
+        matches!(self.kind, ReqKind::Send(SendWait::Answer | SendWait::Fin))
+    }
+
+    /// Sets what a send waits for from its receiver.
+    #[inline]
+    pub fn set_send_wait(&mut self, wait: SendWait) {
+        debug_assert!(matches!(self.kind, ReqKind::Send(_)), "a send's state");
+        self.kind = ReqKind::Send(wait);
+    }
+
+    /// A matched receive whose sender writes its part through our key until its FIN.
+    #[inline]
+    pub fn peer_writing(&self) -> bool {
+        matches!(self.kind, ReqKind::Recv(Matching::Matched { sender_writes: true, .. }))
+    }
+
+    /// Sets whether the sender of a matched receive writes through our key.
+    #[inline]
+    pub fn set_peer_writing(&mut self, writes: bool) {
+        match &mut self.kind {
+            ReqKind::Recv(Matching::Matched { sender_writes, .. }) => *sender_writes = writes,
+            _ => debug_assert!(false, "only a matched receive has a writing sender"),
+        }
     }
 
     /// A receive that a message `(from, tag)` matched.
     #[inline]
     pub fn mark_matched(&mut self, from: Rank, tag: u32) {
         let asked = self.withdrawal_asked();
-        self.kind = ReqKind::Recv(Matching::Matched { asked });
+        self.kind = ReqKind::Recv(Matching::Matched { asked, sender_writes: false });
         self.peer = from;
         self.tag = TagMatch::Tag(tag);
     }
@@ -193,13 +230,13 @@ impl Req {
     /// A receive whose peer holds its key: an RTR that no matching send consumed yet, or a
     /// CTS whose FIN has not come.
     pub fn lends_key(&self) -> bool {
-        self.dir() == Dir::Recv && self.own_key.is_some() && ((self.rtr_sent && !self.matched()) || self.peer_writing)
+        self.dir() == Dir::Recv && self.own_key.is_some() && ((self.rtr_sent && !self.matched()) || self.peer_writing())
     }
 
     #[inline]
     pub fn new(dir: Dir, peer: Rank, tag: TagMatch, ctx: u16, ptr: *mut u8, cap: usize) -> Self {
         let kind = match dir {
-            Dir::Send => ReqKind::Send,
+            Dir::Send => ReqKind::Send(SendWait::Nothing),
             Dir::Recv => ReqKind::Recv(Matching::Posted { any_source: false }),
         };
         Req {
@@ -224,9 +261,7 @@ impl Req {
             rtr_seq: 0,
             rtr_place: 0,
             rtr_sent: false,
-            peer_writing: false,
             copy: OwnCopy::Idle,
-            fin_due: false,
             deferred: None,
             expose_for: None,
             result: None,

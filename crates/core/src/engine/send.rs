@@ -2,7 +2,7 @@
 //! RTS of each rendezvous, and the sender's side of receive-first hints (`Rtr`).
 
 use super::adapting::placement_says_eager;
-use super::requests::{Dir, ExposeFor};
+use super::requests::{Dir, ExposeFor, SendWait};
 use super::types::{op_id, Action, OpKind, Payload, ReqId, SpaceId, TagMatch};
 use super::{am_of, Engine, Peer, Rtr, MAX_EAGER_LEN, MAX_RTR_PLACE, SEND_HISTORY};
 use crate::adapt::SendFacts;
@@ -127,7 +127,7 @@ impl Engine {
                     req.peer_key = Some(Box::new(rtr.key));
                     req.peer_req = rtr.rreq;
                     req.pending = 1 + (split > 0) as u32; // own put, then the receiver's FIN
-                    req.fin_due = split > 0;
+                    req.set_send_wait(if split > 0 { SendWait::Fin } else { SendWait::Nothing });
                     if split > 0 {
                         req.expose_for = Some(ExposeFor::RtsAfterRtr);
                         self.actions.push_back(Action::Register {
@@ -143,7 +143,7 @@ impl Engine {
                 _ => {
                     // Sender first: expose, then RTS; the receiver's FIN ends it.
                     req.pending = 1;
-                    req.fin_due = true;
+                    req.set_send_wait(SendWait::Answer);
                     req.expose_for = Some(ExposeFor::Rts);
                     self.actions.push_back(Action::Register {
                         channel: data_ch,
@@ -223,7 +223,7 @@ impl Engine {
         let am = am_of(&self.peers, req.peer);
         (req.protocol, req.channel) = (Protocol::RndvStream, am);
         req.pending = 1; // the receiver's CTS
-        req.fin_due = true; // or its truncation FIN
+        req.set_send_wait(SendWait::Answer); // its CTS, or its truncation FIN
         self.send_rts(id, Header::STREAM, Payload::Empty);
     }
 
