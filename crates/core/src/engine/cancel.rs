@@ -65,7 +65,7 @@ impl Engine {
     /// [`CancelRecv::Asked`]: its RTR gave the sender its key, which that peer may be writing
     /// through, or a later receive's RTR counts it (see `ask_withdrawal`); a `Withdraw` went
     /// to the sender, the receive still matches messages meanwhile, and
-    /// [`Engine::phase`] tells how it ends ([`ReqPhase::Withdrawn`] when the answer comes
+    /// [`Engine::phase`] tells how it ends ([`ReqPhase::Withdrawn`](super::ReqPhase::Withdrawn) when the answer comes
     /// before a message; else it finishes with that message, or fails with the peer).
     pub fn cancel_recv(&mut self, req: ReqId) -> CancelRecv {
         let Some(r) = self.reqs.get(req) else { return CancelRecv::NotCancelled };

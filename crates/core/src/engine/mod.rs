@@ -1,14 +1,43 @@
 //! The sans-IO protocol engine.
 //!
 //! The engine matches messages to receives and runs the eager and rendezvous protocols. It does
-//! no I/O and reads no clock: the driver (the `polyrail` facade) feeds it with
-//! - `post_send` / `post_recv` (mutators),
-//! - `handle_message` (through [`crate::Sink`]), `handle_op` (what became of an action's
-//!   channel work), `handle_observation` (what a channel saw of a peer), `handle_peer_lost`
-//!   (events),
+//! no I/O and reads no clock. Its methods come in quinn-proto's kinds:
+//! - setters: [`Engine::set_route`], [`Engine::set_space_members`],
+//!   [`Engine::set_mapped_memory`];
+//! - mutators: [`Engine::post_send`], [`Engine::post_recv`]; the fast paths that make no
+//!   request, [`Engine::inline_send`] (with [`Engine::post_prepared_send`] when its channel
+//!   would block) and [`Engine::inline_recv`] (which may park a blocking receive);
+//!   [`Engine::cancel_recv`], [`Engine::discard`]; at finalize,
+//!   [`Engine::cancel_unmatched_receives`], then [`Engine::abandon_lent_receives`];
+//! - events: [`Engine::handle_message`] (a channel's arrivals, through [`ChannelSink`]),
+//!   [`Engine::handle_op`] (what became of an action's channel work),
+//!   [`Engine::handle_observation`], [`Engine::handle_peer_lost`], [`Engine::handle_split_time`];
+//! - polls: [`Engine::poll_action`] (work for a channel), [`Engine::poll_parked`],
+//!   [`Engine::poll_split_timing`], [`Engine::take_result`], [`Engine::take_peer_may_write`];
+//! - getters, each answering one question: [`Engine::phase`], [`Engine::activity`],
+//!   [`Engine::awaited_channels`], [`Engine::probe`], [`Engine::peer`],
+//!   [`Engine::wants_placement`], [`Engine::rank_and_size`].
 //!
-//! and reads it with `poll_action` (work to do on a channel) and `take_result` (finished
-//! requests). Call `poll_action` until it returns `None` after every mutator or event.
+//! After every mutator or event, call `poll_action` until it returns `None`, executing each
+//! action and reporting what became of it with `handle_op` (a registration before the next
+//! action is polled).
+//!
+//! Requests live in one slab (`requests.rs`) addressed by [`ReqId`]. Each has a kind, an enum
+//! whose variants carry the state only that operation has: a send, with what it waits for from
+//! its receiver (nothing, an answer to its RTS, a FIN), or a receive, with where its matching
+//! stands (posted, being withdrawn, withdrawn, matched, and whether its sender writes). One-sided
+//! RMA operations (a put or get on a peer's window, a flush) are to be a further kind with its
+//! own state and its own module beside `send.rs` and `recv.rs`: it shares the slab, the ids, the
+//! operation ids of actions ([`ReqId::from_op`]) and the completion (`phase`, `take_result`), and
+//! nothing of the send and receive paths.
+//!
+//! Files by concern: `send.rs` (the send path), `recv.rs` (posting receives, the parked
+//! receive), `incoming.rs` (arrivals and matching), `rendezvous.rs` (exposures, one-sided copies,
+//! the RTS/CTS/DATA/FIN exchange), `cancel.rs` (withdrawal, discarding), `adapting.rs`
+//! (observations, skew feedback, the split messages' timing), `requests.rs` (the slab and the
+//! request states), `views.rs` (what getters answer), `types.rs` (ids, actions), `split_share.rs`
+//! and `spare.rs`; this file holds the engine's state, its setters and getters, peer losses and
+//! the end of requests.
 //!
 //! Protocols (DCFA-MPI and Chai):
 //! - eager: `Eager` (+ `Frag`s) on the peer's active-message channel; the send ends when the
