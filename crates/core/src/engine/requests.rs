@@ -1,4 +1,4 @@
-//! Request records and the slab that holds them.
+//! Request records, their states, and the slab that holds them.
 
 use super::types::{ReqId, Status, TagMatch};
 use crate::error::{Error, Rank};
@@ -20,8 +20,9 @@ pub(super) enum ExposeFor {
 }
 
 /// What a request is: the operation, with the state only that operation has. Each kind of
-/// operation is one variant; its protocols live in their own module (sends in `send.rs`,
-/// receives in `incoming.rs`, both sides of the one-sided copies in `rendezvous.rs`). One-sided
+/// operation is one variant; its protocols live in their own modules (sends in `send.rs`,
+/// receives in `recv.rs` and `incoming.rs`, both sides of the one-sided copies in
+/// `rendezvous.rs`). One-sided
 /// RMA operations (a put or get into a peer's window, a flush) are to be a further variant with
 /// their own state and module: they share the slab, the [`ReqId`]s, the op ids and the
 /// completion with sends and receives, and nothing of the send and receive paths.
