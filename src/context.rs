@@ -10,7 +10,7 @@ use crate::heap::HeapRegistrations;
 use crate::pod::{self, Owned};
 use crate::space::{status_in, Members, Space, SplitEntry};
 use bytemuck::Pod;
-use polyrail_core::engine::{CancelRecv, Engine, ReqId, Source, SpaceId, Status, TagMatch};
+use polyrail_core::engine::{CancelRecv, Engine, InlineRecv, ReqId, ReqPhase, Source, SpaceId, Status, TagMatch};
 use polyrail_core::{Config, Error, Rank, Region, RegionMut, Result};
 use polyrail_pmi::Bootstrap;
 use polyrail_runtime::{Driver, Job, JobReport, ParkedEnd};
@@ -163,7 +163,7 @@ impl<T> Request<T> {
 
     /// Whether it has finished (or failed) in `engine`.
     fn has_finished(&self, engine: &Engine) -> bool {
-        self.engine_id().is_none_or(|id| engine.is_done(id))
+        self.engine_id().is_none_or(|id| engine.phase(id).is_done())
     }
 }
 
@@ -409,7 +409,7 @@ impl World {
 
     /// Tells the engine that only `members` (job ranks) send in matching context `ctx`.
     pub(crate) fn note_members(&mut self, ctx: u16, members: &[Rank]) {
-        self.driver.engine.set_context_members(SpaceId(ctx), members);
+        self.driver.engine.set_space_members(SpaceId(ctx), members);
     }
 
     /// Gives matching contexts `ctx` and `ctx - 1` to the spaces of a split that every rank of
@@ -428,7 +428,7 @@ impl World {
 
     /// Whether skew feedback has messages to job rank `peer` sent eagerly now.
     pub(crate) fn sends_eagerly_to(&self, peer: Rank) -> bool {
-        self.driver.engine.adapters(peer).is_some_and(|a| a.skew.peer_lags())
+        self.driver.engine.peer(peer).is_ok_and(|p| p.adapters().skew.peer_lags())
     }
 
     /// Sends `buf` to job rank `to` in matching context `space`; returns when `buf` may be
@@ -454,29 +454,33 @@ impl World {
             self.driver.before_recv(r, buf.len());
         }
         self.heap.before_post(&mut self.driver, buf.as_ptr(), buf.len());
-        // SAFETY: `buf` is borrowed for the call.
-        if let Some(status) = unsafe { self.take_arrived(from, tag, space, region_mut(buf)) } {
-            return Ok(status);
-        }
         // SAFETY: `buf` is borrowed for the call; wait_parked ends the parked receive before
         // returning, and a request it became is waited for (or abandoned) below.
-        let id = if unsafe { self.driver.engine.park_recv(from, tag, SpaceId(space), region_mut(buf)) } {
-            self.driver.drain(); // the skew feedback may have a packet to send
-            match self.driver.wait_parked()? {
-                ParkedEnd::Received(status) => return Ok(status),
-                ParkedEnd::Request(id) => id,
-                ParkedEnd::Abandoned(id, e) => {
-                    if self.driver.engine.take_peer_may_write(id) {
-                        self.stop_for_lent_buffer();
+        let inline = unsafe { self.driver.engine.inline_recv(from, tag, SpaceId(space), region_mut(buf), true) };
+        let id = match inline {
+            InlineRecv::Received(status) => {
+                self.driver.drain(); // the skew feedback may have a packet to send
+                return Ok(status);
+            }
+            InlineRecv::Parked => {
+                self.driver.drain(); // the skew feedback may have a packet to send
+                match self.driver.wait_parked()? {
+                    ParkedEnd::Received(status) => return Ok(status),
+                    ParkedEnd::Request(id) => id,
+                    ParkedEnd::Abandoned(id, e) => {
+                        if self.driver.engine.take_peer_may_write(id) {
+                            self.stop_for_lent_buffer();
+                        }
+                        return Err(e);
                     }
-                    return Err(e);
                 }
             }
-        } else {
-            // SAFETY: as in `send_in`; the request ends before `buf`'s borrow does.
-            let id = unsafe { self.driver.engine.post_recv(from, tag, SpaceId(space), region_mut(buf))? };
-            self.driver.drain();
-            id
+            InlineRecv::Post => {
+                // SAFETY: as in `send_in`; the request ends before `buf`'s borrow does.
+                let id = unsafe { self.driver.engine.post_recv(from, tag, SpaceId(space), region_mut(buf))? };
+                self.driver.drain();
+                id
+            }
         };
         let status = self.driver.wait(id);
         if self.driver.engine.take_peer_may_write(id) {
@@ -590,14 +594,15 @@ impl World {
     }
 
     /// A receive's fast path: the matching message is here already and is copied into `buf`
-    /// without a request ([`polyrail_core::engine::Engine::recv_unexpected`]).
+    /// without a request ([`polyrail_core::engine::Engine::inline_recv`]).
     ///
     /// # Safety
     /// `buf` is valid for writes of `buf.len` bytes during the call.
     #[inline]
     unsafe fn take_arrived(&mut self, from: Source, tag: TagMatch, ctx: u16, buf: RegionMut) -> Option<Status> {
         // SAFETY: forwarded to the caller.
-        let status = unsafe { self.driver.engine.recv_unexpected(from, tag, SpaceId(ctx), buf) }?;
+        let inline = unsafe { self.driver.engine.inline_recv(from, tag, SpaceId(ctx), buf, false) };
+        let InlineRecv::Received(status) = inline else { return None };
         self.driver.drain(); // the skew feedback may have a packet to send
         Some(status)
     }
@@ -648,8 +653,8 @@ impl World {
     /// left behind may never end (a receive whose peer waits for what this process was to send
     /// first): stopping ends the job, as the panic was to, where waiting on would hang it.
     pub(crate) fn wait_while_unwinding(&mut self, id: ReqId, deadline: std::time::Instant) {
-        let _ = self.driver.wait_until(|e| e.is_done(id) || std::time::Instant::now() >= deadline);
-        if !self.driver.engine.is_done(id) && std::time::Instant::now() >= deadline {
+        let _ = self.driver.wait_until(|e| e.phase(id).is_done() || std::time::Instant::now() >= deadline);
+        if !self.driver.engine.phase(id).is_done() && std::time::Instant::now() >= deadline {
             tracing::error!(
                 "rank {}: a scope's closure panicked and left a request that did not end within {} s \
                  (a receive nothing matches?); its buffer is borrowed, so the process stops",
@@ -721,7 +726,7 @@ impl World {
             CancelRecv::NotCancelled => false,
             CancelRecv::Asked => {
                 self.driver.drain();
-                if let Err(e) = self.driver.wait_until(|e| e.cancel_outcome(id).is_some()) {
+                if let Err(e) = self.driver.wait_until(|e| e.phase(id) != ReqPhase::Posted) {
                     // As a failed wait: the receive is given up, and a buffer a peer may still
                     // write is kept out of use (or, the caller's, stops the process).
                     self.driver.abandon(id);
@@ -729,7 +734,7 @@ impl World {
                     req.disarm();
                     return Err(e);
                 }
-                let withdrawn = self.driver.engine.cancel_outcome(id) == Some(true);
+                let withdrawn = self.driver.engine.phase(id) == ReqPhase::Withdrawn;
                 if withdrawn {
                     self.driver.engine.discard(id);
                 }
@@ -810,7 +815,7 @@ impl World {
         }
         let mut detached = std::mem::take(&mut self.detached);
         detached.retain(|&id| {
-            if !self.driver.engine.is_done(id) {
+            if !self.driver.engine.phase(id).is_done() {
                 return true;
             }
             // Its dropped handle was the only one, so nothing else took the result.
@@ -833,14 +838,14 @@ impl World {
         // every request on every poll.
         let mut next = 0;
         let waited = self.driver.wait_until(|e| {
-            while next < ids.len() && e.is_done(ids[next]) {
+            while next < ids.len() && e.phase(ids[next]).is_done() {
                 next += 1;
             }
             next == ids.len()
         });
         if waited.is_err() {
             for &id in &ids {
-                if !self.driver.engine.is_done(id) {
+                if !self.driver.engine.phase(id).is_done() {
                     self.driver.abandon(id);
                 }
             }
@@ -887,31 +892,28 @@ impl World {
     pub(crate) fn probe_in(&mut self, space: u16, from: Source, tag: TagMatch) -> Result<Status> {
         self.check_source(from)?;
         let mut found = None;
-        let check = |e: &polyrail_core::engine::Engine| e.probe(from, tag, SpaceId(space));
+        let mut never = None;
         self.driver.probing(|d| {
             d.wait_until(|e| {
-                found = check(e);
-                found.is_some() || probe_hopeless(e, from, space)
+                let probe = e.probe(from, tag, SpaceId(space));
+                found = probe.found;
+                never = probe.found.is_none().then(|| probe.never()).flatten();
+                found.is_some() || never.is_some()
             })
         })?;
-        found.ok_or_else(|| match from {
-            Source::Rank(r) => self.driver.engine.peer_error(r).unwrap_or(Error::PeerFinished { rank: r }),
-            Source::Any => Error::InvalidArgument(
-                "every other rank that may send in the space has finished or was lost: an ANY_SOURCE probe can never match".into(),
-            ),
-        })
+        found.ok_or_else(|| never.unwrap_or(Error::InvalidArgument("a probe ended without a message".into())))
     }
 
     /// [`Comm::iprobe`] in matching context `space`, with job ranks.
     pub(crate) fn iprobe_in(&mut self, space: u16, from: Source, tag: TagMatch) -> Result<Option<Status>> {
         self.check_source(from)?;
-        if let Some(s) = self.driver.engine.probe(from, tag, SpaceId(space)) {
+        if let Some(s) = self.driver.engine.probe(from, tag, SpaceId(space)).found {
             return Ok(Some(s));
         }
         self.driver.probing(Driver::poll)?;
-        let engine = &self.driver.engine;
-        match engine.probe(from, tag, SpaceId(space)) {
-            None => engine.lost_sender(from, SpaceId(space)).map_or(Ok(None), Err),
+        let probe = self.driver.engine.probe(from, tag, SpaceId(space));
+        match probe.found {
+            None => probe.lost().map_or(Ok(None), Err),
             found => Ok(found),
         }
     }
@@ -919,7 +921,7 @@ impl World {
     /// A rank outside the job is an error (a probe for it would never end).
     fn check_source(&self, from: Source) -> Result<()> {
         match from {
-            Source::Rank(r) => self.driver.engine.check_rank(r),
+            Source::Rank(r) => self.driver.engine.peer(r).map(|_| ()),
             Source::Any => Ok(()),
         }
     }
@@ -970,17 +972,16 @@ impl World {
         }
         self.driver.drain();
         let deadline = std::time::Instant::now() + FINALIZE_WAIT;
-        let waited = self.driver.wait_until(|e| e.running_requests() == 0 || std::time::Instant::now() > deadline);
+        let waited = self.driver.wait_until(|e| e.activity().running == 0 || std::time::Instant::now() > deadline);
         // Receives whose senders did not answer their withdrawal in time (or when waiting
         // failed), or still hold their keys, keep their buffers out of use.
-        self.driver.engine.abandon_lent_receives();
-        let exposed = self.driver.engine.take_all_peer_may_write();
+        let exposed = self.driver.engine.abandon_lent_receives();
         if !exposed.is_empty() {
             let bufs =
                 exposed.iter().filter_map(|&id| self.owned.get_mut(req_index(id)).and_then(Option::take)).collect();
             self.quarantine(exposed.len(), bufs);
         }
-        let drained = waited.and_then(|()| match self.driver.engine.running_requests() {
+        let drained = waited.and_then(|()| match self.driver.engine.activity().running {
             0 => Ok(()),
             n => Err(Error::InvalidArgument(format!(
                 "{n} request(s) still unfinished after {} s at finalize: sends their receivers never matched, \
@@ -1004,13 +1005,6 @@ impl Drop for World {
             let _ = writeln!(std::io::stderr(), "polyrail: rank {}: finalize: {e}", self.rank());
         }
         DropBox::close(self.mark);
-    }
-}
-
-fn probe_hopeless(e: &polyrail_core::engine::Engine, from: Source, ctx: u16) -> bool {
-    match from {
-        Source::Rank(r) => e.peer_error(r).is_some(),
-        Source::Any => e.all_others_gone_in(SpaceId(ctx)),
     }
 }
 
@@ -1065,7 +1059,7 @@ mod tests {
             assert_eq!(ctx.recv(0, 9, &mut got).unwrap().len, 1 << 20);
             assert!(got == big, "a dropped send delivered its message");
         }
-        let live = ctx.kind.driver.engine.active_requests();
+        let live = ctx.kind.driver.engine.activity().requests;
         let kept = ctx.kind.owned.iter().flatten().count();
         assert!(live <= 2 * SWEEP_MIN && kept <= 2 * SWEEP_MIN, "{live} requests and {kept} buffers held");
         ctx.finalize().unwrap();

@@ -2,7 +2,7 @@
 
 use polyrail_core::config::{PollPolicy, WaitMode};
 use polyrail_core::engine::{
-    Action, Engine, OpOutcome, Payload, ReqId, SpaceId, SplitTime, SplitTiming, Status, Unparked,
+    Action, ChannelSink, Engine, OpOutcome, Payload, ReqId, SpaceId, SplitTime, SplitTiming, Status, Unparked,
 };
 use polyrail_core::observe::{says_yes, Observation, Observe};
 use polyrail_core::policy::{ChannelId, ChannelSet};
@@ -57,6 +57,12 @@ fn hung_up(fd: &OwnedFd) -> bool {
 pub struct Driver {
     /// The protocol engine.
     pub engine: Engine,
+    /// This process's rank.
+    me: Rank,
+    /// A blocking receive waits parked in the engine ([`Driver::wait_parked`]): channels are
+    /// polled one message at a time, so that the one it waits for returns to the caller
+    /// without the channel looking for another first.
+    parked: bool,
     /// The channels, indexed by channel id.
     pub channels: Vec<Box<dyn Transport>>,
     /// Channels that deliver arrivals (active messages, or completions of pending one-sided
@@ -182,7 +188,8 @@ impl Driver {
         wait: WaitMode,
         poll: PollPolicy,
     ) -> Self {
-        let n = engine.size() as usize;
+        let (me, n) = engine.rank_and_size();
+        let n = n as usize;
         let polled: Vec<usize> = channels
             .iter()
             .enumerate()
@@ -207,6 +214,8 @@ impl Driver {
             poll_everything: false,
             split_since: Instant::now(),
             split_seen: Instant::now(),
+            me,
+            parked: false,
             poll,
             engine,
             channels,
@@ -237,32 +246,31 @@ impl Driver {
     pub fn drain(&mut self) {
         // A timed split message starts before its first action runs and ends once its request
         // has: the clock is read here, on either side of the actions.
-        if self.engine.split_timed() {
-            self.time_split(true);
+        if let Some(timing) = self.engine.poll_split_timing() {
+            self.time_split(timing, true);
         }
         while let Some(a) = self.engine.poll_action() {
             self.execute(a);
         }
-        if self.engine.split_timed() {
-            self.time_split(false);
+        if let Some(timing) = self.engine.poll_split_timing() {
+            self.time_split(timing, false);
         }
     }
 
     /// Starts or reads the clock of the split message the engine times; before a drain's
     /// actions, a long gap since the last drain disturbs it ([`SPLIT_GAP`]).
     #[cold]
-    fn time_split(&mut self, before_actions: bool) {
+    fn time_split(&mut self, timing: SplitTiming, before_actions: bool) {
         let now = Instant::now();
-        let timing = self.engine.poll_split_timing();
-        if before_actions && timing != Some(SplitTiming::Start) && now.duration_since(self.split_seen) > SPLIT_GAP {
+        if before_actions && timing != SplitTiming::Start && now.duration_since(self.split_seen) > SPLIT_GAP {
             self.engine.handle_split_time(SplitTime::Disturbed);
         }
         match timing {
-            Some(SplitTiming::Start) => self.split_since = now,
-            Some(SplitTiming::End) => {
+            SplitTiming::Start => self.split_since = now,
+            SplitTiming::End => {
                 self.engine.handle_split_time(SplitTime::Took(now.duration_since(self.split_since).as_nanos() as u64))
             }
-            None => {}
+            SplitTiming::Running => {}
         }
         self.split_seen = now;
     }
@@ -305,7 +313,7 @@ impl Driver {
                     Payload::User(r) => unsafe { std::slice::from_raw_parts(r.ptr, r.len) },
                     Payload::Key(k) => k.as_bytes(),
                 };
-                self.self_sent |= *to == self.engine.rank();
+                self.self_sent |= *to == self.me;
                 match self.channels[channel.index()].try_send(*to, hdr, bytes) {
                     Ok(Issued::WouldBlock) => return Some(a),
                     Ok(_) => {
@@ -344,7 +352,7 @@ impl Driver {
             if self.blocked[peer].is_empty() {
                 continue;
             }
-            if self.engine.peer_error(peer as Rank).is_some() {
+            if self.engine.peer(peer as Rank).is_ok_and(|p| p.is_gone()) {
                 self.drop_blocked(peer, |_| true, "read dropped before it ran: its peer is gone");
                 continue;
             }
@@ -406,10 +414,10 @@ impl Driver {
         let primary = self.polled.get(self.poll.primary).copied();
         // A blocking receive waits (parked): one message at a time, so that the one it waits
         // for returns to the caller without the channel looking for another first.
-        let budget = if self.engine.parked_settled() { 64 } else { 1 };
+        let budget = if self.parked { 1 } else { 64 };
         let mut n = match primary {
             Some(i) if !skip.contains(ChannelId(i as u8)) => {
-                self.channels[i].progress(budget, &mut self.engine.sink_for(ChannelId(i as u8)))?
+                self.channels[i].progress(budget, &mut ChannelSink::new(&mut self.engine, ChannelId(i as u8)))?
             }
             _ => 0,
         };
@@ -418,7 +426,8 @@ impl Driver {
             if self.poll_everything || self.poll.others_due() {
                 for &i in &self.polled {
                     if Some(i) != primary && !skip.contains(ChannelId(i as u8)) {
-                        others += self.channels[i].progress(64, &mut self.engine.sink_for(ChannelId(i as u8)))?;
+                        others += self.channels[i]
+                            .progress(64, &mut ChannelSink::new(&mut self.engine, ChannelId(i as u8)))?;
                     }
                 }
             }
@@ -428,7 +437,8 @@ impl Driver {
         if self.self_sent {
             if let Some(i) = self.loopback {
                 self.self_sent = false;
-                n += self.channels[i].progress(usize::MAX, &mut self.engine.sink_for(ChannelId(i as u8)))?;
+                n += self.channels[i]
+                    .progress(usize::MAX, &mut ChannelSink::new(&mut self.engine, ChannelId(i as u8)))?;
             }
         }
         if self.blocked_peers > 0 {
@@ -448,7 +458,7 @@ impl Driver {
         // The clock read every 16th poll only (a `test` loop polls millions of times a second).
         self.polls = self.polls.wrapping_add(1);
         if self.polls % 16 == 0 && self.last_liveness.elapsed() >= LIVENESS_PERIOD {
-            self.check_liveness(&mut |_: &Engine| false)?;
+            self.check_liveness(&mut |_: &mut Engine| false)?;
         }
         Ok(n)
     }
@@ -481,10 +491,10 @@ impl Driver {
     /// For a wait until `done`: checks peers' liveness now, and that the process manager is
     /// still there. (A wait that the check itself ended, by failing its request when the peer
     /// was found lost, reports that request's error rather than the manager's.)
-    fn check_liveness(&mut self, done: &mut impl FnMut(&Engine) -> bool) -> Result<()> {
+    fn check_liveness(&mut self, done: &mut impl FnMut(&mut Engine) -> bool) -> Result<()> {
         self.last_liveness = Instant::now();
         for (i, ch) in self.channels.iter_mut().enumerate() {
-            ch.check_peers(&mut self.engine.sink_for(ChannelId(i as u8)));
+            ch.check_peers(&mut ChannelSink::new(&mut self.engine, ChannelId(i as u8)));
         }
         self.drain();
         if !self.manager.as_ref().is_some_and(hung_up) {
@@ -495,8 +505,9 @@ impl Driver {
         // buffer back under its write. Likewise our own reads in flight (an RDMA read the
         // adapter is still placing), which complete or fail shortly.
         let gone_at = *self.manager_gone_at.get_or_insert_with(Instant::now);
-        let writers = self.engine.lends_keys_to_live_peers() || self.engine.copies_in_flight();
-        if done(&self.engine) || (writers && gone_at.elapsed() < KEYS_SETTLE) {
+        let activity = self.engine.activity();
+        let writers = activity.lends_keys_to_live_peers || activity.copies_in_flight;
+        if done(&mut self.engine) || (writers && gone_at.elapsed() < KEYS_SETTLE) {
             return Ok(());
         }
         Err(Error::Bootstrap(
@@ -509,7 +520,7 @@ impl Driver {
     /// Progresses until `done()` holds: polls, then sleeps (or naps) until arrivals, or yields
     /// the core where sleeping is not safe; checks liveness of peers periodically so that a
     /// lost peer ends the wait with an error.
-    pub fn wait_until(&mut self, mut done: impl FnMut(&Engine) -> bool) -> Result<()> {
+    pub fn wait_until(&mut self, mut done: impl FnMut(&mut Engine) -> bool) -> Result<()> {
         // 64 bits: it never overflows (a saturated 32-bit count, reached after 2^32 empty polls
         // of a long spin, stuck at a value that is never a multiple of 256, which ended the
         // liveness checks and the decision to sleep for the rest of the wait).
@@ -521,7 +532,7 @@ impl Driver {
         let mut slept = false;
         let mut nap = NAP;
         loop {
-            if done(&self.engine) {
+            if done(&mut self.engine) {
                 return Ok(());
             }
             let mut arrived = self.progress()?;
@@ -586,21 +597,20 @@ impl Driver {
     /// slowly ([`Observe::CopiesSlow`]).
     #[inline(always)]
     pub fn note_placement(&mut self, to: Rank, len: usize) {
-        // Inline: every small message (below any size a placement rule decides) stops here.
-        if len >= self.engine.placement_from() {
-            self.sample_placement(to, len);
+        // Inline: every small message (below any size a placement rule decides) stops at
+        // the engine's first comparison.
+        if let Some(ch) = self.engine.wants_placement(to, len) {
+            self.sample_placement(to, ch);
         }
     }
 
-    /// [`Driver::note_placement`] for a size a placement rule may decide.
+    /// [`Driver::note_placement`] once the engine asked for a sample on channel `ch`.
     #[inline(never)]
-    fn sample_placement(&mut self, to: Rank, len: usize) {
-        if let Some(ch) = self.engine.wants_placement(to, len) {
-            let channel = &mut self.channels[ch.index()];
-            for what in [Observe::LineTransfer, Observe::CopiesSlow] {
-                if let Some(seen) = channel.observe(to, what) {
-                    self.engine.handle_observation(to, seen);
-                }
+    fn sample_placement(&mut self, to: Rank, ch: ChannelId) {
+        let channel = &mut self.channels[ch.index()];
+        for what in [Observe::LineTransfer, Observe::CopiesSlow] {
+            if let Some(seen) = channel.observe(to, what) {
+                self.engine.handle_observation(to, seen);
             }
         }
     }
@@ -704,7 +714,7 @@ impl Driver {
         hdr: Header,
         region: Region,
     ) -> Result<Option<ReqId>> {
-        self.self_sent |= to == self.engine.rank();
+        self.self_sent |= to == self.me;
         // SAFETY: the caller keeps the bytes valid for this call (and longer).
         let bytes = unsafe { std::slice::from_raw_parts(region.ptr, region.len) };
         match self.channels[channel.index()].try_send(to, &hdr, bytes) {
@@ -735,20 +745,29 @@ impl Driver {
     /// own read still in flight may ([`Engine::take_peer_may_write`] names such a buffer).
     #[inline]
     pub fn wait(&mut self, req: ReqId) -> Result<Status> {
-        if let Err(e) = self.wait_until(|e| e.is_done(req)) {
+        if let Err(e) = self.wait_until(|e| e.phase(req).is_done()) {
             self.abandon(req);
             return Err(e);
         }
         self.engine.take_result(req).unwrap_or_else(|| Err(Error::InvalidArgument("unknown request".into())))
     }
 
-    /// Waits for the receive parked by [`Engine::park_recv`]: its status, or the request it
+    /// Waits for the receive parked by [`Engine::inline_recv`]: its status, or the request it
     /// became (which the caller then waits for). Either way the engine no longer holds the
     /// parked buffer outside that request when this returns.
     #[inline]
     pub fn wait_parked(&mut self) -> Result<ParkedEnd> {
-        let waited = self.wait_until(Engine::parked_settled);
-        match self.engine.unpark() {
+        self.parked = true;
+        let mut end = None;
+        let waited = self.wait_until(|e| {
+            // Once: the liveness check may ask too.
+            if end.is_none() {
+                end = e.poll_parked(false);
+            }
+            end.is_some()
+        });
+        self.parked = false;
+        match end.unwrap_or_else(|| self.engine.poll_parked(true).expect("a receive given up ends")) {
             Unparked::Done(status) => status.map(ParkedEnd::Received),
             Unparked::Promoted(id) if waited.is_ok() => Ok(ParkedEnd::Request(id)),
             Unparked::Promoted(id) => {
@@ -765,7 +784,7 @@ impl Driver {
     pub fn abandon(&mut self, req: ReqId) {
         let mine = |a: &Action| match a {
             Action::Send { op: Some(op), .. } | Action::Get { op, .. } | Action::Put { op, .. } => {
-                Engine::op_request(*op) == Some(req)
+                ReqId::from_op(*op) == Some(req)
             }
             _ => false,
         };
@@ -777,7 +796,7 @@ impl Driver {
 
     /// Drops the blocked actions to `peer` that `pick` chooses. A read among them never runs:
     /// the engine is told (with `why`), so that it does not count it in flight
-    /// (`Engine::copies_in_flight`).
+    /// ([`polyrail_core::engine::Activity::copies_in_flight`]).
     fn drop_blocked(&mut self, peer: usize, pick: impl Fn(&Action) -> bool, why: &str) {
         let q = &mut self.blocked[peer];
         if q.is_empty() {

@@ -1,16 +1,11 @@
 //! The receiving half of the engine: packets from peers, matching, unexpected messages.
 
-use super::requests::{Dir, ExposeFor, Req, Withdrawal};
-use super::types::{op_id, OpKind};
-use super::{
-    am_of, finish_req, placement_says_eager, Action, Engine, FragTarget, Incoming, Payload, ReqId, Rtr, Source,
-    TagMatch, Unexpected, UxBody, MAX_EAGER_LEN, MAX_RTR_PLACE, SEND_HISTORY,
-};
+use super::requests::Req;
+use super::{finish_req, Engine, FragTarget, Incoming, ReqId, Source, TagMatch, Unexpected, UxBody, MAX_EAGER_LEN};
 use crate::adapt::Seen;
 use crate::error::{Error, Rank, Result};
 use crate::header::{Header, PacketKind};
-use crate::policy::Protocol;
-use crate::transport::{PeerAccess, Region, RemoteKey};
+use crate::transport::RemoteKey;
 use std::collections::VecDeque;
 
 impl Engine {
@@ -154,31 +149,6 @@ impl Engine {
         self.peers[from as usize].unexpected.push_back(ux);
     }
 
-    /// Skew feedback, receiver side ([`crate::adapt::SkewAdapter`]), called when a receive
-    /// naming `from` is posted and `waiting` of its messages wait unexpected or unread in the
-    /// channel: tells `from` when the adapter says so.
-    #[inline]
-    pub(super) fn watch_skew(&mut self, from: Rank, waiting: usize) {
-        if let Some(lagging_now) = self.peers[from as usize].adapt.skew.note_receive(waiting) {
-            self.tell_skew(from, waiting, lagging_now);
-        }
-    }
-
-    /// Sends `from` the skew packet saying that we lag (or caught up).
-    #[cold]
-    #[inline(never)]
-    fn tell_skew(&mut self, from: Rank, waiting: usize, lagging_now: bool) {
-        tracing::debug!(
-            "rank {}: receives keep finding {waiting} messages of rank {from} waiting: telling it that we {}",
-            self.me,
-            if lagging_now { "lag" } else { "caught up" }
-        );
-        let mut hdr = Header::new(PacketKind::Skew);
-        hdr.offset = lagging_now as u64;
-        let am = am_of(&self.peers, from);
-        self.actions.push_back(Action::Send { channel: am, to: from, hdr, payload: Payload::Empty, op: None });
-    }
-
     fn on_frag(&mut self, from: Rank, hdr: Header, payload: &[u8]) -> Result<()> {
         let p = &mut self.peers[from as usize];
         let i = p
@@ -269,348 +239,6 @@ impl Engine {
         }
     }
 
-    /// A rendezvous message from `from` met receive `id`: if that receive had sent an RTR,
-    /// whether the sender `used` it says whether hints for receives behind others would pay.
-    fn learn_from_rtr(&mut self, id: ReqId, from: Rank, used: bool) {
-        let Some(req) = self.reqs.get(id).filter(|r| r.rtr_sent) else { return };
-        let (first, me) = (req.rtr_place == 0, self.me);
-        let p = &mut self.peers[from as usize];
-        let window_rtrs = match (used, first) {
-            (true, true) => true,
-            (false, false) => false,
-            _ => return,
-        };
-        if p.window_rtrs != window_rtrs {
-            p.window_rtrs = window_rtrs;
-            tracing::debug!(
-                "rank {me}: route from rank {from} changed: receives behind others {} receive-first hints",
-                if window_rtrs { "send" } else { "no longer send" }
-            );
-        }
-    }
-
-    /// A rendezvous message met its receive `id`.
-    pub(super) fn deliver_rts(&mut self, id: ReqId, from: Rank, hdr: Header, key: Option<RemoteKey>) -> Result<()> {
-        let len = usize::try_from(hdr.len).map_err(|_| Error::protocol(from, "message length overflows"))?;
-        let route_entry = self.route(from).map(|r| {
-            let e = r.lookup(len);
-            match &r.mapped {
-                // A key for a size we send eagerly: the sender sent from memory we map.
-                Some(m) if !e.protocol.is_one_sided() && key.is_some() && len >= m.from => {
-                    (Protocol::RndvGet, m.channel)
-                }
-                _ => (e.protocol, e.channel),
-            }
-        });
-        let req = self.reqs.get_mut(id).expect("matched request is live");
-        req.len = len;
-        req.peer_req = hdr.sreq;
-        let am = am_of(&self.peers, from);
-        if len > req.cap {
-            let e = Error::Truncated { from, tag: hdr.tag, len, capacity: req.cap };
-            self.fail(id, e);
-            self.release_sender(id);
-            return Ok(());
-        }
-        let one_sided = route_entry.filter(|(p, _)| p.is_one_sided());
-        if hdr.flags & Header::STREAM != 0 || (hdr.rreq == 0 && one_sided.is_none()) || key.is_none() && hdr.rreq == 0 {
-            // Stream through active messages: ask the sender for the data.
-            req.protocol = Protocol::RndvStream;
-            req.received = 0;
-            let mut cts = Header::new(PacketKind::Cts);
-            (cts.flags, cts.sreq, cts.rreq) = (Header::STREAM, hdr.sreq, id.wire());
-            self.actions.push_back(Action::Send { channel: am, to: from, hdr: cts, payload: Payload::Empty, op: None });
-            return Ok(());
-        }
-        if hdr.rreq != 0 {
-            // Receiver first: the sender writes [split, len) and tells us with FIN; we read
-            // [0, split) with its key.
-            let split = hdr.offset;
-            if split > hdr.len || split > 0 && key.is_none() {
-                return Err(Error::protocol(from, format!("split point {split} of a {len}-byte message")));
-            }
-            let split = split as usize;
-            req.split = split;
-            req.peer_key = key.map(Box::new);
-            req.peer_writes = split..len;
-            req.peer_writing = split < len;
-            req.pending = (split > 0) as u32 + (split < len) as u32;
-            if split > 0 {
-                self.start_own_copy(id);
-            } else if req.pending == 0 {
-                // An empty message: nothing to copy on either side.
-                self.finish(id);
-            }
-            return Ok(());
-        }
-        let (protocol, channel) = one_sided.expect("checked above");
-        let split = if protocol == Protocol::RndvSplit { self.split_point(id, from, len) } else { len };
-        let pull_all = split == len || split == 0;
-        if pull_all {
-            // Sender first with our RTR on its way (RTS wins): the sender drops the RTR unused,
-            // so its exposure ends now, before the pull, which may need what it holds (a
-            // bounce slot: a window of crossed receives would need two each).
-            self.release_key(id);
-        }
-        let req = self.reqs.get_mut(id).expect("matched request is live");
-        req.channel = channel;
-        req.peer_key = key.map(Box::new);
-        req.protocol = protocol;
-        if pull_all {
-            req.split = len;
-            req.pending = 1;
-            self.start_own_copy(id);
-            return Ok(());
-        }
-        req.split = split;
-        req.peer_writes = split..len;
-        req.pending = 2; // our get and the sender's FIN after its put
-        match req.own_key.as_deref().map(|h| *h.key()) {
-            Some(k) => self.send_cts(id, k),
-            // The exposure for our RTR is still on its way (it covers the same buffer for the
-            // same access): its key goes out with the CTS instead.
-            None if req.expose_for == Some(ExposeFor::Rtr) => req.expose_for = Some(ExposeFor::Cts),
-            None => {
-                req.expose_for = Some(ExposeFor::Cts);
-                let region = Region { ptr: req.ptr, len: req.cap };
-                let access = PeerAccess::Write;
-                self.actions.push_back(Action::Register { channel, region, access, op: op_id(id, OpKind::Exposed) });
-            }
-        }
-        Ok(())
-    }
-
-    /// Split rendezvous, receiver side: tell the sender where to write, then read the front.
-    pub(super) fn send_cts(&mut self, id: ReqId, key: RemoteKey) {
-        let req = self.reqs.get_mut(id).expect("live request");
-        req.peer_writing = true;
-        let mut cts = Header::new(PacketKind::Cts);
-        (cts.sreq, cts.rreq, cts.offset, cts.len) = (req.peer_req, id.wire(), req.split as u64, req.len as u64);
-        let (to, am) = (req.peer, am_of(&self.peers, req.peer));
-        self.actions.push_back(Action::Send { channel: am, to, hdr: cts, payload: Payload::Key(key), op: None });
-        self.start_own_copy(id);
-    }
-
-    /// Looks up the live request a peer's packet names, checking direction and owner.
-    fn named_request(&self, from: Rank, wire: u32, dir: Dir, what: &str) -> Result<ReqId> {
-        let id = ReqId::from_wire(wire).ok_or_else(|| Error::protocol(from, format!("{what} names no request")))?;
-        match self.reqs.get(id) {
-            Some(r) if r.dir == dir && r.peer == from && r.result.is_none() => Ok(id),
-            _ => Err(Error::protocol(from, format!("{what} names request {wire:#x}, which is not waiting for it"))),
-        }
-    }
-
-    fn on_cts(&mut self, from: Rank, hdr: Header, payload: &[u8]) -> Result<()> {
-        let id = self.named_request(from, hdr.sreq, Dir::Send, "CTS")?;
-        let frag = self.frag(from);
-        let am = am_of(&self.peers, from);
-        let req = self.reqs.get_mut(id).expect("checked live");
-        if req.protocol == Protocol::Eager || req.peer_req != 0 {
-            return Err(Error::protocol(from, "CTS for a send that does not wait for one"));
-        }
-        // `peer_req != 0` is what marks a send that took its CTS (above, and for a truncation
-        // FIN): a CTS naming no receive would leave it unmarked, and a second CTS or a FIN could
-        // then end or restart the send while its data still leaves from the buffer.
-        if ReqId::from_wire(hdr.rreq).is_none() {
-            return Err(Error::protocol(from, "CTS names no receive"));
-        }
-        req.peer_req = hdr.rreq;
-        if hdr.flags & Header::STREAM != 0 {
-            let mut data = Header::new(PacketKind::Data);
-            data.rreq = hdr.rreq;
-            let buf = Region { ptr: req.ptr, len: req.len };
-            let n = Self::push_chunks(&mut self.actions, am, from, data, buf, frag, id);
-            // The FIN or CTS we waited for is this CTS; now wait for the packets to leave.
-            req.pending = n;
-            req.fin_due = false;
-            return Ok(());
-        }
-        let key = RemoteKey::new(payload).ok_or_else(|| Error::protocol(from, "CTS without a valid key"))?;
-        if hdr.offset > req.len as u64 {
-            return Err(Error::protocol(
-                from,
-                format!("CTS split point {} beyond the {}-byte message", hdr.offset, req.len),
-            ));
-        }
-        let split = hdr.offset as usize;
-        req.split = split;
-        req.peer_key = Some(Box::new(key));
-        req.pending = (split > 0) as u32 + (split < req.len) as u32;
-        req.fin_due = split > 0;
-        if split < req.len {
-            self.start_own_copy(id);
-        } else if req.pending == 0 {
-            self.finish(id);
-        }
-        Ok(())
-    }
-
-    fn on_data(&mut self, from: Rank, hdr: Header, payload: &[u8]) -> Result<()> {
-        let id = self.named_request(from, hdr.rreq, Dir::Recv, "DATA")?;
-        let req = self.reqs.get_mut(id).expect("checked live");
-        if req.protocol != Protocol::RndvStream
-            || hdr.offset != req.received as u64
-            || req.received + payload.len() > req.len
-        {
-            return Err(Error::protocol(
-                from,
-                format!(
-                    "data at {} (+{}) for a {}-byte message at {}",
-                    hdr.offset,
-                    payload.len(),
-                    req.len,
-                    req.received
-                ),
-            ));
-        }
-        // SAFETY: received + payload.len() <= len <= cap.
-        unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), req.ptr.add(req.received), payload.len()) };
-        req.received += payload.len();
-        if req.received == req.len {
-            self.finish(id);
-        }
-        Ok(())
-    }
-
-    fn on_fin(&mut self, from: Rank, hdr: Header) -> Result<()> {
-        let unexpected = || Error::protocol(from, "FIN for a request that does not wait for one");
-        if hdr.sreq != 0 {
-            let id = self.named_request(from, hdr.sreq, Dir::Send, "FIN")?;
-            let req = self.reqs.get_mut(id).expect("checked live");
-            let truncated = hdr.flags & Header::TRUNCATED != 0;
-            // A truncation answers our RTS, before any CTS (or RTR) named the receive.
-            if !req.fin_due || truncated && req.peer_req != 0 {
-                return Err(unexpected());
-            }
-            req.fin_due = false;
-            if truncated {
-                self.finish(id);
-            } else {
-                self.count_down(id);
-            }
-        } else {
-            let id = self.named_request(from, hdr.rreq, Dir::Recv, "FIN")?;
-            let req = self.reqs.get_mut(id).expect("checked live");
-            if !req.peer_writing {
-                return Err(unexpected());
-            }
-            req.peer_writing = false; // the sender is done with our key
-            if hdr.flags & Header::TRUNCATED != 0 && req.deferred.is_none() {
-                // Its write of its part failed: the receive fails once our own part is done.
-                let (start, end) = (req.split, req.len);
-                req.deferred = Some(Box::new(Error::Transport {
-                    kind: "peer",
-                    what: format!("rank {from} could not write bytes {start}..{end} of its message into this receive"),
-                }));
-            }
-            self.count_down(id);
-        }
-        Ok(())
-    }
-
-    fn on_rtr(&mut self, from: Rank, hdr: Header, payload: &[u8]) -> Result<()> {
-        let key = RemoteKey::new(payload).ok_or_else(|| Error::protocol(from, "RTR without a valid key"))?;
-        if ReqId::from_wire(hdr.rreq).is_none() {
-            return Err(Error::protocol(from, "RTR names no request"));
-        }
-        let tag = if hdr.flags & Header::ANY_TAG != 0 { TagMatch::Any } else { TagMatch::Tag(hdr.tag) };
-        let p = &mut self.peers[from as usize];
-        let seen = hdr.offset as u32;
-        let in_flight = p.next_send_seq.wrapping_sub(seen);
-        if hdr.offset > u32::MAX as u64 || in_flight > i32::MAX as u32 {
-            return Err(Error::protocol(
-                from,
-                format!("RTR claims {seen} messages seen, only {} were sent", p.next_send_seq),
-            ));
-        }
-        // The receive takes the `place`-th matching send the receiver had not seen (earlier
-        // receives for the same messages take the ones before). Stale when that send happened
-        // already: it took the receive (RTS wins; an eager one is a misprediction the receiver
-        // copies as usual).
-        let place = hdr.seq;
-        let sent = if in_flight as usize > SEND_HISTORY {
-            None
-        } else {
-            Some(
-                (0..in_flight)
-                    .filter(|&k| {
-                        let (t, c) = p.history[seen.wrapping_add(k) as usize % SEND_HISTORY];
-                        c == hdr.ctx && tag.matches(t)
-                    })
-                    .count() as u32,
-            )
-        };
-        if let Some(ahead) = sent.and_then(|n| place.checked_sub(n)) {
-            if p.rtrs.len() < MAX_RTR_PLACE as usize {
-                let cap = usize::try_from(hdr.len).unwrap_or(usize::MAX);
-                p.rtrs.push_back(Rtr { ahead, tag, ctx: hdr.ctx, rreq: hdr.rreq, cap, key });
-            }
-        }
-        Ok(())
-    }
-
-    /// The receiver cancels receive `hdr.rreq`. Every RTR of this receiver we hold is dropped,
-    /// not only that one: the others' places may count the withdrawn receive, and once it is
-    /// gone a send would take another receive than the one its RTR names. Each dropped RTR,
-    /// and the withdrawn receive's whether we held its RTR or not, is answered with a
-    /// `Withdrawn` behind every message sent so far; a send that took the receive's RTR
-    /// already finishes instead, and the receive with it.
-    fn on_withdraw(&mut self, from: Rank, hdr: Header) -> Result<()> {
-        if ReqId::from_wire(hdr.rreq).is_none() {
-            return Err(Error::protocol(from, "withdrawal names no request"));
-        }
-        let am = am_of(&self.peers, from);
-        let p = &mut self.peers[from as usize];
-        let sent = u64::from(p.next_send_seq);
-        let answer = |rreq: u32, flags: u8| {
-            let mut h = Header::new(PacketKind::Withdrawn);
-            (h.rreq, h.flags, h.offset) = (rreq, flags, sent);
-            Action::Send { channel: am, to: from, hdr: h, payload: Payload::Empty, op: None }
-        };
-        for r in p.rtrs.drain(..).filter(|r| r.rreq != hdr.rreq) {
-            self.actions.push_back(answer(r.rreq, 0));
-        }
-        self.actions.push_back(answer(hdr.rreq, Header::ANSWER));
-        Ok(())
-    }
-
-    /// The sender no longer holds the key of receive `hdr.rreq` (if it ever did), nor any RTR
-    /// sent before. Every message it sent before arrived already (its count in `offset` says
-    /// so), so a receive no message matched has none coming for it: it is withdrawn if we asked
-    /// for that, else it just takes back its buffer's exposure (its message will come
-    /// sender-first).
-    fn on_withdrawn(&mut self, from: Rank, hdr: Header) -> Result<()> {
-        let p = &mut self.peers[from as usize];
-        let sent = hdr.offset as u32;
-        if hdr.offset > u64::from(u32::MAX) || (p.expected_seq.wrapping_sub(sent) as i32) < 0 {
-            return Err(Error::protocol(
-                from,
-                format!("withdrawal answered after {} messages, {} arrived", hdr.offset, p.expected_seq),
-            ));
-        }
-        if hdr.flags & Header::ANSWER != 0 {
-            p.withdrawals = p.withdrawals.checked_sub(1).ok_or_else(|| Error::protocol(from, "unasked withdrawal"))?;
-        }
-        let Some(id) = ReqId::from_wire(hdr.rreq) else {
-            return Err(Error::protocol(from, "withdrawal answer names no request"));
-        };
-        let Some(req) = self
-            .reqs
-            .get_mut(id)
-            .filter(|r| r.dir == Dir::Recv && !r.any_source && r.peer == from && !r.matched && r.result.is_none())
-        else {
-            return Ok(()); // it matched a message meanwhile (or ended)
-        };
-        req.rtr_sent = false;
-        if req.withdrawal == Withdrawal::Asked {
-            req.withdrawal = Withdrawal::Done;
-            self.fail(id, Error::InvalidArgument("receive cancelled".into()));
-        } else {
-            self.release_key(id);
-        }
-        Ok(())
-    }
-
     // ---- matching -------------------------------------------------------------------------
 
     /// Removes and returns the receive a message `(from, tag, ctx)` matches: the earliest
@@ -686,28 +314,6 @@ impl Engine {
         unexpected_position(unexpected, tag, ctx).map(|i| (r, i))
     }
 
-    /// Which of `r`'s messages matching `(tag, ctx)` a receive posted now will take, counted
-    /// from the first one not seen yet: the number of earlier receives waiting for the same
-    /// messages. `None` when an earlier receive overlaps it without taking exactly the same
-    /// messages (another tag pattern, or ANY_SOURCE), or more than `max` wait: then the place
-    /// depends on what arrives, and no receive-first hint can name it.
-    pub(super) fn place_among_posted(&self, r: Rank, tag: TagMatch, ctx: u16, max: u32) -> Option<u32> {
-        let overlaps = |q: &Req| q.ctx == ctx && q.tag.overlaps(tag);
-        if self.wild.iter().any(|id| self.reqs.get(*id).is_some_and(overlaps)) {
-            return None;
-        }
-        let mut place = 0u32;
-        for q in self.peers[r as usize].posted.iter().filter_map(|id| self.reqs.get(*id)) {
-            if overlaps(q) {
-                if q.tag != tag || place >= max {
-                    return None;
-                }
-                place += 1;
-            }
-        }
-        Some(place)
-    }
-
     /// Receive `id` met an unexpected message.
     pub(super) fn match_unexpected(&mut self, id: ReqId, from: Rank, ux: Unexpected) {
         // A sender that is gone finishes no message it left half-way (the rest of an eager
@@ -715,9 +321,7 @@ impl Engine {
         // loss at once, instead of waiting for ever.
         let gone = self.peer_error(from);
         let req = self.reqs.get_mut(id).expect("live request");
-        req.matched = true;
-        req.peer = from;
-        req.tag = TagMatch::Tag(ux.tag);
+        req.mark_matched(from, ux.tag);
         req.len = ux.len;
         match ux.body {
             UxBody::Eager { data, received } => {
@@ -754,45 +358,12 @@ impl Engine {
             },
         }
     }
-
-    /// Receive-first hint for receive `id` of `(r, tag, ctx)`, about to be posted: when its size
-    /// goes by one-sided copy and its place among the receives waiting for the same messages is
-    /// known (and is the first, unless window hints pay; see `Peer::window_rtrs`), expose the
-    /// buffer and send an RTR.
-    pub(super) fn maybe_send_rtr(&mut self, id: ReqId, r: Rank, tag: TagMatch, ctx: u16, cap: usize) {
-        let Some((protocol, channel)) = self.route(r).map(|rt| {
-            let e = rt.lookup(cap);
-            (e.protocol, e.channel)
-        }) else {
-            return;
-        };
-        // The peer sends it eagerly: no buffer to offer.
-        if !protocol.is_one_sided() || placement_says_eager(&self.peers[r as usize], cap) == Some(true) {
-            return;
-        }
-        if self.peers[r as usize].withdrawals > 0 {
-            return; // its place could count a receive being withdrawn
-        }
-        let max = if self.peers[r as usize].window_rtrs { MAX_RTR_PLACE } else { 0 };
-        let Some(place) = self.place_among_posted(r, tag, ctx, max) else { return };
-        let seen = self.peers[r as usize].expected_seq;
-        let req = self.reqs.get_mut(id).expect("live request");
-        req.channel = channel;
-        (req.rtr_seq, req.rtr_place) = (seen, place);
-        req.expose_for = Some(ExposeFor::Rtr);
-        let region = Region { ptr: req.ptr, len: cap };
-        let access = PeerAccess::Write;
-        self.actions.push_back(Action::Register { channel, region, access, op: op_id(id, OpKind::Exposed) });
-    }
 }
 
 /// A posted receive met a message `(from, tag)`.
 #[inline]
 fn mark(req: &mut Req, from: Rank, tag: u32) {
-    req.matched = true;
-    req.any_source = false;
-    req.peer = from;
-    req.tag = TagMatch::Tag(tag);
+    req.mark_matched(from, tag);
 }
 
 /// Where in `unexpected` the first message matching `(tag, ctx)` is (out of line: the

@@ -1,4 +1,4 @@
-//! Request records and the slab that holds them.
+//! Request records, their states, and the slab that holds them.
 
 use super::types::{ReqId, Status, TagMatch};
 use crate::error::{Error, Rank};
@@ -19,31 +19,80 @@ pub(super) enum ExposeFor {
     Rtr,
 }
 
-/// Where a receive's cancellation stands (see `Engine::cancel_recv`).
+/// What a request is: the operation, with the state only that operation has. Each kind of
+/// operation is one variant; its protocols live in their own modules (sends in `send.rs`,
+/// receives in `recv.rs` and `incoming.rs`, both sides of the one-sided copies in
+/// `rendezvous.rs`). One-sided
+/// RMA operations (a put or get into a peer's window, a flush) are to be a further variant with
+/// their own state and module: they share the slab, the [`ReqId`]s, the op ids and the
+/// completion with sends and receives, and nothing of the send and receive paths.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Withdrawal {
-    /// Not asked for.
-    None,
-    /// A `Withdraw` went to the sender holding the key; the receive still matches messages.
-    Asked,
-    /// The sender answered before any message matched: the receive was withdrawn.
+pub(super) enum ReqKind {
+    /// A send (`post_send`), and what it waits for from its receiver.
+    Send(SendWait),
+    /// A receive (`post_recv`), and where its matching stands.
+    Recv(Matching),
+}
+
+/// What a send waits for from its receiver, besides its own packets and put (`pending`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum SendWait {
+    /// Nothing: an eager send, a stream whose data leaves, a receiver-first send that puts
+    /// all of it, or a send whose receiver answered and reads nothing.
+    Nothing,
+    /// Sender first, before the receiver answered: its CTS (split, stream) or its FIN (get),
+    /// or a truncation FIN, which ends the send.
+    Answer,
+    /// The receiver answered (a CTS, or receiver first with a split) and reads the front of
+    /// the message through our key: its FIN is due.
+    Fin,
+}
+
+/// Where a receive's matching stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Matching {
+    /// Posted; no message matched it yet. `any_source`: posted with ANY_SOURCE (only such a
+    /// receive sits in the engine's wildcard queue).
+    Posted { any_source: bool },
+    /// Posted, and a `Withdraw` went to its sender (see `Engine::cancel_recv`); it still matches
+    /// messages until the answer comes.
+    Withdrawing,
+    /// The sender answered the withdrawal before any message matched: withdrawn (it failed).
+    Withdrawn,
+    /// A message matched it (`asked`: while its withdrawal was being asked; it ends with that
+    /// message). `sender_writes`: the sender holds our key and writes its part of the buffer
+    /// until its FIN (after our CTS, or receiver first with a split below the length).
+    Matched { asked: bool, sender_writes: bool },
+}
+
+/// The request's own one-sided copy (a receive's get, a send's put).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum OwnCopy {
+    /// Not issued, or a send's put under way (nothing of this process writes a send's buffer,
+    /// so a put in flight needs no tracking).
+    Idle,
+    /// A receive's read into its buffer was issued and has not completed (also after the
+    /// request failed: the channel may still be writing the buffer).
+    Reading,
+    /// Reported done (an ordered put may be reported twice: the second report is ignored).
     Done,
 }
 
+/// The direction of a request, for the checks of packets that name one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Dir {
     Send,
     Recv,
 }
 
-/// One send or receive in flight.
+/// One request in flight. The fields below `kind` are the protocols' state that sends and
+/// receives share; which of them a request uses depends on its kind and protocol.
 #[derive(Debug)]
 pub(super) struct Req {
-    pub dir: Dir,
+    /// The operation and its own state.
+    pub kind: ReqKind,
     /// Send: destination. Receive: the source named, or the matched one.
     pub peer: Rank,
-    /// Receive posted with ANY_SOURCE (until matched).
-    pub any_source: bool,
     /// Send: `Tag(tag)`. Receive: the pattern, then `Tag(tag)` once matched.
     pub tag: TagMatch,
     pub ctx: u16,
@@ -56,7 +105,6 @@ pub(super) struct Req {
     pub seq: u32,
     /// Post order (receives), for ANY_SOURCE ordering.
     pub order: u64,
-    pub matched: bool,
     pub protocol: Protocol,
     /// Channel of the one-sided copy.
     pub channel: ChannelId,
@@ -71,11 +119,8 @@ pub(super) struct Req {
     pub own_key: Option<Box<MemHandle>>,
     /// Receives: the part of the buffer the peer writes through `own_key` (its put).
     pub peer_writes: Range<usize>,
-    /// Our one-sided copy was reported done (an ordered put may be reported twice).
-    pub copied: bool,
-    /// Receives: our one-sided read into the buffer was issued and has not completed (also
-    /// after the request failed: the channel may still be writing the buffer).
-    pub copying: bool,
+    /// Our one-sided copy.
+    pub copy: OwnCopy,
     /// Key of the peer's buffer.
     pub peer_key: Option<Box<RemoteKey>>,
     /// The peer's request id (wire form), once known.
@@ -86,19 +131,11 @@ pub(super) struct Req {
     pub rtr_seq: u32,
     pub rtr_place: u32,
     pub rtr_sent: bool,
-    /// Receives: the sender holds `own_key` and writes its part of the buffer until its FIN
-    /// (after our CTS, or receiver first with a split below the length); a FIN is due.
-    pub peer_writing: bool,
-    /// Sends: the receiver reads (all of the message, or the front of a split) and then sends
-    /// its FIN, or answers our RTS with a truncation FIN; a FIN is due.
-    pub fin_due: bool,
     /// An error to end with once the peer is done with our key: a receive whose own copy
     /// failed while the sender still wrote its part, or whose sender's FIN said its write
     /// failed; a send whose put failed while the receiver still read its part (see
     /// `Engine::handle_op`).
     pub deferred: Option<Box<Error>>,
-    /// Receives: whether it is being withdrawn through its sender.
-    pub withdrawal: Withdrawal,
     pub expose_for: Option<ExposeFor>,
     /// How it ended (the error boxed: most requests end well, and carry less).
     pub result: Option<std::result::Result<Status, Box<Error>>>,
@@ -111,23 +148,101 @@ unsafe impl Send for Req {}
 
 impl Req {
     /// Whether a channel still acts on it: its exposure is on its way (`expose_for`) or its
-    /// read into the buffer is in flight (`copying`). Such a request is kept when discarded.
+    /// read into the buffer is in flight ([`OwnCopy::Reading`]). Such a request is kept when discarded.
     pub fn channel_busy(&self) -> bool {
-        self.expose_for.is_some() || self.copying
+        self.expose_for.is_some() || self.reading()
+    }
+
+    /// Whether its own read into the buffer is in flight ([`OwnCopy::Reading`]).
+    #[inline]
+    pub fn reading(&self) -> bool {
+        self.copy == OwnCopy::Reading
+    }
+
+    /// Its direction.
+    #[inline]
+    pub fn dir(&self) -> Dir {
+        match self.kind {
+            ReqKind::Send(_) => Dir::Send,
+            ReqKind::Recv(_) => Dir::Recv,
+        }
+    }
+
+    /// A receive that a message matched.
+    #[inline]
+    pub fn matched(&self) -> bool {
+        matches!(self.kind, ReqKind::Recv(Matching::Matched { .. }))
+    }
+
+    /// A receive that no message matched (posted, being withdrawn, or withdrawn).
+    #[inline]
+    pub fn unmatched(&self) -> bool {
+        matches!(self.kind, ReqKind::Recv(m) if !matches!(m, Matching::Matched { .. }))
+    }
+
+    /// A receive posted with ANY_SOURCE that no message matched yet.
+    #[inline]
+    pub fn any_source(&self) -> bool {
+        self.kind == ReqKind::Recv(Matching::Posted { any_source: true })
+    }
+
+    /// A receive whose withdrawal was asked and not answered (matched meanwhile or not).
+    pub fn withdrawal_asked(&self) -> bool {
+        matches!(self.kind, ReqKind::Recv(Matching::Withdrawing | Matching::Matched { asked: true, .. }))
+    }
+
+    /// A send whose receiver's FIN (or truncation FIN) is due ([`SendWait`]).
+    #[inline]
+    pub fn fin_due(&self) -> bool {
+        matches!(self.kind, ReqKind::Send(SendWait::Answer | SendWait::Fin))
+    }
+
+    /// Sets what a send waits for from its receiver.
+    #[inline]
+    pub fn set_send_wait(&mut self, wait: SendWait) {
+        debug_assert!(matches!(self.kind, ReqKind::Send(_)), "a send's state");
+        self.kind = ReqKind::Send(wait);
+    }
+
+    /// A matched receive whose sender writes its part through our key until its FIN.
+    #[inline]
+    pub fn peer_writing(&self) -> bool {
+        matches!(self.kind, ReqKind::Recv(Matching::Matched { sender_writes: true, .. }))
+    }
+
+    /// Sets whether the sender of a matched receive writes through our key.
+    #[inline]
+    pub fn set_peer_writing(&mut self, writes: bool) {
+        match &mut self.kind {
+            ReqKind::Recv(Matching::Matched { sender_writes, .. }) => *sender_writes = writes,
+            _ => debug_assert!(false, "only a matched receive has a writing sender"),
+        }
+    }
+
+    /// A receive that a message `(from, tag)` matched.
+    #[inline]
+    pub fn mark_matched(&mut self, from: Rank, tag: u32) {
+        let asked = self.withdrawal_asked();
+        self.kind = ReqKind::Recv(Matching::Matched { asked, sender_writes: false });
+        self.peer = from;
+        self.tag = TagMatch::Tag(tag);
     }
 
     /// A receive whose peer holds its key: an RTR that no matching send consumed yet, or a
     /// CTS whose FIN has not come.
     pub fn lends_key(&self) -> bool {
-        self.dir == Dir::Recv && self.own_key.is_some() && ((self.rtr_sent && !self.matched) || self.peer_writing)
+        self.dir() == Dir::Recv && self.own_key.is_some() && ((self.rtr_sent && !self.matched()) || self.peer_writing())
     }
 
     #[inline]
     pub fn new(dir: Dir, peer: Rank, tag: TagMatch, ctx: u16, ptr: *mut u8, cap: usize) -> Self {
+        let kind = match dir {
+            Dir::Send => ReqKind::Send(SendWait::Nothing),
+            Dir::Recv => ReqKind::Recv(Matching::Posted { any_source: false }),
+        };
         Req {
-            dir,
+            kind,
             peer,
-            any_source: false,
             tag,
             ctx,
             ptr,
@@ -135,7 +250,6 @@ impl Req {
             len: 0,
             seq: 0,
             order: 0,
-            matched: false,
             protocol: Protocol::Eager,
             channel: ChannelId(0),
             pending: 0,
@@ -143,17 +257,13 @@ impl Req {
             split: 0,
             own_key: None,
             peer_writes: 0..0,
-            copied: false,
             peer_key: None,
             peer_req: 0,
             rtr_seq: 0,
             rtr_place: 0,
             rtr_sent: false,
-            peer_writing: false,
-            copying: false,
-            fin_due: false,
+            copy: OwnCopy::Idle,
             deferred: None,
-            withdrawal: Withdrawal::None,
             expose_for: None,
             result: None,
         }
@@ -180,7 +290,7 @@ impl Req {
 
     /// Whether the request cannot finish without `peer`.
     pub fn needs(&self, peer: Rank) -> bool {
-        self.result.is_none() && self.peer == peer && !self.any_source
+        self.result.is_none() && self.peer == peer && !self.any_source()
     }
 }
 
@@ -259,7 +369,7 @@ impl Requests {
     #[inline]
     pub fn take_result(&mut self, id: ReqId) -> Option<std::result::Result<Status, Box<Error>>> {
         let s = self.slots.get_mut(id.index()).filter(|s| s.gen == id.gen())?;
-        let result = s.req.as_mut().filter(|r| !r.copying)?.result.take()?;
+        let result = s.req.as_mut().filter(|r| !r.reading())?.result.take()?;
         s.req = None;
         self.free.push(id.index() as u32);
         self.live -= 1;

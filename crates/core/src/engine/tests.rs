@@ -1,10 +1,16 @@
 //! Scenario tests of the engine over a simulated job: engines joined by in-memory packet
 //! queues (channel 0, active messages) and memcpy one-sided copies (channel 1).
 
+use super::send::in_ranges;
 use super::*;
 use crate::config::SkewPolicy;
+use crate::config::SplitShare;
+use crate::header::PacketKind;
+use crate::observe::{Observation, Placement};
+use crate::policy::Protocol;
 use crate::policy::{PeerRoute, PlacementRule, RouteEntry};
 use crate::transport::Lifetime;
+use crate::transport::{MemHandle, PeerAccess};
 use proptest::prelude::*;
 use std::collections::VecDeque;
 
@@ -440,8 +446,7 @@ fn a_withdrawn_receive_whose_key_went_out_stays_out_of_use() {
     let a = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(5), &mut announced);
     sim.run_actions();
     assert_eq!(sim.engines[1].cancel_unmatched_receives(), 1);
-    assert_eq!(sim.engines[1].abandon_lent_receives(), 1);
-    assert_eq!(sim.engines[1].take_all_peer_may_write(), vec![a]);
+    assert_eq!(sim.engines[1].abandon_lent_receives(), vec![a]);
     assert!(result(&mut sim, 1, a).is_err());
     sim.settle(); // the late answer changes nothing
                   // A discard after a failed wait, answered once per request.
@@ -888,20 +893,20 @@ fn awaited_channels_follow_what_the_engine_waits_for() {
 #[test]
 fn probe_sees_unexpected_messages() {
     let mut sim = Sim::new(2, one_sided_route);
-    assert_eq!(sim.engines[1].probe(Source::Any, TagMatch::Any, SpaceId(0)), None);
+    assert_eq!(sim.engines[1].probe(Source::Any, TagMatch::Any, SpaceId(0)).found, None);
     let data = pattern(8, 3000);
     let s = send(&mut sim, 0, 1, 4, &data);
     sim.settle();
     assert_eq!(
-        sim.engines[1].probe(Source::Any, TagMatch::Any, SpaceId(0)),
+        sim.engines[1].probe(Source::Any, TagMatch::Any, SpaceId(0)).found,
         Some(Status { source: 0, tag: 4, len: 3000 })
     );
-    assert_eq!(sim.engines[1].probe(Source::Rank(0), TagMatch::Tag(5), SpaceId(0)), None);
+    assert_eq!(sim.engines[1].probe(Source::Rank(0), TagMatch::Tag(5), SpaceId(0)).found, None);
     let mut out = vec![0u8; 3000];
     let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(4), &mut out);
     sim.settle();
     assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
-    assert_eq!(sim.engines[1].probe(Source::Any, TagMatch::Any, SpaceId(0)), None);
+    assert_eq!(sim.engines[1].probe(Source::Any, TagMatch::Any, SpaceId(0)).found, None);
 }
 
 #[test]
@@ -1037,7 +1042,7 @@ enum Got {
 fn park_and_settle(sim: &mut Sim, me: Rank, src: Source, tag: TagMatch, buf: &mut [u8]) -> Option<Got> {
     let region = RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() };
     // SAFETY: `buf` outlives the sim's use of it (the test keeps it until the end).
-    if !unsafe { sim.engines[me as usize].park_recv(src, tag, SpaceId(0), region) } {
+    if !unsafe { sim.engines[me as usize].try_park(src, tag, SpaceId(0), region) } {
         return None;
     }
     sim.settle();
@@ -1055,7 +1060,7 @@ enum Op {
         tag: u32,
         len: usize,
     },
-    /// `blocking`: try [`Engine::park_recv`] first, as a blocking receive does.
+    /// `blocking`: try parking it first ([`Engine::inline_recv`]), as a blocking receive does.
     Recv {
         any_source: Option<Rank>,
         tag: Option<u32>,
@@ -1233,7 +1238,7 @@ proptest! {
                     let Some(&(i, id)) = requests.get(k as usize % requests.len().max(1)) else { continue };
                     if matches!(op, Op::Discard(_)) {
                         let e = &mut sim.engines[2];
-                        if !e.reqs.get(id).is_some_and(|r| r.result.is_none() && !r.matched) {
+                        if !e.reqs.get(id).is_some_and(|r| r.result.is_none() && !r.matched()) {
                             continue; // a matched one's queued copy is the driver's to drop
                         }
                         e.discard(id);
@@ -1241,7 +1246,7 @@ proptest! {
                         discarded.push((i, (!may_write).then(|| recv_bufs[i].to_vec())));
                         // Withdrawn now, or through its sender (it stays posted until then).
                         match e.reqs.get(id) {
-                            Some(r) if r.withdrawal == Withdrawal::Asked => {
+                            Some(r) if r.withdrawal_asked() => {
                                 if !sim.asked.contains(&(2, id)) {
                                     sim.asked.push((2, id)); // not already by a cancel
                                 }
@@ -1434,7 +1439,7 @@ fn the_measured_placement_changes_medium_messages() {
     let mut out = vec![0u8; 3000];
     // SAFETY: `out` outlives the park, ended by unpark below.
     assert!(unsafe {
-        sim.engines[1].park_recv(
+        sim.engines[1].try_park(
             Source::Rank(0),
             TagMatch::Tag(8),
             SpaceId(0),
@@ -1771,7 +1776,7 @@ fn a_parked_receive_takes_its_message_or_becomes_a_request() {
     let park = |sim: &mut Sim, tag: u32, buf: &mut [u8]| {
         let region = RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() };
         // SAFETY: every buffer outlives its park (unparked before the test moves on).
-        unsafe { sim.engines[1].park_recv(Source::Rank(0), TagMatch::Tag(tag), SpaceId(0), region) }
+        unsafe { sim.engines[1].try_park(Source::Rank(0), TagMatch::Tag(tag), SpaceId(0), region) }
     };
     // Whole eager: copied on arrival; another tag first goes unexpected.
     let (other, a) = (pattern(1, 10), pattern(2, 60));
@@ -1937,7 +1942,7 @@ proptest! {
                 }
             }
             for &op in puts.iter() {
-                let id = Engine::op_request(op).expect("a request's op");
+                let id = ReqId::from_op(op).expect("a request's op");
                 prop_assert!(!e.is_done(id), "a send ended while its put still read the buffer");
             }
             Ok(())
@@ -2007,7 +2012,7 @@ fn the_split_share_follows_the_measured_times() {
             let timed = e.split_timed();
             if timed {
                 assert_eq!(e.poll_split_timing(), Some(SplitTiming::Start));
-                assert_eq!(e.poll_split_timing(), None, "still running");
+                assert_eq!(e.poll_split_timing(), Some(SplitTiming::Running), "still running");
             }
             sim.settle();
             if timed {
@@ -2091,11 +2096,11 @@ fn ranks_outside_the_job_are_errors() {
         // SAFETY: `buf` outlives the engine's use of it: every call is refused or ends here.
         unsafe {
             assert!(e.recv_unexpected(Source::Rank(r), TagMatch::Any, SpaceId(0), region).is_none());
-            assert!(!e.park_recv(Source::Rank(r), TagMatch::Any, SpaceId(0), region));
+            assert!(!e.try_park(Source::Rank(r), TagMatch::Any, SpaceId(0), region));
             assert!(out_of_range(e.post_recv(Source::Rank(r), TagMatch::Any, SpaceId(0), region)));
             assert!(out_of_range(e.post_send(r, 0, SpaceId(0), Region { ptr: buf.as_ptr(), len: buf.len() })));
         }
-        assert!(e.probe(Source::Rank(r), TagMatch::Any, SpaceId(0)).is_none());
+        assert!(e.probe(Source::Rank(r), TagMatch::Any, SpaceId(0)).found.is_none());
         assert!(e.peer_error(r).is_none());
     }
 }
@@ -2286,7 +2291,7 @@ const SPACE: u16 = 7;
 /// ANY_SOURCE receive posted there (into `a`) and one in context 0 (into `b`).
 fn wildcards_in_a_space(a: &mut [u8], b: &mut [u8]) -> (Sim, ReqId, ReqId) {
     let mut sim = Sim::new(3, one_sided_route);
-    sim.engines[0].set_context_members(SpaceId(SPACE), &[1, 0]);
+    sim.engines[0].set_space_members(SpaceId(SPACE), &[1, 0]);
     let in_space = recv_in(&mut sim, 0, Source::Any, TagMatch::Any, SPACE, a);
     let in_world = recv_in(&mut sim, 0, Source::Any, TagMatch::Any, 0, b);
     (sim, in_space, in_world)

@@ -100,6 +100,10 @@ impl ReqId {
     pub(crate) fn from_wire(w: u32) -> Option<Self> {
         w.checked_sub(1).map(ReqId)
     }
+    /// The request an operation id (from an [`Action`]) belongs to.
+    pub fn from_op(op: OpId) -> Option<Self> {
+        split_op(op).map(|(id, _)| id)
+    }
 }
 
 /// What an [`OpId`] reports back to the engine.
