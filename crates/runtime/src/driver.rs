@@ -758,16 +758,10 @@ impl Driver {
     #[inline]
     pub fn wait_parked(&mut self) -> Result<ParkedEnd> {
         self.parked = true;
-        let mut end = None;
-        let waited = self.wait_until(|e| {
-            // Once: the liveness check may ask too.
-            if end.is_none() {
-                end = e.poll_parked(false);
-            }
-            end.is_some()
-        });
+        let waited = self.wait_until(|e| !e.parked_waiting());
         self.parked = false;
-        match end.unwrap_or_else(|| self.engine.poll_parked(true).expect("a receive given up ends")) {
+        // Settled, or given up when the wait failed first.
+        match self.engine.poll_parked(true).expect("a receive given up ends") {
             Unparked::Done(status) => status.map(ParkedEnd::Received),
             Unparked::Promoted(id) if waited.is_ok() => Ok(ParkedEnd::Request(id)),
             Unparked::Promoted(id) => {

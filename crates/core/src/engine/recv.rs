@@ -165,8 +165,20 @@ impl Engine {
         if !give_up && self.parked.as_ref().is_some_and(|p| p.end.is_none()) {
             return None;
         }
+        Some(self.end_parked())
+    }
+
+    /// Whether a parked receive still waits for its message (then [`Engine::poll_parked`] says
+    /// `None`). Inline: a blocking receive asks on every poll of its wait.
+    #[inline]
+    pub fn parked_waiting(&self) -> bool {
+        self.parked.as_ref().is_some_and(|p| p.end.is_none())
+    }
+
+    /// [`Engine::poll_parked`] once the parked receive ends.
+    fn end_parked(&mut self) -> Unparked {
         self.touched();
-        Some(self.parked.take().and_then(|p| p.end).unwrap_or(Unparked::Withdrawn))
+        self.parked.take().and_then(|p| p.end).unwrap_or(Unparked::Withdrawn)
     }
 
     /// A packet `hdr` from `from` that starts a message, in order. When it matches the parked
