@@ -11,11 +11,12 @@
 //!   polls its own ring and moves its head (both positions live in the ring's first page).
 //! - One-sided memory: a registration becomes a window at the same offset on every connection,
 //!   named by its packed key (the offset of the region's first byte and its length). A
-//!   transfer's buffer that peers only read is lent in place, the pages it lies in, which the
-//!   peer's DMA engine reads with no copy first; one that peers write gets a page-aligned
-//!   stand-in (a bounce window, copied back at the end); long-lived memory with a memory file
-//!   is registered as its file. `get`/`put` are `vreadfrom`/`vwriteto` by the provider's DMA
-//!   engine, finished when they return.
+//!   transfer's buffer is lent in place, the pages it lies in, which the peer's DMA engine reads
+//!   or writes with no copy first; where peers cannot reach this process's memory (Yama), it
+//!   gets a page-aligned stand-in (a bounce window, copied back at the end); long-lived memory
+//!   with a memory file is registered as its file. `get`/`put` are `vreadfrom`/`vwriteto` by
+//!   the provider's DMA engine, finished when they return; from 512 KiB a message is
+//!   split, the receiver getting the front while the sender puts the back.
 //!
 //! Every position, length, offset and key a peer wrote is checked before use: a forged one is
 //! an [`Error::Protocol`] naming the peer, never an access outside the ring or a window.
@@ -59,6 +60,8 @@ const HEAD: usize = 64;
 const BYE: usize = 128;
 /// Largest `get`/`put`.
 const MAX_RMA: usize = 64 << 20;
+/// Smallest transfer split between both processes (from it the DMA engine splits too).
+const SPLIT_FROM: usize = 512 << 10;
 /// How long a registration waits for the connections still coming up.
 const BRING_UP: Duration = Duration::from_secs(10);
 /// Where registrations' windows start in each connection's window space (the ring is at 0).
@@ -227,7 +230,7 @@ struct Reg {
 enum Lent {
     /// A memory file: the region's own, or a stand-in holding a copy of it.
     File(Memory),
-    /// The pages of the region itself, from this page-aligned address (read-only windows).
+    /// The pages of the region itself, from this page-aligned address.
     InPlace(usize),
 }
 
@@ -236,10 +239,11 @@ impl Reg {
     fn lend(&self, ep: &Endpoint, at: u64) -> std::result::Result<(), ScifError> {
         match &self.lent {
             Lent::File(mem) => ep.register(mem, 0, self.window_len, at, self.prot, MapFlags::FIXED).map(drop),
-            // SAFETY: the registrant keeps the region (and so the pages it lies in) mapped until
-            // `deregister`, which unregisters the window from every connection first.
+            // SAFETY: the registrant keeps the region (and so the pages it lies in) mapped, and
+            // leaves it to the peers it lends it to, until `deregister`, which unregisters the
+            // window from every connection first.
             Lent::InPlace(addr) => unsafe {
-                ep.register_in_place(*addr as *const u8, self.window_len, at, MapFlags::FIXED).map(drop)
+                ep.register_in_place(*addr as *const u8, self.window_len, at, self.prot, MapFlags::FIXED).map(drop)
             },
         }
     }
@@ -282,20 +286,21 @@ impl ScifChannel {
         listener.bind(0).map_err(|e| failed("binding a port", e))?;
         listener.listen(64).map_err(|e| failed("listening", e))?;
         let ring = settings.ring.max(64 << 10).next_multiple_of(page_size());
-        // The emulation's figures, measured with examples/pingpong between a host and a device
-        // rank on a shared 2-core machine (noisy; kept conservative): about 0.7 us one way for
-        // small frames and 0.8 GB/s through the ring; a get pays a stand-in window (a memory
-        // file made, filled, passed and mapped) and a handoff to the DMA thread, about 100 us,
-        // then 0.25-0.5 GB/s. Hardware SCIF would differ (DMA at PCIe rates, no CPU copy).
+        // The emulation's costs (`polyrail-bench devices` on a 2-core machine): ring frames about
+        // 0.4 us one way; a `get` pays its window's record and the DMA engine's handoffs, tens
+        // of us, and moves a few GB/s. The figures put the ring/DMA crossover at 256 KiB, where
+        // ring throughput falls once the copies leave the caches. The DMA engine is CPU threads
+        // of each process, so a transfer split between both processes doubles the copy rate
+        // (`CPU_COPY`). Hardware SCIF would differ (DMA at PCIe rates, no CPU copy).
         let attr = TransportAttr {
             kind: SCIF,
             max_inline: 256 - FRAME_HEAD - Header::WIRE_LEN,
             max_eager: MAX_EAGER,
             max_rma: MAX_RMA,
-            caps: Caps::AM | Caps::GET | Caps::PUT | Caps::RMA_INLINE_COMPLETION | Caps::NODE_LOCAL,
+            caps: Caps::AM | Caps::GET | Caps::PUT | Caps::RMA_INLINE_COMPLETION | Caps::NODE_LOCAL | Caps::CPU_COPY,
             am_cost: Cost { latency_ns: 700.0, overhead_ns: 300.0, bandwidth: 0.8e9 },
             rma_cost: Cost { latency_ns: 50_000.0, overhead_ns: 50_000.0, bandwidth: 0.5e9 },
-            split_from: None,
+            split_from: Some(SPLIT_FROM),
             mapped_from: None,
             rndv_from: Vec::new(),
         };
@@ -860,8 +865,8 @@ impl OneSided for ScifChannel {
                     "scif lends long-lived memory only with its memory file (AnonMemory::shared): SCIF windows are files the peer maps",
                 ))
             }
-            Lifetime::Transfer if access == PeerAccess::Read && region.len > 0 && self.fabric.lends_in_place() => {
-                // The pages the region lies in, lent in place: peers read the region itself.
+            Lifetime::Transfer if region.len > 0 && self.fabric.lends_in_place() => {
+                // The pages the region lies in, lent in place: peers reach the region itself.
                 let page = page_size();
                 let first = region.ptr as usize / page * page;
                 (Lent::InPlace(first), region.ptr as usize - first, false)

@@ -314,7 +314,7 @@ impl Conn {
     }
 
     /// Checks a window of the peer's ordinary memory it announced and records it; says why not.
-    /// Such windows are read-only here: their pages are the peer's, reached by the kernel.
+    /// Its pages are the peer's, reached only by the kernel's cross-process copy.
     fn add_peer_window_in_place(
         &self,
         off: u64,
@@ -327,9 +327,8 @@ impl Conn {
         if !fds.is_empty() {
             return Err(format!("{} files attached, none expected", fds.len()));
         }
-        if prot != u64::from(Prot::READ.bits()) {
-            return Err(format!("protection {prot:#x}: a window of ordinary memory is lent read-only"));
-        }
+        let prot = u32::try_from(prot).ok().and_then(Prot::from_bits).filter(|p| *p != Prot::NONE);
+        let prot = prot.ok_or("no valid protection")?;
         if len == 0 || len % page != 0 || off % page != 0 || addr % page != 0 {
             return Err(format!("offsets, address and length must be multiples of the {page}-byte page"));
         }
@@ -343,7 +342,7 @@ impl Conn {
             return Err(format!("it overlaps its window at {s:#x}+{l:#x}"));
         }
         let backing = Backing::PeerInPlace { pid: self.peer_pid, addr: addr as usize, len: len as usize };
-        w.peers.insert(off, Win { len, prot: Prot::READ, backing, base: 0, file: None });
+        w.peers.insert(off, Win { len, prot, backing, base: 0, file: None });
         Ok(())
     }
 

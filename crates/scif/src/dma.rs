@@ -656,7 +656,7 @@ fn fire_if_ready(sig: Signal) -> Option<Signal> {
         return Some(sig);
     }
     for (seg, value) in &sig.writes {
-        // Windows registered in place are read-only: a signal resolves only to mapped memory.
+        // `fence_signal` refuses windows registered in place: a signal writes mapped memory only.
         let Place::Here(ptr) = seg.place() else { continue };
         debug_assert!(seg.len == 8 && (ptr as usize) % 8 == 0);
         // SAFETY: an 8-byte aligned piece of a writable window (resolved and checked at post),

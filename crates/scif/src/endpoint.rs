@@ -377,26 +377,38 @@ impl Endpoint {
     }
 
     /// `scif_register` of ordinary memory, in place: `len` bytes from `addr` (whole pages,
-    /// page-aligned) become a window the peer may read, at `offset` with [`MapFlags::FIXED`] or
-    /// where the provider chooses; returns the window's offset. The pages are not copied: the
-    /// peer's RMAs read them with `process_vm_readv`, as a DMA engine reads pinned pages. This
-    /// provider lends such windows for reading only and its peers cannot `mmap` them (`EINVAL`);
-    /// [`Fabric::lends_in_place`] says whether peers can read them at all. Errors as
-    /// [`Endpoint::register`].
+    /// page-aligned) become a window the peer reaches within `prot`, at `offset` with
+    /// [`MapFlags::FIXED`] or where the provider chooses; returns the window's offset. The pages
+    /// are not copied: the peer's RMAs read and write them with `process_vm_readv`/`writev`, as a
+    /// DMA engine reaches pinned pages. Its peers cannot `mmap` such a window nor signal into it
+    /// (`EINVAL`: this provider maps only memory files); [`Fabric::lends_in_place`] says whether
+    /// peers can reach them at all. Errors as [`Endpoint::register`].
     ///
     /// # Safety
-    /// The `len` bytes from `addr` stay mapped and readable until the window is unregistered or
-    /// the endpoint closed: this endpoint's own RMAs (`writeto` from the window) read them here.
-    pub unsafe fn register_in_place(&self, addr: *const u8, len: usize, offset: u64, flags: MapFlags) -> Result<u64> {
+    /// The `len` bytes from `addr` stay mapped (readable, and writable with [`Prot::WRITE`])
+    /// until the window is unregistered or the endpoint closed: this endpoint's own RMAs reach
+    /// them here. With [`Prot::WRITE`], nothing else reads or writes them meanwhile but through
+    /// SCIF, as with memory a DMA engine writes.
+    pub unsafe fn register_in_place(
+        &self,
+        addr: *const u8,
+        len: usize,
+        offset: u64,
+        prot: Prot,
+        flags: MapFlags,
+    ) -> Result<u64> {
         let conn = self.conn("register_in_place")?;
         let page = page_size();
         let what = format!("register_in_place({addr:p}+{len:#x} at {offset:#x})");
         if len == 0 || len % page != 0 || addr as usize % page != 0 {
             return Err(ScifError::Einval(format!("{what}: the memory range must be whole {page}-byte pages")));
         }
+        if prot == Prot::NONE {
+            return Err(ScifError::Einval(format!("{what}: no protection (READ, WRITE or both)")));
+        }
         if !self.fabric.in_place {
             return Err(ScifError::Eacces(format!(
-                "{what}: peers cannot read this process's memory (Yama ptrace_scope above 1): register memory files"
+                "{what}: peers cannot reach this process's memory (Yama ptrace_scope above 1): register memory files"
             )));
         }
         conn.check()?;
@@ -404,8 +416,8 @@ impl Endpoint {
         let mut w = conn.windows.lock().unwrap();
         let at = Self::place_window(&w.mine, offset, len64, flags, &what)?;
         let backing = Backing::InPlace { addr: addr as usize, len };
-        w.mine.insert(at, Win { len: len64, prot: Prot::READ, backing, base: 0, file: None });
-        let rec = Record::new(Kind::RegisterInPlace, at, len64, u64::from(Prot::READ.bits()), addr as u64);
+        w.mine.insert(at, Win { len: len64, prot, backing, base: 0, file: None });
+        let rec = Record::new(Kind::RegisterInPlace, at, len64, u64::from(prot.bits()), addr as u64);
         if let Err(e) = conn.send_after(w, &rec, &[]) {
             conn.windows.lock().unwrap().mine.remove_exact(at, len64);
             return Err(e);
@@ -605,14 +617,19 @@ impl Endpoint {
         let mut writes: Vec<(Seg, u64)> = Vec::new();
         {
             let w = conn.windows.lock().unwrap();
+            let mapped = |segs: Vec<Seg>, what: &str| match segs.into_iter().next() {
+                Some(seg) if matches!(seg.place(), crate::dma::Place::Here(_)) => Ok(seg),
+                _ => Err(ScifError::Einval(format!(
+                    "{what}: the window is ordinary memory registered in place; a signal needs a memory file's window"
+                ))),
+            };
             if sl {
-                let seg = w.mine.resolve(local, 8, Prot::WRITE, "fence_signal's local offset")?;
-                writes.push((seg.into_iter().next().unwrap(), local_value));
+                let what = "fence_signal's local offset";
+                writes.push((mapped(w.mine.resolve(local, 8, Prot::WRITE, what)?, what)?, local_value));
             }
             if sr {
                 let what = format!("fence_signal's remote offset (windows of {})", conn.who());
-                let seg = w.peers.resolve(remote, 8, Prot::WRITE, &what)?;
-                writes.push((seg.into_iter().next().unwrap(), remote_value));
+                writes.push((mapped(w.peers.resolve(remote, 8, Prot::WRITE, &what)?, &what)?, remote_value));
             }
         }
         let after = if peer { After::Peers(conn.peer_counters().0) } else { After::Mine(conn.issued()) };

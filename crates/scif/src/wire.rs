@@ -30,8 +30,8 @@ pub(crate) enum Kind {
     Unregister = 4,
     /// The endpoint closes in order.
     Close = 5,
-    /// A window of the sender's ordinary memory, registered in place (read-only): `a` offset,
-    /// `b` length, `c` protection, `d` its address in the sender.
+    /// A window of the sender's ordinary memory, registered in place: `a` offset, `b` length,
+    /// `c` protection, `d` its address in the sender.
     RegisterInPlace = 6,
 }
 

@@ -324,7 +324,7 @@ fn vreadfrom_and_vwriteto_use_ordinary_memory() {
 }
 
 #[test]
-fn ordinary_memory_registered_in_place_is_lent_for_reading_only() {
+fn ordinary_memory_registered_in_place_is_reached_without_a_copy() {
     let dir = tmp();
     let s = setup(dir.path(), DmaMode::InOrder);
     let page = page_size();
@@ -336,13 +336,14 @@ fn ordinary_memory_registered_in_place_is_lent_for_reading_only() {
     let base = mem.as_ptr();
     // SAFETY (all calls below): `mem` outlives the windows, which are unregistered or closed
     // with `s` first, but for the one the test unmaps on purpose.
-    let unaligned = unsafe { s.b.register_in_place(base.wrapping_add(8), page, 0, MapFlags::NONE) }.unwrap_err();
+    let unaligned =
+        unsafe { s.b.register_in_place(base.wrapping_add(8), page, 0, Prot::READ, MapFlags::NONE) }.unwrap_err();
     assert!(matches!(unaligned, ScifError::Einval(_)), "{unaligned}");
-    let partial = unsafe { s.b.register_in_place(base, 100, 0, MapFlags::NONE) }.unwrap_err();
+    let partial = unsafe { s.b.register_in_place(base, 100, 0, Prot::READ, MapFlags::NONE) }.unwrap_err();
     assert!(matches!(partial, ScifError::Einval(_)), "{partial}");
-    let over = unsafe { s.b.register_in_place(base, page, s.rb, MapFlags::FIXED) }.unwrap_err();
+    let over = unsafe { s.b.register_in_place(base, page, s.rb, Prot::READ, MapFlags::FIXED) }.unwrap_err();
     assert!(matches!(over, ScifError::Eaddrinuse(_)), "{over}");
-    let w = unsafe { s.b.register_in_place(base, 3 * page, 0x50_0000, MapFlags::FIXED) }.unwrap();
+    let w = unsafe { s.b.register_in_place(base, 3 * page, 0x50_0000, Prot::READ, MapFlags::FIXED) }.unwrap();
     assert_eq!(w, 0x50_0000);
 
     // Read with no copy made first, by the DMA engine and by the caller's CPU.
@@ -356,15 +357,29 @@ fn ordinary_memory_registered_in_place_is_lent_for_reading_only() {
     s.a.fence_wait(s.a.fence_mark(FenceFlags::INIT_SELF).unwrap()).unwrap();
     assert_eq!(bytes(&s.ma, 0, 1), vec![99], "the window is the memory, not a copy of it");
 
-    // Read-only: writes, signals and mappings are refused.
+    // Read-only: writes are refused; mappings of ordinary memory too.
     let e = s.a.writeto(s.la, 8, w, RmaFlags::SYNC).unwrap_err();
     assert!(matches!(e, ScifError::Eacces(_)), "{e}");
     let e = s.a.vwriteto(&[1; 8], w, RmaFlags::NONE).unwrap_err();
     assert!(matches!(e, ScifError::Eacces(_)), "{e}");
-    let e = s.a.fence_signal(0, 0, w, 1, FenceFlags::INIT_SELF | FenceFlags::SIGNAL_REMOTE).unwrap_err();
-    assert!(matches!(e, ScifError::Eacces(_)), "{e}");
     let e = s.a.mmap(w, page, Prot::READ).unwrap_err();
     assert!(matches!(e, ScifError::Einval(_)) && e.to_string().contains("registered in place"), "{e}");
+
+    // Writable: the peer's writes land in the memory itself; a signal needs a memory file.
+    let mut out = memmap2::MmapMut::map_anon(2 * page).unwrap();
+    let wo =
+        unsafe { s.b.register_in_place(out.as_ptr(), 2 * page, 0x58_0000, Prot::READ | Prot::WRITE, MapFlags::FIXED) }
+            .unwrap();
+    let data: Vec<u8> = (0..page + 100).map(|i| (i * 13 % 253) as u8).collect();
+    s.a.vwriteto(&data, wo + 50, RmaFlags::NONE).unwrap();
+    s.ma.write(0, &data[..page]);
+    s.a.writeto(s.la, 64, wo + page as u64 + 200, RmaFlags::SYNC | RmaFlags::USECPU).unwrap();
+    assert_eq!(&out[50..50 + page + 100], &data[..]);
+    assert_eq!(&out[page + 200..page + 264], &data[..64]);
+    let e = s.a.fence_signal(0, 0, wo, 1, FenceFlags::INIT_SELF | FenceFlags::SIGNAL_REMOTE).unwrap_err();
+    assert!(matches!(e, ScifError::Einval(_)) && e.to_string().contains("in place"), "{e}");
+    s.b.unregister(wo, 2 * page).unwrap();
+    out[0] = 1;
 
     // Unregistered, it is gone for the peer.
     s.b.unregister(w, 3 * page).unwrap();
@@ -373,7 +388,7 @@ fn ordinary_memory_registered_in_place_is_lent_for_reading_only() {
 
     // Memory its owner unmapped while lent: the peer's read fails naming it, nothing else.
     let gone = memmap2::MmapMut::map_anon(page).unwrap();
-    let g = unsafe { s.b.register_in_place(gone.as_ptr(), page, 0x60_0000, MapFlags::FIXED) }.unwrap();
+    let g = unsafe { s.b.register_in_place(gone.as_ptr(), page, 0x60_0000, Prot::READ, MapFlags::FIXED) }.unwrap();
     drop(gone);
     let e = s.a.vreadfrom(&mut got[..page], g, RmaFlags::NONE).unwrap_err();
     assert_eq!(e.errno(), rustix::io::Errno::FAULT.raw_os_error(), "{e}");
@@ -409,7 +424,7 @@ fn large_transfers_copy_every_byte_over_both_dma_channels() {
     lent.fill(5);
     // SAFETY: the first MiB stays mapped while lent; the second is unmapped on purpose, which
     // only the peer's reads meet.
-    let w = unsafe { b.register_in_place(lent.as_ptr(), 2 << 20, 0x1000_0000, MapFlags::FIXED) }.unwrap();
+    let w = unsafe { b.register_in_place(lent.as_ptr(), 2 << 20, 0x1000_0000, Prot::READ, MapFlags::FIXED) }.unwrap();
     let tail = unsafe { lent.as_mut_ptr().add(1 << 20) };
     // SAFETY: unmaps the second MiB of `lent`, which nothing here touches again (`lent` is
     // forgotten below rather than dropped).
@@ -428,8 +443,8 @@ fn forged_windows_in_place_from_a_peer_are_refused() {
     let s = setup(dir.path(), DmaMode::InOrder);
     let page = page_size() as u64;
     let cases: Vec<(u64, u64, u64, u64, &str)> = vec![
-        (0x70_0000, page, 3, 0x1000_0000, "read-only"),
-        (0x71_0000, page, 2, 0x1000_0000, "read-only"),
+        (0x70_0000, page, 0, 0x1000_0000, "protection"),
+        (0x71_0000, page, 99, 0x1000_0000, "protection"),
         (0x72_0000, page, 1, 0x1000_0001, "multiples"),
         (0x73_0000, 100, 1, 0x1000_0000, "multiples"),
         (0x74_0000, page, 1, u64::MAX - page + 1, "address space"),
