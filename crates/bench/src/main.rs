@@ -494,15 +494,11 @@ fn devices(sizes: &str, profile: &str, quick: bool, csv: Option<PathBuf>) -> any
         "size", "memcpy", "scif", "/memcpy", "scif paced", "ceiling", "/ceil", "ib-device paced", "ceiling", "/ceil", "ib paced", "ceiling", "/ceil"
     );
     for &size in &list {
-        let memcpy = calibrate_copy_rate(size);
+        // Below a page a copy's rate says more about the loop than about the memory.
+        let memcpy = (size >= 4096).then(|| calibrate_copy_rate(size));
         let scif = cell("bw", "scif", size);
-        print!(
-            "{:>8} {:>10.0} {:>10} {:>8}",
-            polyrail::format_size(size),
-            memcpy,
-            fmt(scif),
-            ratio(scif, Some(memcpy))
-        );
+        let shown = memcpy.map_or("-".into(), |m| format!("{m:.0}"));
+        print!("{:>8} {:>10} {:>10} {:>8}", polyrail::format_size(size), shown, fmt(scif), ratio(scif, memcpy));
         for (column, _, _, path) in &DEVICE_RUNS[1..] {
             let ceiling = path.and_then(|p| model.link(p)).map(|l| l.bandwidth / 1e6);
             let got = cell("bw", column, size);
