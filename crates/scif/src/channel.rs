@@ -224,6 +224,8 @@ struct Reg {
     region: Region,
     copy_back: bool,
     prot: Prot,
+    /// Long-lived ([`Lifetime::Lasting`]): transfers within its region use its window.
+    lasting: bool,
 }
 
 /// What a registration's window is.
@@ -605,6 +607,18 @@ impl ScifChannel {
     }
 
     /// Unregisters the window at `at` everywhere (a connection that lost it already is fine).
+    /// The key of `region` inside a long-lived registration's window that allows `prot`: a
+    /// transfer's buffer there needs no window of its own (peers of a memory file copy with
+    /// plain loads and stores).
+    fn within_lasting(&self, region: Region, prot: Prot) -> Option<RemoteKey> {
+        let start = region.ptr as usize;
+        self.regs.iter().find_map(|(&at, r)| {
+            let from = r.region.ptr as usize;
+            let inside = r.lasting && start >= from && start + region.len <= from + r.region.len;
+            (inside && r.prot.contains(prot)).then(|| Self::key(at + (start - from) as u64, region.len as u64))
+        })
+    }
+
     fn withdraw(&mut self, at: u64, len: usize) {
         for s in &self.slots {
             if let Slot::Ready(l) = s {
@@ -838,6 +852,11 @@ impl OneSided for ScifChannel {
             PeerAccess::ReadWrite => Prot::READ | Prot::WRITE,
         };
         let failed = |e: ScifError| transport_error(format_args!("registering {} bytes: {e}", region.len));
+        if lifetime == Lifetime::Transfer {
+            if let Some(key) = self.within_lasting(region, prot) {
+                return Ok(MemHandle::new(key, &lifetime));
+            }
+        }
         // The window, where the region starts in it, and whether peers' writes go back.
         let (lent, start, copy_back) = match lifetime {
             Lifetime::Lasting { file: Some(f) } => {
@@ -890,7 +909,8 @@ impl OneSided for ScifChannel {
         self.bring_up(BRING_UP);
         let at = self.next_window;
         self.next_window += window_len as u64;
-        let reg = Reg { lent, window_len, region, copy_back, prot };
+        let lasting = matches!(lifetime, Lifetime::Lasting { .. });
+        let reg = Reg { lent, window_len, region, copy_back, prot, lasting };
         if let Err(e) = self.expose(at, &reg) {
             self.withdraw(at, window_len);
             return Err(failed(e));
@@ -901,8 +921,13 @@ impl OneSided for ScifChannel {
 
     fn deregister(&mut self, handle: &MemHandle, written: Range<usize>) {
         let Some((at, _)) = Self::unpack(handle.key()) else { return };
-        let Some(reg) = self.regs.remove(&(at - at % page_size() as u64)) else { return };
-        self.withdraw(at, reg.window_len);
+        let base = at - at % page_size() as u64;
+        // A transfer's handle into a long-lived window ends nothing.
+        if self.regs.get(&base).is_none_or(|r| r.lasting != handle.is_lasting()) {
+            return;
+        }
+        let Some(reg) = self.regs.remove(&base) else { return };
+        self.withdraw(base, reg.window_len);
         let (start, end) = (written.start, written.end.min(reg.region.len));
         if reg.copy_back && start < end {
             // SAFETY: `start..end` lies in the region (clipped above), which the registrant

@@ -542,10 +542,13 @@ impl Endpoint {
             let released = borrowed.then(|| Arc::new(Released::default()));
             let job =
                 Copy { conn: conn.clone(), seq, src, dst, keep, ordered, transfer, posted, released: released.clone() };
-            engine.post(job);
-            if let Some(r) = released {
-                engine.kick();
-                r.wait();
+            let job = if flags.contains(RmaFlags::SYNC) { engine.run_if_idle(job) } else { Some(job) };
+            if let Some(job) = job {
+                engine.post(job);
+                if let Some(r) = released {
+                    engine.kick();
+                    r.wait();
+                }
             }
         }
         if flags.contains(RmaFlags::SYNC) {

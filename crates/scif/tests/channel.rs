@@ -147,3 +147,67 @@ fn a_peer_gone_is_lost_or_finished_and_named_at_once() {
         assert!(*rank == 1 && why.contains("rank 1") && named, "finalized {finalized}: {why}");
     }
 }
+
+/// Gets `into.len` bytes of `key` from rank 1 until `until` says the outcome is the expected
+/// one (a peer's window records reach `a` within the engine's watch), or ten seconds pass.
+fn get_until(
+    a: &mut ScifChannel,
+    key: &RemoteKey,
+    into: RegionMut,
+    until: impl Fn(&polyrail_core::Result<Issued>) -> bool,
+) -> polyrail_core::Result<Issued> {
+    let start = Instant::now();
+    loop {
+        let r = OneSided::get(a, 1, key, 0, into, 1);
+        if until(&r) || start.elapsed() > Duration::from_secs(10) {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_transfer_window_off_a_page_boundary_ends_at_deregister() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut a, mut b) = pair(dir.path());
+    let src: Vec<u8> = (0..3000u32).map(|i| i as u8).collect();
+    let region = polyrail_core::Region { ptr: src[100..].as_ptr(), len: 2000 };
+    let h =
+        OneSided::register(&mut b, region, polyrail_core::PeerAccess::Read, polyrail_core::Lifetime::Transfer).unwrap();
+    let mut buf = [0u8; 2000];
+    let into = RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() };
+    assert_eq!(get_until(&mut a, h.key(), into, |r| r.is_ok()).unwrap(), Issued::Done);
+    assert_eq!(buf[..], src[100..2100]);
+    OneSided::deregister(&mut b, &h, 0..0);
+    let e = get_until(&mut a, h.key(), into, |r| r.is_err()).unwrap_err().to_string();
+    assert!(e.contains("rank 1"), "{e}");
+}
+
+#[test]
+fn a_transfer_inside_long_lived_memory_uses_its_window_and_ends_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut a, mut b) = pair(dir.path());
+    let mem = polyrail_core::AnonMemory::shared(1 << 16, "a test").unwrap();
+    // SAFETY: the mapping is `mem.len()` bytes, written only here while nothing else runs.
+    unsafe { std::ptr::write_bytes(mem.ptr(), 0x5a, mem.len()) };
+    let lasting = polyrail_core::Lifetime::Lasting { file: mem.file() };
+    let whole = polyrail_core::Region { ptr: mem.ptr(), len: mem.len() };
+    let hl = OneSided::register(&mut b, whole, polyrail_core::PeerAccess::ReadWrite, lasting).unwrap();
+    // SAFETY: 40 000 + 100 bytes lie inside the mapping.
+    let part = polyrail_core::Region { ptr: unsafe { mem.ptr().add(40_000) }, len: 100 };
+    let ht =
+        OneSided::register(&mut b, part, polyrail_core::PeerAccess::Read, polyrail_core::Lifetime::Transfer).unwrap();
+    let unpack = |h: &polyrail_core::MemHandle| u64::from_le_bytes(h.key().as_bytes()[4..12].try_into().unwrap());
+    assert_eq!(unpack(&ht), unpack(&hl) + 40_000, "the transfer's key names the long-lived window");
+    let mut buf = [0u8; 100];
+    let into = RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() };
+    assert_eq!(get_until(&mut a, ht.key(), into, |r| r.is_ok()).unwrap(), Issued::Done);
+    assert!(buf.iter().all(|&x| x == 0x5a));
+    OneSided::deregister(&mut b, &ht, 0..0);
+    buf.fill(0);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(OneSided::get(&mut a, 1, ht.key(), 0, into, 1).unwrap(), Issued::Done, "still registered");
+    assert!(buf.iter().all(|&x| x == 0x5a));
+    OneSided::deregister(&mut b, &hl, 0..0);
+    assert!(get_until(&mut a, hl.key(), into, |r| r.is_err()).is_err());
+}
