@@ -118,12 +118,12 @@ enum Cmd {
         window: usize,
     },
     /// The channels of nodes with devices (emulated: the software SCIF and RDMA providers and
-    /// the link model): `scif` between the host and a device without a model, beside a
-    /// single-thread memcpy of this machine; then, with the model's --profile, `scif`, DirectIB
+    /// the link model): `scif` between the host and a device without a model, from ordinary and
+    /// from registered buffers, beside a single-thread memcpy of this machine; then, with the model's --profile, `scif`, DirectIB
     /// between devices of two nodes (`ib-device`) and between hosts (`ib`), each beside the
     /// profile's ceiling for its path.
     ///
-    /// Eight jobs of 2 ranks (latency and bw each), each stopped after 15 minutes.
+    /// Ten jobs of 2 ranks (latency and bw each), each stopped after 15 minutes.
     Devices {
         /// Sizes to measure (comma-separated, with k/m suffixes).
         #[arg(long, default_value = "8,4k,64k,1m,4m")]
@@ -416,14 +416,19 @@ fn compare(sizes: &str, quick: bool, csv: Option<PathBuf>) -> anyhow::Result<i32
     Ok(failed.unwrap_or(0))
 }
 
-/// The runs of `devices`: a column name, the channel, whether the link model paces it, and the
-/// path whose bandwidth bounds it under the model.
-const DEVICE_RUNS: [(&str, &str, bool, Option<polyrail_link::Path>); 4] = [
-    ("scif", "scif", false, None),
-    ("scif paced", "scif", true, Some(polyrail_link::Path::HostToDevice)),
-    ("ib-device paced", "ib-device", true, Some(polyrail_link::Path::AdapterReadsDevice)),
-    ("ib paced", "ib", true, Some(polyrail_link::Path::NetOut)),
+/// The runs of `devices`: a column name, the channel, whether the link model paces it, whether
+/// the buffers are registered once (`--registered`), and the path whose bandwidth bounds it
+/// under the model.
+type DeviceRun = (&'static str, &'static str, bool, bool, Option<polyrail_link::Path>);
+const DEVICE_RUNS: [DeviceRun; 5] = [
+    ("scif", "scif", false, false, None),
+    ("scif registered", "scif", false, true, None),
+    ("scif paced", "scif", true, false, Some(polyrail_link::Path::HostToDevice)),
+    ("ib-device paced", "ib-device", true, false, Some(polyrail_link::Path::AdapterReadsDevice)),
+    ("ib paced", "ib", true, false, Some(polyrail_link::Path::NetOut)),
 ];
+/// How many of [`DEVICE_RUNS`] run without a model (shown beside memcpy).
+const UNPACED_RUNS: usize = 2;
 
 /// Runs latency and bandwidth over the channels of nodes with devices ([`DEVICE_RUNS`]) and
 /// prints them beside this machine's memcpy and the profile's ceilings.
@@ -438,9 +443,12 @@ fn devices(sizes: &str, profile: &str, quick: bool, csv: Option<PathBuf>) -> any
     let file = |column: &str| dir.path().join(format!("{}.csv", column.replace(' ', "-")));
     let mut failed = None;
     'runs: for bench in ["latency", "bw"] {
-        for (column, transport, paced, _) in DEVICE_RUNS {
+        for (column, transport, paced, registered, _) in DEVICE_RUNS {
             let mut args: Vec<OsString> = vec![bench.into(), "--transport".into(), transport.into()];
             args.extend(["--sizes".into(), sizes.into(), "--csv".into(), file(column).into(), "--quiet".into()]);
+            if registered {
+                args.push("--registered".into());
+            }
             if quick {
                 args.push("--quick".into());
             }
@@ -479,8 +487,8 @@ fn devices(sizes: &str, profile: &str, quick: bool, csv: Option<PathBuf>) -> any
     );
     println!("# paced runs: POLYRAIL_LINK_PROFILE={profile}; ceilings are the profile's bandwidth of the path that bounds each");
     println!(
-        "\n# one-way latency (us)\n{:>8} {:>16} {:>16} {:>16} {:>16}",
-        "size", "scif", "scif paced", "ib-device paced", "ib paced"
+        "\n# one-way latency (us)\n{:>8} {:>16} {:>16} {:>16} {:>16} {:>16}",
+        "size", "scif", "scif registered", "scif paced", "ib-device paced", "ib paced"
     );
     for &size in &list {
         print!("{:>8}", polyrail::format_size(size));
@@ -490,16 +498,19 @@ fn devices(sizes: &str, profile: &str, quick: bool, csv: Option<PathBuf>) -> any
         println!();
     }
     println!(
-        "\n# bandwidth (MB/s); memcpy: one thread of this machine copying the size\n{:>8} {:>10} {:>10} {:>8} {:>12} {:>8} {:>8} {:>16} {:>8} {:>8} {:>10} {:>8} {:>8}",
-        "size", "memcpy", "scif", "/memcpy", "scif paced", "ceiling", "/ceil", "ib-device paced", "ceiling", "/ceil", "ib paced", "ceiling", "/ceil"
+        "\n# bandwidth (MB/s); memcpy: one thread of this machine copying the size\n{:>8} {:>10} {:>10} {:>8} {:>16} {:>8} {:>12} {:>8} {:>8} {:>16} {:>8} {:>8} {:>10} {:>8} {:>8}",
+        "size", "memcpy", "scif", "/memcpy", "scif registered", "/memcpy", "scif paced", "ceiling", "/ceil", "ib-device paced", "ceiling", "/ceil", "ib paced", "ceiling", "/ceil"
     );
     for &size in &list {
         // Below a page a copy's rate says more about the loop than about the memory.
         let memcpy = (size >= 4096).then(|| calibrate_copy_rate(size));
-        let scif = cell("bw", "scif", size);
         let shown = memcpy.map_or("-".into(), |m| format!("{m:.0}"));
-        print!("{:>8} {:>10} {:>10} {:>8}", polyrail::format_size(size), shown, fmt(scif), ratio(scif, memcpy));
-        for (column, _, _, path) in &DEVICE_RUNS[1..] {
+        print!("{:>8} {:>10}", polyrail::format_size(size), shown);
+        for (column, ..) in &DEVICE_RUNS[..UNPACED_RUNS] {
+            let got = cell("bw", column, size);
+            print!(" {:>width$} {:>8}", fmt(got), ratio(got, memcpy), width = column.len().max(10));
+        }
+        for (column, _, _, _, path) in &DEVICE_RUNS[UNPACED_RUNS..] {
             let ceiling = path.and_then(|p| model.link(p)).map(|l| l.bandwidth / 1e6);
             let got = cell("bw", column, size);
             let width = column.len().max(10);

@@ -14,17 +14,22 @@
 //!   transfer's buffer is lent in place, the pages it lies in, which the peer's DMA engine reads
 //!   or writes with no copy first; where peers cannot reach this process's memory (Yama), it
 //!   gets a page-aligned stand-in (a bounce window, copied back at the end); long-lived memory
-//!   with a memory file is registered as its file. `get`/`put` are `vreadfrom`/`vwriteto` by
-//!   the provider's DMA engine, finished when they return; from 512 KiB a message is
-//!   split, the receiver getting the front while the sender puts the back.
+//!   with a memory file is registered as its file, and a transfer's buffer inside it uses that
+//!   window. `get`/`put` are `vreadfrom`/`vwriteto` by the provider's DMA engine, finished
+//!   when they return; from 512 KiB a message is split, the receiver getting the front while
+//!   the sender puts the back. DMA copies between addresses equal mod 64 (else the provider
+//!   copies twice, as SCIF's driver does): from 64 KiB, a transfer whose two sides differ goes
+//!   through the connection's bounce window in 1 MiB pieces, the DMA engine filling one half
+//!   while the caller copies the other (as MPICH's scif netmod did).
 //!
 //! Every position, length, offset and key a peer wrote is checked before use: a forged one is
 //! an [`Error::Protocol`] naming the peer, never an access outside the ring or a window.
 
-use crate::endpoint::{poll, Endpoint, PeerMap, PollEp};
+use crate::dma::CACHE_LINE;
+use crate::endpoint::{poll, Endpoint, Mark, PeerMap, PollEp};
 use crate::error::ScifError;
 use crate::fabric::{Fabric, FabricConfig};
-use crate::flags::{AcceptFlags, MapFlags, MsgFlags, PollEvents, PortId, Prot, RmaFlags};
+use crate::flags::{AcceptFlags, FenceFlags, MapFlags, MsgFlags, PollEvents, PortId, Prot, RmaFlags};
 use crate::memory::{page_size, Memory};
 use crate::pacing::ScifPacer;
 use crate::ring::{self, frame_len, Frame, RingRead, RingWrite, FRAME_HEAD, MAX_EAGER};
@@ -66,6 +71,15 @@ const SPLIT_FROM: usize = 512 << 10;
 const BRING_UP: Duration = Duration::from_secs(10);
 /// Where registrations' windows start in each connection's window space (the ring is at 0).
 const REG_BASE: u64 = 1 << 32;
+/// Where a connection's bounce window is, between the ring and the registrations.
+const BOUNCE_AT: u64 = 1 << 31;
+/// Bytes a piece through the bounce window has at most (MPICH's scif netmod used 1 MiB).
+const BOUNCE_PIECE: usize = 1 << 20;
+/// Bytes of each half of the bounce window: a piece and room to align it.
+const BOUNCE_HALF: usize = BOUNCE_PIECE + 4096;
+/// Smallest `get`/`put` that goes through the bounce window where its two sides differ mod
+/// [`CACHE_LINE`]: smaller ones pay the provider's temporary buffer, cheaper than the fences.
+const BOUNCE_FROM: usize = 64 << 10;
 /// Largest registration a key may name.
 const KEY_LEN_MAX: u64 = 1 << 40;
 
@@ -171,9 +185,74 @@ struct Link {
     head: u64,
     /// Next byte this side writes of the peer's ring.
     tail: u64,
+    /// The bounce window, registered at [`BOUNCE_AT`] at the first transfer that needs it.
+    bounce: Option<Memory>,
 }
 
 impl Link {
+    /// The bounce window of this connection, registered at first use.
+    fn bounce(&mut self) -> std::result::Result<&Memory, ScifError> {
+        if self.bounce.is_none() {
+            let mem = Memory::new(2 * BOUNCE_HALF)?;
+            self.ep.register(&mem, 0, mem.len(), BOUNCE_AT, Prot::READ | Prot::WRITE, MapFlags::FIXED)?;
+            self.bounce = Some(mem);
+        }
+        Ok(self.bounce.as_ref().expect("registered above"))
+    }
+
+    /// Reads `buf.len()` bytes of the peer's windows at `remote` through the bounce window
+    /// (as MPICH's scif netmod did where the two differ mod 64, which DMA cannot copy between):
+    /// the DMA engine fills one half with a piece, aligned as the peer's bytes are, while this
+    /// thread copies the other half's piece out.
+    fn read_bounced(&mut self, buf: &mut [u8], remote: u64) -> std::result::Result<(), ScifError> {
+        let skew = remote as usize % CACHE_LINE;
+        let pieces: Vec<(usize, usize)> =
+            (0..buf.len()).step_by(BOUNCE_PIECE).map(|at| (at, BOUNCE_PIECE.min(buf.len() - at))).collect();
+        self.bounce()?;
+        let post = |ep: &Endpoint, k: usize| -> std::result::Result<Mark, ScifError> {
+            let (at, len) = pieces[k];
+            ep.readfrom(BOUNCE_AT + ((k % 2) * BOUNCE_HALF + skew) as u64, len, remote + at as u64, RmaFlags::NONE)?;
+            ep.fence_mark(FenceFlags::INIT_SELF)
+        };
+        let mut marks = std::collections::VecDeque::new();
+        for k in 0..pieces.len().min(2) {
+            marks.push_back(post(&self.ep, k)?);
+        }
+        for (k, &(at, len)) in pieces.iter().enumerate() {
+            self.ep.fence_wait(marks.pop_front().expect("a mark per posted piece"))?;
+            let mem = self.bounce.as_ref().expect("registered above");
+            mem.read((k % 2) * BOUNCE_HALF + skew, &mut buf[at..at + len]);
+            if k + 2 < pieces.len() {
+                marks.push_back(post(&self.ep, k + 2)?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `buf` into the peer's windows at `remote` through the bounce window: this thread
+    /// copies a piece into one half, aligned as the peer's destination is, while the DMA engine
+    /// writes the other half's piece.
+    fn write_bounced(&mut self, buf: &[u8], remote: u64) -> std::result::Result<(), ScifError> {
+        let skew = remote as usize % CACHE_LINE;
+        self.bounce()?;
+        let mut marks = std::collections::VecDeque::new();
+        for (k, at) in (0..buf.len()).step_by(BOUNCE_PIECE).enumerate() {
+            let len = BOUNCE_PIECE.min(buf.len() - at);
+            if marks.len() == 2 {
+                // The half this piece goes to is free once the piece before the last one left.
+                self.ep.fence_wait(marks.pop_front().expect("two marks"))?;
+            }
+            let local = (k % 2) * BOUNCE_HALF + skew;
+            self.bounce.as_ref().expect("registered above").write(local, &buf[at..at + len]);
+            self.ep.writeto(BOUNCE_AT + local as u64, len, remote + at as u64, RmaFlags::NONE)?;
+            marks.push_back(self.ep.fence_mark(FenceFlags::INIT_SELF)?);
+        }
+        match marks.pop_back() {
+            Some(last) => self.ep.fence_wait(last),
+            None => Ok(()),
+        }
+    }
+
     fn word<'a>(base: *mut u8, offset: usize) -> &'a AtomicU64 {
         // SAFETY: callers pass the start of a live mapping of at least one page and an offset
         // of the first page that is 8-byte aligned (TAIL, HEAD, BYE); the mapping outlives the
@@ -365,7 +444,7 @@ impl ScifChannel {
         for (&at, reg) in &self.regs {
             reg.lend(&ep, at)?;
         }
-        Ok(Link { ep, rank, rx, hello: [0; HELLO_LEN], got: 0, tx: None, tx_cap: 0, head: 0, tail: 0 })
+        Ok(Link { ep, rank, rx, hello: [0; HELLO_LEN], got: 0, tx: None, tx_cap: 0, head: 0, tail: 0, bounce: None })
     }
 
     /// Finishes what bring-up left pending, without blocking: dialled connections that were
@@ -950,7 +1029,12 @@ impl OneSided for ScifChannel {
         // SAFETY: the caller promises `into` is valid and unaliased until the operation ends,
         // which is before this call returns.
         let buf = unsafe { std::slice::from_raw_parts_mut(into.ptr, into.len) };
-        link.ep.vreadfrom(buf, remote, RmaFlags::NONE).map_err(|e| transport_error(format_args!("{what}: {e}")))?;
+        let read = if bounces(buf.as_ptr(), remote, buf.len()) {
+            link.read_bounced(buf, remote)
+        } else {
+            link.ep.vreadfrom(buf, remote, RmaFlags::NONE)
+        };
+        read.map_err(|e| transport_error(format_args!("{what}: {e}")))?;
         Ok(Issued::Done)
     }
 
@@ -964,7 +1048,12 @@ impl OneSided for ScifChannel {
         }
         // SAFETY: the caller promises `from` is valid until the operation ends, before return.
         let buf = unsafe { std::slice::from_raw_parts(from.ptr, from.len) };
-        link.ep.vwriteto(buf, remote, RmaFlags::NONE).map_err(|e| transport_error(format_args!("{what}: {e}")))?;
+        let written = if bounces(buf.as_ptr(), remote, buf.len()) {
+            link.write_bounced(buf, remote)
+        } else {
+            link.ep.vwriteto(buf, remote, RmaFlags::NONE)
+        };
+        written.map_err(|e| transport_error(format_args!("{what}: {e}")))?;
         Ok(Issued::Done)
     }
 }
@@ -977,6 +1066,14 @@ impl Drop for ScifChannel {
             let _ = t.join();
         }
     }
+}
+
+/// Whether a `len`-byte transfer between `local` and the peer's window offset `remote` goes
+/// through the bounce window: from [`BOUNCE_FROM`] bytes, where the two differ mod
+/// [`CACHE_LINE`] (windows start at page boundaries, so an offset's cache line position is its
+/// bytes').
+fn bounces(local: *const u8, remote: u64, len: usize) -> bool {
+    len >= BOUNCE_FROM && local as usize % CACHE_LINE != remote as usize % CACHE_LINE
 }
 
 /// A domain as reports name it.

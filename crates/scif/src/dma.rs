@@ -86,7 +86,14 @@ pub struct DmaStats {
     pub cpu_transfers: u64,
     /// Bytes callers copied themselves.
     pub cpu_bytes: u64,
+    /// Bytes of transfers whose source and destination differed mod 64 (a cache line): the
+    /// engine copied them twice, through a temporary buffer, as SCIF's driver does where DMA
+    /// cannot run between the two.
+    pub unaligned_bytes: u64,
 }
+
+/// Bytes of a cache line: DMA runs between addresses equal mod this.
+pub const CACHE_LINE: usize = 64;
 
 /// Where bytes are: mapped in this process, or in a peer's ordinary memory (a window it
 /// registered in place), which only the kernel's cross-process copy reaches.
@@ -99,6 +106,14 @@ pub(crate) enum Place {
 }
 
 impl Place {
+    /// Where it lies within its cache line.
+    pub(crate) fn cache_offset(self) -> usize {
+        match self {
+            Place::Here(p) => p as usize % CACHE_LINE,
+            Place::Peer { addr, .. } => addr % CACHE_LINE,
+        }
+    }
+
     /// The place `n` bytes further.
     pub(crate) fn offset(self, n: usize) -> Place {
         match self {
@@ -292,6 +307,7 @@ struct Shared {
     cpu_ns: AtomicU64,
     cpu_transfers: AtomicU64,
     cpu_bytes: AtomicU64,
+    unaligned_bytes: AtomicU64,
     /// The second channel: takes half of a large transfer's pieces.
     lane: Mutex<Option<mpsc::Sender<LaneJob>>>,
     /// CPU time of the second channel's thread.
@@ -351,6 +367,7 @@ impl Engine {
             cpu_ns: AtomicU64::new(0),
             cpu_transfers: AtomicU64::new(0),
             cpu_bytes: AtomicU64::new(0),
+            unaligned_bytes: AtomicU64::new(0),
             lane: Mutex::new(Some(lane_tx)),
             lane_cpu_ns,
             caller_cpu_ns: AtomicU64::new(0),
@@ -442,6 +459,7 @@ impl Engine {
             ),
             cpu_transfers: s.cpu_transfers.load(Ordering::Relaxed),
             cpu_bytes: s.cpu_bytes.load(Ordering::Relaxed),
+            unaligned_bytes: s.unaligned_bytes.load(Ordering::Relaxed),
         }
     }
 }
@@ -584,17 +602,20 @@ impl Shared {
     }
 
     /// Copies `job` on this thread, from `SPLIT_FROM` bytes with the second channel when `split`,
-    /// and completes it when the pacer says.
+    /// and completes it when the pacer says. Where source and destination differ mod
+    /// [`CACHE_LINE`], every piece goes through a temporary buffer, on this thread.
     fn copy(&self, mut job: Copy, split: bool) {
         let total = job.transfer.bytes;
         let mut parts = pieces(&job.src, &job.dst);
+        let unaligned = parts.first().is_some_and(|(from, to, _)| from.cache_offset() != to.cache_offset());
+        let mut temp = if unaligned { vec![0u8; CHUNK] } else { Vec::new() };
         let reverse = self.mode == DmaMode::Reverse && !job.ordered;
         if reverse {
             parts.reverse();
         }
         // A large transfer's second half goes to the second channel, unless it is busy or gone.
         let mut lane = None;
-        if split && !reverse && total >= SPLIT_FROM {
+        if split && !unaligned && !reverse && total >= SPLIT_FROM {
             let half = split_at_bytes(&mut parts, (total / 2).next_multiple_of(4096));
             let (done, answer) = mpsc::channel();
             let work = LaneJob { parts: half, done };
@@ -614,10 +635,18 @@ impl Shared {
             if !ok {
                 break;
             }
-            // SAFETY: `from` and `to` are `n` bytes inside spans whose memory `job.keep` (window
+            // `from` and `to` are `n` bytes inside spans whose memory `job.keep` (window
             // mappings) or a waiting caller (its buffer) keeps mapped until the engine releases
             // the job below.
-            if let Err(why) = unsafe { copy_piece(from, to, n) } {
+            let copied = if unaligned {
+                let here = Place::Here(temp.as_mut_ptr());
+                // SAFETY: the spans as said above; `temp` holds `CHUNK >= n` bytes.
+                unsafe { copy_piece(from, here, n).and_then(|()| copy_piece(here, to, n)) }
+            } else {
+                // SAFETY: the spans as said above.
+                unsafe { copy_piece(from, to, n) }
+            };
+            if let Err(why) = copied {
                 job.conn.fault(job.seq, why);
                 ok = false;
                 break;
@@ -638,6 +667,9 @@ impl Shared {
         if ok {
             self.transfers.fetch_add(1, Ordering::Relaxed);
             self.bytes.fetch_add(total as u64, Ordering::Relaxed);
+            if unaligned {
+                self.unaligned_bytes.fetch_add(total as u64, Ordering::Relaxed);
+            }
         }
         let now = Instant::now();
         let at = if ok { self.pacer.complete_at(&job.transfer, job.posted, now) } else { now };

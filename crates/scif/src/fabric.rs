@@ -222,14 +222,16 @@ impl Fabric {
             "{PROVIDER}: software SCIF provider, an emulation (no co-processor or SCIF driver): node {} of {} \
              on physical node {}; endpoints are Unix sockets in {}, windows memory files the peer maps; \
              the DMA engine is a thread of this process ({:?} order), which used {:.3} ms of CPU \
-             for {} transfers that hardware DMA would move without one",
+             for {} transfers that hardware DMA would move without one ({} bytes copied twice, their two \
+             sides differing mod 64)",
             i.node,
             i.nodes,
             i.physical_node,
             i.dir.display(),
             i.engine.mode(),
             s.cpu.as_secs_f64() * 1e3,
-            s.transfers
+            s.transfers,
+            s.unaligned_bytes
         )
     }
 }

@@ -29,17 +29,23 @@ fn info(rank: Rank, domain: u16) -> PeerInfo {
 
 /// Rank 0 on the host, rank 1 on device 1, connected, with one message each way delivered.
 fn pair(dir: &std::path::Path) -> (ScifChannel, ScifChannel) {
+    let ((a, _), (b, _)) = pair_with_fabrics(dir);
+    (a, b)
+}
+
+/// [`pair`], and the provider of each side (for its DMA engine's statistics).
+fn pair_with_fabrics(dir: &std::path::Path) -> ((ScifChannel, Fabric), (ScifChannel, Fabric)) {
     let open = |rank: Rank, node: u16| {
         let f = Fabric::new(FabricConfig::new(dir, "forge", node, 2)).unwrap();
-        ScifChannel::new(f, &ScifSettings::default(), rank, 2).unwrap()
+        (ScifChannel::new(f.clone(), &ScifSettings::default(), rank, 2).unwrap(), f)
     };
-    let (mut a, mut b) = (open(0, 0), open(1, 1));
+    let ((mut a, fa), (mut b, fb)) = (open(0, 0), open(1, 1));
     let (aa, ba) = (a.address(), b.address());
     assert!(matches!(a.add_peer(&info(1, 1), &ba), Reach::Yes(_)));
     assert!(matches!(b.add_peer(&info(0, 0), &aa), Reach::Yes(_)));
     exchange(&mut a, &mut b, 1);
     exchange(&mut b, &mut a, 0);
-    (a, b)
+    ((a, fa), (b, fb))
 }
 
 /// One message from `from` to `to` (rank `peer`), delivered.
@@ -210,4 +216,53 @@ fn a_transfer_inside_long_lived_memory_uses_its_window_and_ends_nothing() {
     assert!(buf.iter().all(|&x| x == 0x5a));
     OneSided::deregister(&mut b, &hl, 0..0);
     assert!(get_until(&mut a, hl.key(), into, |r| r.is_err()).is_err());
+}
+
+#[test]
+fn transfers_whose_sides_differ_mod_64_go_through_the_bounce_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let ((mut a, fa), (mut b, fb)) = pair_with_fabrics(dir.path());
+    let len = (5 << 20) / 2 + 3; // three pieces, the last one short
+    let src: Vec<u8> = (0..len + 64).map(|i| (i * 7 % 251) as u8).collect();
+    // b lends `src` from a byte 3 past a cache line boundary ...
+    let skewed = 64 - src.as_ptr() as usize % 64 + 3;
+    let region = polyrail_core::Region { ptr: src[skewed..].as_ptr(), len: len - 64 };
+    let access = polyrail_core::PeerAccess::ReadWrite;
+    let h = OneSided::register(&mut b, region, access, polyrail_core::Lifetime::Transfer).unwrap();
+    // ... and a reads it into a buffer at a cache line boundary, then writes it back changed.
+    let mut buf = vec![0u8; len];
+    let at = 64 - buf.as_ptr() as usize % 64;
+    let into = RegionMut { ptr: buf[at..].as_mut_ptr(), len: len - 64 };
+    assert_eq!(get_until(&mut a, h.key(), into, |r| r.is_ok()).unwrap(), Issued::Done);
+    assert!(buf[at..at + len - 64] == src[skewed..skewed + len - 64], "the bytes read");
+    assert_eq!(fa.dma_stats().unaligned_bytes, 0, "{:?}", fa.dma_stats());
+    for x in &mut buf[at..at + len - 64] {
+        *x = x.wrapping_add(1);
+    }
+    let from = polyrail_core::Region { ptr: buf[at..].as_ptr(), len: len - 64 };
+    assert_eq!(OneSided::put(&mut a, 1, from, h.key(), 0, 2).unwrap(), Issued::Done);
+    let expect: Vec<u8> = buf[at..at + len - 64].to_vec();
+    OneSided::deregister(&mut b, &h, 0..len - 64);
+    assert!(src[skewed..skewed + len - 64] == expect[..], "the bytes written");
+    let stats = fa.dma_stats();
+    assert_eq!((stats.unaligned_bytes, stats.bytes), (0, 2 * (len as u64 - 64)), "{stats:?}");
+    assert_eq!(fb.dma_stats().transfers, 0, "the reader's and writer's engine moved every byte");
+}
+
+#[test]
+fn the_provider_copies_transfers_whose_sides_differ_mod_64_through_a_temporary_buffer() {
+    let dir = tempfile::tempdir().unwrap();
+    let ((mut a, fa), (mut b, _fb)) = pair_with_fabrics(dir.path());
+    // Below the bounce window's size, the provider's temporary buffer takes the transfer.
+    let src: Vec<u8> = (0..5000u32).map(|i| (i % 253) as u8).collect();
+    let region = polyrail_core::Region { ptr: src[5..].as_ptr(), len: 4000 };
+    let h =
+        OneSided::register(&mut b, region, polyrail_core::PeerAccess::Read, polyrail_core::Lifetime::Transfer).unwrap();
+    let mut buf = vec![0u8; 4100];
+    // One byte further into its cache line than the source.
+    let at = (src[5..].as_ptr() as usize % 64 + 1 + 64 - buf.as_ptr() as usize % 64) % 64;
+    let into = RegionMut { ptr: buf[at..].as_mut_ptr(), len: 4000 };
+    assert_eq!(get_until(&mut a, h.key(), into, |r| r.is_ok()).unwrap(), Issued::Done);
+    assert!(buf[at..at + 4000] == src[5..4005]);
+    assert_eq!(fa.dma_stats().unaligned_bytes, 4000, "{:?}", fa.dma_stats());
 }
