@@ -353,9 +353,7 @@ impl Endpoint {
                 mem.len()
             )));
         }
-        if prot == Prot::NONE {
-            return Err(ScifError::Einval(format!("{what}: no protection (READ, WRITE or both)")));
-        }
+        check_prot(prot, &what)?;
         // A window the peer may only read goes as a read-only file: the kernel refuses it more.
         let ro = if prot == Prot::READ {
             Some(reopen_read_only(mem.file()).map_err(|e| ScifError::os("reopening a memory file read-only", e))?)
@@ -363,14 +361,29 @@ impl Endpoint {
             None
         };
         let file = ro.as_ref().map_or(mem.file(), |f| f.as_fd());
+        let win = Win { len: len as u64, prot, backing: Backing::Local(mem.clone()), base: mem_offset, file: None };
+        Self::add_window(conn, win, (Kind::Register, mem_offset as u64), offset, flags, &what, &[file])
+    }
+
+    /// Adds `win` to this endpoint's windows (at `offset` if `flags` fix it) and tells the peer
+    /// with a record of `kind` and `arg`, passing `files`; takes the window back if that fails.
+    fn add_window(
+        conn: &Arc<Conn>,
+        win: Win,
+        (kind, arg): (Kind, u64),
+        offset: u64,
+        flags: MapFlags,
+        what: &str,
+        files: &[BorrowedFd<'_>],
+    ) -> Result<u64> {
         conn.check()?;
-        let len64 = len as u64;
+        let (len, prot) = (win.len, win.prot);
         let mut w = conn.windows.lock().unwrap();
-        let at = Self::place_window(&w.mine, offset, len64, flags, &what)?;
-        w.mine.insert(at, Win { len: len64, prot, backing: Backing::Local(mem.clone()), base: mem_offset, file: None });
-        let rec = Record::new(Kind::Register, at, len64, u64::from(prot.bits()), mem_offset as u64);
-        if let Err(e) = conn.send_after(w, &rec, &[file]) {
-            conn.windows.lock().unwrap().mine.remove_exact(at, len64);
+        let at = Self::place_window(&w.mine, offset, len, flags, what)?;
+        w.mine.insert(at, win);
+        let rec = Record::new(kind, at, len, u64::from(prot.bits()), arg);
+        if let Err(e) = conn.send_after(w, &rec, files) {
+            conn.windows.lock().unwrap().mine.remove_exact(at, len);
             return Err(e);
         }
         Ok(at)
@@ -403,26 +416,15 @@ impl Endpoint {
         if len == 0 || len % page != 0 || addr as usize % page != 0 {
             return Err(ScifError::Einval(format!("{what}: the memory range must be whole {page}-byte pages")));
         }
-        if prot == Prot::NONE {
-            return Err(ScifError::Einval(format!("{what}: no protection (READ, WRITE or both)")));
-        }
+        check_prot(prot, &what)?;
         if !self.fabric.in_place {
             return Err(ScifError::Eacces(format!(
                 "{what}: peers cannot reach this process's memory (Yama ptrace_scope above 1): register memory files"
             )));
         }
-        conn.check()?;
-        let len64 = len as u64;
-        let mut w = conn.windows.lock().unwrap();
-        let at = Self::place_window(&w.mine, offset, len64, flags, &what)?;
-        let backing = Backing::InPlace { addr: addr as usize, len };
-        w.mine.insert(at, Win { len: len64, prot, backing, base: 0, file: None });
-        let rec = Record::new(Kind::RegisterInPlace, at, len64, u64::from(prot.bits()), addr as u64);
-        if let Err(e) = conn.send_after(w, &rec, &[]) {
-            conn.windows.lock().unwrap().mine.remove_exact(at, len64);
-            return Err(e);
-        }
-        Ok(at)
+        let win =
+            Win { len: len as u64, prot, backing: Backing::InPlace { addr: addr as usize, len }, base: 0, file: None };
+        Self::add_window(conn, win, (Kind::RegisterInPlace, addr as u64), offset, flags, &what, &[])
     }
 
     /// Where a new window of `len` bytes goes: at `offset` if fixed (page-aligned, below 2^63,
@@ -889,4 +891,12 @@ impl PeerMap {
         let w = unsafe { &*self.as_ptr().add(offset).cast::<AtomicU64>() };
         w.load(Ordering::Acquire)
     }
+}
+
+/// `EINVAL` for a window without protection.
+fn check_prot(prot: Prot, what: &str) -> Result<()> {
+    if prot == Prot::NONE {
+        return Err(ScifError::Einval(format!("{what}: no protection (READ, WRITE or both)")));
+    }
+    Ok(())
 }
