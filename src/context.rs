@@ -10,7 +10,10 @@ use crate::heap::HeapRegistrations;
 use crate::pod::{self, Owned};
 use crate::space::{status_in, Members, Space, SplitEntry};
 use bytemuck::Pod;
-use polyrail_core::engine::{CancelRecv, Engine, InlineRecv, ReqId, ReqPhase, Source, SpaceId, Status, TagMatch};
+use polyrail_core::engine::{
+    CancelRecv, Engine, Finalize, Outgoing, Posted, RecvPath, ReqId, ReqPhase, Setting, Source, SpaceId, Status,
+    TagMatch,
+};
 use polyrail_core::{Config, Error, Rank, Region, RegionMut, Result};
 use polyrail_pmi::Bootstrap;
 use polyrail_runtime::{Driver, Job, JobReport, ParkedEnd};
@@ -409,7 +412,7 @@ impl World {
 
     /// Tells the engine that only `members` (job ranks) send in matching context `ctx`.
     pub(crate) fn note_members(&mut self, ctx: u16, members: &[Rank]) {
-        self.driver.engine.set_space_members(SpaceId(ctx), members);
+        self.driver.engine.set(Setting::SpaceMembers(SpaceId(ctx), members));
     }
 
     /// Gives matching contexts `ctx` and `ctx - 1` to the spaces of a split that every rank of
@@ -439,11 +442,12 @@ impl World {
         if let Some(done) = self.driver.try_send_inline(to, tag, space, buf) {
             return done;
         }
+        let msg = Outgoing::Message { tag, space: SpaceId(space) };
         // SAFETY: `buf` is borrowed until this function returns, and the request is waited for
         // (or failed, which ends every use of the buffer) before that.
-        let id = unsafe { self.driver.engine.post_send(to, tag, SpaceId(space), region(buf))? };
+        let id = unsafe { self.driver.engine.post_send(to, msg, region(buf))? };
         self.driver.drain();
-        self.driver.wait(id).map(|_| ())
+        self.driver.wait(id).result.map(|_| ())
     }
 
     /// Receives into `buf` in matching context `space` (see [`Comm::recv`]); the status names
@@ -455,38 +459,38 @@ impl World {
         }
         self.heap.before_post(&mut self.driver, buf.as_ptr(), buf.len());
         // SAFETY: `buf` is borrowed for the call; wait_parked ends the parked receive before
-        // returning, and a request it became is waited for (or abandoned) below.
-        let inline = unsafe { self.driver.engine.inline_recv(from, tag, SpaceId(space), region_mut(buf), true) };
-        let id = match inline {
-            InlineRecv::Received(status) => {
+        // returning, and a request made (at once, or by the parked receive) is waited for (or
+        // abandoned) below, as in `send_in`: it ends before `buf`'s borrow does.
+        let posted =
+            unsafe { self.driver.engine.post_recv(from, tag, SpaceId(space), region_mut(buf), RecvPath::Park)? };
+        let id = match posted {
+            Posted::Received(status) => {
                 self.driver.drain(); // the skew feedback may have a packet to send
                 return Ok(status);
             }
-            InlineRecv::Parked => {
+            Posted::Parked => {
                 self.driver.drain(); // the skew feedback may have a packet to send
                 match self.driver.wait_parked()? {
                     ParkedEnd::Received(status) => return Ok(status),
                     ParkedEnd::Request(id) => id,
-                    ParkedEnd::Abandoned(id, e) => {
-                        if self.driver.engine.take_peer_may_write(id) {
+                    ParkedEnd::Abandoned { why, peer_may_write } => {
+                        if peer_may_write {
                             self.stop_for_lent_buffer();
                         }
-                        return Err(e);
+                        return Err(why);
                     }
                 }
             }
-            InlineRecv::Post => {
-                // SAFETY: as in `send_in`; the request ends before `buf`'s borrow does.
-                let id = unsafe { self.driver.engine.post_recv(from, tag, SpaceId(space), region_mut(buf))? };
+            Posted::Request(id) => {
                 self.driver.drain();
                 id
             }
         };
-        let status = self.driver.wait(id);
-        if self.driver.engine.take_peer_may_write(id) {
+        let done = self.driver.wait(id);
+        if done.peer_may_write {
             self.stop_for_lent_buffer();
         }
-        status
+        done.result
     }
 
     /// Starts sending `buf` (owned by the request until it finishes) to job rank `to` in
@@ -507,9 +511,10 @@ impl World {
                 }
             });
         }
+        let msg = Outgoing::Message { tag, space: SpaceId(space) };
         // SAFETY: the Vec is stored in `self.owned` until the request's result is taken; its
         // heap memory does not move when the Vec value moves.
-        let id = unsafe { self.driver.engine.post_send(to, tag, SpaceId(space), Region { ptr, len })? };
+        let id = unsafe { self.driver.engine.post_send(to, msg, Region { ptr, len })? };
         self.keep(id, buf);
         self.driver.drain();
         Ok(self.request(id))
@@ -530,12 +535,12 @@ impl World {
             self.driver.before_recv(r, region.len);
         }
         self.heap.before_post(&mut self.driver, region.ptr, region.len);
-        // SAFETY: `buf` is owned here for the call.
-        if let Some(status) = unsafe { self.take_arrived(from, tag, space, region) } {
-            return Ok(Request::done(status, buf));
-        }
-        // SAFETY: as in `isend_in`.
-        let id = unsafe { self.driver.engine.post_recv(from, tag, SpaceId(space), region)? };
+        // SAFETY: `buf` is owned here for the call, and as in `isend_in` for a request.
+        let id = match unsafe { self.post_irecv(from, tag, space, region)? } {
+            Posted::Received(status) => return Ok(Request::done(status, buf)),
+            Posted::Request(id) => id,
+            Posted::Parked => unreachable!("a non-blocking receive does not park"),
+        };
         self.keep(id, buf);
         self.driver.drain();
         Ok(self.request(id))
@@ -561,8 +566,9 @@ impl World {
                 started?.map_or_else(|| Request::finished(Status { source: to, tag, len }), |id| self.request(id))
             );
         }
+        let msg = Outgoing::Message { tag, space: SpaceId(space) };
         // SAFETY: forwarded to the caller.
-        let id = unsafe { self.driver.engine.post_send(to, tag, SpaceId(space), Region { ptr, len })? };
+        let id = unsafe { self.driver.engine.post_send(to, msg, Region { ptr, len })? };
         self.driver.drain();
         Ok(self.request(id))
     }
@@ -584,27 +590,30 @@ impl World {
             self.driver.note_placement(r, region.len);
         }
         // SAFETY: forwarded to the caller.
-        if let Some(status) = unsafe { self.take_arrived(from, tag, space, region) } {
-            return Ok(Request::finished(status));
-        }
-        // SAFETY: forwarded to the caller.
-        let id = unsafe { self.driver.engine.post_recv(from, tag, SpaceId(space), region)? };
+        let id = match unsafe { self.post_irecv(from, tag, space, region)? } {
+            Posted::Received(status) => return Ok(Request::finished(status)),
+            Posted::Request(id) => id,
+            Posted::Parked => unreachable!("a non-blocking receive does not park"),
+        };
         self.driver.drain();
         Ok(self.request(id))
     }
 
-    /// A receive's fast path: the matching message is here already and is copied into `buf`
-    /// without a request ([`polyrail_core::engine::Engine::inline_recv`]).
+    /// Posts a non-blocking receive ([`Engine::post_recv`] with [`RecvPath::Arrived`], which
+    /// never parks): the matching message, when it was here already, is copied into `buf`
+    /// without a request; else the receive is a request.
     ///
     /// # Safety
-    /// `buf` is valid for writes of `buf.len` bytes during the call.
+    /// `buf` is valid for writes of `buf.len` bytes during the call and, for a request, as
+    /// [`Engine::post_recv`] requires.
     #[inline]
-    unsafe fn take_arrived(&mut self, from: Source, tag: TagMatch, ctx: u16, buf: RegionMut) -> Option<Status> {
+    unsafe fn post_irecv(&mut self, from: Source, tag: TagMatch, ctx: u16, buf: RegionMut) -> Result<Posted> {
         // SAFETY: forwarded to the caller.
-        let inline = unsafe { self.driver.engine.inline_recv(from, tag, SpaceId(ctx), buf, false) };
-        let InlineRecv::Received(status) = inline else { return None };
-        self.driver.drain(); // the skew feedback may have a packet to send
-        Some(status)
+        let posted = unsafe { self.driver.engine.post_recv(from, tag, SpaceId(ctx), buf, RecvPath::Arrived)? };
+        if let Posted::Received(_) = posted {
+            self.driver.drain(); // the skew feedback may have a packet to send
+        }
+        Ok(posted)
     }
 
     /// Holds `buf` for request `id` until its result is taken. The request handed out for
@@ -618,25 +627,28 @@ impl World {
         self.owned[i] = Some(Owned::new(buf));
     }
 
-    /// The buffer of `id`, whose result was taken, as the vector it was given as (empty for a
-    /// raw request, or when it is kept out of use; see [`World::take_buf_or`]).
+    /// The buffer of `id`, whose result was taken (or which was abandoned), as the vector it
+    /// was given as (empty for a raw request, or when it is kept out of use because a peer may
+    /// still write there, `peer_may_write`; see [`World::take_buf_or`]).
     ///
     /// # Safety
     /// `T` is the element type of `id`'s request: a `Request<T>` made by this context for
     /// `id`, whose buffer, if any, [`World::keep`] holds as the `Vec<T>` it was given.
     #[inline]
-    unsafe fn take_vec<T: Pod>(&mut self, id: ReqId) -> Vec<T> {
-        let buf = self.take_buf_or(id, LentRaw::Stop);
+    unsafe fn take_vec<T: Pod>(&mut self, id: ReqId, peer_may_write: bool) -> Vec<T> {
+        let buf = self.take_buf_or(id, peer_may_write, LentRaw::Stop);
         // SAFETY: forwarded to the caller.
         buf.map(|b| unsafe { b.into_vec() }).unwrap_or_default()
     }
 
-    /// The buffer of `id`, whose result was taken: an owned one a peer may still write is
-    /// kept out of use (`None` comes back); a raw one then stops the process or, for a request
-    /// dropped unwaited, whose memory the caller keeps until the context ends, warns.
-    fn take_buf_or(&mut self, id: ReqId, lent_raw: LentRaw) -> Option<Owned> {
+    /// The buffer of `id`, whose result was taken (or which was abandoned): when a peer may
+    /// still write there (`peer_may_write`, as the engine said when the request ended), an
+    /// owned one is kept out of use (`None` comes back); a raw one then stops the process or,
+    /// for a request dropped unwaited, whose memory the caller keeps until the context ends,
+    /// warns.
+    fn take_buf_or(&mut self, id: ReqId, peer_may_write: bool, lent_raw: LentRaw) -> Option<Owned> {
         let buf = self.owned.get_mut(req_index(id)).and_then(Option::take);
-        if self.driver.engine.take_peer_may_write(id) {
+        if peer_may_write {
             match (buf, lent_raw) {
                 (Some(buf), _) => self.quarantine(1, vec![buf]),
                 (None, LentRaw::Stop) => self.stop_for_lent_buffer(),
@@ -706,10 +718,10 @@ impl World {
         req.check_made_by(self.mark)?;
         match req.into_state() {
             RequestState::Engine(id, _, members) => {
-                let r = self.driver.wait(id);
+                let done = self.driver.wait(id);
                 // SAFETY: `req` was a `Request<T>` of this context for `id`.
-                let buf = unsafe { self.take_vec::<T>(id) };
-                let status = pod::whole::<T>(status_in(members.as_deref(), r?)?)?;
+                let buf = unsafe { self.take_vec::<T>(id, done.peer_may_write) };
+                let status = pod::whole::<T>(status_in(members.as_deref(), done.result?)?)?;
                 Ok(Completion { status, buf })
             }
             RequestState::Done(done) => pod::whole::<T>(done.status).map(|_| done),
@@ -721,32 +733,28 @@ impl World {
     pub(crate) fn cancel<T: Pod>(&mut self, req: Request<T>) -> Result<Cancel<T>> {
         req.check_made_by(self.mark)?;
         let RequestState::Engine(id, ..) = req.state else { return Ok(Cancel::NotCancelled(req)) };
+        // Withdrawn, and whether a peer may still write its buffer (never for one withdrawn at
+        // once: no peer held its key).
         let withdrawn = match self.driver.engine.cancel_recv(id) {
-            CancelRecv::Cancelled => true,
-            CancelRecv::NotCancelled => false,
+            CancelRecv::Cancelled => Some(false),
+            CancelRecv::NotCancelled => None,
             CancelRecv::Asked => {
                 self.driver.drain();
                 if let Err(e) = self.driver.wait_until(|e| e.phase(id) != ReqPhase::Posted) {
                     // As a failed wait: the receive is given up, and a buffer a peer may still
                     // write is kept out of use (or, the caller's, stops the process).
-                    self.driver.abandon(id);
-                    drop(self.take_buf_or(id, LentRaw::Stop));
+                    let peer_may_write = self.driver.abandon(id);
+                    drop(self.take_buf_or(id, peer_may_write, LentRaw::Stop));
                     req.disarm();
                     return Err(e);
                 }
-                let withdrawn = self.driver.engine.phase(id) == ReqPhase::Withdrawn;
-                if withdrawn {
-                    self.driver.engine.discard(id);
-                }
-                withdrawn
+                (self.driver.engine.phase(id) == ReqPhase::Withdrawn).then(|| self.driver.engine.discard(id))
             }
         };
-        if !withdrawn {
-            return Ok(Cancel::NotCancelled(req));
-        }
+        let Some(peer_may_write) = withdrawn else { return Ok(Cancel::NotCancelled(req)) };
         req.disarm();
         // SAFETY: `req` was a `Request<T>` of this context for `id`.
-        Ok(Cancel::Cancelled(unsafe { self.take_vec::<T>(id) }))
+        Ok(Cancel::Cancelled(unsafe { self.take_vec::<T>(id, peer_may_write) }))
     }
 
     /// [`Comm::wait_any`] over requests held in a slice or elsewhere (a [`crate::Scope`]'s).
@@ -819,10 +827,12 @@ impl World {
                 return true;
             }
             // Its dropped handle was the only one, so nothing else took the result.
-            if let Some(Err(e)) = self.driver.engine.take_result(id) {
+            let done = self.driver.engine.take_result(id);
+            if let Some(Err(e)) = done.as_ref().map(|d| &d.result) {
                 tracing::debug!("rank {}: a dropped request failed: {e}", self.rank());
             }
-            drop(self.take_buf_or(id, LentRaw::Warn));
+            let peer_may_write = done.is_some_and(|d| d.peer_may_write);
+            drop(self.take_buf_or(id, peer_may_write, LentRaw::Warn));
             false
         });
         self.sweep_at = SWEEP_MIN.max(2 * detached.len());
@@ -843,10 +853,12 @@ impl World {
             }
             next == ids.len()
         });
+        // Abandoned requests whose buffers a peer may still write.
+        let mut lent = Vec::new();
         if waited.is_err() {
             for &id in &ids {
-                if !self.driver.engine.phase(id).is_done() {
-                    self.driver.abandon(id);
+                if !self.driver.engine.phase(id).is_done() && self.driver.abandon(id) {
+                    lent.push(id);
                 }
             }
         }
@@ -869,9 +881,11 @@ impl World {
                     continue;
                 }
             };
+            let done = self.driver.engine.take_result(id);
+            let peer_may_write = lent.contains(&id) || done.as_ref().is_some_and(|d| d.peer_may_write);
             // SAFETY: `req` was a `Request<T>` of this context for `id`.
-            let buf = unsafe { self.take_vec::<T>(id) };
-            let result = self.driver.engine.take_result(id);
+            let buf = unsafe { self.take_vec::<T>(id, peer_may_write) };
+            let result = done.map(|d| d.result);
             match result.map(|r| r.and_then(|status| pod::whole::<T>(status_in(members.as_deref(), status)?))) {
                 Some(Ok(status)) => out.push(Completion { status, buf }),
                 Some(Err(e)) => {
@@ -946,14 +960,15 @@ impl World {
         while dist < n {
             let to = job((me + dist) % n);
             let from = job((me + n - dist) % n);
+            let msg = Outgoing::Message { tag: round, space: SpaceId(ctx) };
             // SAFETY: an empty buffer; nothing can be read or written through it.
-            let s = unsafe { self.driver.engine.post_send(to, round, SpaceId(ctx), region(&[]))? };
+            let s = unsafe { self.driver.engine.post_send(to, msg, region(&[]))? };
             self.driver.drain();
             if let Err(e) = self.recv_in(ctx, Source::Rank(from), TagMatch::Tag(round), &mut []) {
                 self.driver.abandon(s); // its slot is not left behind
                 return Err(e);
             }
-            self.driver.wait(s)?;
+            self.driver.wait(s).result?;
             dist *= 2;
             round += 1;
         }
@@ -966,7 +981,7 @@ impl World {
             return Ok(());
         }
         self.finalized = true;
-        let cancelled = self.driver.engine.cancel_unmatched_receives();
+        let cancelled = self.driver.engine.finalize(Finalize::Withdraw).receives;
         if cancelled > 0 {
             tracing::warn!("rank {}: finalize withdrew {cancelled} receive(s) that matched no message", self.rank());
         }
@@ -975,7 +990,7 @@ impl World {
         let waited = self.driver.wait_until(|e| e.activity().running == 0 || std::time::Instant::now() > deadline);
         // Receives whose senders did not answer their withdrawal in time (or when waiting
         // failed), or still hold their keys, keep their buffers out of use.
-        let exposed = self.driver.engine.abandon_lent_receives();
+        let exposed = self.driver.engine.finalize(Finalize::Abandon).peer_may_write;
         if !exposed.is_empty() {
             let bufs =
                 exposed.iter().filter_map(|&id| self.owned.get_mut(req_index(id)).and_then(Option::take)).collect();

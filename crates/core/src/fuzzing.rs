@@ -6,7 +6,9 @@
 //! checking that every region an action names lies inside a buffer of a live request's.
 #![doc(hidden)]
 
-use crate::engine::{Action, Engine, OpOutcome, Payload, ReqId, Source, SpaceId, TagMatch};
+use crate::engine::{
+    Action, Engine, OpOutcome, Outgoing, Payload, Posted, RecvPath, ReqId, Setting, Source, SpaceId, TagMatch,
+};
 use crate::policy::{ChannelId, PeerRoute, Protocol, RouteEntry};
 use crate::{Error, Header, Lifetime, MemHandle, Rank, Region, RegionMut, RemoteKey};
 
@@ -57,9 +59,9 @@ impl EngineHarness {
         let mut engine = Engine::new(0, JOB_SIZE, crate::adapt::Tuning::default());
         let one_sided = route(&[(1023, Protocol::Eager), (4095, Protocol::RndvGet), (usize::MAX, Protocol::RndvSplit)]);
         let stream = route(&[(1024, Protocol::Eager), (usize::MAX, Protocol::RndvStream)]);
-        engine.set_route(0, Ok(one_sided.clone()));
-        engine.set_route(1, Ok(one_sided));
-        engine.set_route(2, Ok(stream));
+        engine.set(Setting::Route(0, Ok(one_sided.clone())));
+        engine.set(Setting::Route(1, Ok(one_sided)));
+        engine.set(Setting::Route(2, Ok(stream)));
         EngineHarness { engine, buffers: Vec::new(), live: Vec::new(), exposures: 0 }
     }
 
@@ -80,12 +82,12 @@ impl EngineHarness {
     pub fn post_recv(&mut self, src: Source, tag: TagMatch, ctx: u16, len: usize) -> bool {
         let Some(ptr) = self.buffer(len) else { return false };
         // SAFETY: the buffer is owned by the harness and outlives the engine.
-        match unsafe { self.engine.post_recv(src, tag, SpaceId(ctx), RegionMut { ptr, len }) } {
-            Ok(id) => {
+        match unsafe { self.engine.post_recv(src, tag, SpaceId(ctx), RegionMut { ptr, len }, RecvPath::Request) } {
+            Ok(Posted::Request(id)) => {
                 self.live.push(id);
                 true
             }
-            Err(_) => false,
+            _ => false,
         }
     }
 
@@ -93,7 +95,8 @@ impl EngineHarness {
     pub fn post_send(&mut self, to: Rank, tag: u32, ctx: u16, len: usize) -> bool {
         let Some(ptr) = self.buffer(len) else { return false };
         // SAFETY: the buffer is owned by the harness, outlives the engine and is not modified.
-        match unsafe { self.engine.post_send(to, tag, SpaceId(ctx), Region { ptr, len }) } {
+        match unsafe { self.engine.post_send(to, Outgoing::Message { tag, space: SpaceId(ctx) }, Region { ptr, len }) }
+        {
             Ok(id) => {
                 self.live.push(id);
                 true

@@ -2,7 +2,8 @@
 
 use polyrail_core::config::{PollPolicy, WaitMode};
 use polyrail_core::engine::{
-    Action, ChannelSink, Engine, OpOutcome, Payload, ReqId, SpaceId, SplitTime, SplitTiming, Status, Unparked,
+    Action, ChannelSink, Engine, Finished, Observed, OpOutcome, Outgoing, Payload, ReqId, Setting, SpaceId, SplitTime,
+    SplitTiming, Status, Unparked,
 };
 use polyrail_core::observe::{says_yes, Observation, Observe};
 use polyrail_core::policy::{ChannelId, ChannelSet};
@@ -173,23 +174,29 @@ pub enum ParkedEnd {
     Received(Status),
     /// It became this request, still to be waited for.
     Request(ReqId),
-    /// It became this request, which the wait gave up (with this error) and abandoned: the
-    /// caller asks [`Engine::take_peer_may_write`] whether its buffer may yet be written.
-    Abandoned(ReqId, Error),
+    /// It became a request, which the wait gave up and abandoned.
+    Abandoned {
+        /// Why the wait gave up.
+        why: Error,
+        /// Whether its buffer may yet be written ([`Engine::discard`]).
+        peer_may_write: bool,
+    },
 }
 
 impl Driver {
-    /// A driver over `channels`, of which those in `reaching` reach another rank (the others,
-    /// with no peer to deliver from, are never polled).
+    /// A driver over `engine`, of rank `me` of a job of `size` ranks (as the engine was made),
+    /// and `channels`, of which those in `reaching` reach another rank (the others, with no
+    /// peer to deliver from, are never polled).
     pub fn new(
         engine: Engine,
+        me: Rank,
+        size: u32,
         channels: Vec<Box<dyn Transport>>,
         reaching: ChannelSet,
         wait: WaitMode,
         poll: PollPolicy,
     ) -> Self {
-        let (me, n) = engine.rank_and_size();
-        let n = n as usize;
+        let n = size as usize;
         let polled: Vec<usize> = channels
             .iter()
             .enumerate()
@@ -263,12 +270,13 @@ impl Driver {
     fn time_split(&mut self, timing: SplitTiming, before_actions: bool) {
         let now = Instant::now();
         if before_actions && timing != SplitTiming::Start && now.duration_since(self.split_seen) > SPLIT_GAP {
-            self.engine.handle_split_time(SplitTime::Disturbed);
+            self.engine.handle_observation(Observed::SplitTime(SplitTime::Disturbed));
         }
         match timing {
             SplitTiming::Start => self.split_since = now,
             SplitTiming::End => {
-                self.engine.handle_split_time(SplitTime::Took(now.duration_since(self.split_since).as_nanos() as u64))
+                let took = SplitTime::Took(now.duration_since(self.split_since).as_nanos() as u64);
+                self.engine.handle_observation(Observed::SplitTime(took));
             }
             SplitTiming::Running => {}
         }
@@ -384,14 +392,14 @@ impl Driver {
         }
         self.lasting.push((region, handles));
         if file.is_some() {
-            self.engine.set_mapped_memory(region, true);
+            self.engine.set(Setting::MappedMemory(region, true));
         }
         Ok(())
     }
 
     /// Ends what [`Driver::register_memory`] started for `region`.
     pub fn unregister_memory(&mut self, region: Region) {
-        self.engine.set_mapped_memory(region, false);
+        self.engine.set(Setting::MappedMemory(region, false));
         if let Some(i) = self.lasting.iter().position(|(r, _)| r.ptr == region.ptr && r.len == region.len) {
             let (_, handles) = self.lasting.swap_remove(i);
             self.deregister_all(&handles);
@@ -489,16 +497,17 @@ impl Driver {
     }
 
     /// For a wait until `done`: checks peers' liveness now, and that the process manager is
-    /// still there. (A wait that the check itself ended, by failing its request when the peer
-    /// was found lost, reports that request's error rather than the manager's.)
-    fn check_liveness(&mut self, done: &mut impl FnMut(&mut Engine) -> bool) -> Result<()> {
+    /// still there; `true` when `done` held (the wait is over). (A wait that the check itself
+    /// ended, by failing its request when the peer was found lost, reports that request's
+    /// error rather than the manager's.)
+    fn check_liveness(&mut self, done: &mut impl FnMut(&mut Engine) -> bool) -> Result<bool> {
         self.last_liveness = Instant::now();
         for (i, ch) in self.channels.iter_mut().enumerate() {
             ch.check_peers(&mut ChannelSink::new(&mut self.engine, ChannelId(i as u8)));
         }
         self.drain();
         if !self.manager.as_ref().is_some_and(hung_up) {
-            return Ok(());
+            return Ok(false);
         }
         // A live peer holding a receive's key may still write into its buffer: give it time to
         // finish (its FIN ends the receive) or to die of the same cause, rather than hand the
@@ -507,8 +516,11 @@ impl Driver {
         let gone_at = *self.manager_gone_at.get_or_insert_with(Instant::now);
         let activity = self.engine.activity();
         let writers = activity.lends_keys_to_live_peers || activity.copies_in_flight;
-        if done(&mut self.engine) || (writers && gone_at.elapsed() < KEYS_SETTLE) {
-            return Ok(());
+        if done(&mut self.engine) {
+            return Ok(true);
+        }
+        if writers && gone_at.elapsed() < KEYS_SETTLE {
+            return Ok(false);
         }
         Err(Error::Bootstrap(
             "the process manager closed its connection (it died: polyrail run, mpiexec or srun was killed?); \
@@ -519,7 +531,7 @@ impl Driver {
 
     /// Progresses until `done()` holds: polls, then sleeps (or naps) until arrivals, or yields
     /// the core where sleeping is not safe; checks liveness of peers periodically so that a
-    /// lost peer ends the wait with an error.
+    /// lost peer ends the wait with an error. Once `done()` held, it is not called again.
     pub fn wait_until(&mut self, mut done: impl FnMut(&mut Engine) -> bool) -> Result<()> {
         // 64 bits: it never overflows (a saturated 32-bit count, reached after 2^32 empty polls
         // of a long spin, stuck at a value that is never a multiple of 256, which ended the
@@ -565,8 +577,9 @@ impl Driver {
                     } else if idle > SPIN_BEFORE_YIELD {
                         std::thread::yield_now();
                     }
-                    if (slept || idle % 256 == 0) && self.last_liveness.elapsed() >= LIVENESS_PERIOD {
-                        self.check_liveness(&mut done)?;
+                    let due = (slept || idle % 256 == 0) && self.last_liveness.elapsed() >= LIVENESS_PERIOD;
+                    if due && self.check_liveness(&mut done)? {
+                        return Ok(());
                     }
                     continue;
                 }
@@ -577,8 +590,8 @@ impl Driver {
                     self.sleep_once(nap);
                     slept = true;
                     nap = (nap * 2).min(MAX_NAP);
-                    if self.last_liveness.elapsed() >= LIVENESS_PERIOD {
-                        self.check_liveness(&mut done)?;
+                    if self.last_liveness.elapsed() >= LIVENESS_PERIOD && self.check_liveness(&mut done)? {
+                        return Ok(());
                     }
                     continue;
                 }
@@ -610,7 +623,7 @@ impl Driver {
         let channel = &mut self.channels[ch.index()];
         for what in [Observe::LineTransfer, Observe::CopiesSlow] {
             if let Some(seen) = channel.observe(to, what) {
-                self.engine.handle_observation(to, seen);
+                self.engine.handle_observation(Observed::Peer(to, seen));
             }
         }
     }
@@ -629,7 +642,7 @@ impl Driver {
     pub fn note_unread(&mut self, peer: Rank) {
         let channels = &mut self.channels;
         let unread = self.polled.iter().any(|&i| says_yes(channels[i].observe(peer, Observe::Unread)));
-        self.engine.handle_observation(peer, Observation::Unread(unread));
+        self.engine.handle_observation(Observed::Peer(peer, Observation::Unread(unread)));
     }
 
     /// Whether nothing but an arrival can make progress (so sleeping until one is safe).
@@ -669,7 +682,7 @@ impl Driver {
         // SAFETY: `buf` is borrowed by the caller until this function returns, and a request
         // made for it is waited for (or failed) before that.
         match unsafe { self.start_send_inline(to, tag, ctx, buf.as_ptr(), buf.len())? } {
-            Ok(Some(id)) => Some(self.wait(id).map(|_| ())),
+            Ok(Some(id)) => Some(self.wait(id).result.map(|_| ())),
             Ok(None) => Some(Ok(())),
             Err(e) => Some(Err(e)),
         }
@@ -719,7 +732,7 @@ impl Driver {
         let bytes = unsafe { std::slice::from_raw_parts(region.ptr, region.len) };
         match self.channels[channel.index()].try_send(to, &hdr, bytes) {
             // SAFETY: forwarded to the caller.
-            Ok(Issued::WouldBlock) => Ok(Some(unsafe { self.queue_prepared(to, channel, hdr, region) })),
+            Ok(Issued::WouldBlock) => unsafe { self.queue_prepared(to, channel, hdr, region) }.map(Some),
             Ok(_) => Ok(None),
             Err(e) => {
                 self.engine.handle_peer_lost(to, e.duplicate());
@@ -733,40 +746,47 @@ impl Driver {
     /// # Safety
     /// As for [`Driver::start_send_inline`].
     #[cold]
-    unsafe fn queue_prepared(&mut self, to: Rank, channel: ChannelId, hdr: Header, region: Region) -> ReqId {
+    unsafe fn queue_prepared(&mut self, to: Rank, channel: ChannelId, hdr: Header, region: Region) -> Result<ReqId> {
         // SAFETY: forwarded to the caller.
-        let id = unsafe { self.engine.post_prepared_send(to, channel, hdr, region) };
+        let id = unsafe { self.engine.post_send(to, Outgoing::Prepared { channel, hdr }, region) };
         self.drain();
         id
     }
 
-    /// Waits for one request and takes its result. If waiting fails, the request is abandoned:
-    /// nothing of this process touches its buffer afterwards, but a peer holding its key or its
-    /// own read still in flight may ([`Engine::take_peer_may_write`] names such a buffer).
+    /// Waits for one request and takes how it ended. If waiting fails, the request is
+    /// abandoned: nothing of this process touches its buffer afterwards, but a peer holding its
+    /// key or its own read still in flight may ([`Finished::peer_may_write`] says so).
     #[inline]
-    pub fn wait(&mut self, req: ReqId) -> Result<Status> {
+    pub fn wait(&mut self, req: ReqId) -> Finished {
         if let Err(e) = self.wait_until(|e| e.phase(req).is_done()) {
-            self.abandon(req);
-            return Err(e);
+            let peer_may_write = self.abandon(req);
+            return Finished { result: Err(e), peer_may_write };
         }
-        self.engine.take_result(req).unwrap_or_else(|| Err(Error::InvalidArgument("unknown request".into())))
+        self.engine.take_result(req).unwrap_or_else(|| Finished {
+            result: Err(Error::InvalidArgument("unknown request".into())),
+            peer_may_write: false,
+        })
     }
 
-    /// Waits for the receive parked by [`Engine::inline_recv`]: its status, or the request it
+    /// Waits for the receive parked by [`Engine::post_recv`]: its status, or the request it
     /// became (which the caller then waits for). Either way the engine no longer holds the
     /// parked buffer outside that request when this returns.
     #[inline]
     pub fn wait_parked(&mut self) -> Result<ParkedEnd> {
         self.parked = true;
-        let waited = self.wait_until(|e| !e.parked_waiting());
+        let mut end = None;
+        let waited = self.wait_until(|e| {
+            end = e.poll_parked(false);
+            end.is_some()
+        });
         self.parked = false;
         // Settled, or given up when the wait failed first.
-        match self.engine.poll_parked(true).expect("a receive given up ends") {
+        match end.or_else(|| self.engine.poll_parked(true)).expect("a receive given up ends") {
             Unparked::Done(status) => status.map(ParkedEnd::Received),
             Unparked::Promoted(id) if waited.is_ok() => Ok(ParkedEnd::Request(id)),
             Unparked::Promoted(id) => {
-                self.abandon(id);
-                Ok(ParkedEnd::Abandoned(id, waited.expect_err("checked above")))
+                let peer_may_write = self.abandon(id);
+                Ok(ParkedEnd::Abandoned { why: waited.expect_err("checked above"), peer_may_write })
             }
             Unparked::Withdrawn => Err(waited
                 .err()
@@ -774,8 +794,10 @@ impl Driver {
         }
     }
 
-    /// Forgets `req` and drops its queued actions, so that its buffer is no longer used.
-    pub fn abandon(&mut self, req: ReqId) {
+    /// Forgets `req` and drops its queued actions, so that its buffer is no longer used by this
+    /// process; whether a peer, or the request's own read in flight, may still write there
+    /// ([`Engine::discard`]).
+    pub fn abandon(&mut self, req: ReqId) -> bool {
         let mine = |a: &Action| match a {
             Action::Send { op: Some(op), .. } | Action::Get { op, .. } | Action::Put { op, .. } => {
                 ReqId::from_op(*op) == Some(req)
@@ -785,7 +807,7 @@ impl Driver {
         for peer in 0..self.blocked.len() {
             self.drop_blocked(peer, mine, "read abandoned before it ran");
         }
-        self.engine.discard(req);
+        self.engine.discard(req)
     }
 
     /// Drops the blocked actions to `peer` that `pick` chooses. A read among them never runs:
@@ -816,7 +838,7 @@ impl Driver {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use polyrail_core::engine::{Source, TagMatch};
+    use polyrail_core::engine::{Posted, RecvPath, Source, TagMatch};
     use polyrail_core::policy::{PeerRoute, Protocol, RouteEntry};
     use polyrail_core::{Address, Cost, Header, PeerInfo, Reach, RegionMut, Sink, TransportAttr, TransportKind};
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -881,7 +903,7 @@ mod tests {
         for (peer, am) in [(1, ChannelId(0)), (2, ChannelId(1))] {
             let entries =
                 vec![RouteEntry { upto: usize::MAX, protocol: Protocol::Eager, channel: am, reason: String::new() }];
-            engine.set_route(
+            engine.set(Setting::Route(
                 peer,
                 Ok(PeerRoute {
                     am,
@@ -892,9 +914,9 @@ mod tests {
                     mapped: None,
                     as_written: false,
                 }),
-            );
+            ));
         }
-        let driver = Driver::new(engine, vec![cheap, syscall], reaching, WaitMode::Spin, PollPolicy::All);
+        let driver = Driver::new(engine, 0, 3, vec![cheap, syscall], reaching, WaitMode::Spin, PollPolicy::All);
         (driver, cheap_polls, syscall_polls)
     }
 
@@ -919,7 +941,9 @@ mod tests {
         let mut buf = [0u8; 8];
         let region = RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() };
         // SAFETY: `buf` outlives the requests, which are discarded before it goes.
-        let near = unsafe { d.engine.post_recv(Source::Rank(1), TagMatch::Any, SpaceId(0), region) }.unwrap();
+        let posted =
+            unsafe { d.engine.post_recv(Source::Rank(1), TagMatch::Any, SpaceId(0), region, RecvPath::Request) };
+        let Ok(Posted::Request(near)) = posted else { panic!("{posted:?}") };
         rounds(&mut d, 1024);
         assert_eq!(polls(&syscall), 1024 / SYSCALL_POLL_EVERY as usize);
         d.abandon(near);
@@ -927,7 +951,8 @@ mod tests {
         // A receive from its peer, or from anyone, does.
         for src in [Source::Rank(2), Source::Any] {
             // SAFETY: as above.
-            let r = unsafe { d.engine.post_recv(src, TagMatch::Any, SpaceId(0), region) }.unwrap();
+            let posted = unsafe { d.engine.post_recv(src, TagMatch::Any, SpaceId(0), region, RecvPath::Request) };
+            let Ok(Posted::Request(r)) = posted else { panic!("{posted:?}") };
             rounds(&mut d, 100);
             assert_eq!(polls(&syscall), 100, "{src:?}");
             d.abandon(r);

@@ -4,7 +4,7 @@ use crate::driver::Driver;
 use crate::topology::{current_binding, DeviceLocality, Topology};
 use polyrail_core::adapt::Tuning;
 use polyrail_core::config::{did_you_mean, VarInfo};
-use polyrail_core::engine::Engine;
+use polyrail_core::engine::{Engine, Setting};
 use polyrail_core::observe::{says_yes, Observe};
 use polyrail_core::policy::topology::TopoClass;
 use polyrail_core::policy::{build_route, Candidate, ChannelId, ChannelSet, PeerRoute};
@@ -423,7 +423,7 @@ impl Job {
                             m.reason
                         );
                     }
-                    engine.set_route(r, Ok(rt.clone()))
+                    engine.set(Setting::Route(r, Ok(rt.clone())))
                 }
                 None => {
                     // Channels that reach it carry no messages (cma, say, only copies): say so
@@ -449,7 +449,7 @@ impl Job {
                     let why = format!("{} (POLYRAIL_TRANSPORTS={})", why.join("; "), config.transports);
                     tracing::debug!("rank {rank}: no channel carries messages to rank {r}: {why}");
                     unreachable.push((r, why.clone()));
-                    engine.set_route(r, Err(why));
+                    engine.set(Setting::Route(r, Err(why)));
                 }
             }
             peers.push(PeerReport { rank: r, class, reach, route, place: (info.node, info.domain) });
@@ -472,7 +472,7 @@ impl Job {
             peers,
             place: (me.node, me.domain),
         };
-        let mut driver = Driver::new(engine, channels, reaching, config.wait, config.poll);
+        let mut driver = Driver::new(engine, rank, size, channels, reaching, config.wait, config.poll);
         driver.watch_manager(boot.hangup_watch());
         Ok(Job { bootstrap: boot, driver, report, config })
     }

@@ -28,8 +28,8 @@ pub(super) struct SplitProbe {
     pub(super) trial: Trial,
     pub(super) started: bool,
     /// Another split message started before this one ended, or the driver saw the process
-    /// away from the library meanwhile ([`Engine::handle_split_time`]): its time says nothing of
-    /// its share.
+    /// away from the library meanwhile ([`SplitTime::Disturbed`]): its time says nothing of its
+    /// share.
     pub(super) disturbed: bool,
 }
 
@@ -41,17 +41,27 @@ pub enum SplitTiming {
     Start,
     /// It runs: keep the clock going (and see whether the process was away meanwhile).
     Running,
-    /// It has ended: report the time since the start with [`Engine::handle_split_time`].
+    /// It has ended: report the time since the start ([`SplitTime::Took`]) with
+    /// [`Engine::handle_observation`].
     End,
 }
 
-/// What the driver's clock said of the timed split message ([`Engine::handle_split_time`]).
+/// What the driver's clock said of the timed split message ([`Observed::SplitTime`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SplitTime {
     /// The process was away from the library meanwhile: the time says nothing of the share.
     Disturbed,
     /// Nanoseconds from the start to the end.
     Took(u64),
+}
+
+/// What the driver observed ([`Engine::handle_observation`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Observed {
+    /// What a channel observed of a peer ([`crate::Transport::observe`]).
+    Peer(Rank, Observation),
+    /// What the driver's clock said of the timed split message ([`Engine::poll_split_timing`]).
+    SplitTime(SplitTime),
 }
 
 impl Engine {
@@ -80,12 +90,13 @@ impl Engine {
         }
     }
 
-    /// What the driver's clock says of the timed split message: [`SplitTime::Disturbed`], the
-    /// process spent a while outside the library (e.g. computing between `isend` and `wait`),
-    /// so its time will not say what its share costs and it is no trial; or
-    /// [`SplitTime::Took`], its time once [`SplitTiming::End`] came, which counts for its peer's
-    /// search when it ended well and ran alone.
-    pub fn handle_split_time(&mut self, time: SplitTime) {
+    /// [`Observed::SplitTime`], what the driver's clock says of the timed split message:
+    /// [`SplitTime::Disturbed`], the process spent a while outside the library (e.g. computing
+    /// between `isend` and `wait`), so its time will not say what its share costs and it is no
+    /// trial; or [`SplitTime::Took`], its time once [`SplitTiming::End`] came, which counts for
+    /// its peer's search when it ended well and ran alone.
+    #[inline(never)]
+    fn split_time(&mut self, time: SplitTime) {
         let ns = match time {
             SplitTime::Disturbed => {
                 if let Some(probe) = self.split_probe.as_mut() {
@@ -137,10 +148,15 @@ impl Engine {
         split
     }
 
-    /// Takes in what a channel observed of `peer` ([`crate::Transport::observe`]): its
-    /// adapters ([`crate::adapt`]) may send later messages to it otherwise.
+    /// Takes in what the driver observed: what a channel observed of a peer
+    /// ([`Observed::Peer`]), whose adapters ([`crate::adapt`]) may send later messages to it
+    /// otherwise, or what its clock said of the timed split message ([`Observed::SplitTime`]).
     #[inline]
-    pub fn handle_observation(&mut self, peer: Rank, seen: Observation) {
+    pub fn handle_observation(&mut self, seen: Observed) {
+        let (peer, seen) = match seen {
+            Observed::Peer(peer, seen) => (peer, seen),
+            Observed::SplitTime(time) => return self.split_time(time),
+        };
         let Some(p) = self.peers.get_mut(peer as usize) else { return };
         if let Observation::Unread(_) = seen {
             // Before every receive: only skew feedback takes it, and nothing is logged.
@@ -180,7 +196,7 @@ impl Engine {
 
     /// The channel to time a line transfer from `peer` on before a send of `len` bytes to it,
     /// or a receive of at most `len` bytes from it (report it with
-    /// [`Engine::handle_observation`]): see [`PlacementAdapter::wants_sample`](crate::adapt::PlacementAdapter::wants_sample).
+    /// [`Engine::handle_observation`] as [`Observed::Peer`]): see [`PlacementAdapter::wants_sample`](crate::adapt::PlacementAdapter::wants_sample).
     /// Inline: a message smaller than any size a route's placement rule decides costs one
     /// comparison.
     #[inline]

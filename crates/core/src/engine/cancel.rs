@@ -1,19 +1,23 @@
-//! Cancellation: withdrawing receives (`cancel_recv`, at finalize), the `Withdraw`/`Withdrawn`
+//! Cancellation: withdrawing receives (`cancel_recv`, at `finalize`), the `Withdraw`/`Withdrawn`
 //! exchange with the sender holding a receive's key, and discarding requests.
 
 use super::requests::{ExposeFor, Matching, ReqKind};
 use super::types::{Action, Payload, ReqId};
-use super::{am_of, CancelRecv, Engine};
+use super::{am_of, CancelRecv, Engine, Finalize, Finalized};
 use crate::error::{Error, Rank, Result};
 use crate::header::{Header, PacketKind};
 
 impl Engine {
-    /// Withdraws every receive that has not matched a message yet: one whose RTR gave a live
-    /// peer its key is cancelled as by [`Engine::cancel_recv`] (it ends when the peer answers,
-    /// or with the peer's loss), the others fail at once with an error that says so. Returns
-    /// how many. Used when the process finishes: such a receive could only keep it waiting
-    /// forever.
-    pub fn cancel_unmatched_receives(&mut self) -> usize {
+    /// A step of finalize ([`Finalize`]): what it did ([`Finalized`]).
+    pub fn finalize(&mut self, step: Finalize) -> Finalized {
+        match step {
+            Finalize::Withdraw => Finalized { receives: self.withdraw_unmatched(), peer_may_write: Vec::new() },
+            Finalize::Abandon => self.abandon_lent(),
+        }
+    }
+
+    /// [`Finalize::Withdraw`]; how many receives.
+    fn withdraw_unmatched(&mut self) -> usize {
         self.touched();
         let ids: Vec<ReqId> = self
             .reqs
@@ -33,12 +37,8 @@ impl Engine {
         ids.len()
     }
 
-    /// Fails the receives whose withdrawal is still unanswered and the running ones whose key
-    /// a live peer holds (an RTR or a CTS gave it to the sender): those peers may yet write
-    /// their buffers. Returns every request whose buffer a peer may still write (these, and
-    /// those [`Engine::take_peer_may_write`] was not asked about yet), which must never be
-    /// reused. For a process that can wait no longer.
-    pub fn abandon_lent_receives(&mut self) -> Vec<ReqId> {
+    /// [`Finalize::Abandon`].
+    fn abandon_lent(&mut self) -> Finalized {
         let ids: Vec<(ReqId, bool)> = self
             .reqs
             .ids()
@@ -56,7 +56,7 @@ impl Engine {
             };
             self.fail(id, Error::InvalidArgument(why.into()));
         }
-        std::mem::take(&mut self.peer_may_write)
+        Finalized { receives: ids.len(), peer_may_write: std::mem::take(&mut self.peer_may_write) }
     }
 
     /// Withdraws a receive that no message has matched (`MPI_Cancel`). [`CancelRecv::Cancelled`]:
@@ -75,7 +75,10 @@ impl Engine {
         if r.withdrawal_asked() || self.ask_withdrawal(req) {
             return CancelRecv::Asked;
         }
-        self.discard(req);
+        // No peer holds its key (else the withdrawal would need its word), nor does its own read
+        // run (nothing matched it): nothing may write its buffer.
+        let peer_may_write = self.discard(req);
+        debug_assert!(!peer_may_write, "a receive withdrawn at once lends its buffer to no one");
         CancelRecv::Cancelled
     }
 
@@ -116,8 +119,17 @@ impl Engine {
     /// an error). A running receive is withdrawn from matching; when that needs its sender's
     /// word ([`Engine::cancel_recv`]'s `Asked`), it stays posted until the answer: a message
     /// that matches it meanwhile is dropped as truncated, or, when the receive's RTR gave the
-    /// sender its key ([`Engine::take_peer_may_write`] then says so), taken into its buffer.
-    pub fn discard(&mut self, req: ReqId) {
+    /// sender its key, taken into its buffer. Returns whether a peer, or the request's own read
+    /// still in flight, may still write into its buffer, which must then never be reused (as
+    /// [`Finished::peer_may_write`](super::Finished::peer_may_write) says of a finished one);
+    /// this is the only time it is said.
+    pub fn discard(&mut self, req: ReqId) -> bool {
+        self.forget(req);
+        self.take_may_write(req)
+    }
+
+    /// [`Engine::discard`], but for the answer.
+    fn forget(&mut self, req: ReqId) {
         self.touched();
         self.zombies.retain(|&z| match self.reqs.get(z) {
             Some(r) if r.result.is_none() || r.channel_busy() => true,
@@ -131,8 +143,8 @@ impl Engine {
             let r = self.reqs.get_mut(req).expect("checked above");
             if r.lends_key() {
                 // The sender may be writing already (its RTS and FIN follow): the receive ends
-                // as usual, in a buffer `take_peer_may_write` names (kept out of use, or the
-                // caller's: the process stops).
+                // as usual, in a buffer `discard` names (kept out of use, or the caller's: the
+                // process stops).
                 self.peer_may_write.push(req);
             } else {
                 (r.ptr, r.cap) = (std::ptr::NonNull::dangling().as_ptr(), 0);

@@ -2,21 +2,22 @@
 //!
 //! The engine matches messages to receives and runs the eager and rendezvous protocols. It does
 //! no I/O and reads no clock. Its methods come in quinn-proto's kinds:
-//! - setters: [`Engine::set_route`], [`Engine::set_space_members`],
-//!   [`Engine::set_mapped_memory`];
-//! - mutators: [`Engine::post_send`], [`Engine::post_recv`]; the fast paths that make no
-//!   request, [`Engine::inline_send`] (with [`Engine::post_prepared_send`] when its channel
-//!   would block) and [`Engine::inline_recv`] (which may park a blocking receive);
-//!   [`Engine::cancel_recv`], [`Engine::discard`]; at finalize,
-//!   [`Engine::cancel_unmatched_receives`], then [`Engine::abandon_lent_receives`];
+//! - the setter: [`Engine::set`] of a [`Setting`] (a peer's route, a space's members, memory
+//!   peers map);
+//! - mutators: [`Engine::post_send`] (a new message, or one [`Engine::inline_send`] prepared
+//!   whose channel would block), [`Engine::post_recv`] (which may take an arrived message or
+//!   park a blocking receive instead of making a request), the request-free fast path
+//!   [`Engine::inline_send`], [`Engine::cancel_recv`], [`Engine::discard`], and
+//!   [`Engine::finalize`] in its two steps;
 //! - events: [`Engine::handle_message`] (a channel's arrivals, through [`ChannelSink`]),
 //!   [`Engine::handle_op`] (what became of an action's channel work),
-//!   [`Engine::handle_observation`], [`Engine::handle_peer_lost`], [`Engine::handle_split_time`];
+//!   [`Engine::handle_observation`] (a channel's, or the driver's clock),
+//!   [`Engine::handle_peer_lost`];
 //! - polls: [`Engine::poll_action`] (work for a channel), [`Engine::poll_parked`],
-//!   [`Engine::poll_split_timing`], [`Engine::take_result`], [`Engine::take_peer_may_write`];
+//!   [`Engine::poll_split_timing`], [`Engine::take_result`];
 //! - getters, each answering one question: [`Engine::phase`], [`Engine::activity`],
 //!   [`Engine::awaited_channels`], [`Engine::probe`], [`Engine::peer`],
-//!   [`Engine::wants_placement`], [`Engine::rank_and_size`].
+//!   [`Engine::wants_placement`].
 //!
 //! After every mutator or event, call `poll_action` until it returns `None`, executing each
 //! action and reporting what became of it with `handle_op` (a registration before the next
@@ -72,7 +73,7 @@ mod split_share;
 mod types;
 mod views;
 
-pub use adapting::{SplitTime, SplitTiming};
+pub use adapting::{Observed, SplitTime, SplitTiming};
 pub use types::{Action, OpOutcome, Payload, ReqId, Source, SpaceId, Status, TagMatch};
 pub use views::{Activity, PeerView, Probe, ReqPhase};
 
@@ -121,7 +122,8 @@ struct Rtr {
     key: RemoteKey,
 }
 
-/// A blocking receive waiting without a request ([`Engine::inline_recv`]).
+/// A blocking receive waiting without a request ([`Engine::post_recv`] with
+/// [`RecvPath::Park`]).
 struct Parked {
     from: Rank,
     tag: TagMatch,
@@ -142,15 +144,75 @@ pub enum Unparked {
     Withdrawn,
 }
 
-/// What [`Engine::inline_recv`] did.
+/// A setting of the engine ([`Engine::set`]).
+#[derive(Debug)]
+pub enum Setting<'a> {
+    /// The route table to a peer, or that no channel reaches it and why (`Err`: each channel's
+    /// reason): then sends to it and receives naming it fail at once with
+    /// [`Error::Unreachable`].
+    Route(Rank, std::result::Result<PeerRoute, String>),
+    /// Only these members (job ranks, this one among them) send in a space over some of the
+    /// ranks: an ANY_SOURCE receive in it is then refused, or failed, once every other member
+    /// has finished, not only once every other rank has.
+    SpaceMembers(SpaceId, &'a [Rank]),
+    /// The region is registered memory with a memory file, which peers' channels map (`true`),
+    /// or no longer (`false`): sends from it follow the routes' [`crate::policy::MappedRule`].
+    MappedMemory(Region, bool),
+}
+
+/// What [`Engine::post_send`] sends.
+#[derive(Clone, Copy, Debug)]
+pub enum Outgoing {
+    /// A new message with this tag in this space.
+    Message {
+        /// Its tag.
+        tag: u32,
+        /// Its matching space.
+        space: SpaceId,
+    },
+    /// A message [`Engine::inline_send`] prepared that could not leave at once (its channel
+    /// would block), with the channel and header it was to leave with: it has its place in the
+    /// pair's order already.
+    Prepared {
+        /// The channel `inline_send` gave.
+        channel: ChannelId,
+        /// Its header (`envelope.header(buf.len)`).
+        hdr: Header,
+    },
+}
+
+/// How far [`Engine::post_recv`] may go without making a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecvPath {
+    /// Not at all: the receive is a request.
+    Request,
+    /// It takes the matching message without a request when that one is here already.
+    Arrived,
+    /// As `Arrived`, and a blocking receive that nothing here matches may wait parked.
+    Park,
+}
+
+/// What [`Engine::post_recv`] did.
 #[derive(Debug, PartialEq, Eq)]
-pub enum InlineRecv {
+pub enum Posted {
     /// The message was here: it is in the buffer.
     Received(Status),
     /// The receive waits parked: progress until [`Engine::poll_parked`] ends it.
     Parked,
-    /// Nothing was done: post the receive with [`Engine::post_recv`].
-    Post,
+    /// The receive is this request.
+    Request(ReqId),
+}
+
+/// How a request ended ([`Engine::take_result`]).
+#[derive(Debug)]
+pub struct Finished {
+    /// Its status, or why it failed.
+    pub result: Result<Status>,
+    /// Whether a peer may still write into its buffer, which must then never be reused: a
+    /// receive that failed while a peer that is still alive (or was lost for breaking the
+    /// protocol, and may still run) held its buffer's key (an RTR no matching send consumed
+    /// yet, or a CTS). That peer may yet write there (a cma exposure cannot be revoked).
+    pub peer_may_write: bool,
 }
 
 /// What [`Engine::cancel_recv`] did.
@@ -164,6 +226,33 @@ pub enum CancelRecv {
     /// whose place counts the receive): a `Withdraw` went to it, and
     /// [`Engine::phase`] tells how it ends (it stays [`ReqPhase::Posted`] until then).
     Asked,
+}
+
+/// A step of finalize ([`Engine::finalize`]): `Withdraw`, then, once the process can wait no
+/// longer, `Abandon`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finalize {
+    /// Withdraws every receive that has not matched a message yet: one whose RTR gave a live
+    /// peer its key is cancelled as by [`Engine::cancel_recv`] (it ends when the peer answers,
+    /// or with the peer's loss), the others fail at once with an error that says so. Such a
+    /// receive could only keep the process waiting forever.
+    Withdraw,
+    /// Fails the receives whose withdrawal is still unanswered and the running ones whose key a
+    /// live peer holds (an RTR or a CTS gave it to the sender): those peers may yet write their
+    /// buffers.
+    Abandon,
+}
+
+/// What a step of finalize did ([`Engine::finalize`]).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Finalized {
+    /// How many receives it withdrew ([`Finalize::Withdraw`], those withdrawn through their
+    /// sender too) or failed ([`Finalize::Abandon`]).
+    pub receives: usize,
+    /// After [`Finalize::Abandon`], every request whose buffer a peer may still write (those it
+    /// failed, and earlier ones whose [`Engine::take_result`] or [`Engine::discard`] has not
+    /// said so), which must never be reused; empty after [`Finalize::Withdraw`].
+    pub peer_may_write: Vec<ReqId>,
 }
 
 /// A message that arrived before its receive was posted.
@@ -204,7 +293,7 @@ struct Incoming {
 /// The engine's state for one peer.
 struct Peer {
     route: Option<PeerRoute>,
-    /// Why no channel reaches the peer ([`Engine::set_route`]).
+    /// Why no channel reaches the peer ([`Setting::Route`]).
     unreachable: Option<String>,
     next_send_seq: u32,
     expected_seq: u32,
@@ -268,7 +357,7 @@ pub struct Engine {
     /// ANY_SOURCE receives, in post order.
     wild: VecDeque<ReqId>,
     /// The ranks that may send in a context, where not every rank may
-    /// ([`Engine::set_space_members`]).
+    /// ([`Setting::SpaceMembers`]).
     members_of: HashMap<u16, Box<[Rank]>>,
     /// Peers that finished or were lost.
     gone_peers: u32,
@@ -280,7 +369,8 @@ pub struct Engine {
     awaited: Option<ChannelSet>,
     /// Receives that failed after their buffer's key went to a peer that may still run (alive,
     /// or lost for breaking the protocol), or were discarded with their own read still in
-    /// flight: see [`Engine::take_peer_may_write`].
+    /// flight, until [`Engine::take_result`] or [`Engine::discard`] says so
+    /// ([`Finished::peer_may_write`]).
     peer_may_write: Vec<ReqId>,
     /// Discarded requests kept until their withdrawal ends (posted, writing nothing) or their
     /// exposure lands and is ended ([`Engine::discard`]); freed after that.
@@ -289,9 +379,9 @@ pub struct Engine {
     /// `usize::MAX` when no route has one.
     placement_from: usize,
     /// Registered memory that peers map, as address ranges sorted by start (see
-    /// [`Engine::set_mapped_memory`]).
+    /// [`Setting::MappedMemory`]).
     mapped: Vec<Range<usize>>,
-    /// The blocking receive parked by [`Engine::inline_recv`], if any.
+    /// The blocking receive parked by [`Engine::post_recv`], if any.
     parked: Option<Parked>,
     /// Buffers of unexpected eager messages already taken, for the next ones.
     spare: SpareBuffers,
@@ -303,7 +393,7 @@ pub struct Engine {
 
 impl Engine {
     /// An engine for rank `me` of a job of `size` ranks. Routes are set per peer with
-    /// [`Engine::set_route`]; a peer without a route is unreachable.
+    /// [`Setting::Route`]; a peer without a route is unreachable.
     pub fn new(me: Rank, size: u32, tuning: Tuning) -> Self {
         Engine {
             me,
@@ -328,10 +418,19 @@ impl Engine {
         }
     }
 
-    /// Tells the engine that `region` is registered memory with a memory file, which peers'
-    /// channels map (`mapped`), or no longer: sends from it follow the routes'
-    /// [`crate::policy::MappedRule`].
-    pub fn set_mapped_memory(&mut self, region: Region, mapped: bool) {
+    /// Changes a setting ([`Setting`]).
+    pub fn set(&mut self, setting: Setting<'_>) {
+        match setting {
+            Setting::Route(peer, route) => self.set_route(peer, route),
+            Setting::SpaceMembers(space, members) => {
+                self.members_of.insert(space.0, members.into());
+            }
+            Setting::MappedMemory(region, mapped) => self.set_mapped_memory(region, mapped),
+        }
+    }
+
+    /// [`Setting::MappedMemory`].
+    fn set_mapped_memory(&mut self, region: Region, mapped: bool) {
         let start = region.ptr as usize;
         if mapped {
             let at = self.mapped.partition_point(|r| r.start < start);
@@ -350,15 +449,8 @@ impl Engine {
         Err(Error::InvalidArgument(format!("rank {peer} is out of range (job size {})", self.peers.len())))
     }
 
-    /// This process's rank and the number of ranks of the job.
-    pub fn rank_and_size(&self) -> (Rank, u32) {
-        (self.me, self.peers.len() as u32)
-    }
-
-    /// Sets the route table to `peer`, or records that no channel reaches it and why (`Err`:
-    /// each channel's reason): then sends to it and receives naming it fail at once with
-    /// [`Error::Unreachable`].
-    pub fn set_route(&mut self, peer: Rank, route: std::result::Result<PeerRoute, String>) {
+    /// [`Setting::Route`].
+    fn set_route(&mut self, peer: Rank, route: std::result::Result<PeerRoute, String>) {
         self.touched();
         let Some(p) = self.peers.get_mut(peer as usize) else { return };
         let route = match route {
@@ -403,22 +495,33 @@ impl Engine {
         }
     }
 
-    /// Takes the result of a finished request and forgets it; `None` while it runs.
+    /// Takes how a finished request ended and forgets it; `None` while it runs. A receive that
+    /// failed while a peer held its buffer's key says whether that peer may still write there
+    /// ([`Finished::peer_may_write`]); this is the only time it is said.
     #[inline]
-    pub fn take_result(&mut self, req: ReqId) -> Option<Result<Status>> {
-        Some(self.reqs.take_result(req)?.map_err(|e| *e))
+    pub fn take_result(&mut self, req: ReqId) -> Option<Finished> {
+        Some(match self.reqs.take_result(req)? {
+            Ok(status) => Finished { result: Ok(status), peer_may_write: false },
+            Err(e) => self.failed(req, *e),
+        })
+    }
+
+    /// [`Engine::take_result`] of a request that failed.
+    #[cold]
+    fn failed(&mut self, req: ReqId, e: Error) -> Finished {
+        Finished { result: Err(e), peer_may_write: self.take_may_write(req) }
     }
 
     /// Whether a peer may still write into the buffer of `req`, a request that ended (its
-    /// result taken or discarded): a receive that failed, or was discarded, while a peer that
+    /// result taken, or discarded): a receive that failed, or was discarded, while a peer that
     /// is still alive (or was lost for breaking the protocol, and may still run) held its
     /// buffer's key (an RTR no matching send consumed yet, or a CTS; for a discarded one,
-    /// until the peer answers its withdrawal). That peer may yet
-    /// write there (a cma exposure cannot be revoked), so the memory must never be reused.
-    /// Likewise a receive discarded while its own read into the buffer was in flight (a wait
-    /// that gave up): the channel may still place the data there. Answers once per request.
+    /// until the peer answers its withdrawal). That peer may yet write there (a cma exposure
+    /// cannot be revoked), so the memory must never be reused. Likewise a receive discarded
+    /// while its own read into the buffer was in flight (a wait that gave up): the channel may
+    /// still place the data there. Answers once per request.
     #[inline]
-    pub fn take_peer_may_write(&mut self, req: ReqId) -> bool {
+    fn take_may_write(&mut self, req: ReqId) -> bool {
         if self.peer_may_write.is_empty() {
             return false;
         }
@@ -518,7 +621,7 @@ impl Engine {
     }
 
     // ---- events (the others: handle_message in incoming.rs, handle_op in rendezvous.rs,
-    // handle_observation and handle_split_time in adapting.rs) --------------------------
+    // handle_observation in adapting.rs) ------------------------------------------------
 
     /// `peer` is gone: fail every request that needs it.
     pub fn handle_peer_lost(&mut self, peer: Rank, why: Error) {
@@ -589,14 +692,6 @@ impl Engine {
         }
         let why = self.peers.get(peer as usize).and_then(|p| p.lost_why.as_deref()).unwrap_or("reported lost");
         Error::PeerLost { rank: peer, why: why.into() }
-    }
-
-    /// Declares that only `members` (job ranks, this one among them) send in matching context
-    /// `ctx` (a space over some of the ranks): an ANY_SOURCE receive in it is then refused, or
-    /// failed, once every other member has finished, not only once every other rank has.
-    pub fn set_space_members(&mut self, space: SpaceId, members: &[Rank]) {
-        let ctx = space.0;
-        self.members_of.insert(ctx, members.into());
     }
 
     /// Whether `peer` may send in context `ctx` (every rank may, but in a space over some).
@@ -822,6 +917,7 @@ impl Engine {
     pub(crate) fn sink_for(&mut self, channel: ChannelId) -> ChannelSink<'_> {
         ChannelSink::new(self, channel)
     }
+    /// [`Engine::post_recv`]'s taking of an arrived message, without the request otherwise.
     pub(crate) unsafe fn recv_unexpected(
         &mut self,
         src: Source,
@@ -829,13 +925,11 @@ impl Engine {
         space: SpaceId,
         buf: RegionMut,
     ) -> Option<Status> {
+        let (from, i) = self.find_unexpected(src, tag, space.0)?;
         // SAFETY: forwarded to the caller.
-        match unsafe { self.inline_recv(src, tag, space, buf, false) } {
-            InlineRecv::Received(status) => Some(status),
-            _ => None,
-        }
+        unsafe { self.take_unexpected(src, from, i, buf) }
     }
-    /// [`Engine::inline_recv`] with `park`, checking first that nothing unexpected matches.
+    /// [`Engine::post_recv`]'s parking, checking first that nothing unexpected matches.
     pub(crate) unsafe fn try_park(&mut self, src: Source, tag: TagMatch, space: SpaceId, buf: RegionMut) -> bool {
         self.find_unexpected(src, tag, space.0).is_none() && self.park_recv(src, tag, space, buf)
     }

@@ -4,18 +4,63 @@
 use super::adapting::placement_says_eager;
 use super::requests::{Dir, ExposeFor, Matching, Req, ReqKind};
 use super::types::{op_id, Action, OpKind, ReqId, Source, SpaceId, Status, TagMatch};
-use super::{Engine, InlineRecv, Parked, Unparked, UxBody, MAX_RTR_PLACE};
+use super::{Engine, Parked, Posted, RecvPath, Unparked, UxBody, MAX_RTR_PLACE};
 use crate::error::{Error, Rank, Result};
 use crate::header::{Header, PacketKind};
 use crate::transport::{PeerAccess, Region, RegionMut};
 
 impl Engine {
-    /// Starts receiving into `buf` a message from `src` with a tag matching `tag` in `ctx`.
+    /// Starts receiving into `buf` a message from `src` with a tag matching `tag` in `space`;
+    /// `path` says how far it may go without a request.
+    ///
+    /// With [`RecvPath::Arrived`] or [`RecvPath::Park`], when the first unexpected message
+    /// matching is an eager one that arrived whole and fits `buf`, it is copied into `buf`:
+    /// [`Posted::Received`]. With [`RecvPath::Park`], when nothing matches, the receive may wait
+    /// parked: [`Posted::Parked`] (see below). Else the receive is a request,
+    /// [`Posted::Request`] (also for a rendezvous or fragments still to come, a message too long
+    /// for `buf`, which the request then reports, or a receive that cannot park). The skew
+    /// feedback counts the receive whichever way it goes; run the actions afterwards.
+    ///
+    /// A parked receive (a blocking one) names one peer, no other receive waits for that peer's
+    /// messages (none posted for it, no ANY_SOURCE one), and a buffer of `buf.len` bytes takes
+    /// eager messages from it (so its request would send no receive-first hint). A whole eager
+    /// message that fits is copied straight into `buf` on arrival; any other matching packet (a
+    /// first fragment, an RTS, a message too long) first turns it into the request this call
+    /// would have made, in its place. Progress until [`Engine::poll_parked`] ends it.
     ///
     /// # Safety
-    /// `buf` must stay valid and not be accessed otherwise until the request's result was
-    /// taken (or the request failed).
-    pub unsafe fn post_recv(&mut self, src: Source, tag: TagMatch, space: SpaceId, buf: RegionMut) -> Result<ReqId> {
+    /// `buf` must be valid for writes of `buf.len` bytes during the call. For a request, it must
+    /// stay valid and not be accessed otherwise until the request's result was taken (or the
+    /// request failed); when parked, until [`Engine::poll_parked`] (and, when that gives a
+    /// request, until the request's result was taken or it failed).
+    #[inline]
+    pub unsafe fn post_recv(
+        &mut self,
+        src: Source,
+        tag: TagMatch,
+        space: SpaceId,
+        buf: RegionMut,
+        path: RecvPath,
+    ) -> Result<Posted> {
+        if path != RecvPath::Request {
+            if let Some((from, i)) = self.find_unexpected(src, tag, space.0) {
+                // SAFETY: forwarded to the caller.
+                if let Some(status) = unsafe { self.take_unexpected(src, from, i, buf) } {
+                    return Ok(Posted::Received(status));
+                }
+            } else if path == RecvPath::Park && self.park_recv(src, tag, space, buf) {
+                return Ok(Posted::Parked);
+            }
+        }
+        // SAFETY: forwarded to the caller.
+        unsafe { self.post_request(src, tag, space, buf) }.map(Posted::Request)
+    }
+
+    /// [`Engine::post_recv`] of a receive that is a request.
+    ///
+    /// # Safety
+    /// As for [`Engine::post_recv`].
+    unsafe fn post_request(&mut self, src: Source, tag: TagMatch, space: SpaceId, buf: RegionMut) -> Result<ReqId> {
         let ctx = space.0;
         self.touched();
         let found = self.find_unexpected(src, tag, ctx);
@@ -61,54 +106,12 @@ impl Engine {
         Ok(id)
     }
 
-    /// The fast paths of a receive, without a request. When the first unexpected message
-    /// matching `(src, tag, space)` is an eager one that arrived whole and fits `buf`, copies
-    /// it into `buf`: [`InlineRecv::Received`]. When nothing matches and `park` allows it, the
-    /// receive may wait parked: [`InlineRecv::Parked`] (see below). Else
-    /// [`InlineRecv::Post`]: post it with [`Engine::post_recv`] (a rendezvous or fragments
-    /// still to come, a message too long for `buf`, which the request then reports, or a
-    /// receive that cannot park). The skew feedback counts the receive as `post_recv` does;
-    /// run the actions afterwards.
-    ///
-    /// A parked receive (a blocking one, `park`) names one peer, no other receive waits for
-    /// that peer's messages (none posted for it, no ANY_SOURCE one), and a buffer of
-    /// `buf.len` bytes takes eager messages from it (so `post_recv` would send no
-    /// receive-first hint). A whole eager message that fits is copied straight into `buf` on
-    /// arrival; any other matching packet (a first fragment, an RTS, a message too long) first
-    /// turns it into the request `post_recv` would have made, in its place. Progress until
-    /// [`Engine::poll_parked`] ends it.
+    /// [`Engine::post_recv`] once a message matched: unexpected message `i` of `from`, taken
+    /// when it is an eager one that arrived whole and fits. Out of line: a receive mostly finds
+    /// none.
     ///
     /// # Safety
-    /// `buf` must be valid for writes of `buf.len` bytes during the call; when parked, it must
-    /// stay valid and not be accessed otherwise until [`Engine::poll_parked`] (and, when that gives
-    /// a request, until the request's result was taken or it failed).
-    #[inline]
-    pub unsafe fn inline_recv(
-        &mut self,
-        src: Source,
-        tag: TagMatch,
-        space: SpaceId,
-        buf: RegionMut,
-        park: bool,
-    ) -> InlineRecv {
-        if let Some((from, i)) = self.find_unexpected(src, tag, space.0) {
-            // SAFETY: forwarded to the caller.
-            return match unsafe { self.take_unexpected(src, from, i, buf) } {
-                Some(status) => InlineRecv::Received(status),
-                None => InlineRecv::Post,
-            };
-        }
-        if park && self.park_recv(src, tag, space, buf) {
-            return InlineRecv::Parked;
-        }
-        InlineRecv::Post
-    }
-
-    /// [`Engine::inline_recv`] once a message matched: unexpected message `i` of `from`.
-    /// Out of line: a receive mostly finds none.
-    ///
-    /// # Safety
-    /// As for [`Engine::inline_recv`].
+    /// As for [`Engine::post_recv`].
     #[inline(never)]
     pub(super) unsafe fn take_unexpected(
         &mut self,
@@ -133,8 +136,8 @@ impl Engine {
         Some(Status { source: from, tag: ux.tag, len: ux.len })
     }
 
-    /// [`Engine::inline_recv`] of a blocking receive that nothing unexpected matches: parks it
-    /// when it may (see there); whether it did. The caller keeps `buf` as `inline_recv` says.
+    /// [`Engine::post_recv`] of a blocking receive that nothing unexpected matches: parks it
+    /// when it may (see there); whether it did. The caller keeps `buf` as `post_recv` says.
     pub(super) fn park_recv(&mut self, src: Source, tag: TagMatch, space: SpaceId, buf: RegionMut) -> bool {
         let ctx = space.0;
         let Source::Rank(from) = src else { return false };
@@ -160,7 +163,8 @@ impl Engine {
     /// request) and says what became of it; `None` while it still waits. `give_up` ends it
     /// whatever it does ([`Unparked::Withdrawn`] if nothing happened yet). Once it ended, the
     /// engine no longer uses its buffer, unless it became a request. With nothing parked:
-    /// [`Unparked::Withdrawn`].
+    /// [`Unparked::Withdrawn`]. Inline: a blocking receive asks on every poll of its wait.
+    #[inline]
     pub fn poll_parked(&mut self, give_up: bool) -> Option<Unparked> {
         if !give_up && self.parked.as_ref().is_some_and(|p| p.end.is_none()) {
             return None;
@@ -168,14 +172,8 @@ impl Engine {
         Some(self.end_parked())
     }
 
-    /// Whether a parked receive still waits for its message (then [`Engine::poll_parked`] says
-    /// `None`). Inline: a blocking receive asks on every poll of its wait.
-    #[inline]
-    pub fn parked_waiting(&self) -> bool {
-        self.parked.as_ref().is_some_and(|p| p.end.is_none())
-    }
-
     /// [`Engine::poll_parked`] once the parked receive ends.
+    #[inline(never)]
     fn end_parked(&mut self) -> Unparked {
         self.touched();
         self.parked.take().and_then(|p| p.end).unwrap_or(Unparked::Withdrawn)
@@ -191,7 +189,7 @@ impl Engine {
             return false;
         }
         if hdr.kind == PacketKind::Eager && payload.len() as u64 == hdr.len && payload.len() <= p.buf.len {
-            // SAFETY: payload.len() <= buf.len; inline_recv's caller keeps the buffer valid and
+            // SAFETY: payload.len() <= buf.len; post_recv's caller keeps the buffer valid and
             // unaliased while it is parked.
             unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), p.buf.ptr, payload.len()) };
             p.end = Some(Unparked::Done(Ok(Status { source: from, tag: hdr.tag, len: payload.len() })));

@@ -4,7 +4,7 @@
 use super::adapting::placement_says_eager;
 use super::requests::{Dir, ExposeFor, SendWait};
 use super::types::{op_id, Action, OpKind, Payload, ReqId, SpaceId, TagMatch};
-use super::{am_of, Engine, Peer, Rtr, MAX_EAGER_LEN, MAX_RTR_PLACE, SEND_HISTORY};
+use super::{am_of, Engine, Outgoing, Peer, Rtr, MAX_EAGER_LEN, MAX_RTR_PLACE, SEND_HISTORY};
 use crate::adapt::SendFacts;
 use crate::error::{Error, Rank, Result};
 use crate::header::{Envelope, Header, PacketKind};
@@ -25,8 +25,8 @@ impl Engine {
     /// The fast path of a small send: when the message `buf` to `to` goes eager in one packet,
     /// assigns its sequence id and returns the channel and envelope to send it with now, without
     /// a request (its header is `envelope.header(buf.len)`). If that send does not happen (the
-    /// channel would block), hand the message to [`Engine::post_prepared_send`]; it has its place
-    /// in the pair's order already.
+    /// channel would block), hand the message to [`Engine::post_send`] as
+    /// [`Outgoing::Prepared`]; it has its place in the pair's order already.
     #[inline(always)]
     pub fn inline_send(&mut self, to: Rank, tag: u32, space: SpaceId, buf: Region) -> Option<(ChannelId, Envelope)> {
         let ctx = space.0;
@@ -53,11 +53,28 @@ impl Engine {
         Some((am, Envelope::new(ctx, tag, seq)))
     }
 
-    /// Queues a message prepared by [`Engine::inline_send`] that could not leave at once.
+    /// Starts sending `buf` to `to`: a new message ([`Outgoing::Message`]), or one
+    /// [`Engine::inline_send`] prepared that could not leave at once ([`Outgoing::Prepared`],
+    /// which is only queued and cannot fail).
+    ///
+    /// # Safety
+    /// `buf` must stay valid and unmodified until the request's result was taken (or the
+    /// request failed).
+    #[inline]
+    pub unsafe fn post_send(&mut self, to: Rank, msg: Outgoing, buf: Region) -> Result<ReqId> {
+        match msg {
+            // SAFETY: forwarded to the caller.
+            Outgoing::Message { tag, space } => unsafe { self.post_message(to, tag, space, buf) },
+            // SAFETY: forwarded to the caller.
+            Outgoing::Prepared { channel, hdr } => Ok(unsafe { self.post_prepared(to, channel, hdr, buf) }),
+        }
+    }
+
+    /// [`Outgoing::Prepared`]: queues the message as its request's one send action.
     ///
     /// # Safety
     /// As for [`Engine::post_send`].
-    pub unsafe fn post_prepared_send(&mut self, to: Rank, channel: ChannelId, hdr: Header, buf: Region) -> ReqId {
+    unsafe fn post_prepared(&mut self, to: Rank, channel: ChannelId, hdr: Header, buf: Region) -> ReqId {
         self.touched();
         let (id, req) = self.reqs.insert(Dir::Send, to, TagMatch::Tag(hdr.tag), hdr.ctx, buf.ptr as *mut u8, buf.len);
         (req.seq, req.len, req.pending) = (hdr.seq, buf.len, 1);
@@ -66,12 +83,12 @@ impl Engine {
         id
     }
 
-    /// Starts sending `buf` to `to` with `tag` in context `ctx`.
+    /// [`Outgoing::Message`]: a new message with `tag` in `space`, by the protocol its route and
+    /// the adaptations choose.
     ///
     /// # Safety
-    /// `buf` must stay valid and unmodified until the request's result was taken (or the
-    /// request failed).
-    pub unsafe fn post_send(&mut self, to: Rank, tag: u32, space: SpaceId, buf: Region) -> Result<ReqId> {
+    /// As for [`Engine::post_send`].
+    unsafe fn post_message(&mut self, to: Rank, tag: u32, space: SpaceId, buf: Region) -> Result<ReqId> {
         let ctx = space.0;
         self.touched();
         let from_mapped = in_ranges(&self.mapped, buf);

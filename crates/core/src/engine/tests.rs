@@ -114,7 +114,7 @@ impl Sim {
         let mut engines: Vec<Engine> = (0..n).map(|i| Engine::new(i, n, Tuning::default())).collect();
         for e in &mut engines {
             for p in 0..n {
-                e.set_route(p, Ok(r()));
+                e.set(Setting::Route(p, Ok(r())));
             }
         }
         Sim {
@@ -322,9 +322,9 @@ fn send(sim: &mut Sim, from: Rank, to: Rank, tag: u32, buf: &[u8]) -> ReqId {
 
 /// [`send`] in matching context `ctx`.
 fn send_in(sim: &mut Sim, from: Rank, to: Rank, tag: u32, ctx: u16, buf: &[u8]) -> ReqId {
+    let msg = Outgoing::Message { tag, space: SpaceId(ctx) };
     // SAFETY: tests keep `buf` alive until settle() finished the request.
-    unsafe { sim.engines[from as usize].post_send(to, tag, SpaceId(ctx), Region { ptr: buf.as_ptr(), len: buf.len() }) }
-        .unwrap()
+    unsafe { sim.engines[from as usize].post_send(to, msg, Region { ptr: buf.as_ptr(), len: buf.len() }) }.unwrap()
 }
 
 fn recv(sim: &mut Sim, me: Rank, src: Source, tag: TagMatch, buf: &mut [u8]) -> ReqId {
@@ -333,14 +333,25 @@ fn recv(sim: &mut Sim, me: Rank, src: Source, tag: TagMatch, buf: &mut [u8]) -> 
 
 /// [`recv`] in matching context `ctx`.
 fn recv_in(sim: &mut Sim, me: Rank, src: Source, tag: TagMatch, ctx: u16, buf: &mut [u8]) -> ReqId {
+    let region = RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() };
     // SAFETY: as for send.
-    unsafe {
-        sim.engines[me as usize].post_recv(src, tag, SpaceId(ctx), RegionMut { ptr: buf.as_mut_ptr(), len: buf.len() })
-    }
-    .unwrap()
+    request(unsafe { sim.engines[me as usize].post_recv(src, tag, SpaceId(ctx), region, RecvPath::Request) }).unwrap()
+}
+
+/// The request [`Engine::post_recv`] made with [`RecvPath::Request`] (or its error).
+fn request(posted: Result<Posted>) -> Result<ReqId> {
+    posted.map(|p| match p {
+        Posted::Request(id) => id,
+        other => panic!("a receive posted as a request was not: {other:?}"),
+    })
 }
 
 fn result(sim: &mut Sim, me: Rank, id: ReqId) -> Result<Status> {
+    finished(sim, me, id).result
+}
+
+/// How request `id` of rank `me` ended (with whether a peer may still write its buffer).
+fn finished(sim: &mut Sim, me: Rank, id: ReqId) -> Finished {
     sim.engines[me as usize].take_result(id).expect("request finished")
 }
 
@@ -434,7 +445,7 @@ fn a_withdrawn_receive_whose_key_went_out_stays_out_of_use() {
     assert!(sim.engines[1].lends_keys_to_live_peers(), "rank 0 holds the key of `q`");
     sim.engines[1].handle_peer_lost(2, Error::PeerFinished { rank: 2 });
     assert!(sim.engines[1].lends_keys_to_live_peers());
-    assert_eq!(sim.engines[1].cancel_unmatched_receives(), 2);
+    assert_eq!(sim.engines[1].finalize(Finalize::Withdraw).receives, 2);
     assert!(result(&mut sim, 1, quiet).is_err() && result(&mut sim, 1, g).is_err());
     assert!(sim.engines[1].lends_keys_to_live_peers(), "rank 0 has not answered yet");
     sim.settle();
@@ -445,16 +456,15 @@ fn a_withdrawn_receive_whose_key_went_out_stays_out_of_use() {
     // A withdrawal the process cannot wait for.
     let a = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(5), &mut announced);
     sim.run_actions();
-    assert_eq!(sim.engines[1].cancel_unmatched_receives(), 1);
-    assert_eq!(sim.engines[1].abandon_lent_receives(), vec![a]);
+    assert_eq!(sim.engines[1].finalize(Finalize::Withdraw).receives, 1);
+    assert_eq!(sim.engines[1].finalize(Finalize::Abandon).peer_may_write, vec![a]);
     assert!(result(&mut sim, 1, a).is_err());
     sim.settle(); // the late answer changes nothing
                   // A discard after a failed wait, answered once per request.
     let d = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(3), &mut announced);
     sim.run_actions();
-    sim.engines[1].discard(d);
-    assert!(sim.engines[1].take_peer_may_write(d));
-    assert!(!sim.engines[1].take_peer_may_write(d));
+    assert!(sim.engines[1].discard(d));
+    assert!(!sim.engines[1].peer_may_write.contains(&d), "said once");
     // A running receive lends its key while the peer lives.
     let mut later = vec![0u8; 2000];
     let e = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(4), &mut later);
@@ -852,8 +862,8 @@ fn awaited_channels_follow_what_the_engine_waits_for() {
     const FAR: ChannelId = ChannelId(2);
     let mut sim = Sim::new(3, one_sided_route);
     let far = PeerRoute { am: FAR, ..one_sided_route() };
-    sim.engines[0].set_route(2, Ok(far.clone()));
-    sim.engines[2].set_route(0, Ok(far));
+    sim.engines[0].set(Setting::Route(2, Ok(far.clone())));
+    sim.engines[2].set(Setting::Route(0, Ok(far)));
     let awaited = |sim: &mut Sim| {
         let s = sim.engines[0].awaited_channels();
         [AM, RMA, FAR].map(|c| s.contains(c))
@@ -977,8 +987,9 @@ fn lost_peer_fails_its_requests_and_wildcards() {
     sim.engines[0].handle_peer_lost(2, Error::PeerLost { rank: 2, why: "killed".into() });
     assert!(matches!(result(&mut sim, 0, q2), Err(Error::PeerLost { rank: 2, .. })));
     assert!(matches!(result(&mut sim, 0, q3), Err(Error::PeerLost { rank: 2, .. })));
+    let msg = Outgoing::Message { tag: 0, space: SpaceId(0) };
     // SAFETY: the post is refused, so the buffer is never used.
-    let refused = unsafe { sim.engines[0].post_send(2, 0, SpaceId(0), Region { ptr: a.as_ptr(), len: 4 }) };
+    let refused = unsafe { sim.engines[0].post_send(2, msg, Region { ptr: a.as_ptr(), len: 4 }) };
     assert!(refused.is_err());
 }
 
@@ -996,12 +1007,13 @@ fn messages_a_finished_peer_left_behind_still_match() {
     let mut more = [0u8; 4];
     // SAFETY: the post is refused, so the buffer is never used.
     let refused = unsafe {
-        sim.engines[0].post_recv(
+        request(sim.engines[0].post_recv(
             Source::Rank(1),
             TagMatch::Any,
             SpaceId(0),
             RegionMut { ptr: more.as_mut_ptr(), len: 4 },
-        )
+            RecvPath::Request,
+        ))
     };
     assert!(matches!(refused, Err(Error::PeerFinished { rank: 1 })));
 }
@@ -1060,7 +1072,7 @@ enum Op {
         tag: u32,
         len: usize,
     },
-    /// `blocking`: try parking it first ([`Engine::inline_recv`]), as a blocking receive does.
+    /// `blocking`: try parking it first ([`RecvPath::Park`]), as a blocking receive does.
     Recv {
         any_source: Option<Rank>,
         tag: Option<u32>,
@@ -1241,8 +1253,7 @@ proptest! {
                         if !e.reqs.get(id).is_some_and(|r| r.result.is_none() && !r.matched()) {
                             continue; // a matched one's queued copy is the driver's to drop
                         }
-                        e.discard(id);
-                        let may_write = e.take_peer_may_write(id);
+                        let may_write = e.discard(id);
                         discarded.push((i, (!may_write).then(|| recv_bufs[i].to_vec())));
                         // Withdrawn now, or through its sender (it stays posted until then).
                         match e.reqs.get(id) {
@@ -1380,7 +1391,7 @@ fn the_measured_placement_changes_medium_messages() {
     // The kind of the first packet of a message of `len` bytes, after the samples.
     let first_kind = |sim: &mut Sim, samples: &[u32], len: usize| -> PacketKind {
         for &ns in samples {
-            sim.engines[0].handle_observation(1, Observation::LineTransfer(ns));
+            sim.engines[0].handle_observation(Observed::Peer(1, Observation::LineTransfer(ns)));
         }
         first_packet_kind(sim, len, 5)
     };
@@ -1424,7 +1435,7 @@ fn the_measured_placement_changes_medium_messages() {
     assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
     sim.wires[0].clear();
     for _ in 0..crate::observe::SAMPLES {
-        sim.engines[1].handle_observation(0, Observation::LineTransfer(20));
+        sim.engines[1].handle_observation(Observed::Peer(0, Observation::LineTransfer(20)));
     }
     let q = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(7), &mut out);
     sim.run_actions();
@@ -1475,7 +1486,7 @@ fn an_apart_rule_above_the_threshold_sends_medium_messages_eagerly() {
     assert_eq!(e.wants_placement(1, 6000), None, "single copy either way");
     for s in &mut sim.engines {
         for _ in 0..crate::observe::SAMPLES {
-            s.handle_observation(1 - s.rank(), Observation::LineTransfer(150));
+            s.handle_observation(Observed::Peer(1 - s.rank(), Observation::LineTransfer(150)));
         }
     }
     let rtrs = |sim: &Sim| sim.wires[0].iter().filter(|p| p.hdr.kind == PacketKind::Rtr).count();
@@ -1505,10 +1516,10 @@ fn an_apart_rule_above_the_threshold_sends_medium_messages_eagerly() {
 fn slow_copies_send_large_messages_to_a_near_peer_by_single_copy() {
     let mut sim = Sim::new(2, || placed_route(Some(8000), Some(5000)));
     for _ in 0..crate::observe::SAMPLES {
-        sim.engines[0].handle_observation(1, Observation::LineTransfer(20));
+        sim.engines[0].handle_observation(Observed::Peer(1, Observation::LineTransfer(20)));
     }
     fn first_kind(sim: &mut Sim, len: usize, slow: bool) -> PacketKind {
-        sim.engines[0].handle_observation(1, Observation::CopiesSlow(slow));
+        sim.engines[0].handle_observation(Observed::Peer(1, Observation::CopiesSlow(slow)));
         first_packet_kind(sim, len, 3)
     }
     assert_eq!(first_kind(&mut sim, 6000, false), PacketKind::Eager, "near: eager up to 8000");
@@ -1525,10 +1536,10 @@ fn slow_copies_send_large_messages_to_a_near_peer_by_single_copy() {
     assert_eq!(first_kind(&mut sim, 6000, true), PacketKind::Eager, "slow copies, lagging receiver");
     lag.offset = 0;
     sim.engines[0].handle_message(1, &lag, &[]).unwrap();
-    sim.engines[0].handle_observation(1, Observation::CopiesSlow(false));
+    sim.engines[0].handle_observation(Observed::Peer(1, Observation::CopiesSlow(false)));
     // More ranks than CPUs on the node: the verdict changes nothing.
     sim.engines[0].retune(|t| t.own_cpus = false);
-    sim.engines[0].handle_observation(1, Observation::CopiesSlow(true));
+    sim.engines[0].handle_observation(Observed::Peer(1, Observation::CopiesSlow(true)));
     assert_eq!(first_packet_kind(&mut sim, 6000, 3), PacketKind::Eager, "not counted");
 }
 
@@ -1554,7 +1565,7 @@ fn a_given_placement_needs_no_samples() {
         assert_eq!(sim.engines[0].inline_send(1, 9, SpaceId(0), region).is_some(), eager_80, "{given:?}");
         let other = if given == Placement::Apart { 5 } else { 500 };
         for _ in 0..crate::observe::SAMPLES {
-            sim.engines[0].handle_observation(1, Observation::LineTransfer(other));
+            sim.engines[0].handle_observation(Observed::Peer(1, Observation::LineTransfer(other)));
         }
         assert_eq!(
             sim.engines[0].adapters(1).and_then(|a| a.placement.placement()),
@@ -1671,7 +1682,7 @@ fn sends_from_mapped_memory_go_one_sided() {
     let mut sim = Sim::new(2, with_rule);
     let mapped = pattern(4, 3000);
     let private = pattern(5, 800);
-    sim.engines[0].set_mapped_memory(Region { ptr: mapped.as_ptr(), len: mapped.len() }, true);
+    sim.engines[0].set(Setting::MappedMemory(Region { ptr: mapped.as_ptr(), len: mapped.len() }, true));
     // The blocking send's fast path leaves such messages to post_send.
     assert!(sim.engines[0].inline_send(1, 0, SpaceId(0), Region { ptr: mapped.as_ptr(), len: 800 }).is_none());
     // (source, expected first packet): 800 bytes from mapped memory, 400 (below the rule), 800
@@ -1703,7 +1714,7 @@ fn sends_from_mapped_memory_go_one_sided() {
         assert_eq!(out, *src, "case {i}");
     }
     // Given back: private memory again.
-    sim.engines[0].set_mapped_memory(Region { ptr: mapped.as_ptr(), len: mapped.len() }, false);
+    sim.engines[0].set(Setting::MappedMemory(Region { ptr: mapped.as_ptr(), len: mapped.len() }, false));
     let before = sim.wires[1].len();
     send(&mut sim, 0, 1, 9, &mapped[..800]);
     sim.run_actions();
@@ -1717,7 +1728,7 @@ fn mapped_ranges_are_found_in_any_order() {
     let mut e = Engine::new(0, 1, Tuning::default());
     let region = |start: usize, len: usize| Region { ptr: start as *const u8, len };
     for start in [0x9000usize, 0x1000, 0x5000, 0x3000] {
-        e.set_mapped_memory(region(start, 0x1000), true);
+        e.set(Setting::MappedMemory(region(start, 0x1000), true));
     }
     assert!(e.mapped.windows(2).all(|w| w[0].start < w[1].start));
     for (start, len, inside) in [
@@ -1732,7 +1743,7 @@ fn mapped_ranges_are_found_in_any_order() {
     ] {
         assert_eq!(in_ranges(&e.mapped, region(start, len)), inside, "{start:#x}+{len:#x}");
     }
-    e.set_mapped_memory(region(0x5000, 0x1000), false);
+    e.set(Setting::MappedMemory(region(0x5000, 0x1000), false));
     assert!(!in_ranges(&e.mapped, region(0x5800, 0x10)));
     assert!(in_ranges(&e.mapped, region(0x3000, 0x10)) && in_ranges(&e.mapped, region(0x9000, 0x10)));
 }
@@ -2018,7 +2029,7 @@ fn the_split_share_follows_the_measured_times() {
             if timed {
                 let e = &mut sim.engines[chooser];
                 assert_eq!(e.poll_split_timing(), Some(SplitTiming::End));
-                e.handle_split_time(SplitTime::Took(ns_of(split)));
+                e.handle_observation(Observed::SplitTime(SplitTime::Took(ns_of(split))));
                 assert!(!e.split_timed());
             }
             assert!(result(&mut sim, 0, s).is_ok() && result(&mut sim, 1, q).is_ok());
@@ -2063,7 +2074,7 @@ fn split_messages_in_flight_together_are_not_trials() {
     sim.settle();
     let e = &mut sim.engines[1];
     assert_eq!(e.poll_split_timing(), Some(SplitTiming::End));
-    e.handle_split_time(SplitTime::Took(1));
+    e.handle_observation(Observed::SplitTime(SplitTime::Took(1)));
     let tuner = e.peers[0].split.as_ref().expect("made at the first split");
     assert_eq!(tuner.classes_measured(), 0, "a disturbed trial does not count");
     for (s, q) in sends.into_iter().zip(recvs) {
@@ -2097,8 +2108,15 @@ fn ranks_outside_the_job_are_errors() {
         unsafe {
             assert!(e.recv_unexpected(Source::Rank(r), TagMatch::Any, SpaceId(0), region).is_none());
             assert!(!e.try_park(Source::Rank(r), TagMatch::Any, SpaceId(0), region));
-            assert!(out_of_range(e.post_recv(Source::Rank(r), TagMatch::Any, SpaceId(0), region)));
-            assert!(out_of_range(e.post_send(r, 0, SpaceId(0), Region { ptr: buf.as_ptr(), len: buf.len() })));
+            assert!(out_of_range(request(e.post_recv(
+                Source::Rank(r),
+                TagMatch::Any,
+                SpaceId(0),
+                region,
+                RecvPath::Request
+            ))));
+            let msg = Outgoing::Message { tag: 0, space: SpaceId(0) };
+            assert!(out_of_range(e.post_send(r, msg, Region { ptr: buf.as_ptr(), len: buf.len() })));
         }
         assert!(e.probe(Source::Rank(r), TagMatch::Any, SpaceId(0)).found.is_none());
         assert!(e.peer_error(r).is_none());
@@ -2110,20 +2128,22 @@ fn ranks_outside_the_job_are_errors() {
 #[test]
 fn an_unreachable_peer_fails_sends_and_receives_at_once() {
     let mut sim = Sim::new(3, stream_route);
-    sim.engines[0].set_route(2, Err("shm: on another node".into()));
+    sim.engines[0].set(Setting::Route(2, Err("shm: on another node".into())));
     let mut buf = [0u8; 8];
     let unreachable =
         |r: Result<ReqId>| matches!(r, Err(Error::Unreachable { rank: 2, why }) if why == "shm: on another node");
     // SAFETY: `buf` outlives the engine's use of it: the refused calls keep nothing, and the
     // ANY_SOURCE receive is settled below.
     unsafe {
-        assert!(unreachable(sim.engines[0].post_send(2, 0, SpaceId(0), Region { ptr: buf.as_ptr(), len: 8 })));
-        assert!(unreachable(sim.engines[0].post_recv(
+        let msg = Outgoing::Message { tag: 0, space: SpaceId(0) };
+        assert!(unreachable(sim.engines[0].post_send(2, msg, Region { ptr: buf.as_ptr(), len: 8 })));
+        assert!(unreachable(request(sim.engines[0].post_recv(
             Source::Rank(2),
             TagMatch::Any,
             SpaceId(0),
-            RegionMut { ptr: buf.as_mut_ptr(), len: 8 }
-        )));
+            RegionMut { ptr: buf.as_mut_ptr(), len: 8 },
+            RecvPath::Request
+        ))));
     }
     let any = recv(&mut sim, 0, Source::Any, TagMatch::Any, &mut buf);
     let data = pattern(1, 8);
@@ -2163,9 +2183,10 @@ fn a_split_receive_whose_copy_fails_waits_for_the_senders_part() {
             sim.engines[rank as usize].handle_op(op, OpOutcome::Done(Ok(())));
         }
         sim.settle();
-        assert!(matches!(result(&mut sim, 1, q), Err(Error::Transport { kind: "sim", .. })));
+        let done = finished(&mut sim, 1, q);
+        assert!(matches!(done.result, Err(Error::Transport { kind: "sim", .. })));
         assert!(result(&mut sim, 0, s).is_ok());
-        assert!(!sim.engines[1].take_peer_may_write(q));
+        assert!(!done.peer_may_write);
     }
 }
 
@@ -2218,14 +2239,14 @@ fn a_disturbed_split_trial_does_not_count() {
         if i >= 16 {
             assert_eq!(e.poll_split_timing(), Some(SplitTiming::Start));
             if i == 16 {
-                e.handle_split_time(SplitTime::Disturbed);
+                e.handle_observation(Observed::SplitTime(SplitTime::Disturbed));
             }
         }
         sim.settle();
         let e = &mut sim.engines[0];
         if i >= 16 {
             assert_eq!(e.poll_split_timing(), Some(SplitTiming::End));
-            e.handle_split_time(SplitTime::Took(3_000));
+            e.handle_observation(Observed::SplitTime(SplitTime::Took(3_000)));
             let measured = e.peers[1].split.as_ref().expect("made at the first split").classes_measured();
             assert_eq!(measured, i - 16, "message {i}");
         }
@@ -2244,8 +2265,8 @@ fn a_receive_discarded_before_its_rtr_left_lends_nothing() {
     let (mut first, mut second) = (vec![0u8; 3000], vec![0u8; 3000]);
     let r0 = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut first);
     let r1 = recv(&mut sim, 1, Source::Rank(0), TagMatch::Tag(1), &mut second);
-    sim.engines[1].discard(r0); // both exposures still queued
-    assert!(!sim.engines[1].take_peer_may_write(r0), "its key never went out");
+    // Both exposures still queued.
+    assert!(!sim.engines[1].discard(r0), "its key never went out");
     sim.run_actions();
     let kinds: Vec<(PacketKind, u32)> = sim.wires[0].iter().map(|p| (p.hdr.kind, p.hdr.rreq)).collect();
     assert_eq!(kinds.iter().filter(|k| k.0 == PacketKind::Rtr).count(), 1, "{kinds:?}");
@@ -2274,12 +2295,13 @@ fn an_any_source_receive_after_every_peer_finished_is_refused() {
     assert_eq!(result(&mut sim, 0, q).unwrap().source, 1, "the message rank 1 left still matches");
     // SAFETY: `left` outlives the call, which refuses the receive.
     let refused = unsafe {
-        sim.engines[0].post_recv(
+        request(sim.engines[0].post_recv(
             Source::Any,
             TagMatch::Any,
             SpaceId(0),
             RegionMut { ptr: left.as_mut_ptr(), len: left.len() },
-        )
+            RecvPath::Request,
+        ))
     };
     assert!(matches!(refused, Err(Error::InvalidArgument(ref m)) if m.contains("ANY_SOURCE")), "{refused:?}");
 }
@@ -2291,7 +2313,7 @@ const SPACE: u16 = 7;
 /// ANY_SOURCE receive posted there (into `a`) and one in context 0 (into `b`).
 fn wildcards_in_a_space(a: &mut [u8], b: &mut [u8]) -> (Sim, ReqId, ReqId) {
     let mut sim = Sim::new(3, one_sided_route);
-    sim.engines[0].set_space_members(SpaceId(SPACE), &[1, 0]);
+    sim.engines[0].set(Setting::SpaceMembers(SpaceId(SPACE), &[1, 0]));
     let in_space = recv_in(&mut sim, 0, Source::Any, TagMatch::Any, SPACE, a);
     let in_world = recv_in(&mut sim, 0, Source::Any, TagMatch::Any, 0, b);
     (sim, in_space, in_world)
@@ -2310,10 +2332,11 @@ fn an_any_source_receive_ends_with_the_members_of_its_context() {
     assert!(!sim.engines[0].is_done(in_world), "rank 2 may still send in context 0");
     // SAFETY: as above.
     let refused = unsafe {
-        sim.engines[0].post_recv(Source::Any, TagMatch::Any, SpaceId(SPACE), RegionMut { ptr: a.as_mut_ptr(), len: 8 })
+        let region = RegionMut { ptr: a.as_mut_ptr(), len: 8 };
+        request(sim.engines[0].post_recv(Source::Any, TagMatch::Any, SpaceId(SPACE), region, RecvPath::Request))
     };
     assert!(refused.is_err(), "{refused:?}");
-    assert_eq!(sim.engines[0].cancel_unmatched_receives(), 1);
+    assert_eq!(sim.engines[0].finalize(Finalize::Withdraw).receives, 1);
 }
 
 /// A lost rank fails the ANY_SOURCE receives of the contexts it may send in (its message may
@@ -2462,12 +2485,12 @@ fn a_failed_copy_still_ends_the_peers_side() {
     let s = send(&mut sim, 0, 1, 1, &data);
     sim.settle();
     assert!(matches!(result(&mut sim, 0, s), Err(Error::Transport { kind: "sim", .. })));
-    let got = result(&mut sim, 1, q);
+    let got = finished(&mut sim, 1, q);
     assert!(
-        matches!(&got, Err(Error::Transport { kind: "peer", what }) if what.contains("rank 0 could not write")),
+        matches!(&got.result, Err(Error::Transport { kind: "peer", what }) if what.contains("rank 0 could not write")),
         "{got:?}"
     );
-    assert!(!sim.engines[1].take_peer_may_write(q), "the sender said it is done with the key");
+    assert!(!got.peer_may_write, "the sender said it is done with the key");
     // Split, receiver first: the sender's put of the back fails while the receiver still reads
     // the front through the send's key; the send ends (with the error) only at the
     // receiver's FIN, which it still takes (a FIN naming an ended send would be a protocol
@@ -2553,7 +2576,8 @@ fn wrapped_sequence_ids_keep_fragments_with_their_message() {
 }
 
 /// A peer lost for breaking the protocol may still run and write through the keys it holds:
-/// a receive whose RTR it took is named by `take_peer_may_write`; not so when the peer exited.
+/// a receive whose RTR it took ends saying so ([`Finished::peer_may_write`]); not so when the
+/// peer exited.
 #[test]
 fn a_peer_lost_for_garbage_may_still_write_its_keys() {
     for (why, may_write) in
@@ -2565,8 +2589,9 @@ fn a_peer_lost_for_garbage_may_still_write_its_keys() {
         sim.settle();
         assert!(sim.engines[1].lends_keys_to_live_peers(), "the RTR gave rank 0 the key");
         sim.engines[1].handle_peer_lost(0, why);
-        assert!(result(&mut sim, 1, q).is_err());
-        assert_eq!(sim.engines[1].take_peer_may_write(q), may_write);
+        let done = finished(&mut sim, 1, q);
+        assert!(done.result.is_err());
+        assert_eq!(done.peer_may_write, may_write);
     }
 }
 
@@ -2627,8 +2652,7 @@ fn a_receive_discarded_during_its_read_still_frees_the_sender() {
     let data = pattern(9, 2000);
     let mut out = vec![0u8; data.len()];
     let (s, q, read) = pull_held(&mut sim, &data, &mut out);
-    sim.engines[1].discard(q);
-    assert!(sim.engines[1].take_peer_may_write(q), "its read may still write the buffer");
+    assert!(sim.engines[1].discard(q), "its read may still write the buffer");
     sim.engines[1].handle_op(read, OpOutcome::Done(Ok(())));
     sim.settle();
     assert!(result(&mut sim, 0, s).is_ok(), "the send ended at the FIN");
