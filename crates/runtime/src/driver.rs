@@ -774,14 +774,10 @@ impl Driver {
     #[inline]
     pub fn wait_parked(&mut self) -> Result<ParkedEnd> {
         self.parked = true;
-        let mut end = None;
-        let waited = self.wait_until(|e| {
-            end = e.poll_parked(false);
-            end.is_some()
-        });
+        let waited = self.wait_until(|e| !e.parked_waiting());
         self.parked = false;
         // Settled, or given up when the wait failed first.
-        match end.or_else(|| self.engine.poll_parked(true)).expect("a receive given up ends") {
+        match self.engine.poll_parked(true).expect("a receive given up ends") {
             Unparked::Done(status) => status.map(ParkedEnd::Received),
             Unparked::Promoted(id) if waited.is_ok() => Ok(ParkedEnd::Request(id)),
             Unparked::Promoted(id) => {

@@ -60,6 +60,7 @@ impl Engine {
     ///
     /// # Safety
     /// As for [`Engine::post_recv`].
+    #[inline(never)]
     unsafe fn post_request(&mut self, src: Source, tag: TagMatch, space: SpaceId, buf: RegionMut) -> Result<ReqId> {
         let ctx = space.0;
         self.touched();
@@ -163,13 +164,20 @@ impl Engine {
     /// request) and says what became of it; `None` while it still waits. `give_up` ends it
     /// whatever it does ([`Unparked::Withdrawn`] if nothing happened yet). Once it ended, the
     /// engine no longer uses its buffer, unless it became a request. With nothing parked:
-    /// [`Unparked::Withdrawn`]. Inline: a blocking receive asks on every poll of its wait.
-    #[inline]
+    /// [`Unparked::Withdrawn`].
     pub fn poll_parked(&mut self, give_up: bool) -> Option<Unparked> {
-        if !give_up && self.parked.as_ref().is_some_and(|p| p.end.is_none()) {
+        if !give_up && self.parked_waiting() {
             return None;
         }
         Some(self.end_parked())
+    }
+
+    /// Whether the parked receive still waits ([`Engine::poll_parked`] would say `None`): a
+    /// blocking receive's wait asks on every poll, and moving how it ended out each time would
+    /// cost more than the answer.
+    #[inline]
+    pub fn parked_waiting(&self) -> bool {
+        self.parked.as_ref().is_some_and(|p| p.end.is_none())
     }
 
     /// [`Engine::poll_parked`] once the parked receive ends.

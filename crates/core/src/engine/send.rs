@@ -74,6 +74,7 @@ impl Engine {
     ///
     /// # Safety
     /// As for [`Engine::post_send`].
+    #[inline(never)]
     unsafe fn post_prepared(&mut self, to: Rank, channel: ChannelId, hdr: Header, buf: Region) -> ReqId {
         self.touched();
         let (id, req) = self.reqs.insert(Dir::Send, to, TagMatch::Tag(hdr.tag), hdr.ctx, buf.ptr as *mut u8, buf.len);
@@ -88,6 +89,7 @@ impl Engine {
     ///
     /// # Safety
     /// As for [`Engine::post_send`].
+    #[inline(never)]
     unsafe fn post_message(&mut self, to: Rank, tag: u32, space: SpaceId, buf: Region) -> Result<ReqId> {
         let ctx = space.0;
         self.touched();
