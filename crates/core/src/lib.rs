@@ -30,7 +30,7 @@ mod transport;
 pub use config::Config;
 pub use error::{error_chain, Error, Rank, Result};
 pub use header::{Envelope, Header, PacketKind};
-pub use memory::{fits_file_size_limit, memory_file, named_memory_file, AnonMemory, SharedFile};
+pub use memory::{allow_peer_reads, fits_file_size_limit, memory_file, named_memory_file, AnonMemory, SharedFile};
 pub use random::random_u64;
 pub use size::{format_size, parse_size};
 pub use transport::{

@@ -137,6 +137,18 @@ fn mapping_failed(len: usize, what: &str, e: std::io::Error) -> Error {
     Error::io(format_args!("mapping {len} bytes for {what}"), e)
 }
 
+/// Lets processes of this user read and write this process's memory with `process_vm_readv`/
+/// `writev` (Yama's `PR_SET_PTRACER_ANY`) and says whether they can: not under Yama's
+/// `ptrace_scope` 2 (admin only) or 3 (none).
+pub fn allow_peer_reads() -> bool {
+    let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok();
+    match scope.as_deref().map(str::trim) {
+        None | Some("0") => true,
+        Some("1") => rustix::process::set_ptracer(rustix::process::PTracer::Any).is_ok(),
+        Some(_) => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -206,23 +206,26 @@ impl Link {
     /// thread copies the other half's piece out.
     fn read_bounced(&mut self, buf: &mut [u8], remote: u64) -> std::result::Result<(), ScifError> {
         let skew = remote as usize % CACHE_LINE;
-        let pieces: Vec<(usize, usize)> =
-            (0..buf.len()).step_by(BOUNCE_PIECE).map(|at| (at, BOUNCE_PIECE.min(buf.len() - at))).collect();
+        let total = buf.len();
+        let count = total.div_ceil(BOUNCE_PIECE);
+        // Piece `k`: where it starts in `buf` and its length.
+        let piece = move |k: usize| (k * BOUNCE_PIECE, BOUNCE_PIECE.min(total - k * BOUNCE_PIECE));
         self.bounce()?;
         let post = |ep: &Endpoint, k: usize| -> std::result::Result<Mark, ScifError> {
-            let (at, len) = pieces[k];
+            let (at, len) = piece(k);
             ep.readfrom(BOUNCE_AT + ((k % 2) * BOUNCE_HALF + skew) as u64, len, remote + at as u64, RmaFlags::NONE)?;
             ep.fence_mark(FenceFlags::INIT_SELF)
         };
         let mut marks = std::collections::VecDeque::new();
-        for k in 0..pieces.len().min(2) {
+        for k in 0..count.min(2) {
             marks.push_back(post(&self.ep, k)?);
         }
-        for (k, &(at, len)) in pieces.iter().enumerate() {
+        for k in 0..count {
             self.ep.fence_wait(marks.pop_front().expect("a mark per posted piece"))?;
+            let (at, len) = piece(k);
             let mem = self.bounce.as_ref().expect("registered above");
             mem.read((k % 2) * BOUNCE_HALF + skew, &mut buf[at..at + len]);
-            if k + 2 < pieces.len() {
+            if k + 2 < count {
                 marks.push_back(post(&self.ep, k + 2)?);
             }
         }
@@ -685,7 +688,6 @@ impl ScifChannel {
         Ok(())
     }
 
-    /// Unregisters the window at `at` everywhere (a connection that lost it already is fine).
     /// The key of `region` inside a long-lived registration's window that allows `prot`: a
     /// transfer's buffer there needs no window of its own (peers of a memory file copy with
     /// plain loads and stores).
@@ -698,6 +700,7 @@ impl ScifChannel {
         })
     }
 
+    /// Unregisters the window at `at` everywhere (a connection that lost it already is fine).
     fn withdraw(&mut self, at: u64, len: usize) {
         for s in &self.slots {
             if let Slot::Ready(l) = s {

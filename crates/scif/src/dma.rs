@@ -608,7 +608,7 @@ impl Shared {
         let total = job.transfer.bytes;
         let mut parts = pieces(&job.src, &job.dst);
         let unaligned = parts.first().is_some_and(|(from, to, _)| from.cache_offset() != to.cache_offset());
-        let mut temp = if unaligned { vec![0u8; CHUNK] } else { Vec::new() };
+        let mut temp = if unaligned { vec![0u8; total.min(CHUNK)] } else { Vec::new() };
         let reverse = self.mode == DmaMode::Reverse && !job.ordered;
         if reverse {
             parts.reverse();
@@ -640,7 +640,7 @@ impl Shared {
             // the job below.
             let copied = if unaligned {
                 let here = Place::Here(temp.as_mut_ptr());
-                // SAFETY: the spans as said above; `temp` holds `CHUNK >= n` bytes.
+                // SAFETY: the spans as said above; `temp` holds `min(total, CHUNK) >= n` bytes.
                 unsafe { copy_piece(from, here, n).and_then(|()| copy_piece(here, to, n)) }
             } else {
                 // SAFETY: the spans as said above.

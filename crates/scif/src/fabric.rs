@@ -165,7 +165,7 @@ impl Fabric {
             )));
         }
         make_private_dir(&dir, uid)?;
-        let in_place = allow_peer_reads();
+        let in_place = polyrail_core::allow_peer_reads();
         let engine = Engine::start(cfg.dma, cfg.pacer.clone(), format!("scif-dma-{}", cfg.node))
             .map_err(|e| ScifError::os("starting the DMA engine's thread", e))?;
         Ok(Fabric {
@@ -233,18 +233,6 @@ impl Fabric {
             s.transfers,
             s.unaligned_bytes
         )
-    }
-}
-
-/// Lets processes of this user read this process's memory with `process_vm_readv` (Yama's
-/// `PR_SET_PTRACER_ANY`, as the `cma` channel does) and says whether they can: not under Yama's
-/// `ptrace_scope` 2 (admin only) or 3 (none).
-fn allow_peer_reads() -> bool {
-    let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok();
-    match scope.as_deref().map(str::trim) {
-        None | Some("0") => true,
-        Some("1") => rustix::process::set_ptracer(rustix::process::PTracer::Any).is_ok(),
-        Some(_) => false,
     }
 }
 
