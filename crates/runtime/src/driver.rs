@@ -732,7 +732,7 @@ impl Driver {
         let bytes = unsafe { std::slice::from_raw_parts(region.ptr, region.len) };
         match self.channels[channel.index()].try_send(to, &hdr, bytes) {
             // SAFETY: forwarded to the caller.
-            Ok(Issued::WouldBlock) => unsafe { self.queue_prepared(to, channel, hdr, region) }.map(Some),
+            Ok(Issued::WouldBlock) => unsafe { self.queue_prepared(to, channel, hdr, region) },
             Ok(_) => Ok(None),
             Err(e) => {
                 self.engine.handle_peer_lost(to, e.duplicate());
@@ -746,11 +746,17 @@ impl Driver {
     /// # Safety
     /// As for [`Driver::start_send_inline`].
     #[cold]
-    unsafe fn queue_prepared(&mut self, to: Rank, channel: ChannelId, hdr: Header, region: Region) -> Result<ReqId> {
+    unsafe fn queue_prepared(
+        &mut self,
+        to: Rank,
+        channel: ChannelId,
+        hdr: Header,
+        region: Region,
+    ) -> Result<Option<ReqId>> {
         // SAFETY: forwarded to the caller.
         let id = unsafe { self.engine.post_send(to, Outgoing::Prepared { channel, hdr }, region) };
         self.drain();
-        id
+        id.map(Some)
     }
 
     /// Waits for one request and takes how it ended. If waiting fails, the request is

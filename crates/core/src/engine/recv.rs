@@ -181,7 +181,6 @@ impl Engine {
     }
 
     /// [`Engine::poll_parked`] once the parked receive ends.
-    #[inline(never)]
     fn end_parked(&mut self) -> Unparked {
         self.touched();
         self.parked.take().and_then(|p| p.end).unwrap_or(Unparked::Withdrawn)
