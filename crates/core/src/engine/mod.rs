@@ -500,16 +500,9 @@ impl Engine {
     /// ([`Finished::peer_may_write`]); this is the only time it is said.
     #[inline]
     pub fn take_result(&mut self, req: ReqId) -> Option<Finished> {
-        Some(match self.reqs.take_result(req)? {
-            Ok(status) => Finished { result: Ok(status), peer_may_write: false },
-            Err(e) => self.failed(req, *e),
-        })
-    }
-
-    /// [`Engine::take_result`] of a request that failed.
-    #[cold]
-    fn failed(&mut self, req: ReqId, e: Error) -> Finished {
-        Finished { result: Err(e), peer_may_write: self.take_may_write(req) }
+        let result = self.reqs.take_result(req)?;
+        let peer_may_write = result.is_err() && self.take_may_write(req);
+        Some(Finished { result: result.map_err(|e| *e), peer_may_write })
     }
 
     /// Whether a peer may still write into the buffer of `req`, a request that ended (its
