@@ -34,9 +34,10 @@ use crate::memory::{page_size, Memory};
 use crate::pacing::ScifPacer;
 use crate::ring::{self, frame_len, Frame, RingRead, RingWrite, FRAME_HEAD, MAX_EAGER};
 use crate::settings::{ScifSettings, VARS};
+use polyrail_core::observe::{Observation, Observe};
 use polyrail_core::{
     Address, Caps, ChannelFactory, ChannelStart, Config, Cost, Error, Header, Issued, Lifetime, MemHandle, OneSided,
-    OpId, Opened, PeerAccess, PeerInfo, Rank, Reach, Region, RegionMut, RemoteKey, Result, Sink, Transport,
+    OpId, Opened, PeerAccess, PeerInfo, Rank, Reach, Region, RegionMut, RemoteKey, Result, RndvFrom, Sink, Transport,
     TransportAttr, TransportKind,
 };
 use std::collections::HashMap;
@@ -67,6 +68,24 @@ const BYE: usize = 128;
 const MAX_RMA: usize = 64 << 20;
 /// Smallest transfer split between both processes (from it the DMA engine splits too).
 const SPLIT_FROM: usize = 512 << 10;
+/// The emulation's costs, fitted to `polyrail-bench` between the host and device 1 with the
+/// protocol forced (`POLYRAIL_ROUTE=all:0-:scif/eager` or `/get`) on a 2-core machine. Eager
+/// through the ring: 0.32 us one way at 8 B, of which about 0.2 us the sender's (4.9 M
+/// messages/s, `mbw-mr`); from 256 KiB to 4 MiB 61 ps a byte, two copies at 32 GB/s.
+const AM_COST: Cost = Cost { latency_ns: 120.0, overhead_ns: 200.0, bandwidth: 32e9 };
+/// A `get` from ordinary memory: 38 us at 8 B (its window's record and the DMA engine's
+/// handoffs; the model counts it all as latency), then 142 ps a byte (7 GB/s) to 4 MiB, through
+/// `process_vm_readv`. With these the model never prefers it to the ring ([`RNDV_FROM`]).
+const RMA_COST: Cost = Cost { latency_ns: 37_000.0, overhead_ns: 0.0, bandwidth: 7e9 };
+/// Smallest message from ordinary memory sent one-sided (split between both processes) rather
+/// than through the ring, measured: at 4 MiB the ring's one-way time is 0.6-0.8 of the split's
+/// but its streaming bandwidth 0.8-1.0 of it, and from 8 MiB the ring streams at under 0.6.
+const RNDV_FROM: usize = 4 << 20;
+/// Smallest message from long-lived registered memory (the peer maps its window, so copies
+/// are loads and stores) sent one-sided, measured: at 256 KiB the ring streams 15-17 GB/s
+/// against 11-12; at 1 MiB one-sided streams 18-20 against 15-19 (one way 70 us against
+/// 57-65); from 2 MiB it wins both.
+const MAPPED_FROM: usize = 1 << 20;
 /// How long a registration waits for the connections still coming up.
 const BRING_UP: Duration = Duration::from_secs(10);
 /// Where registrations' windows start in each connection's window space (the ring is at 0).
@@ -370,23 +389,24 @@ impl ScifChannel {
         listener.bind(0).map_err(|e| failed("binding a port", e))?;
         listener.listen(64).map_err(|e| failed("listening", e))?;
         let ring = settings.ring.max(64 << 10).next_multiple_of(page_size());
-        // The emulation's costs (`polyrail-bench devices` on a 2-core machine): ring frames about
-        // 0.4 us one way; a `get` pays its window's record and the DMA engine's handoffs, tens
-        // of us, and moves a few GB/s. The figures put the ring/DMA crossover at 256 KiB, where
-        // ring throughput falls once the copies leave the caches. The DMA engine is CPU threads
-        // of each process, so a transfer split between both processes doubles the copy rate
-        // (`CPU_COPY`). Hardware SCIF would differ (DMA at PCIe rates, no CPU copy).
+        // The DMA engine is CPU threads of each process, so a transfer split between both
+        // processes doubles the copy rate (`CPU_COPY`). Hardware SCIF would differ (DMA at PCIe
+        // rates, no CPU copy, so an earlier one-sided start).
         let attr = TransportAttr {
             kind: SCIF,
             max_inline: 256 - FRAME_HEAD - Header::WIRE_LEN,
             max_eager: MAX_EAGER,
             max_rma: MAX_RMA,
             caps: Caps::AM | Caps::GET | Caps::PUT | Caps::RMA_INLINE_COMPLETION | Caps::NODE_LOCAL | Caps::CPU_COPY,
-            am_cost: Cost { latency_ns: 700.0, overhead_ns: 300.0, bandwidth: 0.8e9 },
-            rma_cost: Cost { latency_ns: 50_000.0, overhead_ns: 50_000.0, bandwidth: 0.5e9 },
+            am_cost: AM_COST,
+            rma_cost: RMA_COST,
             split_from: Some(SPLIT_FROM),
-            mapped_from: None,
-            rndv_from: Vec::new(),
+            mapped_from: Some(MAPPED_FROM),
+            rndv_from: vec![RndvFrom {
+                class: None,
+                from: RNDV_FROM,
+                reason: "measured for the scif emulation: below it the ring's two copies are faster".into(),
+            }],
         };
         let physical_node = fabric.inner.physical_node;
         let node = fabric.node();
@@ -852,6 +872,16 @@ impl Transport for ScifChannel {
 
     fn memory(&mut self) -> Option<&mut dyn OneSided> {
         Some(self)
+    }
+
+    fn observe(&mut self, peer: Rank, what: Observe) -> Option<Observation> {
+        // Every window is a memory file the peer maps, so a peer this channel reaches copies
+        // registered memory with loads and stores.
+        let reached = self
+            .slots
+            .get(peer as usize)
+            .is_some_and(|s| !matches!(s, Slot::None | Slot::Lost { .. } | Slot::Finished));
+        matches!(what, Observe::MapsRegistered).then_some(Observation::MapsRegistered(reached))
     }
 
     fn check_peers(&mut self, sink: &mut dyn Sink) {
