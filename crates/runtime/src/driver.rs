@@ -354,8 +354,9 @@ impl Driver {
         None
     }
 
-    /// Retries blocked actions, oldest first, per peer.
-    fn retry_blocked(&mut self) {
+    /// Retries blocked actions, oldest first, per peer; how many went.
+    fn retry_blocked(&mut self) -> usize {
+        let mut went = 0;
         for peer in 0..self.blocked.len() {
             if self.blocked[peer].is_empty() {
                 continue;
@@ -369,11 +370,13 @@ impl Driver {
                     self.blocked[peer].push_front(a);
                     break;
                 }
+                went += 1;
             }
             if self.blocked[peer].is_empty() {
                 self.blocked_peers -= 1;
             }
         }
+        went
     }
 
     /// Registers `region` with every channel (none keeps it when one fails) and, when it is a
@@ -449,8 +452,10 @@ impl Driver {
                     .progress(usize::MAX, &mut ChannelSink::new(&mut self.engine, ChannelId(i as u8)))?;
             }
         }
+        // A blocked send that went counts as progress: the wait keeps polling while room
+        // comes (a ring the peer drains, a link model's pace) rather than napping between sends.
         if self.blocked_peers > 0 {
-            self.retry_blocked();
+            n += self.retry_blocked();
         }
         self.drain();
         Ok(n)
