@@ -982,6 +982,66 @@ mod tests {
         assert_eq!((polls(&cheap), polls(&syscall)), (0, 100));
     }
 
+    /// A channel whose sends would block while `closed` holds (a full ring, a paced link).
+    struct Gate {
+        attr: TransportAttr,
+        closed: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Transport for Gate {
+        fn attr(&self) -> &TransportAttr {
+            &self.attr
+        }
+        fn address(&self) -> Address {
+            Vec::new()
+        }
+        fn add_peer(&mut self, _: &PeerInfo, _: &[u8]) -> Reach {
+            Reach::Yes(String::new())
+        }
+        fn try_send(&mut self, _: Rank, _: &Header, _: &[u8]) -> Result<Issued> {
+            Ok(if self.closed.load(Ordering::Relaxed) { Issued::WouldBlock } else { Issued::Done })
+        }
+        fn progress(&mut self, _: usize, _: &mut dyn Sink) -> Result<usize> {
+            Ok(0)
+        }
+    }
+
+    /// A blocked send that goes is progress, so that a wait keeps polling while room comes
+    /// instead of napping between sends.
+    #[test]
+    fn a_blocked_send_that_goes_counts_as_progress() {
+        let (counted, _) = Counted::channel(Caps::empty(), 200.0);
+        let closed = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let gate = Box::new(Gate { attr: counted.attr().clone(), closed: closed.clone() });
+        let mut engine = Engine::new(0, 2, polyrail_core::adapt::Tuning::default());
+        let entries = vec![RouteEntry {
+            upto: usize::MAX,
+            protocol: Protocol::Eager,
+            channel: ChannelId(0),
+            reason: String::new(),
+        }];
+        let route = PeerRoute {
+            am: ChannelId(0),
+            frag: 1024,
+            entries,
+            stream_eager: None,
+            placement: None,
+            mapped: None,
+            as_written: false,
+        };
+        engine.set(Setting::Route(1, Ok(route)));
+        let mut d = Driver::new(engine, 0, 2, vec![gate], ChannelSet::ALL, WaitMode::Spin, PollPolicy::All);
+        let buf = [7u8; 8];
+        // SAFETY: `buf` outlives the request, which finishes (or is abandoned) before it goes.
+        let started = unsafe { d.start_send_inline(1, 5, 0, buf.as_ptr(), buf.len()) };
+        let Some(Ok(Some(id))) = started else { panic!("not queued: {started:?}") };
+        assert_eq!(d.progress().unwrap(), 0, "still blocked");
+        closed.store(false, Ordering::Relaxed);
+        assert_eq!(d.progress().unwrap(), 1, "the send went");
+        assert!(d.engine.phase(id).is_done());
+        assert!(d.engine.take_result(id).is_some_and(|f| f.result.is_ok()));
+    }
+
     /// Chai's m/n + 1 every h arrivals; a quiet stretch of the others doubles the ratio from
     /// h + 1 up to the cap, and their first arrivals bring it down at once.
     #[test]

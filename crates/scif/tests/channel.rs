@@ -266,3 +266,15 @@ fn the_provider_copies_transfers_whose_sides_differ_mod_64_through_a_temporary_b
     assert!(buf[at..at + 4000] == src[5..4005]);
     assert_eq!(fa.dma_stats().unaligned_bytes, 4000, "{:?}", fa.dma_stats());
 }
+
+#[test]
+fn a_reached_peer_maps_registered_memory_and_an_unknown_one_does_not() {
+    use polyrail_core::observe::{Observation, Observe};
+    let dir = tempfile::tempdir().unwrap();
+    let (mut a, _b) = pair(dir.path());
+    // Routes keep their registered-memory rule only for peers that say so.
+    assert_eq!(a.observe(1, Observe::MapsRegistered), Some(Observation::MapsRegistered(true)));
+    assert_eq!(a.observe(0, Observe::MapsRegistered), Some(Observation::MapsRegistered(false)));
+    assert_eq!(a.observe(7, Observe::MapsRegistered), Some(Observation::MapsRegistered(false)));
+    assert_eq!(a.observe(1, Observe::Unread), None);
+}
