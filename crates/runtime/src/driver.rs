@@ -848,18 +848,25 @@ mod tests {
     use polyrail_core::engine::{Posted, RecvPath, Source, TagMatch};
     use polyrail_core::policy::{PeerRoute, Protocol, RouteEntry};
     use polyrail_core::{Address, Cost, Header, PeerInfo, Reach, RegionMut, Sink, TransportAttr, TransportKind};
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    /// A channel that delivers nothing and counts how often it is polled.
+    /// A channel that delivers nothing and counts how often it is polled; its sends would
+    /// block while `closed` holds (a full ring, a paced link).
     struct Counted {
         attr: TransportAttr,
         polls: Arc<AtomicUsize>,
+        closed: Arc<AtomicBool>,
     }
 
     impl Counted {
         fn channel(caps: Caps, latency_ns: f64) -> (Box<dyn Transport>, Arc<AtomicUsize>) {
-            let polls = Arc::new(AtomicUsize::new(0));
+            let c = Counted::new(caps, latency_ns);
+            let polls = c.polls.clone();
+            (Box::new(c), polls)
+        }
+
+        fn new(caps: Caps, latency_ns: f64) -> Counted {
             let cost = Cost { latency_ns, overhead_ns: 0.0, bandwidth: 1e9 };
             let attr = TransportAttr {
                 kind: TransportKind::new("test"),
@@ -873,7 +880,7 @@ mod tests {
                 mapped_from: None,
                 rndv_from: Vec::new(),
             };
-            (Box::new(Counted { attr, polls: polls.clone() }), polls)
+            Counted { attr, polls: Arc::default(), closed: Arc::default() }
         }
     }
 
@@ -888,7 +895,7 @@ mod tests {
             Reach::Yes(String::new())
         }
         fn try_send(&mut self, _: Rank, _: &Header, _: &[u8]) -> Result<Issued> {
-            Ok(Issued::Done)
+            Ok(if self.closed.load(Ordering::Relaxed) { Issued::WouldBlock } else { Issued::Done })
         }
         fn progress(&mut self, _: usize, _: &mut dyn Sink) -> Result<usize> {
             self.polls.fetch_add(1, Ordering::Relaxed);
@@ -908,23 +915,17 @@ mod tests {
         let (syscall, syscall_polls) = Counted::channel(Caps::POLL_IS_SYSCALL, 2000.0);
         let mut engine = Engine::new(0, 3, polyrail_core::adapt::Tuning::default());
         for (peer, am) in [(1, ChannelId(0)), (2, ChannelId(1))] {
-            let entries =
-                vec![RouteEntry { upto: usize::MAX, protocol: Protocol::Eager, channel: am, reason: String::new() }];
-            engine.set(Setting::Route(
-                peer,
-                Ok(PeerRoute {
-                    am,
-                    frag: 1024,
-                    entries,
-                    stream_eager: None,
-                    placement: None,
-                    mapped: None,
-                    as_written: false,
-                }),
-            ));
+            engine.set(Setting::Route(peer, Ok(eager_route(am))));
         }
         let driver = Driver::new(engine, 0, 3, vec![cheap, syscall], reaching, WaitMode::Spin, PollPolicy::All);
         (driver, cheap_polls, syscall_polls)
+    }
+
+    /// Every message eagerly over `am`.
+    fn eager_route(am: ChannelId) -> PeerRoute {
+        let entries =
+            vec![RouteEntry { upto: usize::MAX, protocol: Protocol::Eager, channel: am, reason: String::new() }];
+        PeerRoute { am, frag: 1024, entries, stream_eager: None, placement: None, mapped: None, as_written: false }
     }
 
     fn rounds(d: &mut Driver, n: usize) {
@@ -982,55 +983,17 @@ mod tests {
         assert_eq!((polls(&cheap), polls(&syscall)), (0, 100));
     }
 
-    /// A channel whose sends would block while `closed` holds (a full ring, a paced link).
-    struct Gate {
-        attr: TransportAttr,
-        closed: Arc<std::sync::atomic::AtomicBool>,
-    }
-
-    impl Transport for Gate {
-        fn attr(&self) -> &TransportAttr {
-            &self.attr
-        }
-        fn address(&self) -> Address {
-            Vec::new()
-        }
-        fn add_peer(&mut self, _: &PeerInfo, _: &[u8]) -> Reach {
-            Reach::Yes(String::new())
-        }
-        fn try_send(&mut self, _: Rank, _: &Header, _: &[u8]) -> Result<Issued> {
-            Ok(if self.closed.load(Ordering::Relaxed) { Issued::WouldBlock } else { Issued::Done })
-        }
-        fn progress(&mut self, _: usize, _: &mut dyn Sink) -> Result<usize> {
-            Ok(0)
-        }
-    }
-
     /// A blocked send that goes is progress, so that a wait keeps polling while room comes
     /// instead of napping between sends.
     #[test]
     fn a_blocked_send_that_goes_counts_as_progress() {
-        let (counted, _) = Counted::channel(Caps::empty(), 200.0);
-        let closed = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let gate = Box::new(Gate { attr: counted.attr().clone(), closed: closed.clone() });
+        let counted = Counted::new(Caps::empty(), 200.0);
+        let closed = counted.closed.clone();
+        closed.store(true, Ordering::Relaxed);
         let mut engine = Engine::new(0, 2, polyrail_core::adapt::Tuning::default());
-        let entries = vec![RouteEntry {
-            upto: usize::MAX,
-            protocol: Protocol::Eager,
-            channel: ChannelId(0),
-            reason: String::new(),
-        }];
-        let route = PeerRoute {
-            am: ChannelId(0),
-            frag: 1024,
-            entries,
-            stream_eager: None,
-            placement: None,
-            mapped: None,
-            as_written: false,
-        };
-        engine.set(Setting::Route(1, Ok(route)));
-        let mut d = Driver::new(engine, 0, 2, vec![gate], ChannelSet::ALL, WaitMode::Spin, PollPolicy::All);
+        engine.set(Setting::Route(1, Ok(eager_route(ChannelId(0)))));
+        let mut d =
+            Driver::new(engine, 0, 2, vec![Box::new(counted)], ChannelSet::ALL, WaitMode::Spin, PollPolicy::All);
         let buf = [7u8; 8];
         // SAFETY: `buf` outlives the request, which finishes (or is abandoned) before it goes.
         let started = unsafe { d.start_send_inline(1, 5, 0, buf.as_ptr(), buf.len()) };

@@ -73,8 +73,9 @@ const SPLIT_FROM: usize = 512 << 10;
 /// through the ring: 0.32 us one way at 8 B, of which about 0.2 us the sender's (4.9 M
 /// messages/s, `mbw-mr`); from 256 KiB to 4 MiB 61 ps a byte, two copies at 32 GB/s.
 const AM_COST: Cost = Cost { latency_ns: 120.0, overhead_ns: 200.0, bandwidth: 32e9 };
-/// A `get` from ordinary memory: 38 us at 8 B (its window's record and the DMA engine's
-/// handoffs; the model counts it all as latency), then 142 ps a byte (7 GB/s) to 4 MiB, through
+/// A `get` from ordinary memory: 38 us one way at 8 B with its two control messages through
+/// the ring (its window's record and the DMA engine's handoffs; the model counts it all as
+/// latency), then 142 ps a byte (7 GB/s) to 4 MiB, through
 /// `process_vm_readv`. With these the model never prefers it to the ring ([`RNDV_FROM`]).
 const RMA_COST: Cost = Cost { latency_ns: 37_000.0, overhead_ns: 0.0, bandwidth: 7e9 };
 /// Smallest message from ordinary memory sent one-sided (split between both processes) rather
@@ -877,11 +878,14 @@ impl Transport for ScifChannel {
     fn observe(&mut self, peer: Rank, what: Observe) -> Option<Observation> {
         // Every window is a memory file the peer maps, so a peer this channel reaches copies
         // registered memory with loads and stores.
+        if !matches!(what, Observe::MapsRegistered) {
+            return None;
+        }
         let reached = self
             .slots
             .get(peer as usize)
             .is_some_and(|s| !matches!(s, Slot::None | Slot::Lost { .. } | Slot::Finished));
-        matches!(what, Observe::MapsRegistered).then_some(Observation::MapsRegistered(reached))
+        Some(Observation::MapsRegistered(reached))
     }
 
     fn check_peers(&mut self, sink: &mut dyn Sink) {
